@@ -1,0 +1,147 @@
+"""The node agent: source → store → sinks, on a fixed sampling schedule.
+
+Sampling runs on the main loop; Prometheus scrapes and OTLP exports run on their
+own threads and read the store, so a slow collector or scraper never delays a
+sample. ``stop()`` (wired to SIGTERM/SIGINT by the CLI) flushes and returns
+within a bounded time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from otel_dra import __version__
+from otel_dra.config import AgentConfig
+from otel_dra.frame import Frame, Schema
+from otel_dra.sinks import provider
+from otel_dra.sinks._mapping import series_per_device
+from otel_dra.sinks.http import HttpEndpoint
+from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sources import Source
+from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
+from otel_dra.store import FrameStore
+
+log = logging.getLogger(__name__)
+
+#: Time the shutdown may spend flushing before the process gives up on it.
+SHUTDOWN_BUDGET_S = 4.0
+
+
+def build_source(config: AgentConfig, schema: Schema) -> Source:
+    """The source named by ``--source``."""
+    sim = SimulatorConfig(node_name=config.node_name, devices=config.devices, faults=config.faults, seed=config.seed)
+    return SimulatedSource(sim, schema)
+
+
+@dataclass
+class _Sinks:
+    meter_provider: MeterProvider
+    http: HttpEndpoint | None
+
+
+class Agent:
+    """Wires the pipeline for one node and runs it until stopped."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.schema = Schema()
+        self.store = FrameStore()
+        self.source = build_source(config, self.schema)
+        self._stop = threading.Event()
+        self._sinks: _Sinks | None = None
+        self.samples = 0
+
+    # -- wiring ----------------------------------------------------------------------
+    def _start_sinks(self, devices: int) -> _Sinks:
+        cfg = self.config
+        readers: list[MetricReader] = []
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # the agent's own CPU and memory, next to what it reports
+        if cfg.prometheus_port:
+            readers.append(provider.prometheus_reader(registry))
+        if cfg.otlp_endpoint:
+            export_s = cfg.otlp_export_interval_s
+            if export_s is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
+                export_s = cfg.interval_s  # push every sample unless the user chose a cadence
+            readers.append(provider.otlp_reader(cfg.otlp_endpoint, cfg.otlp_protocol, export_s))
+            log.info("pushing OTLP (%s) to %s", cfg.otlp_protocol, cfg.otlp_endpoint)
+        widest = max((len(cols) for cols in self.schema.by_metric().values()), default=1)
+        limit = provider.cardinality_limit(devices, series_per_device(widest))
+        meter_provider = provider.build_meter_provider(cfg.node_name, readers, limit)
+        MetricsSink(self.store, self.schema, meter_provider.get_meter("otel_dra", __version__), cfg.stale_after_s)
+        http = None
+        if cfg.prometheus_port:
+            http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, registry, {"/healthz": self._healthz})
+            http.start()
+        return _Sinks(meter_provider, http)
+
+    def _healthz(self) -> tuple[str, str, bytes]:
+        """Healthy while samples keep arriving: a wedged sampling loop fails the liveness probe."""
+        fresh = self.store.latest(time.monotonic_ns(), int(self.config.stale_after_s * 1e9)) is not None
+        if fresh:
+            return "200 OK", "text/plain", b"ok\n"
+        return "503 Service Unavailable", "text/plain", b"no fresh samples\n"
+
+    # -- running ---------------------------------------------------------------------
+    def sample_once(self) -> Frame:
+        frame = self.source.read(time.time_ns())
+        self.store.put(frame, time.monotonic_ns())
+        self.samples += 1
+        return frame
+
+    def run(self) -> None:
+        """Sample every ``interval`` seconds until :meth:`stop`; then flush and close."""
+        cfg = self.config
+        log.info(
+            "otel-dra %s starting: node=%s source=%s devices=%d interval=%gs",
+            __version__,
+            cfg.node_name,
+            self.source.name,
+            cfg.devices,
+            cfg.interval_s,
+        )
+        for fault in cfg.faults:
+            log.info("fault injection scheduled: %s", fault)
+        try:
+            first = self.sample_once()
+            self._sinks = self._start_sinks(len(first.devices))
+            next_at = time.monotonic() + cfg.interval_s
+            while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+                try:
+                    self.sample_once()
+                except Exception as exc:  # a failing pass must not end the agent
+                    log.error("sampling pass failed; retrying next interval", exc_info=exc)
+                next_at += cfg.interval_s
+                if next_at < time.monotonic():  # fell behind (suspended, overloaded): skip, don't burst
+                    next_at = time.monotonic() + cfg.interval_s
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _shutdown(self) -> None:
+        log.info("stopping: flushing metrics")
+        sinks = self._sinks
+        if sinks is not None:
+            if sinks.http is not None:
+                sinks.http.shutdown()
+            done = threading.Thread(
+                target=sinks.meter_provider.shutdown,
+                kwargs={"timeout_millis": SHUTDOWN_BUDGET_S * 1000},
+                daemon=True,
+            )
+            done.start()
+            done.join(SHUTDOWN_BUDGET_S)
+            if done.is_alive():
+                log.warning("metric flush did not finish in %.0fs; exiting without it", SHUTDOWN_BUDGET_S)
+        self.source.close()
+        log.info("stopped after %d samples", self.samples)

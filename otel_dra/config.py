@@ -1,0 +1,91 @@
+"""The agent's configuration: one typed object, validated on construction, with
+defaults and the standard ``OTEL_*`` / ``NODE_NAME`` environment resolved in one place."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from otel_dra.faults import Fault
+from otel_dra.sources import SOURCES
+
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+DEFAULT_PROMETHEUS_PORT = 9464  # the OpenTelemetry Prometheus exporter's default
+
+
+class ConfigError(ValueError):
+    """A configuration value a user must fix; the message names it and says how."""
+
+
+def _parse_resource_attributes(text: str) -> dict[str, str]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` as the SDK reads it: ``k=v,k2=v2``."""
+    pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def resolve_node_name(flag: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """``--node-name``, else ``k8s.node.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, else ``NODE_NAME``,
+    else the host name."""
+    if flag:
+        return flag
+    from_resource = _parse_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")).get("k8s.node.name")
+    return from_resource or env.get("NODE_NAME") or socket.gethostname()
+
+
+def resolve_otlp_endpoint(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
+    """The OTLP push target, or None when push is off (no flag, no ``OTEL_EXPORTER_OTLP_*ENDPOINT``)."""
+    return flag or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
+def resolve_otlp_protocol(flag: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """``--otlp-protocol``, else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
+    protocol = (
+        flag or env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    )
+    if protocol not in OTLP_PROTOCOLS:
+        raise ConfigError(f"OTLP protocol {protocol!r} is not supported; use one of: {', '.join(OTLP_PROTOCOLS)}")
+    return protocol
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything ``otel-dra run`` needs; invalid values raise :class:`ConfigError`."""
+
+    node_name: str
+    source: str = "simulated"
+    devices: int = 8
+    faults: tuple[Fault, ...] = ()
+    interval_s: float = 5.0
+    prometheus_host: str = "0.0.0.0"
+    prometheus_port: int = DEFAULT_PROMETHEUS_PORT
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "grpc"
+    otlp_export_interval_s: float | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL, else the sampling interval
+    seed: int | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ConfigError(f"--source {self.source!r} is not known; use one of: {', '.join(SOURCES)}")
+        if self.devices < 1:
+            raise ConfigError(f"--devices must be at least 1, got {self.devices}")
+        if not (self.interval_s > 0):
+            raise ConfigError(f"--interval must be a positive number of seconds, got {self.interval_s}")
+        if not 0 <= self.prometheus_port <= 65535:
+            raise ConfigError(f"--prometheus-port must be 0 (off) or a TCP port, got {self.prometheus_port}")
+        if self.otlp_protocol not in OTLP_PROTOCOLS:
+            raise ConfigError(f"--otlp-protocol must be one of {', '.join(OTLP_PROTOCOLS)}")
+        if self.otlp_endpoint is not None:
+            parts = urlsplit(self.otlp_endpoint if "//" in self.otlp_endpoint else f"//{self.otlp_endpoint}")
+            if not parts.hostname:
+                raise ConfigError(f"OTLP endpoint {self.otlp_endpoint!r} has no host; give e.g. http://localhost:4317")
+        if not self.node_name:
+            raise ConfigError("node name is empty; set --node-name or NODE_NAME")
+
+    @property
+    def stale_after_s(self) -> float:
+        """How old the newest frame may be before sinks stop exporting it (three missed passes)."""
+        return 3.0 * self.interval_s

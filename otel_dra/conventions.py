@@ -1,0 +1,161 @@
+"""Metric and attribute names the project emits.
+
+Upstream ``hw.*`` metrics are read from ``opentelemetry-semantic-conventions``
+(their factory functions are run against a recorder, so name, unit, description
+and instrument kind come from the package, never retyped). Project extensions are
+declared here and registered in ``semconv/registry.yaml``; a test keeps the two
+in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from opentelemetry.semconv._incubating.attributes import hw_attributes as hw
+from opentelemetry.semconv._incubating.attributes.network_attributes import (
+    NETWORK_IO_DIRECTION,
+)
+from opentelemetry.semconv._incubating.metrics import hw_metrics
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.semconv.attributes.k8s_attributes import K8S_NODE_NAME
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME
+
+# Attribute names: upstream ones re-exported from the package, extensions defined here.
+HW_ID: Final = hw.HW_ID
+HW_TYPE: Final = hw.HW_TYPE
+HW_PARENT: Final = hw.HW_PARENT
+HW_NAME: Final = hw.HW_NAME
+HW_VENDOR: Final = hw.HW_VENDOR
+HW_MODEL: Final = hw.HW_MODEL
+HW_SERIAL_NUMBER: Final = hw.HW_SERIAL_NUMBER
+HW_FIRMWARE_VERSION: Final = hw.HW_FIRMWARE_VERSION
+HW_DRIVER_VERSION: Final = hw.HW_DRIVER_VERSION
+HW_STATE: Final = hw.HW_STATE
+HW_LIMIT_TYPE: Final = hw.HW_LIMIT_TYPE
+HW_SENSOR_LOCATION: Final = hw.HW_SENSOR_LOCATION
+HW_GPU_TASK: Final = hw.HW_GPU_TASK
+ERROR_TYPE_ATTR: Final = ERROR_TYPE
+NETWORK_IO_DIRECTION_ATTR: Final = NETWORK_IO_DIRECTION
+K8S_NODE_NAME_ATTR: Final = K8S_NODE_NAME
+SERVICE_NAME_ATTR: Final = SERVICE_NAME
+
+# Project extension attributes (registered in semconv/registry.yaml).
+HW_LINK_TYPE: Final = "hw.link.type"
+HW_ERROR_CODE: Final = "hw.error.code"
+HW_THROTTLE_REASON: Final = "hw.throttle.reason"
+DRA_DRIVER_NAME: Final = "dra.driver.name"
+DRA_POOL_NAME: Final = "dra.pool.name"
+DRA_DEVICE_NAME: Final = "dra.device.name"
+
+#: Instrument kinds as the semantic-conventions model names them.
+COUNTER: Final = "counter"
+UPDOWNCOUNTER: Final = "updowncounter"
+GAUGE: Final = "gauge"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """What one metric is: the facts an instrument is created from."""
+
+    name: str
+    unit: str
+    instrument: str  # counter | updowncounter | gauge
+    description: str
+    origin: str  # upstream | extension
+
+
+_FACTORY_KINDS: dict[str, str] = {
+    "create_counter": COUNTER,
+    "create_observable_counter": COUNTER,
+    "create_up_down_counter": UPDOWNCOUNTER,
+    "create_observable_up_down_counter": UPDOWNCOUNTER,
+    "create_gauge": GAUGE,
+    "create_observable_gauge": GAUGE,
+}
+
+
+class _SpecRecorder:
+    """A stand-in Meter that records what a semconv factory asks to create."""
+
+    def __getattr__(self, method: str) -> Callable[..., MetricSpec]:
+        kind = _FACTORY_KINDS[method]
+
+        def record(name: str, *args: Any, unit: str = "", description: str = "", **_: Any) -> MetricSpec:
+            return MetricSpec(name, unit, kind, description, "upstream")
+
+        return record
+
+
+def upstream(factory: Callable[..., Any]) -> MetricSpec:
+    """The spec of an upstream metric, read from its semconv factory function."""
+    recorder = _SpecRecorder()
+    try:
+        return factory(recorder)  # type: ignore[no-any-return]
+    except TypeError:  # asynchronous factories take a callbacks argument
+        return factory(recorder, None)  # type: ignore[no-any-return]
+
+
+def _extension(name: str, unit: str, instrument: str, description: str) -> MetricSpec:
+    return MetricSpec(name, unit, instrument, description, "extension")
+
+
+HW_STATUS = upstream(hw_metrics.create_hw_status)
+HW_ERRORS = upstream(hw_metrics.create_hw_errors)
+HW_TEMPERATURE = upstream(hw_metrics.create_hw_temperature)
+HW_TEMPERATURE_LIMIT = upstream(hw_metrics.create_hw_temperature_limit)
+HW_FAN_SPEED = upstream(hw_metrics.create_hw_fan_speed)
+HW_FAN_SPEED_LIMIT = upstream(hw_metrics.create_hw_fan_speed_limit)
+HW_FAN_SPEED_RATIO = upstream(hw_metrics.create_hw_fan_speed_ratio)
+HW_POWER = upstream(hw_metrics.create_hw_power)
+HW_ENERGY = upstream(hw_metrics.create_hw_energy)
+HW_VOLTAGE = upstream(hw_metrics.create_hw_voltage)
+HW_VOLTAGE_LIMIT = upstream(hw_metrics.create_hw_voltage_limit)
+HW_GPU_UTILIZATION = upstream(hw_metrics.create_hw_gpu_utilization)
+HW_GPU_MEMORY_USAGE = upstream(hw_metrics.create_hw_gpu_memory_usage)
+HW_GPU_MEMORY_LIMIT = upstream(hw_metrics.create_hw_gpu_memory_limit)
+HW_GPU_MEMORY_UTILIZATION = upstream(hw_metrics.create_hw_gpu_memory_utilization)
+HW_GPU_IO = upstream(hw_metrics.create_hw_gpu_io)
+
+HW_POWER_LIMIT = _extension("hw.power.limit", "W", GAUGE, "Power cap of the device.")
+HW_THROTTLE_TIME = _extension(
+    "hw.throttle.time", "s", COUNTER, "Time the device ran throttled (clocks held down), by reason."
+)
+HW_PCIE_LINK_WIDTH = _extension("hw.pcie.link.width", "{lane}", GAUGE, "Negotiated PCIe link width.")
+HW_PCIE_LINK_WIDTH_LIMIT = _extension(
+    "hw.pcie.link.width.limit", "{lane}", GAUGE, "Maximum PCIe link width of the device."
+)
+HW_PCIE_LINK_GENERATION = _extension("hw.pcie.link.generation", "1", GAUGE, "Negotiated PCIe link generation.")
+HW_PCIE_LINK_GENERATION_LIMIT = _extension(
+    "hw.pcie.link.generation.limit", "1", GAUGE, "Maximum PCIe link generation of the device."
+)
+
+#: Every metric the agent can emit, by name.
+METRICS: dict[str, MetricSpec] = {
+    spec.name: spec
+    for spec in (
+        HW_STATUS,
+        HW_ERRORS,
+        HW_TEMPERATURE,
+        HW_TEMPERATURE_LIMIT,
+        HW_FAN_SPEED,
+        HW_FAN_SPEED_LIMIT,
+        HW_FAN_SPEED_RATIO,
+        HW_POWER,
+        HW_ENERGY,
+        HW_VOLTAGE,
+        HW_VOLTAGE_LIMIT,
+        HW_GPU_UTILIZATION,
+        HW_GPU_MEMORY_USAGE,
+        HW_GPU_MEMORY_LIMIT,
+        HW_GPU_MEMORY_UTILIZATION,
+        HW_GPU_IO,
+        HW_POWER_LIMIT,
+        HW_THROTTLE_TIME,
+        HW_PCIE_LINK_WIDTH,
+        HW_PCIE_LINK_WIDTH_LIMIT,
+        HW_PCIE_LINK_GENERATION,
+        HW_PCIE_LINK_GENERATION_LIMIT,
+    )
+}

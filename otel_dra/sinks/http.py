@@ -1,0 +1,64 @@
+"""Sink: the agent's HTTP endpoint: ``/metrics`` for Prometheus, ``/healthz`` for probes.
+
+A small WSGI dispatcher in front of ``prometheus_client``'s exposition app, served
+by its threading WSGI server, so scrapes never wait on each other or on sampling.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+log = logging.getLogger(__name__)
+
+#: A route handler returns (HTTP status line, content type, body).
+Route = Callable[[], tuple[str, str, bytes]]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Access logs off: a scrape every few seconds is not an event worth a line."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class HttpEndpoint:
+    """Serves ``/metrics`` from ``registry`` and extra routes (``/healthz``, ...) on one port."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, routes: dict[str, Route]) -> None:
+        self._metrics_app = make_wsgi_app(registry)
+        self._routes = routes
+        self._server = make_server(host, port, self._app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_port)
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        route = self._routes.get(path)
+        if route is not None:
+            status, content_type, body = route()
+            start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+            return [body]
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        body = b"not found: try /metrics or " + b", ".join(r.encode() for r in self._routes) + b"\n"
+        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("serving /metrics and %s on %s:%d", ", ".join(self._routes), *self._server.server_address[:2])
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,90 @@
+"""Sink wiring: the OpenTelemetry MeterProvider with its resource, readers and views.
+
+Readers: the Prometheus reader (pull, served by :mod:`otel_dra.sinks.http`) and,
+when an endpoint is configured, a periodic OTLP exporter (push, gRPC or
+HTTP/protobuf). A view sizes the cardinality limit to the fleet, because the
+SDK otherwise folds every series past 2,000 per instrument into one overflow
+series without a word.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlsplit, urlunsplit
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import View
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from prometheus_client import CollectorRegistry
+
+from otel_dra import __version__
+from otel_dra import conventions as cv
+
+log = logging.getLogger(__name__)
+
+#: The SDK's default per-instrument limit; we never go below it.
+SDK_DEFAULT_CARDINALITY_LIMIT = 2000
+
+
+def build_resource(node_name: str) -> Resource:
+    """``service.name`` and ``k8s.node.name``, overridable by ``OTEL_RESOURCE_ATTRIBUTES`` /
+    ``OTEL_SERVICE_NAME`` (the SDK's own detector), except that ``--node-name`` wins."""
+    defaults = Resource({cv.SERVICE_NAME_ATTR: "otel-dra", "service.version": __version__})
+    env = OTELResourceDetector().detect()
+    return Resource.create({}).merge(defaults).merge(env).merge(Resource({cv.K8S_NODE_NAME_ATTR: node_name}))
+
+
+def cardinality_limit(devices: int, series_per_device: int) -> int:
+    """Per-instrument series limit sized to the fleet: never the SDK's silent overflow."""
+    return max(SDK_DEFAULT_CARDINALITY_LIMIT, devices * series_per_device)
+
+
+def otlp_reader(endpoint: str, protocol: str, interval_s: float | None) -> MetricReader:
+    """A periodic OTLP push to ``endpoint`` every ``interval_s`` (None: ``OTEL_METRIC_EXPORT_INTERVAL``).
+
+    An endpoint without a scheme is plaintext (``http://``); give ``https://`` for TLS.
+    The exporter reads the rest of ``OTEL_EXPORTER_OTLP_*`` itself (headers,
+    certificates, compression, timeout).
+    """
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as Grpc
+
+        exporter: MetricExporter = Grpc(endpoint=url)
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
+
+        exporter = Http(endpoint=_http_metrics_url(url))
+    millis = None if interval_s is None else interval_s * 1000.0
+    return PeriodicExportingMetricReader(exporter, export_interval_millis=millis)
+
+
+def _http_metrics_url(endpoint: str) -> str:
+    """OTLP/HTTP signal URL: a base endpoint gets ``/v1/metrics``, as the spec says for
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; a URL with a path is used as given."""
+    parts = urlsplit(endpoint)
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/v1/metrics")
+    return urlunsplit(parts)
+
+
+def build_meter_provider(
+    node_name: str,
+    readers: list[MetricReader],
+    limit: int,
+) -> MeterProvider:
+    """The provider every instrument of the agent hangs off."""
+    view = View(instrument_name="*", aggregation_cardinality_limit=limit)
+    return MeterProvider(resource=build_resource(node_name), metric_readers=readers, views=[view])
+
+
+def prometheus_reader(registry: CollectorRegistry) -> MetricReader:
+    """The pull reader; ``k8s.node.name`` is copied onto every series as ``k8s_node_name``,
+    so fleet queries group by node without a join on ``target_info``."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+    return PrometheusMetricReader(
+        registry=registry,
+        resource_attribute_filter=lambda key: key == cv.K8S_NODE_NAME_ATTR,
+    )

@@ -1,0 +1,348 @@
+"""A simulated node of GPUs that behaves like real ones, with injectable faults.
+
+Utilization drives power; power (and the fan) drive temperature through a first
+order lag; energy integrates power; counters (ECC, PCIe replays) tick at
+realistic background rates. Every failure reason of the contract can be injected
+on a device at a time (``--fault gpu-3:memory_ecc@30``), producing the evidence
+``failure-modes.md`` lists for it. All devices advance together as arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.faults import ANY_DEVICE, Fault
+from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.vocabulary import HW_STATES, REASONS
+
+GIB = float(1 << 30)
+
+# Physical constants of the simulated model (an H100 SXM-like part).
+POWER_IDLE_W = 70.0
+POWER_CAP_W = 700.0
+AMBIENT_C = 30.0
+THERMAL_RESISTANCE_C_PER_W = 0.075  # steady-state rise per watt at nominal airflow
+THERMAL_TAU_S = 30.0
+TEMP_LIMITS_GPU = {"high.degraded": 85.0, "throttled": 88.0, "high.critical": 92.0}
+TEMP_LIMITS_MEMORY = {"high.degraded": 95.0, "high.critical": 105.0}
+FAN_MAX_RPM = 10000.0
+FAN_LOW_CRITICAL_RPM = 500.0
+VOLT_NOMINAL = 0.90
+VOLT_LIMITS = {"low.critical": 0.80, "high.critical": 1.00}
+MEMORY_BYTES = 80.0 * GIB
+PCIE_WIDTH, PCIE_GEN = 16.0, 5.0
+GPU_IO_BYTES_PER_S = 20e9
+# Background counter rates, per device per second.
+CORRECTED_ECC_RATE = 1.0 / 3600.0
+PCIE_REPLAY_RATE = 0.05 / 60.0
+
+GOOD_FIRMWARE = "96.00.99.00.01"
+BAD_FIRMWARE = "96.00.30.00.01"  # what the firmware fault rolls a device back to
+DRIVER_VERSION = "580.95.05"
+DRIVER_FAULT_XID = "119"  # GSP RPC timeout: a reset-class XID
+
+
+def gpu_columns() -> dict[str, Column]:
+    """The simulated GPU's series kinds, by a short local key."""
+    t, f, v = "temp/gpu", "fan/0", "volt/core"
+    cols: dict[str, Column] = {}
+    for state in HW_STATES:
+        cols[f"status.{state}"] = Column(cv.HW_STATUS.name, attrs_of({cv.HW_STATE: state}))
+    for etype in ("corrected", "uncorrected", "retired_page", "reset", "power", "out_of_memory"):
+        cols[f"errors.{etype}"] = Column(cv.HW_ERRORS.name, attrs_of({cv.ERROR_TYPE_ATTR: etype}))
+    for link in ("pcie", "nvlink"):
+        cols[f"errors.link.{link}"] = Column(
+            cv.HW_ERRORS.name, attrs_of({cv.ERROR_TYPE_ATTR: "link", cv.HW_LINK_TYPE: link})
+        )
+    cols["temp.gpu"] = Column(cv.HW_TEMPERATURE.name, attrs_of({cv.HW_SENSOR_LOCATION: "gpu"}), t, "temperature")
+    for limit in TEMP_LIMITS_GPU:
+        cols[f"temp.gpu.limit.{limit}"] = Column(
+            cv.HW_TEMPERATURE_LIMIT.name,
+            attrs_of({cv.HW_SENSOR_LOCATION: "gpu", cv.HW_LIMIT_TYPE: limit}),
+            t,
+            "temperature",
+        )
+    m = "temp/memory"
+    cols["temp.memory"] = Column(cv.HW_TEMPERATURE.name, attrs_of({cv.HW_SENSOR_LOCATION: "memory"}), m, "temperature")
+    for limit in TEMP_LIMITS_MEMORY:
+        cols[f"temp.memory.limit.{limit}"] = Column(
+            cv.HW_TEMPERATURE_LIMIT.name,
+            attrs_of({cv.HW_SENSOR_LOCATION: "memory", cv.HW_LIMIT_TYPE: limit}),
+            m,
+            "temperature",
+        )
+    cols["fan.speed"] = Column(cv.HW_FAN_SPEED.name, (), f, "fan")
+    cols["fan.ratio"] = Column(cv.HW_FAN_SPEED_RATIO.name, (), f, "fan")
+    cols["fan.limit.low.critical"] = Column(
+        cv.HW_FAN_SPEED_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "low.critical"}), f, "fan"
+    )
+    cols["volt"] = Column(cv.HW_VOLTAGE.name, (), v, "voltage")
+    for limit in VOLT_LIMITS:
+        cols[f"volt.limit.{limit}"] = Column(
+            cv.HW_VOLTAGE_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: limit}), v, "voltage"
+        )
+    cols["power"] = Column(cv.HW_POWER.name)
+    cols["power.limit.max"] = Column(cv.HW_POWER_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "max"}))
+    cols["energy"] = Column(cv.HW_ENERGY.name)
+    cols["util"] = Column(cv.HW_GPU_UTILIZATION.name, attrs_of({cv.HW_GPU_TASK: "general"}))
+    cols["mem.usage"] = Column(cv.HW_GPU_MEMORY_USAGE.name)
+    cols["mem.limit"] = Column(cv.HW_GPU_MEMORY_LIMIT.name)
+    cols["mem.util"] = Column(cv.HW_GPU_MEMORY_UTILIZATION.name)
+    for direction in ("receive", "transmit"):
+        cols[f"io.{direction}"] = Column(cv.HW_GPU_IO.name, attrs_of({cv.NETWORK_IO_DIRECTION_ATTR: direction}))
+    for reason in ("thermal", "power", "other"):
+        cols[f"throttle.{reason}"] = Column(cv.HW_THROTTLE_TIME.name, attrs_of({cv.HW_THROTTLE_REASON: reason}))
+    cols["pcie.width"] = Column(cv.HW_PCIE_LINK_WIDTH.name)
+    cols["pcie.width.limit"] = Column(cv.HW_PCIE_LINK_WIDTH_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "max"}))
+    cols["pcie.gen"] = Column(cv.HW_PCIE_LINK_GENERATION.name)
+    cols["pcie.gen.limit"] = Column(cv.HW_PCIE_LINK_GENERATION_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "max"}))
+    return cols
+
+
+def driver_error_column(code: str) -> Column:
+    """``hw.errors{error.type=driver, hw.error.code=CODE}``: a series born at the first such event."""
+    return Column(cv.HW_ERRORS.name, attrs_of({cv.ERROR_TYPE_ATTR: "driver", cv.HW_ERROR_CODE: code}))
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """How many devices, on which node, with which faults."""
+
+    node_name: str
+    devices: int = 8
+    faults: tuple[Fault, ...] = ()
+    seed: int | None = None
+    driver_name: str = "gpu.nvidia.com"
+    start_unix_nano: int | None = None  # fault times count from here; default: the first read
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise ValueError(f"--devices must be at least 1, got {self.devices}")
+        known = {f"gpu-{i}" for i in range(self.devices)}
+        for fault in self.faults:
+            if fault.device != ANY_DEVICE and fault.device not in known:
+                raise ValueError(
+                    f"--fault {fault}: no device {fault.device!r} in a simulated node of {self.devices} "
+                    f"(devices are gpu-0 .. gpu-{self.devices - 1}, or * for all)"
+                )
+
+
+@dataclass
+class _State:
+    util: np.ndarray
+    job_level: np.ndarray
+    temp: np.ndarray
+    temp_mem: np.ndarray
+    mem_frac: np.ndarray
+    counters: dict[str, np.ndarray] = field(default_factory=dict)
+    driver_errors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class SimulatedSource:
+    """A node of simulated GPUs; one :meth:`read` advances the simulation to ``now``."""
+
+    name = "simulated"
+
+    def __init__(self, config: SimulatorConfig, schema: Schema | None = None) -> None:
+        self.config = config
+        self.schema = schema if schema is not None else Schema()
+        self._cols = {key: self.schema.index(col) for key, col in gpu_columns().items()}
+        n = config.devices
+        self._rng = np.random.default_rng(config.seed)
+        self._ids = tuple(f"gpu-{i}" for i in range(n))
+        # onset[reason][device] in seconds after start; +inf where not injected.
+        self._onset = {reason: np.full(n, np.inf) for reason in REASONS}
+        for fault in config.faults:
+            rows = slice(None) if fault.device == ANY_DEVICE else self._ids.index(fault.device)
+            current = self._onset[fault.reason][rows]
+            self._onset[fault.reason][rows] = np.minimum(current, fault.at)
+        self._serials = tuple(f"SIM{int(self._rng.integers(10**9, 10**10))}" for _ in range(n))
+        self._tables: dict[bytes, DeviceTable] = {}
+        rng = self._rng
+        job = rng.uniform(0.3, 0.95, n)
+        self._state = _State(
+            util=job.copy(),
+            job_level=job,
+            temp=AMBIENT_C + THERMAL_RESISTANCE_C_PER_W * (POWER_IDLE_W + job * (POWER_CAP_W * 0.85 - POWER_IDLE_W)),
+            temp_mem=np.full(n, AMBIENT_C + 20.0),
+            mem_frac=rng.uniform(0.2, 0.8, n),
+            counters={
+                "energy": rng.uniform(1e6, 1e9, n),
+                "corrected": rng.integers(0, 5, n).astype(float),
+                "uncorrected": np.zeros(n),
+                "retired_page": np.zeros(n),
+                "reset": np.zeros(n),
+                "power": np.zeros(n),
+                "out_of_memory": np.zeros(n),
+                "link.pcie": rng.integers(0, 3, n).astype(float),
+                "link.nvlink": np.zeros(n),
+                "io.receive": rng.uniform(1e9, 1e12, n),
+                "io.transmit": rng.uniform(1e9, 1e12, n),
+                "throttle.thermal": np.zeros(n),
+                "throttle.power": np.zeros(n),
+                "throttle.other": np.zeros(n),
+            },
+        )
+        self._start_ns = config.start_unix_nano
+        self._last_t: float | None = None
+
+    # -- helpers -------------------------------------------------------------------
+    def _active(self, reason: str, t: float) -> np.ndarray:
+        return self._onset[reason] <= t
+
+    def _device_table(self, bad_firmware: np.ndarray) -> DeviceTable:
+        key = np.packbits(bad_firmware).tobytes()
+        table = self._tables.get(key)
+        if table is None:
+            node = self.config.node_name
+            table = DeviceTable(
+                node=node,
+                ids=self._ids,
+                attrs=tuple(
+                    {
+                        cv.HW_TYPE: "gpu",
+                        cv.HW_NAME: f"GPU {i}",
+                        cv.HW_VENDOR: "NVIDIA",
+                        cv.HW_MODEL: "H100 80GB HBM3",
+                        cv.HW_SERIAL_NUMBER: self._serials[i],
+                        cv.HW_FIRMWARE_VERSION: BAD_FIRMWARE if bad_firmware[i] else GOOD_FIRMWARE,
+                        cv.HW_DRIVER_VERSION: DRIVER_VERSION,
+                        cv.DRA_DRIVER_NAME: self.config.driver_name,
+                        cv.DRA_POOL_NAME: node,
+                        cv.DRA_DEVICE_NAME: dev,
+                    }
+                    for i, dev in enumerate(self._ids)
+                ),
+            )
+            self._tables[key] = table
+        return table
+
+    def _tick_events(self, active: np.ndarray, onset: np.ndarray, t: float, t_prev: float, period: float) -> np.ndarray:
+        """How many periodic fault events (one at onset, then every ``period`` s) fell in (t_prev, t]."""
+        since = np.where(active, t - onset, -1.0)
+        before = np.where(onset <= t_prev, t_prev - onset, -1.0)
+        now_n = np.where(since >= 0, np.floor(since / period) + 1, 0)
+        prev_n = np.where(before >= 0, np.floor(before / period) + 1, 0)
+        return now_n - prev_n
+
+    # -- the source protocol -------------------------------------------------------
+    def read(self, now_unix_nano: int) -> Frame:
+        if self._start_ns is None:
+            self._start_ns = now_unix_nano
+        t = (now_unix_nano - self._start_ns) / 1e9
+        dt = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
+        t_prev = t - dt if self._last_t is not None else -np.inf
+        self._last_t = t
+        n, rng, st, c = self.config.devices, self._rng, self._state, self._state.counters
+        on = {reason: self._active(reason, t) for reason in REASONS}
+
+        # Workload: utilization wanders around a per-device job level; jobs change now and then.
+        new_job = rng.random(n) < dt / 900.0
+        st.job_level = np.where(new_job, rng.uniform(0.3, 0.95, n), st.job_level)
+        decay = np.exp(-dt / 20.0)
+        st.util = np.clip(st.job_level + (st.util - st.job_level) * decay + rng.normal(0, 0.03, n), 0.0, 1.0)
+        util = np.where(on["power_throttling"], 1.0, st.util)
+
+        # Power: demand from utilization, held at the cap (throttling) when demand exceeds it.
+        cap = np.where(on["power_throttling"], 0.55 * POWER_CAP_W, POWER_CAP_W)
+        demand = POWER_IDLE_W + util * (POWER_CAP_W - POWER_IDLE_W) * 0.85 + rng.normal(0, 5.0, n)
+        demand = np.where(on["power_throttling"], POWER_CAP_W, demand)
+        power = np.minimum(demand, cap)
+        power_capped = demand >= cap
+        c["energy"] += power * dt
+
+        # Cooling and temperature: a fan failure stops the fan; a thermal fault adds heat the fan can't remove.
+        airflow = np.where(on["cooling"], 0.25, 1.0)
+        target = AMBIENT_C + THERMAL_RESISTANCE_C_PER_W * power / airflow
+        target = np.where(on["thermal"], np.maximum(target, TEMP_LIMITS_GPU["throttled"] + 2.0), target)
+        alpha = 1.0 - np.exp(-dt / THERMAL_TAU_S)
+        st.temp = st.temp + (target - st.temp) * alpha + rng.normal(0, 0.3, n)
+        st.temp_mem = st.temp_mem + (st.temp + 8.0 - st.temp_mem) * alpha
+        fan_ratio = np.clip(0.3 + (st.temp - 40.0) / 60.0, 0.3, 1.0)
+        fan_ratio = np.where(on["cooling"], rng.uniform(0.0, 0.02, n), fan_ratio)
+        thermal_throttled = st.temp >= TEMP_LIMITS_GPU["throttled"]
+        c["throttle.thermal"] += np.where(thermal_throttled, dt, 0.0)
+        c["throttle.power"] += np.where(power_capped, dt, 0.0)
+
+        # Memory: a pressured device runs full and hits out-of-memory now and then.
+        st.mem_frac = np.clip(st.mem_frac + rng.normal(0, 0.01, n), 0.05, 0.9)
+        mem_frac = np.where(on["memory_pressure"], rng.uniform(0.97, 0.995, n), st.mem_frac)
+        c["out_of_memory"] += self._tick_events(on["memory_pressure"], self._onset["memory_pressure"], t, t_prev, 20.0)
+
+        # Errors: background rates for everyone, bursts for faulted devices.
+        c["corrected"] += rng.poisson(CORRECTED_ECC_RATE * dt, n)
+        ecc = self._tick_events(on["memory_ecc"], self._onset["memory_ecc"], t, t_prev, 60.0)
+        c["uncorrected"] += ecc
+        c["retired_page"] += ecc
+        c["corrected"] += np.where(on["memory_ecc"], rng.poisson(2.0 * dt, n), 0)
+        replay_rate = np.where(on["link"], 60.0 / 60.0, PCIE_REPLAY_RATE)
+        c["link.pcie"] += rng.poisson(replay_rate * dt)
+        c["power"] += self._tick_events(on["power_delivery"], self._onset["power_delivery"], t, t_prev, 30.0)
+        c["reset"] += self._tick_events(on["device_reset"], self._onset["device_reset"], t, t_prev, 60.0)
+        xid = self._tick_events(on["driver_errors"], self._onset["driver_errors"], t, t_prev, 120.0)
+        if xid.any() or DRIVER_FAULT_XID in st.driver_errors:
+            st.driver_errors.setdefault(DRIVER_FAULT_XID, np.zeros(n))
+            st.driver_errors[DRIVER_FAULT_XID] += xid
+        c["io.receive"] += util * GPU_IO_BYTES_PER_S * dt
+        c["io.transmit"] += util * GPU_IO_BYTES_PER_S * 0.8 * dt
+
+        # Voltage sags out of its critical range while power delivery is failing.
+        volt = VOLT_NOMINAL + rng.normal(0, 0.004, n)
+        volt = np.where(on["power_delivery"], rng.uniform(0.70, 0.79, n), volt)
+
+        # Write the frame.
+        for code in st.driver_errors:
+            self._cols.setdefault(f"xid.{code}", self.schema.index(driver_error_column(code)))
+        values = np.full((n, len(self.schema)), np.nan)
+        k = self._cols
+
+        def put(key: str, column_values: np.ndarray | float) -> None:
+            values[:, k[key]] = column_values
+
+        state = np.where(on["vendor_status"], "failed", "ok")
+        for s in HW_STATES:
+            put(f"status.{s}", (state == s).astype(float))
+        for etype in ("corrected", "uncorrected", "retired_page", "reset", "power", "out_of_memory"):
+            put(f"errors.{etype}", c[etype])
+        put("errors.link.pcie", c["link.pcie"])
+        put("errors.link.nvlink", c["link.nvlink"])
+        for code, counts in st.driver_errors.items():
+            put(f"xid.{code}", counts)
+        put("temp.gpu", st.temp)
+        for limit, value in TEMP_LIMITS_GPU.items():
+            put(f"temp.gpu.limit.{limit}", value)
+        put("temp.memory", st.temp_mem)
+        for limit, value in TEMP_LIMITS_MEMORY.items():
+            put(f"temp.memory.limit.{limit}", value)
+        put("fan.speed", fan_ratio * FAN_MAX_RPM)
+        put("fan.ratio", fan_ratio)
+        put("fan.limit.low.critical", FAN_LOW_CRITICAL_RPM)
+        put("volt", volt)
+        for limit, value in VOLT_LIMITS.items():
+            put(f"volt.limit.{limit}", value)
+        put("power", power)
+        put("power.limit.max", cap)
+        put("energy", c["energy"])
+        put("util", util)
+        put("mem.usage", np.round(mem_frac * MEMORY_BYTES))
+        put("mem.limit", MEMORY_BYTES)
+        put("mem.util", mem_frac)
+        put("io.receive", c["io.receive"])
+        put("io.transmit", c["io.transmit"])
+        for reason in ("thermal", "power", "other"):
+            put(f"throttle.{reason}", c[f"throttle.{reason}"])
+        put("pcie.width", np.where(on["link"], PCIE_WIDTH / 2, PCIE_WIDTH))
+        put("pcie.width.limit", PCIE_WIDTH)
+        put("pcie.gen", PCIE_GEN)
+        put("pcie.gen.limit", PCIE_GEN)
+
+        # A lost device reports nothing; a stale node reports nothing for anyone.
+        silent = on["device_lost"] | on["stale"].any()
+        values[silent, :] = np.nan
+        return Frame(now_unix_nano, self._device_table(on["firmware"]), values)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,58 @@
+"""The closed vocabularies of the telemetry contract (telemetry.md sections 2 and 4).
+
+Kept in one place so that parsing (``--fault``), the simulator and the sinks agree
+on exactly the words the contract allows.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.semconv._incubating.attributes.hw_attributes import HwStateValues
+
+#: Failure reasons, the contract's closed set (section 4), in contract order.
+REASONS: tuple[str, ...] = (
+    "thermal",
+    "cooling",
+    "memory_ecc",
+    "power_delivery",
+    "power_throttling",
+    "memory_pressure",
+    "link",
+    "driver_errors",
+    "firmware",
+    "device_reset",
+    "device_lost",
+    "vendor_status",
+    "stale",
+)
+
+#: Remediations, least to most disruptive.
+REMEDIATIONS: tuple[str, ...] = (
+    "none",
+    "reduce_load",
+    "check_workload",
+    "reset_device",
+    "reboot_node",
+    "update_firmware",
+    "replace_device",
+)
+
+#: Health as the kubelet knows it (KEP-4680).
+HEALTH: tuple[str, ...] = ("Healthy", "Unhealthy", "Unknown")
+
+#: Upstream ``hw.state`` values, taken from the semantic-conventions package.
+HW_STATES: tuple[str, ...] = tuple(s.value for s in HwStateValues)
+
+#: ``error.type`` values on ``hw.errors`` for a device (section 2).
+ERROR_TYPES: tuple[str, ...] = (
+    "corrected",
+    "uncorrected",
+    "retired_page",
+    "link",
+    "driver",
+    "reset",
+    "power",
+    "out_of_memory",
+)
+
+#: ``hw.type`` values of sensor components: folded into their parent device.
+SENSOR_TYPES: frozenset[str] = frozenset({"temperature", "fan", "voltage"})
