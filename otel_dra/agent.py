@@ -41,6 +41,12 @@ def build_source(config: AgentConfig, schema: Schema) -> Source:
     return SimulatedSource(sim, schema)
 
 
+def series_limit(schema: Schema, devices: int) -> int:
+    """The per-instrument series limit for ``devices`` devices of this schema."""
+    widest = max((len(cols) for cols in schema.by_metric().values()), default=1)
+    return provider.cardinality_limit(devices, series_per_device(widest))
+
+
 @dataclass
 class _Sinks:
     meter_provider: MeterProvider
@@ -73,9 +79,7 @@ class Agent:
                 export_s = cfg.interval_s  # push every sample unless the user chose a cadence
             readers.append(provider.otlp_reader(cfg.otlp_endpoint, cfg.otlp_protocol, export_s))
             log.info("pushing OTLP (%s) to %s", cfg.otlp_protocol, cfg.otlp_endpoint)
-        widest = max((len(cols) for cols in self.schema.by_metric().values()), default=1)
-        limit = provider.cardinality_limit(devices, series_per_device(widest))
-        meter_provider = provider.build_meter_provider(cfg.node_name, readers, limit)
+        meter_provider = provider.build_meter_provider(cfg.node_name, readers, series_limit(self.schema, devices))
         MetricsSink(self.store, self.schema, meter_provider.get_meter("otel_dra", __version__), cfg.stale_after_s)
         http = None
         if cfg.prometheus_port:

@@ -36,12 +36,13 @@ def resolve_node_name(flag: str | None, env: Mapping[str, str] = os.environ) -> 
 
 
 def resolve_otlp_endpoint(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
-    """The OTLP push target, or None when push is off (no flag, no ``OTEL_EXPORTER_OTLP_*ENDPOINT``)."""
+    """The OTLP push target; None (push off) without a flag or ``OTEL_EXPORTER_OTLP_*ENDPOINT``."""
     return flag or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
 
 
 def resolve_otlp_protocol(flag: str | None, env: Mapping[str, str] = os.environ) -> str:
-    """``--otlp-protocol``, else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
+    """``--otlp-protocol``, else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`` or ``OTEL_EXPORTER_OTLP_PROTOCOL``;
+    grpc by default."""
     protocol = (
         flag or env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
     )

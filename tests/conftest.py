@@ -1,0 +1,309 @@
+"""Real components for end-to-end tests: the agent as a process, a Prometheus server
+(Debian's package, installed when missing) and an OpenTelemetry collector (rotel,
+from PyPI), all on loopback ports picked at run time and stopped afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2) -> object:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (OSError, ValueError):
+            last = None
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+# -- the agent ---------------------------------------------------------------------------
+@dataclass
+class AgentProcess:
+    port: int
+    proc: subprocess.Popen
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics(self) -> str:
+        status, body = http_get(self.url + "/metrics")
+        assert status == 200
+        return body.decode()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> tuple[int, float]:
+        """Signal the agent; return its exit code and how long it took to exit."""
+        t0 = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode, time.monotonic() - t0
+
+    def logs(self) -> str:
+        return self.log.read_text()
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
+    """Start ``otel-dra run`` as a user would (the installed CLI, its own process)."""
+    started: list[AgentProcess] = []
+
+    def start(
+        *args: str, env: dict[str, str] | None = None, port: int | None = None, wait: bool = True
+    ) -> AgentProcess:
+        port = port or free_port()
+        log = tmp_path / f"agent-{len(started)}.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        full_env.update(env or {})
+        argv = [sys.executable, "-m", "otel_dra", "run", "--prometheus-host", "127.0.0.1", *args]
+        if "OTEL_EXPORTER_PROMETHEUS_PORT" not in full_env:
+            argv += ["--prometheus-port", str(port)]
+        else:
+            port = int(full_env["OTEL_EXPORTER_PROMETHEUS_PORT"])
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
+        agent = AgentProcess(port, proc, log)
+        started.append(agent)
+        if wait:
+            wait_for(lambda: http_get(agent.url + "/healthz", 1)[0] == 200 or proc.poll() is not None, 30, "agent")
+            assert proc.poll() is None, f"agent exited early:\n{agent.logs()}"
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop(signal.SIGKILL)
+
+
+# -- Prometheus --------------------------------------------------------------------------
+def ensure_binary(name: str, debian_package: str) -> str:
+    """The binary's path, installing the Debian package when it is missing and we may."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", debian_package]
+        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+            subprocess.run(install, env=env, capture_output=True, check=False)
+        path = shutil.which(name)
+    if not path:
+        pytest.fail(
+            f"{name} is needed by this test: install Debian's '{debian_package}' package (apt-get install "
+            f"{debian_package}) or put {name} on PATH"
+        )
+    return path
+
+
+@dataclass
+class PrometheusServer:
+    url: str
+    proc: subprocess.Popen
+
+    def query(self, promql: str) -> list[dict]:
+        q = urllib.parse.urlencode({"query": promql})
+        status, body = http_get(f"{self.url}/api/v1/query?{q}")
+        data = json.loads(body)
+        assert status == 200 and data["status"] == "success", data
+        return data["data"]["result"]
+
+
+@pytest.fixture
+def start_prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], PrometheusServer]]:
+    binary = ensure_binary("prometheus", "prometheus")
+    servers: list[PrometheusServer] = []
+
+    def start(targets: list[str]) -> PrometheusServer:
+        port = free_port()
+        work = tmp_path / f"prometheus-{len(servers)}"
+        work.mkdir()
+        config = work / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: otel-dra\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+        )
+        log = (work / "prometheus.log").open("wb")
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        server = PrometheusServer(f"http://127.0.0.1:{port}", proc)
+        servers.append(server)
+        wait_for(lambda: http_get(server.url + "/-/ready", 1)[0] == 200, 60, "Prometheus to be ready")
+        return server
+
+    yield start
+    for server in servers:
+        server.proc.terminate()
+        try:
+            server.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+
+
+# -- an OpenTelemetry collector (rotel) ---------------------------------------------------
+@dataclass
+class CollectorPoint:
+    resource: dict[str, str]
+    metric: str
+    unit: str
+    data_type: str
+    monotonic: bool | None
+    attrs: dict[str, str]
+    value: float
+
+
+def parse_rotel_debug(text: str) -> list[CollectorPoint]:
+    """Parse rotel's ``--debug-log metrics --debug-log-verbosity detailed`` output
+    (the Collector debug exporter's layout) into points."""
+    points: list[CollectorPoint] = []
+    resource: dict[str, str] = {}
+    metric = unit = data_type = ""
+    monotonic: bool | None = None
+    attrs: dict[str, str] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("ResourceMetrics #"):
+            resource, section = {}, "resource"
+        elif line == "Resource attributes:":
+            section = "resource"
+        elif line.startswith("Metric #"):
+            section, monotonic = "descriptor", None
+        elif line.startswith("NumberDataPoints #"):
+            attrs, section = {}, "point"
+        elif line.startswith("-> "):
+            key, _, val = line[3:].partition(": ")
+            if section == "descriptor":
+                if key == "Name":
+                    metric = val
+                elif key == "Unit":
+                    unit = val
+                elif key == "DataType":
+                    data_type = val
+                elif key == "IsMonotonic":
+                    monotonic = val == "true"
+            else:
+                inner = val[val.index("(") + 1 : -1] if "(" in val and val.endswith(")") else val
+                (resource if section == "resource" else attrs)[key] = inner
+        elif line.startswith("Value: ") and section == "point":
+            points.append(
+                CollectorPoint(dict(resource), metric, unit, data_type, monotonic, dict(attrs), float(line[7:]))
+            )
+    return points
+
+
+@dataclass
+class Collector:
+    grpc_endpoint: str
+    http_endpoint: str
+    proc: subprocess.Popen
+    out: Path
+
+    def points(self) -> list[CollectorPoint]:
+        return parse_rotel_debug(self.out.read_text(errors="replace"))
+
+
+def rotel_binary() -> str:
+    try:
+        import rotel
+    except ImportError:
+        pytest.fail("rotel is needed by this test: pip install -e '.[test]'")
+    path = Path(rotel.__file__).parent / "rotel-agent"
+    assert path.exists(), f"rotel's collector binary is missing at {path}"
+    return str(path)
+
+
+@pytest.fixture
+def start_collector(tmp_path: Path) -> Iterator[Callable[[], Collector]]:
+    binary = rotel_binary()
+    running: list[Collector] = []
+
+    def start() -> Collector:
+        grpc_port, http_port = free_port(), free_port()
+        out = tmp_path / f"rotel-{len(running)}.out"
+        with out.open("wb") as sink:
+            proc = subprocess.Popen(
+                [
+                    binary,
+                    "start",
+                    "--exporter",
+                    "blackhole",
+                    "--debug-log",
+                    "metrics",
+                    "--debug-log-verbosity",
+                    "detailed",
+                    "--otlp-grpc-endpoint",
+                    f"127.0.0.1:{grpc_port}",
+                    "--otlp-http-endpoint",
+                    f"127.0.0.1:{http_port}",
+                    "--log-file",
+                    str(tmp_path / "rotel.log"),
+                    "--pid-file",
+                    str(tmp_path / f"rotel-{len(running)}.pid"),
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "NO_COLOR": "1"},
+            )
+        collector = Collector(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", proc, out)
+        running.append(collector)
+        wait_for(lambda: "Starting Rotel" in out.read_text(errors="replace"), 20, "rotel to start")
+        return collector
+
+    yield start
+    for collector in running:
+        collector.proc.terminate()
+        try:
+            collector.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            collector.proc.kill()

@@ -1,0 +1,98 @@
+"""The agent as a user runs it, scraped by a real Prometheus server."""
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from otel_dra import conventions as cv
+from tests.conftest import free_port, http_get, wait_for
+
+pytestmark = pytest.mark.e2e
+DEVICES = [f"gpu-{i}" for i in range(8)]
+
+
+def prom_name(spec: cv.MetricSpec) -> str:
+    """The Prometheus name of a metric, as the OpenTelemetry exporter maps it."""
+    from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_name
+
+    name = sanitize_full_name(spec.name)
+    unit = map_unit(spec.unit)
+    if unit and not name.endswith(unit):
+        name += "_" + unit
+    return name + ("_total" if spec.instrument == cv.COUNTER else "")
+
+
+def series_devices(exposition: str, name: str) -> set[str]:
+    """Devices (hw_id, or hw_parent for sensors) that have at least one series of ``name``."""
+    found = set()
+    for line in exposition.splitlines():
+        if line.startswith(name + "{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            found.add(labels.get("hw_parent") or labels["hw_id"])
+    return found
+
+
+def test_prometheus_scrapes_every_device_and_sees_the_fault_on_one(start_agent, start_prometheus):
+    agent = start_agent("--interval", "1", "--devices", "8", "--fault", "gpu-3:memory_ecc@4", "--node-name", "n1")
+    prom = start_prometheus([f"127.0.0.1:{agent.port}"])
+
+    def per_device(promql: str, label: str = "hw_id") -> set[str]:
+        return {r["metric"][label] for r in prom.query(promql)}
+
+    wait_for(lambda: per_device("hw_temperature_celsius", "hw_parent") == set(DEVICES), 30, "temperatures")
+    for error_type in ("corrected", "uncorrected", "retired_page", "link", "reset", "power", "out_of_memory"):
+        assert per_device(f'hw_errors_total{{error_type="{error_type}"}}') == set(DEVICES), error_type
+    for state in ("ok", "degraded", "failed", "predicted_failure"):
+        assert per_device(f'hw_status{{hw_state="{state}"}}') == set(DEVICES), state
+    assert per_device('hw_status{hw_state="ok"} == 1') == set(DEVICES)
+    up = prom.query('up{job="otel-dra"}')
+    assert up and up[0]["value"][1] == "1"
+    # The injected uncorrected ECC error shows on gpu-3, and only there.
+    wait_for(lambda: per_device('hw_errors_total{error_type="uncorrected"} > 0') == {"gpu-3"}, 30, "the fault")
+    assert {r["metric"]["k8s_node_name"] for r in prom.query("hw_power_watts")} == {"n1"}
+
+
+def test_exposition_passes_promtool(start_agent):
+    from tests.conftest import ensure_binary
+
+    promtool = ensure_binary("promtool", "prometheus")
+    agent = start_agent("--interval", "1", "--fault", "gpu-1:driver_errors@0")
+    wait_for(lambda: 'error_type="driver"' in agent.metrics(), 10, "the driver error series")
+    result = subprocess.run([promtool, "check", "metrics"], input=agent.metrics().encode(), capture_output=True)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout.decode() + result.stderr.decode()
+
+
+def test_defaults_serve_every_contract_signal_within_two_intervals(start_agent):
+    """`otel-dra run` with its defaults (8 devices, 5 s interval): all signals, all devices, in < 2 intervals."""
+    port = free_port()
+    t0 = time.monotonic()
+    agent = start_agent(env={"OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}, wait=False)
+
+    def complete() -> bool:
+        status, body = http_get(agent.url + "/metrics", 1)
+        text = body.decode()
+        return status == 200 and all(series_devices(text, prom_name(s)) == set(DEVICES) for s in cv.METRICS.values())
+
+    wait_for(complete, 10, "every contract signal for 8 devices", every=0.1)
+    assert time.monotonic() - t0 < 2 * 5.0
+
+
+def test_sigterm_flushes_and_exits_quickly_even_with_an_unreachable_collector(start_agent):
+    dead = f"http://127.0.0.1:{free_port()}"
+    agent = start_agent("--interval", "1", "--otlp-endpoint", dead)
+    time.sleep(2.5)  # a push or two has failed and is retrying
+    code, took = agent.stop()
+    assert code == 0, agent.logs()
+    assert took < 5.0
+    logs = agent.logs()
+    assert "Traceback" not in logs
+    assert "stopped after" in logs
+
+
+def test_healthz_answers_and_unknown_paths_say_where_to_go(start_agent):
+    agent = start_agent("--interval", "1")
+    assert http_get(agent.url + "/healthz") == (200, b"ok\n")
+    status, body = http_get(agent.url + "/nope")
+    assert status == 404 and b"/metrics" in body
