@@ -10,16 +10,23 @@ from otel_dra.vocabulary import REASONS
 
 
 def otel_dra(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "otel_dra", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "otel_dra", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_explains_the_run_options():
     result = otel_dra("run", "--help")
     assert result.returncode == 0
-    for option in ("--source", "--devices", "--fault", "--interval", "--prometheus-port", "--otlp-endpoint",
-                   "--node-name", "OTEL_EXPORTER_OTLP_ENDPOINT", "NODE_NAME"):
+    for option in (
+        "--source",
+        "--devices",
+        "--fault",
+        "--interval",
+        "--prometheus-port",
+        "--otlp-endpoint",
+        "--node-name",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "NODE_NAME",
+    ):
         assert option in result.stdout
 
 

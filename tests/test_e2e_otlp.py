@@ -49,8 +49,9 @@ def test_otlp_push_arrives_with_names_units_and_attributes(start_agent, start_co
     for metric in cv.METRICS:
         assert {device_of(p.attrs) for p in points if p.metric == metric} == DEVICES, metric
     temps = [p for p in points if p.metric == "hw.temperature"]
-    assert all(p.attrs["hw.type"] == "temperature" and p.attrs["hw.id"].startswith(p.attrs["hw.parent"] + "/")
-               for p in temps)
+    assert all(
+        p.attrs["hw.type"] == "temperature" and p.attrs["hw.id"].startswith(p.attrs["hw.parent"] + "/") for p in temps
+    )
     errors = [p for p in points if p.metric == "hw.errors"]
     assert {p.attrs["dra.device.name"] for p in errors} == DEVICES
     assert {p.attrs["dra.pool.name"] for p in errors} == {"node-7"}

@@ -112,7 +112,7 @@ def test_link_fault_raises_replays_and_halves_the_width():
 
 
 def test_driver_error_is_a_new_series_with_its_code():
-    src, frames, onset = faulted("driver_errors")
+    src, frames, _ = faulted("driver_errors")
     column = src.schema.index(driver_error_column(DRIVER_FAULT_XID))
     assert frames[0].values.shape[1] <= column, "the code's series is born at the first event"
     counts = frames[-1].values[:, column]
@@ -120,7 +120,7 @@ def test_driver_error_is_a_new_series_with_its_code():
 
 
 def test_firmware_fault_reports_the_bad_version():
-    src, frames, _ = faulted("firmware")
+    _, frames, _ = faulted("firmware")
     assert frames[0].devices.attrs[1][cv.HW_FIRMWARE_VERSION] != BAD_FIRMWARE
     assert frames[-1].devices.attrs[1][cv.HW_FIRMWARE_VERSION] == BAD_FIRMWARE
     assert frames[-1].devices.attrs[0][cv.HW_FIRMWARE_VERSION] != BAD_FIRMWARE
@@ -138,12 +138,12 @@ def test_vendor_status_reports_failed():
 
 
 def test_device_lost_silences_one_device_and_stale_the_whole_node():
-    src, frames, _ = faulted("device_lost")
+    _, frames, _ = faulted("device_lost")
     assert np.isnan(frames[-1].values[1]).all() and not np.isnan(frames[-1].values[0]).any()
-    src, frames, _ = faulted("stale")
+    _, frames, _ = faulted("stale")
     assert np.isnan(frames[-1].values).all() and not np.isnan(frames[0].values).any()
 
 
 def test_unknown_device_in_a_fault_is_a_clear_error():
-    with pytest.raises(ValueError, match="gpu-0 .. gpu-3"):
+    with pytest.raises(ValueError, match=r"gpu-0 \.\. gpu-3"):
         SimulatorConfig("n", devices=4, faults=(Fault("gpu-9", "thermal"),))
