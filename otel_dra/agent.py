@@ -23,6 +23,7 @@ from otel_dra.config import AgentConfig
 from otel_dra.frame import Frame, Schema
 from otel_dra.sinks import provider
 from otel_dra.sinks._mapping import series_per_device
+from otel_dra.sinks.exposition import ExpositionCache, Renderer
 from otel_dra.sinks.http import HttpEndpoint
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sources import Source
@@ -51,6 +52,7 @@ def series_limit(schema: Schema, devices: int) -> int:
 class _Sinks:
     meter_provider: MeterProvider
     http: HttpEndpoint | None
+    renderer: Renderer | None
 
 
 class Agent:
@@ -81,11 +83,14 @@ class Agent:
             log.info("pushing OTLP (%s) to %s", cfg.otlp_protocol, cfg.otlp_endpoint)
         meter_provider = provider.build_meter_provider(cfg.node_name, readers, series_limit(self.schema, devices))
         MetricsSink(self.store, self.schema, meter_provider.get_meter("otel_dra", __version__), cfg.stale_after_s)
-        http = None
+        http = renderer = None
         if cfg.prometheus_port:
-            http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, registry, {"/healthz": self._healthz})
+            cache = ExpositionCache(registry, cfg.stale_after_s)
+            http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, cache, {"/healthz": self._healthz})
+            renderer = Renderer(cache)
+            renderer.start()
             http.start()
-        return _Sinks(meter_provider, http)
+        return _Sinks(meter_provider, http, renderer)
 
     def _healthz(self) -> tuple[str, str, bytes]:
         """Healthy while samples keep arriving: a wedged sampling loop fails the liveness probe."""
@@ -99,6 +104,8 @@ class Agent:
         frame = self.source.read(time.time_ns())
         self.store.put(frame, time.monotonic_ns())
         self.samples += 1
+        if self._sinks is not None and self._sinks.renderer is not None:
+            self._sinks.renderer.sampled()
         return frame
 
     def run(self) -> None:
@@ -138,6 +145,8 @@ class Agent:
         if sinks is not None:
             if sinks.http is not None:
                 sinks.http.shutdown()
+            if sinks.renderer is not None:
+                sinks.renderer.stop()
             done = threading.Thread(
                 target=sinks.meter_provider.shutdown,
                 kwargs={"timeout_millis": SHUTDOWN_BUDGET_S * 1000},

@@ -1,7 +1,8 @@
 """Sink: the agent's HTTP endpoint: ``/metrics`` for Prometheus, ``/healthz`` for probes.
 
-A small WSGI dispatcher in front of ``prometheus_client``'s exposition app, served
-by its threading WSGI server, so scrapes never wait on each other or on sampling.
+A small WSGI dispatcher, served by ``prometheus_client``'s threading WSGI server, so
+scrapes never wait on each other or on sampling. ``/metrics`` serves the
+:class:`~otel_dra.sinks.exposition.ExpositionCache` rendered after each sample.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from otel_dra.sinks.exposition import ExpositionCache
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +31,10 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class HttpEndpoint:
-    """Serves ``/metrics`` from ``registry`` and extra routes (``/healthz``, ...) on one port."""
+    """Serves ``/metrics`` from ``exposition`` and extra routes (``/healthz``, ...) on one port."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, routes: dict[str, Route]) -> None:
-        self._metrics_app = make_wsgi_app(registry)
+    def __init__(self, host: str, port: int, exposition: ExpositionCache, routes: dict[str, Route]) -> None:
+        self._exposition = exposition
         self._routes = routes
         self._server = make_server(host, port, self._app, ThreadingWSGIServer, handler_class=_QuietHandler)
         self._server.daemon_threads = True
@@ -46,13 +48,26 @@ class HttpEndpoint:
         path = environ.get("PATH_INFO", "/")
         route = self._routes.get(path)
         if route is not None:
-            status, content_type, body = route()
-            start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-            return [body]
+            return self._reply(start_response, *route())
         if path == "/metrics":
-            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
+            gz = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+            body = self._exposition.body(gz)
+            if body is None:
+                return self._reply(start_response, "503 Service Unavailable", "text/plain", b"no sample yet\n")
+            headers = [("Content-Encoding", "gzip")] if gz else []
+            return self._reply(start_response, "200 OK", self._exposition.content_type, body, headers)
         body = b"not found: try /metrics or " + b", ".join(r.encode() for r in self._routes) + b"\n"
-        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return self._reply(start_response, "404 Not Found", "text/plain", body)
+
+    @staticmethod
+    def _reply(
+        start_response: Callable[..., Any],
+        status: str,
+        content_type: str,
+        body: bytes,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> list[bytes]:
+        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *(headers or [])])
         return [body]
 
     def start(self) -> None:
