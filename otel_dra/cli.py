@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -26,6 +28,9 @@ from otel_dra.config import (
 from otel_dra.faults import Fault, FaultSpecError, parse_fault
 from otel_dra.logs import setup_logging
 from otel_dra.sources import SOURCES
+
+if TYPE_CHECKING:
+    from otel_dra.policy import Policy
 
 USAGE_ERROR = 2
 log = logging.getLogger("otel_dra.cli")
@@ -203,3 +208,117 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(USAGE_ERROR)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+
+
+def _load_policy(path: str | None) -> Policy:
+    from otel_dra.policy import PolicyError, load
+
+    try:
+        return load(path)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", default="-", show_default=True, help="Verdict lines go here ('-': stdout).")
+@click.option("--policy", "policy_file", default=None, help="Policy YAML merged over the default (see 'policy check').")
+@click.option(
+    "--strict", is_flag=True, help="Any bad input line is an error (exit code 2); by default bad lines are skipped."
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw a state timeline per device to this PNG (needs matplotlib: pip install 'otel-dra[plot]').",
+)
+def replay(files: tuple[Path, ...], output: str, policy_file: str | None, strict: bool, plot: Path | None) -> None:
+    """Replay recorded telemetry (OTLP JSON lines, gzip too) through the classifier.
+
+    Evaluates at every sample time and writes one verdict line per change (telemetry.md
+    section 3). Bad lines and points are skipped and counted; the first few are shown on
+    stderr with their line numbers. Exit code 0 when valid data was replayed, 2 when nothing
+    could be used (or, with --strict, when any line was bad).
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from otel_dra.decode.otlp_json import InputFileError
+    from otel_dra.replay import plot_timeline, summary_rows
+    from otel_dra.replay import replay as run_replay
+
+    policy = _load_policy(policy_file)
+    err = Console(stderr=True)
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--plot needs matplotlib: pip install 'otel-dra[plot]'") from None
+    total = sum(p.stat().st_size for p in files if p.exists())
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+    out = sys.stdout if output == "-" else None
+    try:
+        out = out or open(output, "w")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror}") from exc
+    try:
+        with progress:
+            reading = progress.add_task("decoding", total=total or None)
+            judging = progress.add_task("evaluating", total=None, visible=False)
+
+            def on_eval(done: int, of: int) -> None:
+                progress.update(judging, completed=done, total=of, visible=True)
+
+            result = run_replay(list(files), policy, out, lambda n: progress.advance(reading, n), on_eval)
+    except InputFileError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    for error in result.errors:
+        err.print(f"warning: {error}", highlight=False, markup=False)
+    if result.error_count > len(result.errors):
+        err.print(f"warning: ... and {result.error_count - len(result.errors)} more", highlight=False)
+    table = Table(title=f"replayed {result.lines} lines, {result.points} points, {result.evaluations} evaluations")
+    for col in ("health", "hw.state", "devices"):
+        table.add_column(col)
+    for health, state, n in summary_rows(result):
+        table.add_row(health, state, str(n))
+    err.print(table)
+    err.print(
+        f"skipped: {result.lines_skipped} lines, {result.points_skipped} points; "
+        f"wrote {result.verdict_lines} verdict lines to {output}",
+        highlight=False,
+    )
+    if plot is not None and result.usable:
+        plot_timeline(result, plot)
+        err.print(f"timeline: {plot}", highlight=False)
+    if not result.usable:
+        raise click.ClickException(f"nothing in {', '.join(map(str, files))} could be used (see the warnings above)")
+    if strict and result.error_count:
+        raise click.ClickException(f"--strict: {result.error_count} bad input problems (see the warnings above)")
+
+
+@cli.group()
+def policy() -> None:
+    """Health policy files: validate and show the effective policy."""
+
+
+@policy.command("check")
+@click.argument("file", required=False)
+def policy_check(file: str | None) -> None:
+    """Validate FILE (merged over the default) and print the effective policy as YAML.
+
+    Without FILE, prints the default policy. An unknown key, a wrong type or a bad value is
+    one error line naming the file position and key, with exit code 2.
+    """
+    click.echo(_load_policy(file).to_yaml(), nl=False)

@@ -1,0 +1,274 @@
+"""The classifier: windows of device telemetry in, health verdicts out.
+
+Stages, in the order data flows (each its own module):
+``features`` (a batch of raw series → per-sample features, counter increases) →
+the window store (``otel_dra.store``) → ``rules`` (evidence per reason, vectorised) →
+``verdicts`` (hysteresis, escalation, health, remediation, change detection).
+
+One node's 8 GPUs or a fleet's 100,000 devices go through the same code: devices are rows
+of arrays, and nothing loops over devices except to write the text of a verdict that changed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
+from otel_dra.classifier.params import PolicyGroups
+from otel_dra.classifier.rules import EVENT_FEATURES, R, Window, evaluate
+from otel_dra.classifier.verdicts import (
+    Verdict,
+    VerdictEngine,
+    explain,
+    health_name,
+    human_duration,
+    reasons_of,
+    remediation_name,
+    state_name,
+)
+from otel_dra.frame import DeviceTable, Frame, Schema
+from otel_dra.policy import Policy
+from otel_dra.store import DeviceRegistry, WindowStore
+from otel_dra.store.events import EventLog
+from otel_dra.vocabulary import REASONS
+
+__all__ = ["Classifier", "Verdict"]
+
+#: Identity attributes that are not descriptive (they key the device or are per-series).
+_DESCRIPTIVE_SKIP = frozenset({cv.HW_ID, cv.HW_PARENT})
+
+
+def window_samples(window_s: float, interval_s: float) -> int:
+    """Ring length for a window of ``window_s`` at one sample every ``interval_s``."""
+    return max(2, math.ceil(window_s / max(interval_s, 1e-3) - 1e-9))
+
+
+class Classifier:
+    """Ingest frames (or batches), evaluate at a time, get the verdicts that changed."""
+
+    def __init__(
+        self, policy: Policy, schema: Schema | None = None, interval_s: float = 10.0, capacity: int = 64
+    ) -> None:
+        self.policy = policy
+        self.schema = schema if schema is not None else Schema()
+        self.interval_s = interval_s
+        self.registry = DeviceRegistry(capacity)
+        cap = self.registry.capacity
+        self.window_s = policy.window_s
+        self.store = WindowStore(N_FEATURES, window_samples(policy.window_s, interval_s), cap)
+        self.extractor = FeatureExtractor(self.schema, cap)
+        self.groups = PolicyGroups(policy, cap)
+        self.events = {f: EventLog(cap) for f in EVENT_FEATURES}
+        hold = np.asarray([policy.hold_s(reason) for reason in REASONS])
+        esc = policy.data["escalation"]
+        self.engine = VerdictEngine(cap, hold, float(esc["window"]), int(esc["after"]))
+        self.unhealthy_codes = np.asarray([STATE_CODE[s] for s in policy.data["unhealthy_states"]])
+        self._ladders: np.ndarray | None = None
+        for part in (self.store, self.extractor, self.groups, self.engine, *self.events.values()):
+            self.registry.on_resize(part.resize)
+            self.registry.on_release(part.clear)
+        self.last_now_ns = 0
+        self.ingested_samples = 0
+        self._tables: dict[str, DeviceTable] = {}
+        self._said: dict[tuple[int, str], str] = {}  # (row, reason) -> the evidence last put in words
+        self.registry.on_release(self._forget)
+
+    def _forget(self, rows: np.ndarray) -> None:
+        gone = set(rows.tolist())
+        self._said = {key: text for key, text in self._said.items() if key[0] not in gone}
+
+    # -- ingest --------------------------------------------------------------------------------
+    def ingest(self, frame: Frame) -> None:
+        """One node's sample. Devices whose row is all NaN were not read this time: no sample."""
+        values = frame.values
+        read = ~np.isnan(values).all(axis=1)
+        if not read.any():
+            return
+        table = frame.devices
+        if read.all():
+            rows, new = self.registry.rows_for(table.node, table.ids)
+        else:
+            ids = [dev for dev, ok in zip(table.ids, read.tolist(), strict=True) if ok]
+            rows, new = self.registry.rows_for(table.node, ids)
+        # Device tables are immutable and sources reuse them while nothing changes: only a new
+        # table (a device's attributes changed, or a new device) costs a look at each device.
+        if self._tables.get(table.node) is not table or new.any():
+            self._tables[table.node] = table
+            attrs = [a for a, ok in zip(table.attrs, read.tolist(), strict=True) if ok]
+            self._note_attrs(rows, attrs)
+        self.ingest_rows(rows, new, frame.time_unix_nano, values if read.all() else values[read])
+
+    def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]]) -> None:
+        for row, a in zip(rows.tolist(), attrs, strict=True):
+            if self.registry.set_attrs(row, a):
+                self.groups.assign(row, a)
+                self._ladders = None
+
+    def ingest_rows(self, rows: np.ndarray, new: np.ndarray, time_unix_nano: int, values: np.ndarray) -> None:
+        """A sample for ``rows`` (unique) at one time: ``values`` is ``(rows, schema columns)``."""
+        t = time_unix_nano / 1e9
+        feats = self.extractor.extract(rows, new, np.full(rows.shape, t), values, self.groups.device_params(rows))
+        self.store.append(rows, t, feats)
+        for f, log in self.events.items():
+            log.record(rows, np.full(rows.shape, t), feats[:, f])
+        seen = self.registry.last_seen[rows]
+        self.registry.last_seen[rows] = np.fmax(seen, t)
+        self.registry.first_seen[rows] = np.where(
+            np.isnan(self.registry.first_seen[rows]), t, self.registry.first_seen[rows]
+        )
+        self.ingested_samples += int(rows.size)
+
+    # -- evaluate ------------------------------------------------------------------------------
+    def _ladder_rows(self, rows: np.ndarray) -> np.ndarray:
+        if self._ladders is None:
+            self._ladders = self.groups.ladders()
+        return self._ladders[self.groups.group[rows]]
+
+    def freshness(self, now_s: float, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(device fresh, node fresh, device age s, node age s) for ``rows``."""
+        reg = self.registry
+        last_dt = self.store.latest(rows)[:, F.DT]
+        interval = np.where(np.isnan(last_dt) | (last_dt <= 0), self.interval_s, last_dt)
+        timeout = np.maximum(self.policy.stale_timeout_s, 2.0 * interval)
+        age = now_s - reg.last_seen[rows]
+        node_last = np.full(len(reg.nodes), -np.inf)
+        active = np.flatnonzero(reg.active)
+        np.maximum.at(node_last, reg.node_of[active], reg.last_seen[active])
+        node_age = now_s - node_last[reg.node_of[rows]]
+        return age <= timeout, node_age <= timeout, age, node_age
+
+    def evaluate(self, now_unix_nano: int | None = None) -> list[Verdict]:
+        """Judge every device at ``now`` (default: the wall clock); return the verdicts that changed."""
+        now_ns = time.time_ns() if now_unix_nano is None else int(now_unix_nano)
+        self.last_now_ns = now_ns
+        now_s = now_ns / 1e9
+        rows = np.flatnonzero(self.registry.active)
+        if rows.size == 0:
+            return []
+        fresh, node_fresh, age, node_age = self.freshness(now_s, rows)
+        lost = ~fresh & node_fresh
+        unknown = ~node_fresh
+        w = Window(self.store, self.events, rows, now_s, int(self.policy.data["min_samples"]))
+        evidence = evaluate(w, self.groups, fresh, lost)
+        health, state, bits, remediation, changed = self.engine.step(
+            rows, now_s, evidence, unknown, self.unhealthy_codes, self._ladder_rows(rows)
+        )
+        out = []
+        for i in np.flatnonzero(changed).tolist():
+            row = int(rows[i])
+            self.engine.transition_ns[row] = now_ns
+            out.append(
+                self._verdict(
+                    w,
+                    i,
+                    row,
+                    now_ns,
+                    int(health[i]),
+                    int(state[i]),
+                    int(bits[i]),
+                    int(remediation[i]),
+                    float(age[i]),
+                    float(node_age[i]),
+                    evidence.present[i],
+                )
+            )
+        self.registry.expire(now_s, float(self.policy.data["device_ttl"]))
+        return out
+
+    def _message(
+        self,
+        w: Window,
+        i: int,
+        row: int,
+        reasons: tuple[str, ...],
+        now_s: float,
+        age_s: float,
+        node_age_s: float,
+        evidence_now: np.ndarray,
+    ) -> str:
+        """Each reason's evidence; a reason held by hysteresis shows the evidence it was last seen with."""
+        node = self.registry.nodes[self.registry.node_of[row]]
+        rules = self.groups.rules[self.groups.group[row]]
+        ew = {r: float(rules[r]["events_window"]) for r in ("memory_pressure", "driver_errors", "device_reset")}
+        parts = []
+        for reason in reasons:
+            r = R[reason]
+            if reason == "stale" or evidence_now[r]:
+                text = explain(w, i, reason, self.window_s, node, node_age_s, age_s, self.groups.firmware_text[row], ew)
+                self._said[(row, reason)] = text
+            else:
+                ago = human_duration(now_s - self.engine.evidence_at[row, r])
+                held = self._said.get((row, reason), reason)
+                text = f"{held} (last evidence {ago} ago; clears after {human_duration(self.engine.hold_s[r])} without)"
+            parts.append(text)
+        return "; ".join(parts) if parts else f"no evidence of a fault in the last {human_duration(self.window_s)}"
+
+    def _verdict(
+        self,
+        w: Window,
+        i: int,
+        row: int,
+        now_ns: int,
+        health: int,
+        state: int,
+        bits: int,
+        remediation: int,
+        age_s: float,
+        node_age_s: float,
+        evidence_now: np.ndarray,
+    ) -> Verdict:
+        node, hw_id = self.registry.keys[row]  # type: ignore[misc]
+        attrs = self.registry.attrs[row]
+        reasons = reasons_of(bits)
+        message = self._message(w, i, row, reasons, now_ns / 1e9, age_s, node_age_s, evidence_now)
+        return Verdict(
+            time_unix_nano=now_ns,
+            node=node,
+            hw_id=hw_id,
+            health=health_name(health),
+            state=state_name(state),
+            reasons=reasons,
+            remediation=remediation_name(remediation),
+            message=message,
+            pool=attrs.get(cv.DRA_POOL_NAME),
+            device=attrs.get(cv.DRA_DEVICE_NAME),
+            last_transition_time=int(self.engine.transition_ns[row]),
+            last_reported_time=round(self.registry.last_seen[row] * 1e9),
+        )
+
+    def current(self) -> list[Verdict]:
+        """Every known device's verdict as of the last evaluation (for /v1/devices and the metrics)."""
+        if self.last_now_ns == 0:
+            return []
+        rows = np.flatnonzero(self.registry.active & (self.engine.key >= 0))
+        if rows.size == 0:
+            return []
+        now_s = self.last_now_ns / 1e9
+        _, _, age, node_age = self.freshness(now_s, rows)
+        w = Window(self.store, self.events, rows, now_s, int(self.policy.data["min_samples"]))
+        keys = self.engine.key[rows]
+        out = []
+        for i, row in enumerate(rows.tolist()):
+            key = int(keys[i])
+            health, state, bits, remediation = key & 3, ((key >> 2) & 7) - 1, (key >> 5) & 0x7FFF, key >> 20
+            out.append(
+                self._verdict(
+                    w,
+                    i,
+                    row,
+                    self.last_now_ns,
+                    health,
+                    state,
+                    bits,
+                    remediation,
+                    float(age[i]),
+                    float(node_age[i]),
+                    self.engine.on[row] & (self.engine.evidence_at[row] >= now_s),
+                )
+            )
+        return out

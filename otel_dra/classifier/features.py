@@ -1,0 +1,402 @@
+"""Sample stage: one batch of raw series (devices x columns) → the fixed features the rules read.
+
+Whatever series a source or decoder brings (any number of sensors, links, driver codes),
+each device's sample is reduced to one row of :class:`F` features:
+
+- *indicators* (0/1): the per-sample predicate a "sustained" rule counts over its window
+  (temperature above its limit, fan near zero while warm, ...), judged against the
+  device's own ``*.limit`` series first and the policy's fallback otherwise;
+- *increases*: counter deltas since the device's previous sample, with the contract's
+  rules (§2): a counter that goes down was reset and restarts from its new value as a
+  baseline; a series first seen on a known device counts its whole value; a device seen
+  for the first time brings its history, so its first values are a baseline;
+- *gauges*: the latest value where a rule needs one (vendor state, retired pages).
+
+All of it is array work over the batch's rows; the only Python loops are over columns
+and features, a fixed handful, never over devices or points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.frame import Column, Schema
+from otel_dra.store.registry import grown
+
+
+class F(IntEnum):
+    """Per-sample features, the window store's columns."""
+
+    DT = 0  # seconds since the device's previous sample (0 for its first)
+    TEMP_MAX = 1  # hottest sensor, Cel
+    TEMP_HOT = 2  # 1: a sensor above its high.degraded limit
+    TEMP_CRIT = 3  # 1: a sensor above its high.critical limit
+    COOLING_BAD = 4  # 1: a fan near zero / below its low limit while the device is warm
+    VOLT_BAD = 5  # 1: a voltage outside its critical limits
+    POWER_PINNED = 6  # 1: power at its cap
+    MEM_FULL = 7  # 1: memory utilization at or above the policy limit
+    WIDTH_DOWN = 8  # 1: PCIe width below its maximum
+    GEN_DOWN = 9  # 1: PCIe generation below its maximum while under load
+    LINK_EXPECTED = 10  # expected link replays per minute for the negotiated width and generation
+    VENDOR_STATE = 11  # reported hw.status: 0 ok, 1 predicted_failure, 2 degraded, 3 failed
+    RETIRED_TOTAL = 12  # retired pages / remapped rows, cumulative
+    THROTTLE_THERMAL = 13  # increase, seconds
+    THROTTLE_POWER = 14  # increase, seconds
+    ECC_CORRECTED = 15  # increases, errors ...
+    ECC_UNCORRECTED = 16
+    LINK_ERRORS = 17
+    POWER_ERRORS = 18
+    RESETS = 19
+    OUT_OF_MEMORY = 20
+    DRIVER_APPLICATION = 21
+    DRIVER_RESET = 22
+    DRIVER_REBOOT = 23
+    DRIVER_MECHANICAL = 24
+
+
+N_FEATURES = len(F)
+
+#: hw.state as a severity code: the order a device's state is the worst of.
+STATE_CODE: dict[str, int] = {"ok": 0, "predicted_failure": 1, "degraded": 2, "failed": 3, "needs_cleaning": 2}
+STATE_OF_CODE: tuple[str, ...] = ("ok", "predicted_failure", "degraded", "failed")
+
+_ERROR_FEATURES: dict[str, F] = {
+    "corrected": F.ECC_CORRECTED,
+    "uncorrected": F.ECC_UNCORRECTED,
+    "link": F.LINK_ERRORS,
+    "reset": F.RESETS,
+    "power": F.POWER_ERRORS,
+    "out_of_memory": F.OUT_OF_MEMORY,
+}
+_DRIVER_FEATURES: dict[str, F | None] = {
+    "ignore": None,
+    "application": F.DRIVER_APPLICATION,
+    "reset_device": F.DRIVER_RESET,
+    "reboot_node": F.DRIVER_REBOOT,
+    "mechanical": F.DRIVER_MECHANICAL,
+}
+
+
+@dataclass
+class DeviceParams:
+    """Per-row thresholds the sample stage needs, resolved from the policy per device model."""
+
+    temp_degraded: np.ndarray  # fallback limits, Cel
+    temp_critical: np.ndarray
+    fan_min_rpm: np.ndarray
+    fan_min_ratio: np.ndarray
+    warm: np.ndarray
+    pinned_ratio: np.ndarray
+    mem_full: np.ndarray
+    gen_min_util: np.ndarray
+    default_gen: np.ndarray
+    default_width: np.ndarray
+    groups: np.ndarray  # policy group of each row
+    code_tables: list[dict[str, str]]  # per group: driver error code -> class
+    per_lane_rate: dict[int, float] = field(default_factory=dict)  # gen -> replays/lane/min (fleet-wide)
+
+    def driver_class(self, code: str) -> np.ndarray:
+        """Class of driver error ``code`` for each row (by its vendor's table; unknown codes: application)."""
+        per_group = np.asarray([table.get(code, "application") for table in self.code_tables])
+        return per_group[self.groups]
+
+
+@dataclass
+class _Plan:
+    """Which columns feed which feature; rebuilt when the schema grows."""
+
+    width: int
+    counter_cols: np.ndarray
+    counter_feature: np.ndarray  # feature per counter column, -1 for driver (by code) or unused
+    driver_cols: list[tuple[int, str]]
+    retired_cols: np.ndarray
+    temp: list[tuple[int, int, int]]  # (temp col, high.degraded limit col or -1, high.critical limit col or -1)
+    fans: list[tuple[int, int, int]]  # (speed col or -1, ratio col or -1, low limit col or -1)
+    volts: list[tuple[int, int, int]]  # (voltage col, low.critical col or -1, high.critical col or -1)
+    power: np.ndarray
+    power_limit: np.ndarray
+    mem_util: np.ndarray
+    mem_usage: np.ndarray
+    mem_limit: np.ndarray
+    util: np.ndarray
+    width_cols: np.ndarray
+    width_max: np.ndarray
+    gen_cols: np.ndarray
+    gen_max: np.ndarray
+    status: list[tuple[int, int]]  # (column, state code)
+    throttle: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _attr(column: Column, key: str) -> str | None:
+    return dict(column.attrs).get(key)
+
+
+def build_plan(columns: tuple[Column, ...]) -> _Plan:
+    """Map every known column to the feature it feeds."""
+    by_sensor_limits: dict[tuple[str | None, str], dict[str, int]] = {}
+    for i, col in enumerate(columns):
+        limit = _attr(col, cv.HW_LIMIT_TYPE)
+        if limit is not None:
+            base = col.metric.removesuffix(".limit")
+            by_sensor_limits.setdefault((col.sensor, base), {})[limit] = i
+
+    def limit_of(col: Column, metric: str, *kinds: str) -> int:
+        limits = by_sensor_limits.get((col.sensor, metric), {})
+        return next((limits[k] for k in kinds if k in limits), -1)
+
+    counter_cols: list[int] = []
+    counter_feature: list[int] = []
+    driver_cols: list[tuple[int, str]] = []
+    retired: list[int] = []
+    temp: list[tuple[int, int, int]] = []
+    fans: dict[str | None, list[int]] = {}
+    volts: list[tuple[int, int, int]] = []
+    simple: dict[str, list[int]] = {}
+    status: list[tuple[int, int]] = []
+    throttle: dict[str, list[int]] = {}
+    for i, col in enumerate(columns):
+        m = col.metric
+        if m == cv.HW_ERRORS.name:
+            etype = _attr(col, cv.ERROR_TYPE_ATTR) or ""
+            if etype == "retired_page":
+                retired.append(i)
+            elif etype == "driver":
+                driver_cols.append((i, _attr(col, cv.HW_ERROR_CODE) or ""))
+                counter_cols.append(i)
+                counter_feature.append(-1)
+            elif etype in _ERROR_FEATURES:
+                counter_cols.append(i)
+                counter_feature.append(int(_ERROR_FEATURES[etype]))
+        elif m == cv.HW_THROTTLE_TIME.name:
+            reason = _attr(col, cv.HW_THROTTLE_REASON)
+            if reason in ("thermal", "power"):
+                counter_cols.append(i)
+                counter_feature.append(int(F.THROTTLE_THERMAL if reason == "thermal" else F.THROTTLE_POWER))
+        elif m == cv.HW_TEMPERATURE.name:
+            temp.append((i, limit_of(col, m, "high.degraded", "throttled"), limit_of(col, m, "high.critical")))
+        elif m in (cv.HW_FAN_SPEED.name, cv.HW_FAN_SPEED_RATIO.name):
+            fans.setdefault(col.sensor, [-1, -1, -1])[0 if m == cv.HW_FAN_SPEED.name else 1] = i
+            low = limit_of(col, cv.HW_FAN_SPEED.name, "low.critical", "low.degraded")
+            if m == cv.HW_FAN_SPEED.name:
+                fans[col.sensor][2] = low
+        elif m == cv.HW_VOLTAGE.name:
+            volts.append((i, limit_of(col, m, "low.critical"), limit_of(col, m, "high.critical")))
+        elif m == cv.HW_STATUS.name:
+            state = _attr(col, cv.HW_STATE)
+            if state in STATE_CODE:
+                status.append((i, STATE_CODE[state]))
+        elif m == cv.HW_POWER_LIMIT.name:
+            if _attr(col, cv.HW_LIMIT_TYPE) in (None, "max"):
+                simple.setdefault("power_limit", []).append(i)
+        elif m == cv.HW_GPU_UTILIZATION.name:
+            if _attr(col, cv.HW_GPU_TASK) in (None, "general"):
+                simple.setdefault("util", []).append(i)
+        else:
+            key = {
+                cv.HW_POWER.name: "power",
+                cv.HW_GPU_MEMORY_UTILIZATION.name: "mem_util",
+                cv.HW_GPU_MEMORY_USAGE.name: "mem_usage",
+                cv.HW_GPU_MEMORY_LIMIT.name: "mem_limit",
+                cv.HW_PCIE_LINK_WIDTH.name: "width",
+                cv.HW_PCIE_LINK_WIDTH_LIMIT.name: "width_max",
+                cv.HW_PCIE_LINK_GENERATION.name: "gen",
+                cv.HW_PCIE_LINK_GENERATION_LIMIT.name: "gen_max",
+            }.get(m)
+            if key is not None:
+                simple.setdefault(key, []).append(i)
+
+    def ix(cols: list[int]) -> np.ndarray:
+        return np.asarray(cols, dtype=np.intp)
+
+    return _Plan(
+        width=len(columns),
+        counter_cols=ix(counter_cols),
+        counter_feature=np.asarray(counter_feature, dtype=np.intp),
+        driver_cols=driver_cols,
+        retired_cols=ix(retired),
+        temp=temp,
+        fans=[tuple(v) for v in fans.values()],  # type: ignore[misc]
+        volts=volts,
+        power=ix(simple.get("power", [])),
+        power_limit=ix(simple.get("power_limit", [])),
+        mem_util=ix(simple.get("mem_util", [])),
+        mem_usage=ix(simple.get("mem_usage", [])),
+        mem_limit=ix(simple.get("mem_limit", [])),
+        util=ix(simple.get("util", [])),
+        width_cols=ix(simple.get("width", [])),
+        width_max=ix(simple.get("width_max", [])),
+        gen_cols=ix(simple.get("gen", [])),
+        gen_max=ix(simple.get("gen_max", [])),
+        status=status,
+        throttle={k: ix(v) for k, v in throttle.items()},
+    )
+
+
+def _reduce(values: np.ndarray, cols: np.ndarray, op: np.ufunc) -> np.ndarray:
+    """``op`` (fmax/fmin) across ``cols`` per row, ignoring NaN; NaN where all are NaN."""
+    if cols.size == 0:
+        return np.full(values.shape[0], np.nan)
+    return op.reduce(values[:, cols], axis=1)  # type: ignore[no-any-return]
+
+
+def _indicator(condition: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """1.0 / 0.0 where the inputs were known, NaN where they were not (absent from the window)."""
+    return np.where(known, condition.astype(np.float64), np.nan)
+
+
+class FeatureExtractor:
+    """Turns batches of raw series into feature rows; keeps each series' previous counter value."""
+
+    def __init__(self, schema: Schema, capacity: int) -> None:
+        self.schema = schema
+        self._plan: _Plan | None = None
+        self.prev = np.full((capacity, max(8, len(schema))), np.nan)  # last cumulative value per (row, column)
+        self.prev_time = np.full(capacity, np.nan)
+
+    def resize(self, capacity: int) -> None:
+        self.prev = grown(self.prev, capacity, np.nan)
+        self.prev_time = grown(self.prev_time, capacity, np.nan)
+
+    def clear(self, rows: np.ndarray) -> None:
+        self.prev[rows] = np.nan
+        self.prev_time[rows] = np.nan
+
+    def plan(self) -> _Plan:
+        if self._plan is None or self._plan.width != len(self.schema):
+            self._plan = build_plan(self.schema.columns)
+            if self.prev.shape[1] < len(self.schema):
+                self.prev = grown(self.prev, max(len(self.schema), 2 * self.prev.shape[1]), np.nan, axis=1)
+        return self._plan
+
+    def extract(
+        self, rows: np.ndarray, new: np.ndarray, time_s: np.ndarray, values: np.ndarray, params: DeviceParams
+    ) -> np.ndarray:
+        """Features for one sample of each row (rows unique). ``values`` is ``(rows, columns)``, NaN = absent;
+        ``new`` marks devices seen for the first time; ``params`` holds per-row thresholds."""
+        plan = self.plan()
+        n = rows.shape[0]
+        if values.shape[1] < plan.width:  # a frame made before the schema grew: the newer columns are absent
+            values = np.concatenate([values, np.full((n, plan.width - values.shape[1]), np.nan)], axis=1)
+        out = np.full((n, N_FEATURES), np.nan)
+        prev_t = self.prev_time[rows]
+        out[:, F.DT] = np.where(np.isnan(prev_t), 0.0, np.maximum(time_s - prev_t, 0.0))
+        self.prev_time[rows] = time_s
+        self._counters(plan, rows, new, values, out, params)
+        self._gauges(plan, values, out, params)
+        return out
+
+    # -- counters ------------------------------------------------------------------------------
+    def _counters(
+        self, plan: _Plan, rows: np.ndarray, new: np.ndarray, values: np.ndarray, out: np.ndarray, params: DeviceParams
+    ) -> None:
+        cols = plan.counter_cols
+        if cols.size:
+            v = values[:, cols]
+            prev = self.prev[rows[:, None], cols[None, :]]
+            have = ~np.isnan(v)
+            # New series on a known device: all of it is new. A device's first sample: a baseline.
+            # Gone down: reset, the new value is the new baseline. Otherwise the difference.
+            inc = np.where(np.isnan(prev), np.where(new[:, None], 0.0, v), np.where(v >= prev, v - prev, 0.0))
+            inc = np.where(have, inc, np.nan)
+            self.prev[rows[:, None], cols[None, :]] = np.where(have, v, prev)
+            feature = plan.counter_feature
+            for f in np.unique(feature[feature >= 0]):
+                block = inc[:, feature == f]
+                out[:, f] = np.where(np.isnan(block).all(axis=1), np.nan, np.nansum(block, axis=1))
+            if plan.driver_cols:
+                col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
+                for f in (F.DRIVER_APPLICATION, F.DRIVER_RESET, F.DRIVER_REBOOT, F.DRIVER_MECHANICAL):
+                    out[:, f] = 0.0
+                for col, code in plan.driver_cols:
+                    klass = params.driver_class(code)
+                    d = np.nan_to_num(inc[:, col_pos[col]])
+                    for name, feat in _DRIVER_FEATURES.items():
+                        if feat is not None:
+                            out[:, feat] += np.where(klass == name, d, 0.0)
+        if plan.retired_cols.size:
+            out[:, F.RETIRED_TOTAL] = np.nansum(values[:, plan.retired_cols], axis=1)
+            out[np.isnan(values[:, plan.retired_cols]).all(axis=1), F.RETIRED_TOTAL] = np.nan
+
+    # -- gauges --------------------------------------------------------------------------------
+    def _gauges(self, plan: _Plan, values: np.ndarray, out: np.ndarray, p: DeviceParams) -> None:
+        n = values.shape[0]
+        if plan.temp:
+            t_cols = np.asarray([t for t, _, _ in plan.temp])
+            temps = values[:, t_cols]
+            deg = self._limits(values, [d for _, d, _ in plan.temp], p.temp_degraded)
+            crit = self._limits(values, [c for _, _, c in plan.temp], p.temp_critical)
+            known = ~np.isnan(temps).all(axis=1)
+            out[:, F.TEMP_MAX] = np.fmax.reduce(temps, axis=1)
+            with np.errstate(invalid="ignore"):
+                out[:, F.TEMP_HOT] = _indicator((temps > deg).any(axis=1), known)
+                out[:, F.TEMP_CRIT] = _indicator((temps > crit).any(axis=1), known)
+        if plan.fans:
+            low = np.zeros(n, dtype=bool)
+            known = np.zeros(n, dtype=bool)
+            for speed, ratio, limit in plan.fans:
+                if speed >= 0:
+                    rpm = values[:, speed]
+                    floor = values[:, limit] if limit >= 0 else np.full(n, np.nan)
+                    floor = np.where(np.isnan(floor), p.fan_min_rpm, np.maximum(floor, p.fan_min_rpm))
+                    low |= rpm < floor
+                    known |= ~np.isnan(rpm)
+                if ratio >= 0:
+                    low |= values[:, ratio] < p.fan_min_ratio
+                    known |= ~np.isnan(values[:, ratio])
+            warm = out[:, F.TEMP_MAX] >= p.warm
+            out[:, F.COOLING_BAD] = _indicator(low & warm, known & ~np.isnan(out[:, F.TEMP_MAX]))
+        if plan.volts:
+            bad = np.zeros(n, dtype=bool)
+            known = np.zeros(n, dtype=bool)
+            for volt, lo, hi in plan.volts:
+                v = values[:, volt]
+                with np.errstate(invalid="ignore"):
+                    if lo >= 0:
+                        bad |= v < values[:, lo]
+                    if hi >= 0:
+                        bad |= v > values[:, hi]
+                known |= ~np.isnan(v) & ((lo >= 0) | (hi >= 0))
+            out[:, F.VOLT_BAD] = _indicator(bad, known)
+        power = _reduce(values, plan.power, np.fmax)
+        cap = _reduce(values, plan.power_limit, np.fmin)
+        with np.errstate(invalid="ignore"):
+            out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
+        mem = _reduce(values, plan.mem_util, np.fmax)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            usage = _reduce(values, plan.mem_usage, np.fmax) / _reduce(values, plan.mem_limit, np.fmax)
+            mem = np.where(np.isnan(mem), usage, mem)
+            out[:, F.MEM_FULL] = _indicator(mem >= p.mem_full, ~np.isnan(mem))
+        width, width_max = _reduce(values, plan.width_cols, np.fmin), _reduce(values, plan.width_max, np.fmax)
+        gen, gen_max = _reduce(values, plan.gen_cols, np.fmin), _reduce(values, plan.gen_max, np.fmax)
+        util = _reduce(values, plan.util, np.fmax)
+        with np.errstate(invalid="ignore"):
+            out[:, F.WIDTH_DOWN] = _indicator(width < width_max, ~np.isnan(width) & ~np.isnan(width_max))
+            loaded = np.where(np.isnan(util), True, util >= p.gen_min_util)
+            out[:, F.GEN_DOWN] = _indicator((gen < gen_max) & loaded, ~np.isnan(gen) & ~np.isnan(gen_max))
+        lanes = np.where(np.isnan(width), p.default_width, width)
+        generation = np.clip(np.where(np.isnan(gen), p.default_gen, gen), 1, 16).astype(int)
+        rate_of_gen = np.zeros(17)
+        for g, rate in p.per_lane_rate.items():
+            rate_of_gen[g] = rate
+        out[:, F.LINK_EXPECTED] = rate_of_gen[generation] * lanes
+        if plan.status:
+            reported = np.full(n, np.nan)
+            for col, code in plan.status:
+                on = values[:, col] >= 1
+                reported = np.where(on, np.fmax(reported, code), reported)
+            any_known = ~np.isnan(values[:, [c for c, _ in plan.status]]).all(axis=1)
+            out[:, F.VENDOR_STATE] = np.where(any_known & np.isnan(reported), 0.0, reported)
+
+    @staticmethod
+    def _limits(values: np.ndarray, cols: list[int], fallback: np.ndarray) -> np.ndarray:
+        """Per (row, sensor): the sensor's own limit where reported, the policy fallback otherwise."""
+        n = values.shape[0]
+        out = np.empty((n, len(cols)))
+        for j, col in enumerate(cols):
+            own = values[:, col] if col >= 0 else np.full(n, np.nan)
+            out[:, j] = np.where(np.isnan(own), fallback, own)
+        return out

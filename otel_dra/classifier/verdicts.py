@@ -1,0 +1,285 @@
+"""From evidence to verdicts: hysteresis, escalation, health, remediation, and what changed.
+
+Per (device, reason), vectorised:
+- *hysteresis*: a reason turns on with its evidence and stays on until the evidence has been
+  gone for the reason's hold time, so a device near a threshold does not flap;
+- *escalation*: each time a reason turns on is an episode; the ``after``-th episode within
+  the escalation window climbs the reason's remediation ladder one step, and so on;
+- the device's ``hw.state`` is the worst state among its reasons that are on; its health is
+  Unhealthy when that state is one of the policy's ``unhealthy_states``, Unknown when its
+  node has gone silent (reason ``stale``), Healthy otherwise; its remediation is the most
+  disruptive step among its reasons.
+
+A verdict is emitted for a device when its health, state, reasons or remediation change
+(and once, its first); its message then says the evidence in words.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.classifier.features import STATE_OF_CODE, F
+from otel_dra.classifier.rules import Evidence, R, Window
+from otel_dra.store.registry import grown
+from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
+
+HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2
+_STALE_BIT = 1 << R["stale"]
+
+
+def human_duration(seconds: float) -> str:
+    """300 → 5m, 3600 → 1h, 90 → 1m30s."""
+    s = round(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            whole, rest = divmod(s, size)
+            return f"{whole}{unit}" + (human_duration(rest) if rest else "")
+    return f"{s}s"
+
+
+def rfc3339(unix_nano: int) -> str:
+    return dt.datetime.fromtimestamp(unix_nano / 1e9, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One device's verdict (telemetry.md §3-4, plus the seed thread's transition and report times)."""
+
+    time_unix_nano: int
+    node: str
+    hw_id: str
+    health: str
+    state: str | None
+    reasons: tuple[str, ...]
+    remediation: str
+    message: str
+    pool: str | None = None
+    device: str | None = None
+    last_transition_time: int = 0  # unix ns
+    last_reported_time: int = 0  # unix ns: the device's newest sample
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict line of telemetry.md §3 (extended by adding keys only)."""
+        out: dict[str, Any] = {
+            "time_unix_nano": self.time_unix_nano,
+            cv.K8S_NODE_NAME_ATTR: self.node,
+            cv.HW_ID: self.hw_id,
+            "health": self.health,
+            cv.HW_STATE: self.state,
+            "reasons": list(self.reasons),
+            "remediation": self.remediation,
+            "message": self.message,
+        }
+        if self.pool is not None:
+            out[cv.DRA_POOL_NAME] = self.pool
+        if self.device is not None:
+            out[cv.DRA_DEVICE_NAME] = self.device
+        out["last_transition_time"] = self.last_transition_time
+        out["last_reported_time"] = self.last_reported_time
+        return out
+
+
+class VerdictEngine:
+    """Per (row, reason) hysteresis and escalation state, and the last verdict per row."""
+
+    def __init__(self, capacity: int, hold_s: np.ndarray, escalation_window_s: float, escalate_after: int) -> None:
+        r = len(REASONS)
+        self.hold_s = hold_s
+        self.escalation_window_s = escalation_window_s
+        self.escalate_after = escalate_after
+        self.on = np.zeros((capacity, r), dtype=bool)
+        self.evidence_at = np.full((capacity, r), -np.inf)
+        self.state = np.zeros((capacity, r), dtype=np.int8)
+        self.state_at = np.full((capacity, r), -np.inf)  # when the held state was last evidenced
+        self.floor = np.zeros((capacity, r), dtype=np.int8)
+        self.episodes = np.zeros((capacity, r), dtype=np.int32)
+        self.first_episode_at = np.full((capacity, r), -np.inf)
+        self.key = np.full(capacity, -1, dtype=np.int64)  # packed (health, state, reasons, remediation)
+        self.transition_ns = np.zeros(capacity, dtype=np.int64)
+
+    def resize(self, capacity: int) -> None:
+        self.on = grown(self.on, capacity, False)
+        self.evidence_at = grown(self.evidence_at, capacity, -np.inf)
+        self.state = grown(self.state, capacity, 0)
+        self.state_at = grown(self.state_at, capacity, -np.inf)
+        self.floor = grown(self.floor, capacity, 0)
+        self.episodes = grown(self.episodes, capacity, 0)
+        self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf)
+        self.key = grown(self.key, capacity, -1)
+        self.transition_ns = grown(self.transition_ns, capacity, 0)
+
+    def clear(self, rows: np.ndarray) -> None:
+        self.on[rows] = False
+        self.evidence_at[rows] = -np.inf
+        self.state[rows] = 0
+        self.state_at[rows] = -np.inf
+        self.floor[rows] = 0
+        self.episodes[rows] = 0
+        self.first_episode_at[rows] = -np.inf
+        self.key[rows] = -1
+        self.transition_ns[rows] = 0
+
+    def step(
+        self,
+        rows: np.ndarray,
+        now_s: float,
+        evidence: Evidence,
+        unknown: np.ndarray,
+        unhealthy_codes: np.ndarray,
+        ladders: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Advance the state of ``rows`` to ``now_s``; returns per row (health, state code or -1,
+        reasons bitmask, remediation code, changed mask)."""
+        present = evidence.present
+        at = np.where(present, now_s, self.evidence_at[rows])
+        # Severity has hysteresis too: a lower state replaces the held one only once the held
+        # one's evidence has been gone for the hold time (no failed/degraded see-saw).
+        held, held_at = self.state[rows], self.state_at[rows]
+        keep = (evidence.state < held) & (now_s - held_at < self.hold_s)
+        state = np.where(present, np.where(keep, held, evidence.state), held)
+        self.state_at[rows] = np.where(present & ~keep, now_s, held_at)
+        floor = np.where(present, evidence.floor, self.floor[rows])
+        was_on = self.on[rows]
+        on = present | (was_on & (now_s - at < self.hold_s))
+        entered = on & ~was_on
+        first = self.first_episode_at[rows]
+        episodes = self.episodes[rows]
+        restart = entered & (now_s - first > self.escalation_window_s)
+        first = np.where(restart, now_s, first)
+        episodes = np.where(restart, 0, episodes) + entered
+        self.on[rows], self.evidence_at[rows], self.state[rows], self.floor[rows] = on, at, state, floor
+        self.episodes[rows], self.first_episode_at[rows] = episodes, first
+
+        worst = np.where(on, state, 0).max(axis=1).astype(np.int64)
+        health = np.where(np.isin(worst, unhealthy_codes), UNHEALTHY, HEALTHY)
+        health = np.where(unknown, UNKNOWN, health)
+        bits = (on.astype(np.int64) << np.arange(len(REASONS), dtype=np.int64)).sum(axis=1)
+        bits = np.where(unknown, _STALE_BIT, bits)
+        per_step = max(1, self.escalate_after - 1)
+        step = np.minimum((np.maximum(episodes, 1) - 1) // per_step, ladders.shape[2] - 1)
+        r_index = np.arange(len(REASONS))[None, :]
+        codes = np.maximum(ladders[np.arange(len(rows))[:, None], r_index, step], floor)
+        remediation = np.where(on, codes, 0).max(axis=1).astype(np.int64)
+        remediation = np.where(unknown, 0, remediation)
+        state_code = np.where(unknown, -1, worst)
+        key = health | ((state_code + 1) << 2) | (bits << 5) | (remediation << 20)
+        changed = key != self.key[rows]
+        self.key[rows] = key
+        return health, state_code, bits, remediation, changed
+
+
+def reasons_of(bits: int) -> tuple[str, ...]:
+    """Reason names of a bitmask, sorted (the contract's order for ``reasons``)."""
+    return tuple(sorted(REASONS[i] for i in range(len(REASONS)) if bits >> i & 1))
+
+
+def health_name(code: int) -> str:
+    return HEALTH[code]
+
+
+def state_name(code: int) -> str | None:
+    return None if code < 0 else STATE_OF_CODE[code]
+
+
+def remediation_name(code: int) -> str:
+    return REMEDIATIONS[code]
+
+
+def explain(
+    w: Window,
+    i: int,
+    reason: str,
+    window_s: float,
+    node: str,
+    node_age_s: float,
+    device_age_s: float,
+    firmware_text: str,
+    events_window_s: dict[str, float],
+) -> str:
+    """The evidence for one reason, in words an admin can act on."""
+    return _explain_one(
+        w, i, reason, human_duration(window_s), node, node_age_s, device_age_s, firmware_text, events_window_s
+    )
+
+
+def _explain_one(
+    w: Window,
+    i: int,
+    reason: str,
+    win: str,
+    node: str,
+    node_age_s: float,
+    device_age_s: float,
+    firmware_text: str,
+    ew: dict[str, float],
+) -> str:
+    """One reason's evidence: only the parts that are there (no "0 errors" noise)."""
+    items: list[str] = []
+
+    def say(value: float, text: str) -> None:
+        if not np.isnan(value) and value > 0:
+            items.append(text)
+
+    frac = w.fraction
+    if reason == "stale":
+        return (
+            f"no telemetry from node {node} for {human_duration(node_age_s)}: the agent or its network, not the devices"
+        )
+    if reason == "device_lost":
+        return f"no telemetry from the device for {human_duration(device_age_s)} while node {node} still reports"
+    if reason == "firmware":
+        return firmware_text or "firmware flagged by the policy"
+    if reason == "vendor_status":
+        code = int(np.nan_to_num(w.latest[i, F.VENDOR_STATE]))
+        return f"the device reports hw.state={STATE_OF_CODE[code]}"
+    if reason == "thermal":
+        hot = frac(F.TEMP_HOT)[i]
+        say(hot, f"temperature above its high.degraded limit in {hot:.0%} of samples over {win}")
+        say(hot, f"hottest sensor {w.latest[i, F.TEMP_MAX]:.0f} Cel")
+        say(frac(F.TEMP_CRIT)[i], f"above high.critical in {frac(F.TEMP_CRIT)[i]:.0%}")
+        share = w.share(F.THROTTLE_THERMAL)[i]
+        say(share, f"thermal throttling {share:.0%} of the time")
+    elif reason == "cooling":
+        say(
+            frac(F.COOLING_BAD)[i],
+            f"fan near zero while the device is warm in {frac(F.COOLING_BAD)[i]:.0%} of samples over {win}",
+        )
+    elif reason == "memory_ecc":
+        n = w.increase(F.ECC_UNCORRECTED)[i]
+        say(n, f"uncorrected ECC errors: {n:g} in {win}")
+        retired = w.latest[i, F.RETIRED_TOTAL]
+        say(retired, f"retired pages: {retired:g}")
+        rate = w.per_minute(F.ECC_CORRECTED)[i]
+        say(rate, f"corrected ECC errors: {rate:.1f}/min")
+    elif reason == "power_delivery":
+        n = w.increase(F.POWER_ERRORS)[i]
+        say(n, f"power delivery errors: {n:g} in {win}")
+        say(frac(F.VOLT_BAD)[i], f"voltage outside its critical limits in {frac(F.VOLT_BAD)[i]:.0%} of samples")
+    elif reason == "power_throttling":
+        share = w.share(F.THROTTLE_POWER)[i]
+        say(share, f"power throttling {share:.0%} of the time over {win}")
+        say(frac(F.POWER_PINNED)[i], f"at its power cap in {frac(F.POWER_PINNED)[i]:.0%} of samples")
+    elif reason == "memory_pressure":
+        say(frac(F.MEM_FULL)[i], f"memory full in {frac(F.MEM_FULL)[i]:.0%} of samples over {win}")
+        ooms = w.events_since(F.OUT_OF_MEMORY, np.full(w.rows.shape, ew["memory_pressure"]))[i]
+        say(ooms, f"out-of-memory errors: {ooms:g} in {human_duration(ew['memory_pressure'])}")
+    elif reason == "link":
+        rate = w.per_minute(F.LINK_ERRORS)[i]
+        expected = np.nan_to_num(w.mean(F.LINK_EXPECTED)[i])
+        say(rate, f"link errors: {rate:.1f}/min (DCGM's bar for this link: {expected:.1f}/min)")
+        say(frac(F.WIDTH_DOWN)[i], f"PCIe width below its maximum in {frac(F.WIDTH_DOWN)[i]:.0%} of samples")
+        say(frac(F.GEN_DOWN)[i], f"PCIe generation below its maximum under load in {frac(F.GEN_DOWN)[i]:.0%}")
+    elif reason == "driver_errors":
+        fatal = w.increase(F.DRIVER_RESET)[i] + w.increase(F.DRIVER_REBOOT)[i] + w.increase(F.DRIVER_MECHANICAL)[i]
+        say(fatal, f"fatal driver errors: {fatal:g} in {win}")
+        app = w.events_since(F.DRIVER_APPLICATION, np.full(w.rows.shape, ew["driver_errors"]))[i]
+        say(app, f"application driver errors: {app:g} in {human_duration(ew['driver_errors'])}")
+    elif reason == "device_reset":
+        resets = w.events_since(F.RESETS, np.full(w.rows.shape, ew["device_reset"]))[i]
+        say(resets, f"device resets: {resets:g} in {human_duration(ew['device_reset'])}")
+    return f"{reason}: " + (", ".join(items) if items else "no evidence in the current window")

@@ -1,0 +1,351 @@
+"""Health policy as data: load, validate, merge over the default, resolve per device model.
+
+The whole file is validated before anything runs: an unknown key, a wrong type or a bad
+value is one :class:`PolicyError` naming the file, line, column and key, and what would be
+valid. A user file is merged over ``policies/default.yaml``, so it only needs the keys it
+changes. YAML is read with the safe loader and nothing in it is ever evaluated.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from otel_dra.vocabulary import REASONS, REMEDIATIONS
+
+DEFAULT_POLICY = "default.yaml"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+#: Driver error code classes, and the ladder step a fatal class starts at.
+DRIVER_CLASSES: tuple[str, ...] = ("ignore", "application", "reset_device", "reboot_node", "mechanical")
+#: hw.state values a rule may set (Unknown is not a state).
+RULE_STATES: tuple[str, ...] = ("degraded", "predicted_failure", "failed")
+
+
+class PolicyError(ValueError):
+    """A policy file a user must fix; ``str()`` is one line: ``FILE:LINE:COL: KEY: problem``."""
+
+
+# -- validators -------------------------------------------------------------------------------
+# Each validator takes a YAML node and a location function and returns the Python value,
+# raising PolicyError with the node's position.
+Where = Callable[[yaml.Node, str], PolicyError]
+Validator = Callable[[yaml.Node, str, Where], Any]
+
+
+def _scalar(node: yaml.Node, key: str, where: Where) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        got = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
+        raise where(node, f"{key}: expected a single value, got a {got}")
+    return yaml.safe_load(yaml.serialize(node))
+
+
+def number(lo: float | None = None, hi: float | None = None, integer: bool = False) -> Validator:
+    def check(node: yaml.Node, key: str, where: Where) -> float:
+        value = _scalar(node, key, where)
+        kind = "a whole number" if integer else "a number"
+        if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+            raise where(node, f"{key}: expected {kind}, got {value!r}")
+        if value != value or (lo is not None and value < lo) or (hi is not None and value > hi):
+            bounds = f"between {lo:g} and {hi:g}" if lo is not None and hi is not None else f"at least {lo:g}"
+            raise where(node, f"{key}: {value!r} is out of range; use {kind} {bounds}")
+        return value
+
+    return check
+
+
+def duration(node: yaml.Node, key: str, where: Where) -> float:
+    """``30s``, ``5m``, ``1h``, ``1d`` or seconds; returned in seconds."""
+    value = _scalar(node, key, where)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    match = _DURATION.match(str(value)) if isinstance(value, str) else None
+    if match is None:
+        raise where(node, f"{key}: {value!r} is not a duration; write e.g. 30s, 5m, 1h or a number of seconds")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def one_of(choices: tuple[str, ...]) -> Validator:
+    def check(node: yaml.Node, key: str, where: Where) -> str:
+        value = _scalar(node, key, where)
+        if value not in choices:
+            raise where(node, f"{key}: {value!r} is not one of: {', '.join(choices)}")
+        return str(value)
+
+    return check
+
+
+def string(node: yaml.Node, key: str, where: Where) -> str:
+    value = _scalar(node, key, where)
+    if isinstance(value, bool) or value is None or isinstance(value, list | dict):
+        raise where(node, f"{key}: expected a string, got {value!r}")
+    return str(value)
+
+
+def list_of(item: Validator, min_len: int = 0) -> Validator:
+    def check(node: yaml.Node, key: str, where: Where) -> list[Any]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise where(node, f"{key}: expected a list, e.g. [a, b]")
+        if len(node.value) < min_len:
+            raise where(node, f"{key}: needs at least {min_len} entr{'y' if min_len == 1 else 'ies'}")
+        return [item(child, f"{key}[{i}]", where) for i, child in enumerate(node.value)]
+
+    return check
+
+
+def map_of(key_check: Validator, value_check: Validator) -> Validator:
+    def check(node: yaml.Node, key: str, where: Where) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            raise where(node, f"{key}: expected a mapping, e.g. {{a: 1}}")
+        return {
+            key_check(k, f"{key} key", where): value_check(v, f"{key}.{_scalar(k, key, where)}", where)
+            for k, v in node.value
+        }
+
+    return check
+
+
+def struct(fields: Mapping[str, Validator]) -> Validator:
+    """A mapping with exactly these keys allowed (any subset: the rest comes from the default)."""
+
+    def check(node: yaml.Node, key: str, where: Where) -> dict[str, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            raise where(node, f"{key or 'policy'}: expected a mapping")
+        out: dict[str, Any] = {}
+        for k, v in node.value:
+            name = _scalar(k, key, where)
+            path = f"{key}.{name}" if key else str(name)
+            if name not in fields:
+                raise where(k, f"{path}: unknown key; allowed here: {', '.join(fields)}")
+            if name in out:
+                raise where(k, f"{path}: given twice")
+            out[str(name)] = fields[str(name)](v, path, where)
+        return out
+
+    return check
+
+
+FRACTION = number(0.0, 1.0)
+POSITIVE = number(0.0)
+COUNT = number(1, None, integer=True)
+LADDER = list_of(one_of(REMEDIATIONS), min_len=1)
+STATE = one_of(RULE_STATES)
+CODES = list_of(string)
+
+RULES = struct(
+    {
+        "thermal": struct(
+            {
+                "state": STATE,
+                "min_fraction": FRACTION,
+                "critical_state": STATE,
+                "throttle_share": FRACTION,
+                "fallback_limits": struct({"high.degraded": number(), "high.critical": number()}),
+                "remediation": LADDER,
+            }
+        ),
+        "cooling": struct(
+            {
+                "state": STATE,
+                "min_rpm": POSITIVE,
+                "min_ratio": FRACTION,
+                "warm": number(),
+                "min_fraction": FRACTION,
+                "remediation": LADDER,
+            }
+        ),
+        "memory_ecc": struct(
+            {
+                "uncorrected": COUNT,
+                "retired_pages_failed": COUNT,
+                "retired_pages_predicted": COUNT,
+                "corrected_per_minute": POSITIVE,
+                "corrected_mad_k": POSITIVE,
+                "remediation": LADDER,
+            }
+        ),
+        "power_delivery": struct(
+            {"state": STATE, "errors": COUNT, "voltage_fraction": FRACTION, "remediation": LADDER}
+        ),
+        "power_throttling": struct(
+            {
+                "state": STATE,
+                "throttle_share": FRACTION,
+                "pinned_ratio": FRACTION,
+                "pinned_fraction": FRACTION,
+                "remediation": LADDER,
+            }
+        ),
+        "memory_pressure": struct(
+            {
+                "state": STATE,
+                "utilization": FRACTION,
+                "min_fraction": FRACTION,
+                "out_of_memory": COUNT,
+                "events_window": duration,
+                "remediation": LADDER,
+            }
+        ),
+        "link": struct(
+            {
+                "state": STATE,
+                "replays_per_lane_per_minute": map_of(number(1, 16, integer=True), POSITIVE),
+                "default_generation": number(1, 16, integer=True),
+                "default_width": number(1, 64, integer=True),
+                "mad_k": POSITIVE,
+                "downgrade_fraction": FRACTION,
+                "generation_min_utilization": FRACTION,
+                "remediation": LADDER,
+            }
+        ),
+        "driver_errors": struct(
+            {
+                "code_tables": map_of(string, struct(dict.fromkeys(DRIVER_CLASSES, CODES))),
+                "application_repeats": COUNT,
+                "events_window": duration,
+                "remediation": LADDER,
+            }
+        ),
+        "firmware": struct({"state": STATE, "deny": CODES, "minimum": map_of(string, string), "remediation": LADDER}),
+        "device_reset": struct({"state": STATE, "resets": COUNT, "events_window": duration, "remediation": LADDER}),
+        "device_lost": struct({"remediation": LADDER}),
+        "vendor_status": struct({"remediation": LADDER}),
+    }
+)
+
+#: Reasons a policy has rules (and hold times) for: every contract reason but ``stale``.
+RULES_KEYS: tuple[str, ...] = tuple(r for r in REASONS if r != "stale")
+
+SCHEMA = struct(
+    {
+        "version": number(1, 1, integer=True),
+        "window": duration,
+        "min_samples": COUNT,
+        "stale_timeout": duration,
+        "device_ttl": duration,
+        "unhealthy_states": list_of(one_of(RULE_STATES), min_len=1),
+        "hold": map_of(one_of(("default", *RULES_KEYS)), duration),
+        "escalation": struct({"window": duration, "after": COUNT}),
+        "rules": RULES,
+        "overrides": list_of(struct({"match": struct({"hw.vendor": string, "hw.model": string}), "rules": RULES})),
+    }
+)
+
+
+# -- loading ----------------------------------------------------------------------------------
+def _where(source: str) -> Where:
+    def at(node: yaml.Node, message: str) -> PolicyError:
+        mark = node.start_mark
+        return PolicyError(f"{source}:{mark.line + 1}:{mark.column + 1}: {message}")
+
+    return at
+
+
+def parse(text: str, source: str) -> dict[str, Any]:
+    """Validate one policy document; returns the keys it sets (not merged)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        pos = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PolicyError(f"{source}:{pos}not valid YAML: {problem}") from None
+    if node is None:
+        return {}
+    return SCHEMA(node, "", _where(source))  # type: ignore[no-any-return]
+
+
+def merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key not in _REPLACED_WHOLE:
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# Maps whose keys are data (not schema): a user's table replaces the default's whole.
+_REPLACED_WHOLE = frozenset({"code_tables", "minimum", "replays_per_lane_per_minute"})
+
+
+def default_text() -> str:
+    return resources.files("otel_dra.policies").joinpath(DEFAULT_POLICY).read_text()
+
+
+def load(path: Path | str | None = None) -> Policy:
+    """The default policy, with ``path`` (if given) merged over it."""
+    data = parse(default_text(), f"<default policy {DEFAULT_POLICY}>")
+    source = "<default>"
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise PolicyError(f"{path}: cannot read the policy file: {exc.strerror}") from None
+        data = merge(data, parse(text, str(path)))
+        source = str(path)
+    _check_consistency(data, source)
+    return Policy(data, source)
+
+
+def _check_consistency(data: Mapping[str, Any], source: str) -> None:
+    ecc = data["rules"]["memory_ecc"]
+    if ecc["retired_pages_predicted"] > ecc["retired_pages_failed"]:
+        raise PolicyError(
+            f"{source}: rules.memory_ecc.retired_pages_predicted ({ecc['retired_pages_predicted']}) must not exceed "
+            f"retired_pages_failed ({ecc['retired_pages_failed']})"
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A validated, merged policy. ``data`` mirrors the YAML (durations in seconds)."""
+
+    data: Mapping[str, Any]
+    source: str
+
+    @property
+    def window_s(self) -> float:
+        return float(self.data["window"])
+
+    @property
+    def stale_timeout_s(self) -> float:
+        return float(self.data["stale_timeout"])
+
+    def hold_s(self, reason: str) -> float:
+        hold = self.data["hold"]
+        return float(hold.get(reason, hold["default"]))
+
+    def rules_for(self, vendor: str, model: str) -> Mapping[str, Any]:
+        """The rules for one device model: the base rules with matching overrides merged in order."""
+        rules = self.data["rules"]
+        for override in self.data["overrides"]:
+            match = override.get("match", {})
+            if fnmatch.fnmatchcase(vendor, match.get("hw.vendor", "*")) and fnmatch.fnmatchcase(
+                model, match.get("hw.model", "*")
+            ):
+                rules = merge(dict(rules), override.get("rules", {}))
+        return rules
+
+    def to_yaml(self) -> str:
+        """The effective policy, for ``otel-dra policy check``."""
+        return yaml.safe_dump(_plain(self.data), sort_keys=False, default_flow_style=None, width=100)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k) if not isinstance(k, int) else k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,51 @@
+"""Recent events per device: the last K occurrences of a rare counter's increases.
+
+Rules such as "two device resets within an hour" look further back than the gauge window
+without keeping an hour of samples: each device keeps the times and sizes of its last K
+events (K above any policy's threshold), so counting events since a cutoff is one
+vectorised comparison.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from otel_dra.store.registry import grown
+
+
+class EventLog:
+    """Times and amounts of the last ``depth`` events of one counter, per device row."""
+
+    def __init__(self, capacity: int, depth: int = 8) -> None:
+        self.depth = depth
+        self.times = np.full((capacity, depth), -np.inf)
+        self.amounts = np.zeros((capacity, depth))
+        self.next = np.zeros(capacity, dtype=np.int64)
+
+    def resize(self, capacity: int) -> None:
+        self.times = grown(self.times, capacity, -np.inf)
+        self.amounts = grown(self.amounts, capacity, 0.0)
+        self.next = grown(self.next, capacity, 0)
+
+    def clear(self, rows: np.ndarray) -> None:
+        self.times[rows] = -np.inf
+        self.amounts[rows] = 0.0
+        self.next[rows] = 0
+
+    def record(self, rows: np.ndarray, time_s: np.ndarray, amounts: np.ndarray) -> None:
+        """Log the rows whose ``amounts`` (counter increases) are positive."""
+        hit = np.nan_to_num(amounts) > 0
+        if not hit.any():
+            return
+        r = rows[hit]
+        slot = self.next[r] % self.depth
+        self.times[r, slot] = np.broadcast_to(time_s, rows.shape)[hit]
+        self.amounts[r, slot] = amounts[hit]
+        self.next[r] += 1
+
+    def since(self, cutoff_s: np.ndarray | float, rows: np.ndarray) -> np.ndarray:
+        """Events of each of ``rows`` at or after ``cutoff_s`` (scalar, or one per row)."""
+        cutoff = np.asarray(cutoff_s, dtype=np.float64)
+        if cutoff.ndim:
+            cutoff = cutoff[:, None]
+        return (self.amounts[rows] * (self.times[rows] >= cutoff)).sum(axis=1)  # type: ignore[no-any-return]

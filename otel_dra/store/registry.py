@@ -1,0 +1,131 @@
+"""Device identity → rows of every per-device array.
+
+Devices are keyed by (``k8s.node.name``, ``hw.id``) (contract §1). Rows are handed out
+from a free list; when none is free, every registered array grows by half at once (so a
+new device costs amortised O(1), not a copy of the world), and rows of devices gone
+longer than the TTL go back on the free list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+#: Called with the new capacity when the registry grows; every per-device array resizes then.
+ResizeHook = Callable[[int], None]
+#: Called with the rows being released (a device expired): clear their state.
+ReleaseHook = Callable[[np.ndarray], None]
+
+
+def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0) -> np.ndarray:
+    """``array`` extended along ``axis`` to ``capacity``, new entries set to ``fill``."""
+    shape = list(array.shape)
+    extra = capacity - shape[axis]
+    if extra <= 0:
+        return array
+    shape[axis] = extra
+    return np.concatenate([array, np.full(shape, fill, dtype=array.dtype)], axis=axis)
+
+
+class DeviceRegistry:
+    """Rows for devices; per-row node index, attributes, first/last sample time."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = max(1, capacity)
+        self._rows: dict[tuple[str, str], int] = {}
+        self._free: list[int] = list(range(self.capacity - 1, -1, -1))
+        self.keys: list[tuple[str, str] | None] = [None] * self.capacity
+        self.attrs: list[Mapping[str, str]] = [{}] * self.capacity
+        self.nodes: list[str] = []
+        self._node_index: dict[str, int] = {}
+        self.node_of = np.full(self.capacity, -1, dtype=np.int32)
+        self.active = np.zeros(self.capacity, dtype=bool)
+        self.last_seen = np.full(self.capacity, np.nan)  # unix seconds of the newest sample
+        self.first_seen = np.full(self.capacity, np.nan)
+        self.attrs_version = np.zeros(self.capacity, dtype=np.int64)  # bumps when attrs change
+        self._resize_hooks: list[ResizeHook] = []
+        self._release_hooks: list[ReleaseHook] = []
+
+    def on_resize(self, hook: ResizeHook) -> None:
+        self._resize_hooks.append(hook)
+
+    def on_release(self, hook: ReleaseHook) -> None:
+        self._release_hooks.append(hook)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def node_index(self, node: str) -> int:
+        index = self._node_index.get(node)
+        if index is None:
+            index = self._node_index[node] = len(self.nodes)
+            self.nodes.append(node)
+        return index
+
+    def _grow(self, needed: int) -> None:
+        capacity = self.capacity
+        while capacity - len(self._rows) < needed:
+            capacity = max(capacity + needed, capacity * 3 // 2)
+        old = self.capacity
+        self._free = list(range(capacity - 1, old - 1, -1)) + self._free
+        self.keys += [None] * (capacity - old)
+        self.attrs += [{}] * (capacity - old)
+        self.node_of = grown(self.node_of, capacity, -1)
+        self.active = grown(self.active, capacity, False)
+        self.last_seen = grown(self.last_seen, capacity, np.nan)
+        self.first_seen = grown(self.first_seen, capacity, np.nan)
+        self.attrs_version = grown(self.attrs_version, capacity, 0)
+        self.capacity = capacity
+        for hook in self._resize_hooks:
+            hook(capacity)
+
+    def rows_for(self, node: str, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ``node``'s devices ``ids`` (registering new ones) and a mask of the new."""
+        rows = np.empty(len(ids), dtype=np.intp)
+        new = np.zeros(len(ids), dtype=bool)
+        missing = [i for i, dev in enumerate(ids) if (node, dev) not in self._rows]
+        if len(missing) > len(self._free):
+            self._grow(len(missing) - len(self._free))
+        node_ix = self.node_index(node) if missing else -1
+        for i in missing:
+            row = self._free.pop()
+            key = (node, ids[i])
+            self._rows[key] = row
+            self.keys[row] = key
+            self.node_of[row] = node_ix
+            self.active[row] = True
+            new[i] = True
+        for i, dev in enumerate(ids):
+            rows[i] = self._rows[(node, dev)]
+        return rows, new
+
+    def row(self, node: str, hw_id: str) -> int | None:
+        return self._rows.get((node, hw_id))
+
+    def set_attrs(self, row: int, attrs: Mapping[str, str]) -> bool:
+        """Record a device's descriptive attributes; True when they changed."""
+        if self.attrs[row] == attrs:
+            return False
+        self.attrs[row] = dict(attrs)
+        self.attrs_version[row] += 1
+        return True
+
+    def expire(self, now_s: float, ttl_s: float) -> np.ndarray:
+        """Release devices not seen for ``ttl_s``; returns their (now free) rows."""
+        gone = np.flatnonzero(self.active & (now_s - self.last_seen > ttl_s))
+        if gone.size:
+            for hook in self._release_hooks:
+                hook(gone)
+            for row in gone.tolist():
+                key = self.keys[row]
+                if key is not None:
+                    del self._rows[key]
+                self.keys[row] = None
+                self.attrs[row] = {}
+                self._free.append(row)
+            self.node_of[gone] = -1
+            self.active[gone] = False
+            self.last_seen[gone] = np.nan
+            self.first_seen[gone] = np.nan
+        return gone
