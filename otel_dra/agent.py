@@ -19,13 +19,17 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from otel_dra import __version__
+from otel_dra import conventions as cv
+from otel_dra.classifier import Classifier, Verdict
 from otel_dra.config import AgentConfig
 from otel_dra.frame import Frame, Schema
+from otel_dra.policy import load as load_policy
 from otel_dra.sinks import provider
 from otel_dra.sinks._mapping import series_per_device
 from otel_dra.sinks.exposition import ExpositionCache, Renderer
 from otel_dra.sinks.http import HttpEndpoint
 from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
 from otel_dra.sources import Source
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.store import FrameStore
@@ -63,6 +67,9 @@ class Agent:
         self.schema = Schema()
         self.store = FrameStore()
         self.source = build_source(config, self.schema)
+        self.policy = load_policy(config.policy_path)
+        self.classifier = Classifier(self.policy, self.schema, interval_s=config.interval_s)
+        self.board = VerdictBoard()
         self._stop = threading.Event()
         self._sinks: _Sinks | None = None
         self.samples = 0
@@ -82,11 +89,15 @@ class Agent:
             readers.append(provider.otlp_reader(cfg.otlp_endpoint, cfg.otlp_protocol, export_s))
             log.info("pushing OTLP (%s) to %s", cfg.otlp_protocol, cfg.otlp_endpoint)
         meter_provider = provider.build_meter_provider(cfg.node_name, readers, series_limit(self.schema, devices))
-        MetricsSink(self.store, self.schema, meter_provider.get_meter("otel_dra", __version__), cfg.stale_after_s)
+        meter = meter_provider.get_meter("otel_dra", __version__)
+        health = self.board if cfg.health_attribute == "all" else None
+        MetricsSink(self.store, self.schema, meter, cfg.stale_after_s, exclude=VERDICT_METRICS, health=health)
+        VerdictMetrics(self.board, meter)
         http = renderer = None
         if cfg.prometheus_port:
             cache = ExpositionCache(registry, cfg.stale_after_s)
-            http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, cache, {"/healthz": self._healthz})
+            routes = {"/healthz": self._healthz, "/v1/devices": self.board.json_route}
+            http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, cache, routes)
             renderer = Renderer(cache)
             renderer.start()
             http.start()
@@ -103,10 +114,38 @@ class Agent:
     def sample_once(self) -> Frame:
         frame = self.source.read(time.time_ns())
         self.store.put(frame, time.monotonic_ns())
+        self.classifier.ingest(frame)
+        changed = self.classifier.evaluate(frame.time_unix_nano)
+        self._publish(changed)
         self.samples += 1
         if self._sinks is not None and self._sinks.renderer is not None:
             self._sinks.renderer.sampled()
         return frame
+
+    def _publish(self, changed: list[Verdict]) -> None:
+        """Verdicts that changed go to the board (metrics, /v1/devices) and the log, one line each."""
+        registry = self.classifier.registry
+
+        def attrs_of(node: str, hw_id: str) -> dict[str, str]:
+            row = registry.row(node, hw_id)
+            attrs = registry.attrs[row] if row is not None else {}
+            return {k: v for k, v in attrs.items() if k != cv.HW_ID}
+
+        self.board.update(changed, attrs_of)
+        self.board.forget(lambda key: registry.row(*key) is not None)
+        for v in changed:
+            first = v.last_transition_time == v.time_unix_nano and v.health == "Healthy" and v.state == "ok"
+            level = logging.DEBUG if first else logging.WARNING if v.health != "Healthy" else logging.INFO
+            log.log(
+                level,
+                "verdict device=%s health=%s state=%s reasons=%s remediation=%s: %s",
+                v.hw_id,
+                v.health,
+                v.state,
+                ",".join(v.reasons) or "-",
+                v.remediation,
+                v.message,
+            )
 
     def run(self) -> None:
         """Sample every ``interval`` seconds until :meth:`stop`; then flush and close."""

@@ -18,6 +18,7 @@ import click
 from otel_dra import __version__
 from otel_dra.config import (
     DEFAULT_PROMETHEUS_PORT,
+    HEALTH_ATTRIBUTE_MODES,
     OTLP_PROTOCOLS,
     AgentConfig,
     ConfigError,
@@ -129,6 +130,21 @@ def cli() -> None:
 )
 @click.option("--seed", type=int, default=None, help="Seed the simulator for a repeatable run.")
 @click.option(
+    "--policy",
+    "policy_file",
+    default=None,
+    envvar="OTEL_DRA_POLICY",
+    help="Health policy YAML merged over the default (see 'otel-dra policy check'). [env: OTEL_DRA_POLICY]",
+)
+@click.option(
+    "--health-attribute",
+    type=click.Choice(HEALTH_ATTRIBUTE_MODES),
+    default="metric",
+    show_default=True,
+    help="'metric': the derived health is the dra.device.health metric's attribute. 'all': also stamp "
+    "dra.device.health.state on every hw.* series of the device (easy panel filters; new series on each transition).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -147,6 +163,8 @@ def run(
     otlp_interval: float | None,
     node_name: str | None,
     seed: int | None,
+    policy_file: str | None,
+    health_attribute: str,
     log_level: str,
 ) -> None:
     """Run the node agent until SIGTERM or Ctrl-C.
@@ -157,6 +175,7 @@ def run(
     OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME.
     """
     from otel_dra.agent import Agent  # heavy imports only when running
+    from otel_dra.policy import PolicyError
 
     setup_logging(log_level)
     try:
@@ -172,8 +191,12 @@ def run(
             otlp_protocol=resolve_otlp_protocol(otlp_protocol),
             otlp_export_interval_s=otlp_interval,
             seed=seed,
+            policy_path=policy_file,
+            health_attribute=health_attribute,
         )
         agent = Agent(config)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from exc
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -322,3 +345,52 @@ def policy_check(file: str | None) -> None:
     one error line naming the file position and key, with exit code 2.
     """
     click.echo(_load_policy(file).to_yaml(), nl=False)
+
+
+@cli.command()
+@click.argument("url", default="http://localhost:9464", required=False)
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to wait for the agent.")
+def status(url: str, timeout: float) -> None:
+    """Show every device's verdict from a running agent or fleet (URL/v1/devices).
+
+    Unhealthy devices first, then Unknown, then the rest; with the reasons, the
+    remediation and how long the verdict has stood.
+    """
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from otel_dra.classifier.verdicts import human_duration
+
+    endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1/devices") else "/v1/devices")
+    try:
+        with urllib.request.urlopen(endpoint, timeout=timeout) as resp:
+            devices = json.load(resp)["devices"]
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise click.ClickException(f"cannot read {endpoint}: {reason}; is 'otel-dra run' serving there?") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"{endpoint} did not answer with otel-dra's device list ({exc})") from exc
+    now = time.time_ns()
+    colors = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}
+    table = Table(title=f"{len(devices)} devices at {url}")
+    for col in ("node", "device", "health", "hw.state", "reasons", "remediation", "since", "evidence"):
+        table.add_column(col, overflow="fold")
+    for d in devices:
+        health = d.get("health", "?")
+        age = human_duration(max(0.0, (now - int(d.get("last_transition_time", now))) / 1e9))
+        table.add_row(
+            d.get("k8s.node.name", ""),
+            d.get("dra.device.name") or d.get("hw.id", ""),
+            f"[{colors.get(health, 'white')}]{health}[/]",
+            d.get("hw.state") or "-",
+            ", ".join(d.get("reasons", [])) or "-",
+            d.get("remediation", ""),
+            age,
+            d.get("message", ""),
+        )
+    Console().print(table)

@@ -13,6 +13,7 @@ from otel_dra.faults import Fault
 from otel_dra.sources import SOURCES
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+HEALTH_ATTRIBUTE_MODES = ("metric", "all")
 DEFAULT_PROMETHEUS_PORT = 9464  # the OpenTelemetry Prometheus exporter's default
 
 
@@ -66,6 +67,8 @@ class AgentConfig:
     otlp_protocol: str = "grpc"
     otlp_export_interval_s: float | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL, else the sampling interval
     seed: int | None = None
+    policy_path: str | None = None
+    health_attribute: str = "metric"  # metric: dra.device.health only; all: also on every hw.* series
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,6 +86,8 @@ class AgentConfig:
             parts = urlsplit(self.otlp_endpoint if "//" in self.otlp_endpoint else f"//{self.otlp_endpoint}")
             if not parts.hostname:
                 raise ConfigError(f"OTLP endpoint {self.otlp_endpoint!r} has no host; give e.g. http://localhost:4317")
+        if self.health_attribute not in HEALTH_ATTRIBUTE_MODES:
+            raise ConfigError(f"--health-attribute must be one of {', '.join(HEALTH_ATTRIBUTE_MODES)}")
         if not self.node_name:
             raise ConfigError("node name is empty; set --node-name or NODE_NAME")
 

@@ -48,6 +48,9 @@ HW_THROTTLE_REASON: Final = "hw.throttle.reason"
 DRA_DRIVER_NAME: Final = "dra.driver.name"
 DRA_POOL_NAME: Final = "dra.pool.name"
 DRA_DEVICE_NAME: Final = "dra.device.name"
+DRA_DEVICE_HEALTH_STATE: Final = "dra.device.health.state"
+DRA_DEVICE_HEALTH_REASONS: Final = "dra.device.health.reasons"
+DRA_DEVICE_HEALTH_REMEDIATION: Final = "dra.device.health.remediation"
 
 #: Instrument kinds as the semantic-conventions model names them.
 COUNTER: Final = "counter"
@@ -131,6 +134,14 @@ HW_PCIE_LINK_GENERATION_LIMIT = _extension(
     "hw.pcie.link.generation.limit", "1", GAUGE, "Maximum PCIe link generation of the device."
 )
 
+DRA_DEVICE_HEALTH = _extension(
+    "dra.device.health",
+    "1",
+    GAUGE,
+    "Derived device health, info-style: value 1, the verdict in the attributes "
+    "(dra.device.health.state, .reasons, .remediation).",
+)
+
 #: Every metric the agent can emit, by name.
 METRICS: dict[str, MetricSpec] = {
     spec.name: spec
@@ -157,5 +168,6 @@ METRICS: dict[str, MetricSpec] = {
         HW_PCIE_LINK_WIDTH_LIMIT,
         HW_PCIE_LINK_GENERATION,
         HW_PCIE_LINK_GENERATION_LIMIT,
+        DRA_DEVICE_HEALTH,
     )
 }

@@ -11,6 +11,7 @@ from otel_dra import __version__
 from otel_dra.frame import Frame, Schema
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
 from otel_dra.store import FrameStore
 
 
@@ -30,13 +31,23 @@ def kind_of(data: object) -> str:
     return "gauge"
 
 
-def collect(frame: Frame, schema: Schema, limit: int = 2000) -> tuple[list[Point], dict]:
-    """Run ``frame`` through the real metrics sink and SDK; return the points and resource attributes."""
+def collect(
+    frame: Frame, schema: Schema, limit: int = 2000, board: VerdictBoard | None = None, health_all: bool = False
+) -> tuple[list[Point], dict]:
+    """Run ``frame`` through the real metric sinks and SDK; return the points and resource attributes.
+
+    Without a ``board``, ``hw.status`` is the source's own column (as an input would carry it);
+    with one, it is the verdict, as the agent emits it."""
     store = FrameStore()
     store.put(frame, time.monotonic_ns())
     reader = InMemoryMetricReader()
     mp = provider.build_meter_provider(frame.devices.node, [reader], limit)
-    MetricsSink(store, schema, mp.get_meter("otel_dra", __version__), max_age_s=3600.0)
+    meter = mp.get_meter("otel_dra", __version__)
+    if board is None:
+        MetricsSink(store, schema, meter, max_age_s=3600.0)
+    else:
+        MetricsSink(store, schema, meter, 3600.0, exclude=VERDICT_METRICS, health=board if health_all else None)
+        VerdictMetrics(board, meter)
     data = reader.get_metrics_data()
     mp.shutdown()
     points: list[Point] = []

@@ -46,11 +46,16 @@ def test_prometheus_scrapes_every_device_and_sees_the_fault_on_one(start_agent, 
         assert per_device(f'hw_errors_total{{error_type="{error_type}"}}') == set(DEVICES), error_type
     for state in ("ok", "degraded", "failed", "predicted_failure"):
         assert per_device(f'hw_status{{hw_state="{state}"}}') == set(DEVICES), state
-    assert per_device('hw_status{hw_state="ok"} == 1') == set(DEVICES)
     up = prom.query('up{job="otel-dra"}')
     assert up and up[0]["value"][1] == "1"
-    # The injected uncorrected ECC error shows on gpu-3, and only there.
+    # The injected uncorrected ECC error shows on gpu-3, and only there: as evidence, and as its verdict.
     wait_for(lambda: per_device('hw_errors_total{error_type="uncorrected"} > 0') == {"gpu-3"}, 30, "the fault")
+    wait_for(lambda: per_device('hw_status{hw_state="failed"} == 1') == {"gpu-3"}, 30, "the verdict")
+    assert per_device('hw_status{hw_state="ok"} == 1') == set(DEVICES) - {"gpu-3"}
+    health = prom.query('dra_device_health{dra_device_health_state="Unhealthy"}')
+    assert [(r["metric"]["hw_id"], r["metric"]["dra_device_health_reasons"]) for r in health] == [
+        ("gpu-3", "memory_ecc")
+    ]
     assert {r["metric"]["k8s_node_name"] for r in prom.query("hw_power_watts")} == {"n1"}
 
 

@@ -8,6 +8,9 @@ import yaml
 from opentelemetry.semconv._incubating.metrics import hw_metrics
 
 from otel_dra import conventions as cv
+from otel_dra import policy
+from otel_dra.classifier import Classifier
+from otel_dra.sinks.verdicts import VerdictBoard
 from otel_dra.faults import Fault
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.vocabulary import REASONS
@@ -28,14 +31,19 @@ def registry():
     return metrics, attributes
 
 
-@pytest.fixture(scope="module")
-def emitted():
-    """Every series the simulator can produce: all faults injected (on different devices)."""
+@pytest.fixture(scope="module", params=["metric", "all"])
+def emitted(request):
+    """Every series the agent can produce: all faults injected (on different devices), the
+    verdicts from the classifier, in both --health-attribute modes."""
     faults = tuple(Fault(f"gpu-{i}", r, 0.0) for i, r in enumerate(REASONS) if r not in ("stale", "device_lost"))
     src = SimulatedSource(SimulatorConfig("node-1", devices=len(REASONS), faults=faults, seed=3))
-    src.read(0)
-    frame = src.read(130 * 10**9)
-    return collect(frame, src.schema)
+    classifier = Classifier(policy.load(), src.schema, interval_s=10.0)
+    board = VerdictBoard()
+    for t in range(0, 131, 10):
+        frame = src.read(t * 10**9)
+        classifier.ingest(frame)
+        board.update(classifier.evaluate(t * 10**9), lambda node, dev: dict(frame.devices.attrs[int(dev[4:])]))
+    return collect(frame, src.schema, board=board, health_all=request.param == "all")
 
 
 def test_every_emitted_metric_is_registered_with_its_unit_and_instrument(registry, emitted):
@@ -85,5 +93,6 @@ def test_extensions_are_not_upstream_names_and_match_the_code(registry):
         if origin == "extension":
             assert name not in upstream_names, f"{name} exists upstream: reference it instead"
             assert (entry["unit"], entry["instrument"]) == (cv.METRICS[name].unit, cv.METRICS[name].instrument)
-    for attr in (cv.HW_LINK_TYPE, cv.HW_ERROR_CODE, cv.HW_THROTTLE_REASON, cv.DRA_POOL_NAME, cv.DRA_DEVICE_NAME):
+    extensions = (cv.HW_LINK_TYPE, cv.HW_ERROR_CODE, cv.HW_THROTTLE_REASON, cv.DRA_POOL_NAME, cv.DRA_DEVICE_NAME)
+    for attr in (*extensions, cv.DRA_DEVICE_HEALTH_STATE, cv.DRA_DEVICE_HEALTH_REASONS):
         assert attributes[attr]["annotations"]["otel_dra"]["origin"] == "extension"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import numpy as np
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -21,10 +22,28 @@ from otel_dra.sinks._mapping import series_attributes
 from otel_dra.store import FrameStore
 
 
+class HealthSource(Protocol):
+    """Where the derived health per device comes from (the verdict board)."""
+
+    version: int
+
+    def health_by_device(self) -> dict[tuple[str, str], str]: ...
+
+
 class MetricsSink:
     """Exposes the newest fresh frame through ``meter``'s instruments."""
 
-    def __init__(self, store: FrameStore, schema: Schema, meter: Meter, max_age_s: float) -> None:
+    def __init__(
+        self,
+        store: FrameStore,
+        schema: Schema,
+        meter: Meter,
+        max_age_s: float,
+        exclude: Iterable[str] = (),
+        health: HealthSource | None = None,
+    ) -> None:
+        """``exclude``: metrics another sink owns (the verdict sink's ``hw.status``). ``health``:
+        with ``--health-attribute=all``, stamps ``dra.device.health.state`` on every series."""
         self._store = store
         self._schema = schema
         self._max_age_ns = int(max_age_s * 1e9)
@@ -32,12 +51,19 @@ class MetricsSink:
         self._groups_len = -1
         self._table: DeviceTable | None = None
         self._attrs: dict[int, list[dict[str, str]]] = {}
+        self._health = health
+        self._health_version = -1
+        self._health_map: dict[tuple[str, str], str] = {}
         create: dict[str, Callable[..., object]] = {
             cv.COUNTER: meter.create_observable_counter,
             cv.UPDOWNCOUNTER: meter.create_observable_up_down_counter,
             cv.GAUGE: meter.create_observable_gauge,
         }
+        skip = set(exclude)
+        self._skip = skip
         for spec in cv.METRICS.values():
+            if spec.name in skip:
+                continue
             create[spec.instrument](
                 spec.name,
                 callbacks=[self._callback(spec.name)],
@@ -61,15 +87,26 @@ class MetricsSink:
     def _column_attrs(self, table: DeviceTable, col: int) -> list[dict[str, str]]:
         if table is not self._table:
             self._table, self._attrs = table, {}
+        if self._health is not None and self._health.version != self._health_version:
+            self._health_version = self._health.version
+            self._health_map = self._health.health_by_device()
+            self._attrs = {}
         attrs = self._attrs.get(col)
         if attrs is None:
             column = self._schema.columns[col]
             attrs = [series_attributes(dev, a, column) for dev, a in zip(table.ids, table.attrs, strict=True)]
+            if self._health is not None:
+                for dev, series in zip(table.ids, attrs, strict=True):
+                    state = self._health_map.get((table.node, dev))
+                    if state is not None:
+                        series[cv.DRA_DEVICE_HEALTH_STATE] = state
             self._attrs[col] = attrs
         return attrs
 
     def observations(self, frame: Frame, metric: str) -> list[Observation]:
         """The frame's series of ``metric``: every (device, column) with a value."""
+        if metric in self._skip:
+            return []
         cols = self._columns(metric)
         cols = cols[cols < frame.values.shape[1]]
         if cols.size == 0:

@@ -1,0 +1,679 @@
+"""Replay input: OTLP JSON lines (the Collector ``file`` exporter's format) into Frames.
+
+Each line is one ``ExportMetricsServiceRequest`` in the protobuf JSON mapping
+(telemetry.md section 3). A line becomes one :class:`~otel_dra.frame.Frame` per
+(``k8s.node.name``, ``timeUnixNano``) it holds: devices as rows, the shared
+:class:`~otel_dra.frame.Schema`'s columns as columns.
+
+Why it is built the way it is: a recorded fleet is hundreds of thousands of points,
+and nearly all of a line's bytes are attribute lists that repeat verbatim on every
+line (identity plus descriptive attributes of each series). So before parsing, each
+attribute list's text is swapped for a small integer token (one C-level regex split
+and one dict lookup per list); ``json.loads`` then parses a line a sixth of the
+size, and the walk maps (metric, token) to a cached (device, column) entry. Each
+frame's matrix is filled with one numpy scatter. Anything unusual about a line
+(escapes, lists the regex can't delimit) sends it down the plain path: parse the
+whole text and read each attribute list, slower but the same result.
+
+Bad input never raises: a line that can't be read as a request is skipped with one
+:class:`DecodeError`; a bad point is skipped alone, reported (a few per line, the
+rest counted).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.vocabulary import SENSOR_TYPES
+
+#: Point-level problems reported per line; the rest are counted in one summary error.
+MAX_POINT_ERRORS_PER_LINE: Final = 5
+#: Metric-level notes (unknown metric, wrong kind) reported per line before summarising.
+MAX_METRIC_ERRORS_PER_LINE: Final = 10
+#: Distinct attribute lists cached before the caches are dropped (bounds memory on garbage).
+MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
+
+#: Descriptive attributes of a device, taken from its own points into ``DeviceTable.attrs``.
+DESCRIPTIVE: Final[tuple[str, ...]] = (
+    cv.HW_TYPE,
+    cv.HW_NAME,
+    cv.HW_VENDOR,
+    cv.HW_MODEL,
+    cv.HW_SERIAL_NUMBER,
+    cv.HW_FIRMWARE_VERSION,
+    cv.HW_DRIVER_VERSION,
+    cv.DRA_DRIVER_NAME,
+    cv.DRA_POOL_NAME,
+    cv.DRA_DEVICE_NAME,
+)
+#: Attributes that say which series it is, not which kind: never part of a Column's attrs.
+NOT_COLUMN_ATTRS: Final = frozenset({cv.HW_ID, cv.HW_PARENT, *DESCRIPTIVE})
+
+_ATTRS_KEY: Final = b'"attributes":'
+# An attribute list up to its first "]": enough for string-valued lists (the normal case).
+# A capture that is not a whole JSON array (a "]" inside a value, nested arrays) fails its
+# one-time validation and sends the line down the plain path.
+_ATTRS_LIST: Final = re.compile(rb'"attributes":[ \t\n\r]*(\[[^\]]*\])')
+_UTF8: Final = ("utf-8", "utf-8-sig")  # json.loads also reads UTF-16/32, which the regex can't see into
+_DELTA: Final = frozenset({1, "AGGREGATION_TEMPORALITY_DELTA"})
+_NODE: Final = cv.K8S_NODE_NAME_ATTR
+_MAX_TIME: Final = 1 << 64
+
+
+@dataclass(frozen=True)
+class DecodeError:
+    """One problem in the input, on one line: what is wrong and where."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+class InputFileError(OSError):
+    """An input file that can't be opened or read (missing, unreadable, corrupt gzip).
+
+    Its message is one line naming the file; the CLI turns it into exit code 2.
+    """
+
+
+class _Malformed(Exception):
+    """Internal: a part of the request that doesn't have the JSON mapping's shape."""
+
+
+class _LineLog:
+    """The errors of one line, capped so a garbage line can't flood the output."""
+
+    def __init__(self, lineno: int) -> None:
+        self.lineno = lineno
+        self.metric_errors: list[DecodeError] = []
+        self.point_errors: list[DecodeError] = []
+        self.hidden = 0
+
+    def metric(self, message: str) -> None:
+        if len(self.metric_errors) < MAX_METRIC_ERRORS_PER_LINE:
+            self.metric_errors.append(DecodeError(self.lineno, _one_line(message)))
+        else:
+            self.hidden += 1
+
+    def point(self, message: str) -> None:
+        if len(self.point_errors) < MAX_POINT_ERRORS_PER_LINE:
+            self.point_errors.append(DecodeError(self.lineno, _one_line(message)))
+        else:
+            self.hidden += 1
+
+    def errors(self) -> list[DecodeError]:
+        out = self.metric_errors + self.point_errors
+        if self.hidden:
+            out.append(DecodeError(self.lineno, f"{self.hidden:,} more problems on this line not shown"))
+        return out
+
+
+def _any_value_str(value: Any) -> str:
+    """An attribute's ``AnyValue`` as the string the columnar model keeps."""
+    if type(value) is not dict:
+        raise _Malformed("is not an AnyValue object")
+    if not value:
+        return ""
+    if len(value) != 1:
+        raise _Malformed(f"has several values ({', '.join(_name(k) for k in sorted(value))})")
+    ((kind, v),) = value.items()
+    if kind == "stringValue" and type(v) is str:
+        return v
+    if kind == "boolValue" and type(v) is bool:
+        return "true" if v else "false"
+    try:
+        if kind == "intValue" and (type(v) is int or (type(v) is str and v.isascii())):
+            return str(int(v))
+        if kind == "doubleValue" and type(v) in (int, float, str):
+            return repr(float(v))
+        if kind == "bytesValue" and type(v) is str:
+            return v
+        if kind in ("arrayValue", "kvlistValue") and type(v) is dict:
+            return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    except (ValueError, OverflowError, RecursionError):
+        pass
+    raise _Malformed(f"has a malformed {_name(kind)}")
+
+
+def _attributes_of(items: Any) -> dict[str, str]:
+    """A JSON ``attributes`` list (``[{"key": ..., "value": {...}}]``) as a dict; last key wins."""
+    if type(items) is not list:
+        raise _Malformed("attributes are not a list")
+    out: dict[str, str] = {}
+    for i, kv in enumerate(items, 1):
+        key = kv.get("key") if type(kv) is dict else None
+        if type(key) is not str:
+            raise _Malformed(f"attribute {i} is not a key/value object")
+        try:
+            out[key] = _any_value_str(kv.get("value", {}))
+        except _Malformed as exc:
+            raise _Malformed(f"attribute {_name(key)} {exc}") from None
+    return out
+
+
+def _to_time(ts: Any) -> int:
+    """``timeUnixNano`` (a decimal string in the JSON mapping, or an int) as nanoseconds."""
+    if type(ts) is str and ts.isascii() and ts.isdigit():
+        t = int(ts)
+    elif type(ts) is int:
+        t = ts
+    elif ts is None:
+        raise _Malformed("has no timeUnixNano")
+    else:
+        raise _Malformed(f"has timeUnixNano {_short(ts)}, not an integer")
+    if not 0 < t < _MAX_TIME:
+        raise _Malformed(f"has timeUnixNano {t}, out of range")
+    return t
+
+
+def _to_value(point: dict[str, Any]) -> float:
+    """The point's ``asDouble`` or ``asInt`` as a finite float."""
+    raw = point.get("asDouble")
+    field = "asDouble"
+    if raw is None:
+        raw, field = point.get("asInt"), "asInt"
+    if raw is None:
+        raise _Malformed("has no value (asDouble or asInt)")
+    if type(raw) not in (float, int, str):
+        raise _Malformed(f"has {field} {_short(raw)}, not a number")
+    try:
+        value = float(raw)
+    except (ValueError, OverflowError):
+        raise _Malformed(f"has {field} {_short(raw)}, not a number") from None
+    if math.isnan(value):
+        raise _Malformed(f"has {field} NaN")
+    if math.isinf(value):
+        raise _Malformed(f"has {field} {'Infinity' if value > 0 else '-Infinity'}")
+    return value
+
+
+def _name(text: str, limit: int = 60) -> str:
+    """A name from the input (node, device, key) as it goes into a one-line message."""
+    return text if len(text) <= limit and text.isprintable() else _short(text, limit)
+
+
+def _one_line(message: str) -> str:
+    """Whatever the input held, an error message stays on one line."""
+    return message if message.isprintable() else message.encode("unicode_escape").decode("ascii")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """A JSON value for a one-line message, cut short."""
+    if type(value) is list:
+        return "a list"
+    if type(value) is dict:
+        return "an object"
+    text = repr(value) if type(value) is str else json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass
+class _Line:
+    """Per-line scratch of :meth:`OtlpJsonDecoder.decode_line`."""
+
+    log: _LineLog
+    entries: list[int]
+    slots: list[int]
+    values: list[float]
+    slot_node: list[str]
+    slot_time: list[int]
+    slot_of: dict[tuple[str, int], int]
+    unknown: dict[str, int]  # unknown metric name -> points skipped
+    times: dict[str, dict[str, int]]  # node -> timeUnixNano text -> slot (-1: older than the node's newest)
+    points: int = 0
+    skipped: int = 0
+
+
+class OtlpJsonDecoder:
+    """Decodes OTLP JSON request lines into Frames over a shared Schema.
+
+    Keeps, per instance, the newest time decoded per node (older points are rejected:
+    replay input is in time order per node) and caches keyed by attribute list, so
+    one decoder should read one replay stream.
+    """
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.lines = 0
+        self.lines_skipped = 0
+        self.points = 0
+        self.points_skipped = 0
+        self._newest: dict[str, int] = {}
+        self._reset_caches()
+
+    def _reset_caches(self) -> None:
+        """Drop every cache keyed by attribute list (tokens are per instance, reset together)."""
+        self._token_of_text: dict[bytes, bytes] = {}  # attribute list JSON text -> b'"attributes":<token>'
+        self._token_of_attrs: dict[tuple[tuple[str, str], ...] | str, int] = {}
+        self._attrs_of_token: list[dict[str, str] | str] = []  # str: why the list is malformed
+        self._entries: dict[str, dict[int, int]] = {}  # metric -> token -> entry (< 0: error index)
+        self._entry_errors: list[str] = []
+        self._entry_dev: list[int] = []
+        self._entry_col: list[int] = []
+        self._entry_descr: list[tuple[tuple[str, str], ...] | None] = []
+        self._entry_np: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
+        self._dev_index: dict[str, int] = {}
+        self._dev_names: list[str] = []
+        self._tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
+        self._canonical_tables: dict[tuple[str, tuple[str, ...], tuple[Attrs, ...]], DeviceTable] = {}
+
+    # -- attribute lists ----------------------------------------------------------------
+    def _token(self, attrs: dict[str, str] | str) -> int:
+        """The token of an attribute set (or of the reason a list is malformed)."""
+        key: tuple[tuple[str, str], ...] | str = attrs if isinstance(attrs, str) else attrs_of(attrs)
+        token = self._token_of_attrs.get(key)
+        if token is None:
+            token = len(self._attrs_of_token)
+            self._attrs_of_token.append(attrs)
+            self._token_of_attrs[key] = token
+        return token
+
+    def _token_of_list(self, items: Any) -> int:
+        try:
+            return self._token(_attributes_of(items))
+        except _Malformed as exc:
+            return self._token(str(exc))
+
+    def _tokenize(self, line: bytes) -> bytes | None:
+        """The line with every attribute list replaced by its integer token, or None when the
+        line needs the plain path.
+
+        Sound because: a replaced text parsed on its own as a complete JSON array, so in the
+        line it ends exactly there; and with the line in UTF-8, no backslash in it (no escaped
+        key can spell ``attributes``) and every ``"attributes"`` in the result one of ours,
+        every ``attributes`` key the parser sees holds a token, and every token sits where a
+        list was. A line that is valid JSON stays valid with the same shape, and one that
+        isn't stays invalid.
+        """
+        if b"\\" in line or json.detect_encoding(line) not in _UTF8:
+            return None
+        parts = _ATTRS_LIST.split(line)
+        texts = parts[1::2]
+        known = self._token_of_text
+        tokens = list(map(known.get, texts))
+        if None in tokens:
+            for i, text in enumerate(texts):
+                if tokens[i] is None:
+                    token = known.get(text)
+                    if token is None:
+                        try:
+                            items = json.loads(text)
+                        except (ValueError, RecursionError):
+                            return None
+                        if type(items) is not list:
+                            return None
+                        token = _ATTRS_KEY + str(self._token_of_list(items)).encode()
+                        known[text] = token
+                    tokens[i] = token
+        parts[1::2] = tokens
+        reduced = b"".join(parts)
+        if reduced.count(b'"attributes"') != len(tokens):
+            return None
+        return reduced
+
+    def _attrs_at(self, raw: Any, tokenized: bool) -> dict[str, str] | str:
+        """The attributes of a resource or point: from its token, or read from its list."""
+        if tokenized and type(raw) is int:
+            return self._attrs_of_token[raw]
+        if raw is None:
+            return {}
+        return self._attrs_of_token[self._token_of_list(raw)]
+
+    # -- entries: (metric, attribute set) -> device and column -------------------------------
+    def _entry(self, metric: str, token: int) -> int:
+        """The entry of a point of ``metric`` with attribute set ``token``: >= 0 an index into
+        the entry tables; < 0 an error (``-1 - index`` into ``_entry_errors``)."""
+        attrs = self._attrs_of_token[token]
+        entry = self._make_entry(metric, attrs)
+        self._entries[metric][token] = entry
+        return entry
+
+    def _make_entry(self, metric: str, attrs: dict[str, str] | str) -> int:
+        def error(message: str) -> int:
+            self._entry_errors.append(message)
+            return -len(self._entry_errors)
+
+        if isinstance(attrs, str):
+            return error(f"has malformed attributes: {attrs}")
+        hw_id = attrs.get(cv.HW_ID)
+        if not hw_id:
+            return error(f"has no {cv.HW_ID}")
+        parent = attrs.get(cv.HW_PARENT)
+        hw_type = attrs.get(cv.HW_TYPE)
+        rest = attrs_of({k: v for k, v in attrs.items() if k not in NOT_COLUMN_ATTRS and k != cv.HW_TYPE})
+        descr: tuple[tuple[str, str], ...] | None
+        if parent:
+            if not hw_type:
+                return error(f"({_name(hw_id)}) has {cv.HW_PARENT} but no {cv.HW_TYPE}")
+            prefix = parent + "/"
+            sensor = hw_id[len(prefix) :] if hw_id.startswith(prefix) and len(hw_id) > len(prefix) else hw_id
+            column = Column(metric, rest, sensor, hw_type)
+            device, descr = parent, None
+        else:
+            if hw_type in SENSOR_TYPES:
+                return error(f"({_name(hw_id)}) is a {hw_type} sensor without {cv.HW_PARENT}")
+            column = Column(metric, rest)
+            device = hw_id
+            descr = tuple((k, attrs[k]) for k in DESCRIPTIVE if k in attrs)
+        dev = self._dev_index.get(device)
+        if dev is None:
+            dev = self._dev_index[device] = len(self._dev_names)
+            self._dev_names.append(device)
+        self._entry_dev.append(dev)
+        self._entry_col.append(self.schema.index(column))
+        self._entry_descr.append(descr)
+        return len(self._entry_dev) - 1
+
+    # -- the line --------------------------------------------------------------------------
+    def decode_line(self, text: str | bytes, lineno: int) -> tuple[list[Frame], list[DecodeError]]:
+        """One request line into its frames (one per node and time) and its problems."""
+        self.lines += 1
+        if max(len(self._attrs_of_token), len(self._token_of_text)) > MAX_CACHED_ATTRIBUTE_SETS:
+            self._reset_caches()
+        log = _LineLog(lineno)
+        doc, tokenized, problem = self._parse(text)
+        line = _Line(log, [], [], [], [], [], {}, {}, {})
+        if problem is None:
+            try:
+                problem = self._walk(doc, tokenized, line)
+            except RecursionError:  # pragma: no cover - the parser refuses deeper nesting first
+                problem = "is nested too deeply"
+        if problem is not None:
+            self.lines_skipped += 1
+            return [], [DecodeError(lineno, _one_line(f"{problem}; line skipped"))]
+        for name, n in line.unknown.items():
+            log.metric(f"unknown metric {_short(name)} ({n} points) skipped")
+        self.points += line.points
+        self.points_skipped += line.skipped
+        return self._frames(line), log.errors()
+
+    def _parse(self, text: str | bytes) -> tuple[Any, bool, str | None]:
+        """The parsed request and whether its attribute lists are tokens; or why it can't be read."""
+        raw: bytes | None
+        if isinstance(text, str):
+            try:
+                raw = text.encode()
+            except UnicodeEncodeError:
+                raw = None
+        else:
+            raw = bytes(text)
+        reduced = None if raw is None else self._tokenize(raw)
+        if reduced is not None:
+            try:
+                return json.loads(reduced), True, None
+            except (ValueError, RecursionError):
+                pass  # the original is as broken: parse it below for the exact message
+        try:
+            return json.loads(text if raw is None else raw), False, None
+        except UnicodeDecodeError as exc:
+            return None, False, f"is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        except json.JSONDecodeError as exc:
+            return None, False, f"is not JSON ({exc.msg} at column {exc.colno})"
+        except (ValueError, RecursionError) as exc:
+            return None, False, f"is not JSON ({exc})"
+
+    def _walk(self, doc: Any, tokenized: bool, line: _Line) -> str | None:
+        """Read the request into ``line``; a string says why the whole line is skipped."""
+        if type(doc) is not dict:
+            return f"is a JSON {type(doc).__name__}, not an ExportMetricsServiceRequest object"
+        resources = doc.get("resourceMetrics")
+        if resources is None:
+            return "has no resourceMetrics"
+        if type(resources) is not list:
+            return "has resourceMetrics that is not a list"
+        nodes: list[str] = []
+        for i, rm in enumerate(resources, 1):
+            resource = rm.get("resource") if type(rm) is dict else None
+            attrs = self._attrs_at(resource.get("attributes"), tokenized) if type(resource) is dict else {}
+            if isinstance(attrs, str):
+                return f"resource {i} has malformed attributes: {attrs}"
+            node = attrs.get(_NODE)
+            if not node:
+                return f"resource {i} has no {_NODE}"
+            nodes.append(node)
+        for rm, node in zip(resources, nodes, strict=True):
+            scopes = rm.get("scopeMetrics", [])
+            if type(scopes) is not list:
+                line.log.metric(f"scopeMetrics of node {_name(node)} is not a list; skipped")
+                continue
+            for scope in scopes:
+                metrics = scope.get("metrics", []) if type(scope) is dict else None
+                if type(metrics) is not list:
+                    line.log.metric(f"a scope of node {_name(node)} has metrics that are not a list; skipped")
+                    continue
+                for metric in metrics:
+                    self._metric(metric, node, tokenized, line)
+        return None
+
+    def _metric(self, metric: Any, node: str, tokenized: bool, line: _Line) -> None:
+        """One metric's points into the line's scratch lists."""
+        log = line.log
+        if type(metric) is not dict:
+            log.metric(f"a metric of node {_name(node)} is not an object; skipped")
+            return
+        name = metric.get("name")
+        body = None
+        kind = ""
+        for kind in ("gauge", "sum", "histogram", "exponentialHistogram", "summary"):
+            body = metric.get(kind)
+            if body is not None:
+                break
+        points = body.get("dataPoints", []) if type(body) is dict else None
+        n = len(points) if type(points) is list else 0
+        line.points += n
+        if type(name) is not str:
+            line.skipped += n
+            log.metric(f"a metric of node {_name(node)} has no name ({n} points skipped)")
+            return
+        if name not in cv.METRICS:
+            line.skipped += n
+            line.unknown[name] = line.unknown.get(name, 0) + n
+            return
+        if body is None:
+            log.metric(f"{name} has no gauge or sum; skipped")
+            return
+        if kind not in ("gauge", "sum"):
+            line.skipped += n
+            log.metric(f"{name} is a {kind}, not a gauge or sum ({n} points skipped)")
+            return
+        if type(points) is not list:
+            log.metric(f"{name} has dataPoints that are not a list; skipped")
+            return
+        counter = False
+        if kind == "sum":
+            temporality = body.get("aggregationTemporality")
+            if type(temporality) in (int, str) and temporality in _DELTA:
+                line.skipped += n
+                log.metric(f"{name} is a delta sum; only cumulative sums are read ({n} points skipped)")
+                return
+            counter = body.get("isMonotonic") is True
+        entries = self._entries.get(name)
+        if entries is None:
+            entries = self._entries[name] = {}
+        times = line.times.get(node)
+        if times is None:
+            times = line.times[node] = {}
+        floor = self._newest.get(node, -1)
+        # The fast path reads the common case: cached entry, cached time, a plain number.
+        # Anything else (first sight, or a problem) goes through _slow_point.
+        fast_entries = entries if tokenized else {}
+        add_entry, add_slot, add_value = line.entries.append, line.slots.append, line.values.append
+        for i, point in enumerate(points):
+            try:
+                entry = fast_entries[point["attributes"]]
+                slot = times[point["timeUnixNano"]]
+                value = point.get("asDouble")
+                if value is None:
+                    value = point["asInt"]
+                if value.__class__ is not float:
+                    if value.__class__ is str or value.__class__ is int:
+                        value = float(value)
+                    else:
+                        raise TypeError
+                if entry >= 0 and slot >= 0 and value - value == 0.0 and not (counter and value < 0.0):
+                    add_entry(entry)
+                    add_slot(slot)
+                    add_value(value)
+                    continue
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+                pass
+            problem = self._slow_point(point, name, counter, node, floor, entries, times, tokenized, line)
+            if problem is not None:
+                line.skipped += 1
+                log.point(f"point {i + 1} of {name} {problem}")
+
+    def _slow_point(
+        self,
+        point: Any,
+        metric: str,
+        counter: bool,
+        node: str,
+        floor: int,
+        entries: dict[int, int],
+        times: dict[str, int],
+        tokenized: bool,
+        line: _Line,
+    ) -> str | None:
+        """A point off the fast path: fill the caches, keep it, or say what is wrong with it."""
+        if type(point) is not dict:
+            return "is not an object"
+        raw = point.get("attributes")
+        if tokenized and type(raw) is int:
+            token = raw
+        elif raw is None or type(raw) is list:
+            token = self._token_of_list(raw or [])
+        else:
+            return "has attributes that are not a list"
+        entry = entries.get(token)
+        if entry is None:
+            entry = self._entry(metric, token)
+        if entry < 0:
+            return self._entry_errors[-1 - entry]
+        try:
+            t = _to_time(point.get("timeUnixNano"))
+            value = _to_value(point)
+        except _Malformed as exc:
+            return f"({_name(self._dev_names[self._entry_dev[entry]])}) {exc}"
+        if counter and value < 0.0:
+            device = _name(self._dev_names[self._entry_dev[entry]])
+            return f"({device}) is {value:g} on a counter (cumulative, monotonic)"
+        ts = point.get("timeUnixNano")
+        if t < floor:
+            if type(ts) is str:
+                times[ts] = -1
+            return f"on node {_name(node)} is at {t}, older than {floor} already read for that node"
+        slot = line.slot_of.get((node, t))
+        if slot is None:
+            slot = line.slot_of[(node, t)] = len(line.slot_time)
+            line.slot_node.append(node)
+            line.slot_time.append(t)
+        if type(ts) is str:
+            times[ts] = slot
+        line.entries.append(entry)
+        line.slots.append(slot)
+        line.values.append(value)
+        return None
+
+    # -- frames -------------------------------------------------------------------------------
+    def _frames(self, line: _Line) -> list[Frame]:
+        """The line's points as frames, one per (node, time), in time order."""
+        if not line.values:
+            return []
+        if len(self._entry_np[0]) != len(self._entry_dev):
+            self._entry_np = (np.asarray(self._entry_dev, np.intp), np.asarray(self._entry_col, np.intp))
+        entry_dev, entry_col = self._entry_np
+        entries = np.asarray(line.entries, np.intp)
+        values = np.asarray(line.values, np.float64)
+        slots = np.asarray(line.slots, np.intp) if len(line.slot_time) > 1 else None
+        ncols = len(self.schema)
+        frames: list[Frame] = []
+        for s in sorted(range(len(line.slot_time)), key=line.slot_time.__getitem__):
+            if slots is None:
+                e, v = entries, values
+            else:
+                mask = slots == s
+                if not mask.any():
+                    continue
+                e, v = entries[mask], values[mask]
+            node, t = line.slot_node[s], line.slot_time[s]
+            unique = np.unique(e)
+            table, devs, distinct = self._table(node, unique)
+            rows = np.searchsorted(devs, entry_dev[e])
+            flat = rows * ncols + entry_col[e]
+            if not (distinct and len(unique) == len(e)):
+                # Duplicate points: the last one in the line wins.
+                _, last_rev = np.unique(flat[::-1], return_index=True)
+                keep = len(flat) - 1 - last_rev
+                flat, v = flat[keep], v[keep]
+            matrix = np.full(len(devs) * ncols, np.nan)
+            matrix[flat] = v
+            frames.append(Frame(t, table, matrix.reshape(len(devs), ncols)))
+            if t > self._newest.get(node, -1):
+                self._newest[node] = t
+        return frames
+
+    def _table(self, node: str, unique_entries: np.ndarray) -> tuple[DeviceTable, np.ndarray, bool]:
+        """The device table for a frame holding these entries, its devices' indices (sorted),
+        and whether the entries all land on distinct cells. Equal tables are one object,
+        so consumers can cache per table."""
+        key = (node, unique_entries.tobytes())
+        found = self._tables.get(key)
+        if found is not None:
+            return found
+        ents = unique_entries.tolist()
+        devs = sorted({self._entry_dev[x] for x in ents})
+        attrs: dict[int, dict[str, str]] = {d: {} for d in devs}
+        for x in ents:  # entries in creation order: a newer attribute set overrides an older one
+            descr = self._entry_descr[x]
+            if descr:
+                attrs[self._entry_dev[x]].update(descr)
+        ids = tuple(self._dev_names[d] for d in devs)
+        attr_maps = tuple(attrs[d] for d in devs)
+        canonical = (node, ids, tuple(attrs_of(a) for a in attr_maps))
+        table = self._canonical_tables.get(canonical)
+        if table is None:
+            table = self._canonical_tables[canonical] = DeviceTable(node, ids, attr_maps)
+        cells = {(self._entry_dev[x], self._entry_col[x]) for x in ents}
+        found = (table, np.asarray(devs, np.intp), len(cells) == len(ents))
+        self._tables[key] = found
+        return found
+
+
+def read_lines(paths: Iterable[Path]) -> Iterator[tuple[Path, int, bytes]]:
+    """Each non-empty line of each file as (path, 1-based line number, raw bytes without the
+    newline). Gzip is detected by its magic bytes, whatever the file is called.
+
+    Raises :class:`InputFileError` (an ``OSError``) naming the file when it can't be opened
+    or its gzip stream is corrupt or cut short; lines before the damage are yielded first.
+    """
+    for path in paths:
+        path = Path(path)
+        try:
+            handle = path.open("rb")
+        except OSError as exc:
+            raise InputFileError(_one_line(f"{path}: cannot open: {exc.strerror or exc}")) from exc
+        lineno = 0
+        with handle:
+            try:
+                stream = gzip.GzipFile(fileobj=handle) if handle.peek(2)[:2] == b"\x1f\x8b" else handle
+                for lineno, raw in enumerate(stream, 1):
+                    line = raw.rstrip(b"\r\n")
+                    if line.strip():
+                        yield path, lineno, line
+            except (OSError, EOFError, zlib.error) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+                raise InputFileError(_one_line(f"{path}: cannot read after line {lineno}: {reason}")) from exc

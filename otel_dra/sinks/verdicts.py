@@ -1,0 +1,112 @@
+"""Sink: verdicts where users look: ``hw.status``, ``dra.device.health``, and ``/v1/devices``.
+
+- ``hw.status`` (upstream state set): one series per ``hw.state``, 1 for the verdict's
+  state and 0 for the others; all 0 while the verdict is Unknown (no state is known).
+- ``dra.device.health`` (project extension, info-style): value 1, the derived health
+  attribute ``dra.device.health.state`` (Healthy / Unhealthy / Unknown) with the reasons
+  and remediation beside it.
+- ``/v1/devices``: every device's current verdict as JSON (the verdict line's keys plus
+  ``since``), for ``otel-dra status`` and anything else that wants it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otel_dra import conventions as cv
+from otel_dra.classifier import Verdict
+from otel_dra.classifier.verdicts import rfc3339
+from otel_dra.vocabulary import HW_STATES
+
+#: Metrics this sink owns; the telemetry sink leaves them alone.
+VERDICT_METRICS = frozenset({cv.HW_STATUS.name, cv.DRA_DEVICE_HEALTH.name})
+
+
+class VerdictBoard:
+    """The current verdict of every device, updated with the verdicts that changed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
+        self._attrs: dict[tuple[str, str], Mapping[str, str]] = {}
+        self.version = 0
+
+    def update(self, changed: Iterable[Verdict], attrs_of: Callable[[str, str], Mapping[str, str]]) -> None:
+        with self._lock:
+            for verdict in changed:
+                key = (verdict.node, verdict.hw_id)
+                self._verdicts[key] = verdict
+                self._attrs[key] = attrs_of(*key)
+                self.version += 1
+
+    def forget(self, keep: Callable[[tuple[str, str]], bool]) -> None:
+        """Drop devices the classifier no longer knows (expired)."""
+        with self._lock:
+            for key in [k for k in self._verdicts if not keep(k)]:
+                del self._verdicts[key]
+                self._attrs.pop(key, None)
+                self.version += 1
+
+    def snapshot(self) -> list[tuple[Verdict, Mapping[str, str]]]:
+        with self._lock:
+            return [(v, self._attrs[k]) for k, v in self._verdicts.items()]
+
+    def health_by_device(self) -> dict[tuple[str, str], str]:
+        with self._lock:
+            return {k: v.health for k, v in self._verdicts.items()}
+
+    def json_route(self) -> tuple[str, str, bytes]:
+        """``/v1/devices``: unhealthy first, then Unknown, then by node and device."""
+        order = {"Unhealthy": 0, "Unknown": 1, "Healthy": 2}
+        rows = []
+        for verdict, _ in sorted(self.snapshot(), key=lambda va: (order[va[0].health], va[0].node, va[0].hw_id)):
+            line = verdict.to_json()
+            line["since"] = rfc3339(verdict.last_transition_time)
+            rows.append(line)
+        return "200 OK", "application/json", json.dumps({"devices": rows}).encode()
+
+
+def _identity(attrs: Mapping[str, str], hw_id: str) -> dict[str, str]:
+    return {cv.HW_ID: hw_id, **attrs}
+
+
+class VerdictMetrics:
+    """``hw.status`` and ``dra.device.health`` instruments reading a :class:`VerdictBoard`."""
+
+    def __init__(self, board: VerdictBoard, meter: Meter) -> None:
+        self._board = board
+        meter.create_observable_up_down_counter(
+            cv.HW_STATUS.name, callbacks=[self._status], unit=cv.HW_STATUS.unit, description=cv.HW_STATUS.description
+        )
+        meter.create_observable_gauge(
+            cv.DRA_DEVICE_HEALTH.name,
+            callbacks=[self._health],
+            unit=cv.DRA_DEVICE_HEALTH.unit,
+            description=cv.DRA_DEVICE_HEALTH.description,
+        )
+
+    def _status(self, _: CallbackOptions) -> Iterable[Observation]:
+        out = []
+        for verdict, attrs in self._board.snapshot():
+            base = _identity(attrs, verdict.hw_id)
+            for state in HW_STATES:
+                out.append(Observation(int(state == verdict.state), {**base, cv.HW_STATE: state}))
+        return out
+
+    def _health(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(
+                1,
+                {
+                    **_identity(attrs, verdict.hw_id),
+                    cv.DRA_DEVICE_HEALTH_STATE: verdict.health,
+                    cv.DRA_DEVICE_HEALTH_REASONS: ",".join(verdict.reasons),
+                    cv.DRA_DEVICE_HEALTH_REMEDIATION: verdict.remediation,
+                },
+            )
+            for verdict, attrs in self._board.snapshot()
+        ]
