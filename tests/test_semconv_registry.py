@@ -10,8 +10,8 @@ from opentelemetry.semconv._incubating.metrics import hw_metrics
 from otel_dra import conventions as cv
 from otel_dra import policy
 from otel_dra.classifier import Classifier
-from otel_dra.sinks.verdicts import VerdictBoard
 from otel_dra.faults import Fault
+from otel_dra.sinks.verdicts import VerdictBoard
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.vocabulary import REASONS
 from tests.helpers import collect
@@ -42,7 +42,8 @@ def emitted(request):
     for t in range(0, 131, 10):
         frame = src.read(t * 10**9)
         classifier.ingest(frame)
-        board.update(classifier.evaluate(t * 10**9), lambda node, dev: dict(frame.devices.attrs[int(dev[4:])]))
+        attrs = {dev: dict(a) for dev, a in zip(frame.devices.ids, frame.devices.attrs, strict=True)}
+        board.update(classifier.evaluate(t * 10**9), lambda _node, dev, attrs=attrs: attrs[dev])
     return collect(frame, src.schema, board=board, health_all=request.param == "all")
 
 
