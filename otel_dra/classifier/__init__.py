@@ -67,7 +67,8 @@ class Classifier:
         hold = np.asarray([policy.hold_s(reason) for reason in REASONS])
         esc = policy.data["escalation"]
         self.engine = VerdictEngine(cap, hold, float(esc["window"]), int(esc["after"]))
-        self.unhealthy_codes = np.asarray([STATE_CODE[s] for s in policy.data["unhealthy_states"]])
+        self.unhealthy = np.zeros(4, dtype=bool)  # by state code: which states are Unhealthy
+        self.unhealthy[[STATE_CODE[s] for s in policy.data["unhealthy_states"]]] = True
         self._ladders: np.ndarray | None = None
         for part in (self.store, self.extractor, self.groups, self.engine, *self.events.values()):
             self.registry.on_resize(part.resize)
@@ -124,11 +125,6 @@ class Classifier:
         self.ingested_samples += int(rows.size)
 
     # -- evaluate ------------------------------------------------------------------------------
-    def _ladder_rows(self, rows: np.ndarray) -> np.ndarray:
-        if self._ladders is None:
-            self._ladders = self.groups.ladders()
-        return self._ladders[self.groups.group[rows]]
-
     def freshness(self, now_s: float, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(device fresh, node fresh, device age s, node age s) for ``rows``."""
         reg = self.registry
@@ -155,8 +151,10 @@ class Classifier:
         unknown = ~node_fresh
         w = Window(self.store, self.events, rows, now_s, int(self.policy.data["min_samples"]))
         evidence = evaluate(w, self.groups, fresh, lost)
+        if self._ladders is None:
+            self._ladders = self.groups.ladders()
         health, state, bits, remediation, changed = self.engine.step(
-            rows, now_s, evidence, unknown, self.unhealthy_codes, self._ladder_rows(rows)
+            rows, now_s, evidence, unknown, self.unhealthy, self._ladders, self.groups.group[rows]
         )
         out = []
         for i in np.flatnonzero(changed).tolist():

@@ -103,8 +103,11 @@ class PolicyGroups:
         return cached
 
     def param(self, rows: np.ndarray, *path: str) -> np.ndarray:
-        """One threshold per row."""
-        return self.values(*path)[self.group[rows]]
+        """One threshold per row (one value, broadcast, while every device shares one group)."""
+        values = self.values(*path)
+        if values.shape[0] == 1:
+            return np.full(np.shape(rows), values[0])
+        return values[self.group[rows]]
 
     def device_params(self, rows: np.ndarray) -> DeviceParams:
         """What the sample stage needs for these rows."""

@@ -46,11 +46,14 @@ class Window:
     min_samples: int
 
     def __post_init__(self) -> None:
-        self.sums = self.store.sums[self.rows]
-        self.counts = self.store.counts[self.rows]
+        n = self.rows.shape[0]
+        # Rows 0..n-1 (every row in use, the usual case) are read as views, not gathered copies.
+        at: np.ndarray | slice = slice(0, n) if n and self.rows[-1] == n - 1 else self.rows
+        self.sums = self.store.sums[at]
+        self.counts = self.store.counts[at]
         self.seconds = self.sums[:, F.DT]
         self.samples = self.counts[:, F.DT]
-        self.latest = self.store.latest(self.rows)
+        self.latest = self.store.latest(at)
 
     def fraction(self, f: F) -> np.ndarray:
         n = self.counts[:, f]

@@ -30,6 +30,7 @@ from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
 
 HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2
 _STALE_BIT = 1 << R["stale"]
+_REASON_BITS = np.int64(1) << np.arange(len(REASONS), dtype=np.int64)
 
 
 def human_duration(seconds: float) -> str:
@@ -130,41 +131,56 @@ class VerdictEngine:
         now_s: float,
         evidence: Evidence,
         unknown: np.ndarray,
-        unhealthy_codes: np.ndarray,
+        unhealthy: np.ndarray,
         ladders: np.ndarray,
+        groups: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Advance the state of ``rows`` to ``now_s``; returns per row (health, state code or -1,
-        reasons bitmask, remediation code, changed mask)."""
-        present = evidence.present
-        at = np.where(present, now_s, self.evidence_at[rows])
-        # Severity has hysteresis too: a lower state replaces the held one only once the held
-        # one's evidence has been gone for the hold time (no failed/degraded see-saw).
-        held, held_at = self.state[rows], self.state_at[rows]
-        keep = (evidence.state < held) & (now_s - held_at < self.hold_s)
-        state = np.where(present, np.where(keep, held, evidence.state), held)
-        self.state_at[rows] = np.where(present & ~keep, now_s, held_at)
-        floor = np.where(present, evidence.floor, self.floor[rows])
-        was_on = self.on[rows]
-        on = present | (was_on & (now_s - at < self.hold_s))
-        entered = on & ~was_on
-        first = self.first_episode_at[rows]
-        episodes = self.episodes[rows]
-        restart = entered & (now_s - first > self.escalation_window_s)
-        first = np.where(restart, now_s, first)
-        episodes = np.where(restart, 0, episodes) + entered
-        self.on[rows], self.evidence_at[rows], self.state[rows], self.floor[rows] = on, at, state, floor
-        self.episodes[rows], self.first_episode_at[rows] = episodes, first
+        reasons bitmask, remediation code, changed mask).
 
-        worst = np.where(on, state, 0).max(axis=1).astype(np.int64)
-        health = np.where(np.isin(worst, unhealthy_codes), UNHEALTHY, HEALTHY)
+        ``unhealthy[state]`` says which state codes are Unhealthy; ``ladders`` is
+        ``(groups, reasons, steps)`` of remediation codes and ``groups`` each row's group.
+        Only rows with evidence now or a reason still on do per-reason work: a device with
+        neither is Healthy and ok, and its per-reason state does not change.
+        """
+        n = rows.shape[0]
+        health = np.full(n, HEALTHY, dtype=np.int64)
+        worst = np.zeros(n, dtype=np.int64)
+        bits = np.zeros(n, dtype=np.int64)
+        remediation = np.zeros(n, dtype=np.int64)
+        busy = np.flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
+        if busy.size:
+            r = rows[busy]
+            present = evidence.present[busy]
+            at = np.where(present, now_s, self.evidence_at[r])
+            # Severity has hysteresis too: a lower state replaces the held one only once the held
+            # one's evidence has been gone for the hold time (no failed/degraded see-saw).
+            held, held_at = self.state[r], self.state_at[r]
+            keep = (evidence.state[busy] < held) & (now_s - held_at < self.hold_s)
+            state = np.where(present, np.where(keep, held, evidence.state[busy]), held)
+            self.state_at[r] = np.where(present & ~keep, now_s, held_at)
+            floor = np.where(present, evidence.floor[busy], self.floor[r])
+            was_on = self.on[r]
+            on = present | (was_on & (now_s - at < self.hold_s))
+            entered = on & ~was_on
+            first = self.first_episode_at[r]
+            episodes = self.episodes[r]
+            restart = entered & (now_s - first > self.escalation_window_s)
+            first = np.where(restart, now_s, first)
+            episodes = np.where(restart, 0, episodes) + entered
+            self.on[r], self.evidence_at[r], self.state[r], self.floor[r] = on, at, state, floor
+            self.episodes[r], self.first_episode_at[r] = episodes, first
+
+            worst[busy] = np.where(on, state, 0).max(axis=1)
+            health[busy] = np.where(unhealthy[worst[busy]], UNHEALTHY, HEALTHY)
+            bits[busy] = on.astype(np.int64) @ _REASON_BITS
+            per_step = max(1, self.escalate_after - 1)
+            step = np.minimum((np.maximum(episodes, 1) - 1) // per_step, ladders.shape[2] - 1)
+            codes = ladders[groups[busy][:, None], np.arange(len(REASONS))[None, :], step]
+            codes = np.maximum(codes, floor)
+            remediation[busy] = np.where(on, codes, 0).max(axis=1)
         health = np.where(unknown, UNKNOWN, health)
-        bits = (on.astype(np.int64) << np.arange(len(REASONS), dtype=np.int64)).sum(axis=1)
         bits = np.where(unknown, _STALE_BIT, bits)
-        per_step = max(1, self.escalate_after - 1)
-        step = np.minimum((np.maximum(episodes, 1) - 1) // per_step, ladders.shape[2] - 1)
-        r_index = np.arange(len(REASONS))[None, :]
-        codes = np.maximum(ladders[np.arange(len(rows))[:, None], r_index, step], floor)
-        remediation = np.where(on, codes, 0).max(axis=1).astype(np.int64)
         remediation = np.where(unknown, 0, remediation)
         state_code = np.where(unknown, -1, worst)
         key = health | ((state_code + 1) << 2) | (bits << 5) | (remediation << 20)

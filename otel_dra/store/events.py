@@ -45,7 +45,12 @@ class EventLog:
 
     def since(self, cutoff_s: np.ndarray | float, rows: np.ndarray) -> np.ndarray:
         """Events of each of ``rows`` at or after ``cutoff_s`` (scalar, or one per row)."""
-        cutoff = np.asarray(cutoff_s, dtype=np.float64)
-        if cutoff.ndim:
-            cutoff = cutoff[:, None]
-        return (self.amounts[rows] * (self.times[rows] >= cutoff)).sum(axis=1)  # type: ignore[no-any-return]
+        rows = np.asarray(rows)
+        out = np.zeros(rows.shape[0])
+        some = np.flatnonzero(self.next[rows] > 0)  # most devices never had such an event
+        if some.size:
+            cutoff = np.asarray(cutoff_s, dtype=np.float64)
+            cutoff = cutoff[some, None] if cutoff.ndim else cutoff
+            hit = rows[some]
+            out[some] = (self.amounts[hit] * (self.times[hit] >= cutoff)).sum(axis=1)
+        return out

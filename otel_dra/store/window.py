@@ -27,6 +27,7 @@ class WindowStore:
         self.written = np.zeros(capacity, dtype=np.int64)  # samples ever written per row
         self.sums = np.zeros((capacity, features))  # over the window, NaN counted as absent
         self.counts = np.zeros((capacity, features), dtype=np.int32)
+        self.last = np.full((capacity, features), np.nan)  # each row's newest sample
 
     @property
     def capacity(self) -> int:
@@ -38,6 +39,7 @@ class WindowStore:
         self.written = grown(self.written, capacity, 0)
         self.sums = grown(self.sums, capacity, 0.0)
         self.counts = grown(self.counts, capacity, 0)
+        self.last = grown(self.last, capacity, np.nan)
 
     def clear(self, rows: np.ndarray) -> None:
         self.ring[:, rows] = np.nan
@@ -45,6 +47,7 @@ class WindowStore:
         self.written[rows] = 0
         self.sums[rows] = 0.0
         self.counts[rows] = 0
+        self.last[rows] = np.nan
 
     def append(self, rows: np.ndarray, time_s: np.ndarray | float, values: np.ndarray) -> None:
         """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent."""
@@ -61,14 +64,11 @@ class WindowStore:
         self.ring[slot, rows] = new
         self.times[slot, rows] = time_s
         self.written[rows] += 1
+        self.last[rows] = new
 
-    def latest(self, rows: np.ndarray | None = None) -> np.ndarray:
-        """Each row's newest sample (NaN for rows never written)."""
-        rows = np.arange(self.capacity) if rows is None else rows
-        slot = (self.written[rows] - 1) % self.window
-        out = self.ring[slot, rows].astype(np.float64)
-        out[self.written[rows] == 0] = np.nan
-        return out
+    def latest(self, rows: np.ndarray | slice | None = None) -> np.ndarray:
+        """Each row's newest sample (NaN for rows never written); a view for a slice."""
+        return self.last if rows is None else self.last[rows]
 
     def mean(self) -> np.ndarray:
         """Window mean of every feature (NaN where the window has no valid value)."""
