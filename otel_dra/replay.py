@@ -45,6 +45,8 @@ class ReplayResult:
         default_factory=lambda: defaultdict(list)
     )
     interval_s: float = 0.0
+    first_time_ns: int = 0
+    last_time_ns: int = 0
 
     @property
     def usable(self) -> bool:
@@ -116,6 +118,7 @@ def replay(
     result.interval_s = estimate_interval(frames)
     classifier = Classifier(policy, schema, interval_s=result.interval_s)
     groups = list(by_time(frames))
+    result.first_time_ns, result.last_time_ns = groups[0][0], groups[-1][0]
     for done, (t, group) in enumerate(groups, 1):
         for frame in group:
             classifier.ingest(frame)
@@ -160,8 +163,7 @@ def plot_timeline(result: ReplayResult, path: Path) -> None:
     keys = sorted(result.timeline)
     if not keys:
         raise ValueError("nothing to plot: the replay produced no verdicts")
-    end = max(t for seq in result.timeline.values() for t, _, _ in seq) + int(result.interval_s * 1e9)
-    start = min(t for seq in result.timeline.values() for t, _, _ in seq)
+    start, end = result.first_time_ns, result.last_time_ns + int(result.interval_s * 1e9)
     fig, ax = plt.subplots(figsize=(12, 0.32 * len(keys) + 1.6))
     for y, key in enumerate(keys):
         seq = result.timeline[key]
@@ -179,7 +181,10 @@ def plot_timeline(result: ReplayResult, path: Path) -> None:
     ax.set_xlabel("minutes since the first sample")
     ax.set_title("otel-dra replay: hw.state per device (grey: Unknown)")
     legend = [Patch(color=c, label=s or "Unknown") for s, c in STATE_COLORS.items()]
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 1.2 / (len(keys) + 4)), ncol=5)
-    fig.tight_layout()
+    ax.legend(
+        handles=legend, loc="lower center", bbox_to_anchor=(0.5, 1.0 + 0.4 / (len(keys) + 4)), ncol=5, frameon=False
+    )
+    ax.set_xlim(0, (end - start) / 6e10)
+    fig.tight_layout(rect=(0, 0.9 / (0.32 * len(keys) + 1.6), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,83 @@
+"""Recorded-telemetry fixtures: simulated nodes written as OTLP JSON lines, the Collector's
+file-exporter format, through the project's own metric sink and the real OpenTelemetry SDK
+and protobuf JSON mapping (so replay reads exactly what an agent sends)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otel_dra import __version__
+from otel_dra.faults import Fault
+from otel_dra.frame import Frame, Schema
+from otel_dra.sinks import provider
+from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
+from otel_dra.store import FrameStore
+
+S = 10**9
+T0 = 1_795_000_000 * S
+
+
+def request(frame: Frame, schema: Schema) -> dict:
+    """One ExportMetricsServiceRequest (JSON mapping) for ``frame``, stamped with the frame's time."""
+    store = FrameStore()
+    store.put(frame, time.monotonic_ns())
+    reader = InMemoryMetricReader()
+    mp = provider.build_meter_provider(frame.devices.node, [reader], 5000)
+    MetricsSink(store, schema, mp.get_meter("otel_dra", __version__), max_age_s=3600.0)
+    data = reader.get_metrics_data()
+    mp.shutdown()
+    doc = MessageToDict(encode_metrics(data), use_integers_for_enums=True)
+    for rm in doc.get("resourceMetrics", []):
+        for sm in rm.get("scopeMetrics", []):
+            for metric in sm.get("metrics", []):
+                for kind in ("gauge", "sum"):
+                    for point in metric.get(kind, {}).get("dataPoints", []):
+                        point["timeUnixNano"] = str(frame.time_unix_nano)
+                        point["startTimeUnixNano"] = str(T0)
+    return doc
+
+
+def write_trace(
+    path: Path,
+    nodes: dict[str, tuple[int, Iterable[Fault]]],
+    seconds: int,
+    interval: int = 10,
+    silent: dict[str, tuple[int, int]] | None = None,
+    extra_lines: Iterable[str] = (),
+) -> Path:
+    """``nodes``: name → (devices, faults). ``silent``: name → (from s, to s) with no lines.
+    Lines are in time order per node, interleaved by node, as a Collector writes them."""
+    sources = {
+        node: SimulatedSource(
+            SimulatorConfig(node, devices=n, faults=tuple(faults), seed=i, start_unix_nano=T0), Schema()
+        )
+        for i, (node, (n, faults)) in enumerate(nodes.items())
+    }
+    lines = []
+    for t in range(0, seconds + 1, interval):
+        for node, src in sources.items():
+            frame = src.read(T0 + t * S)
+            quiet = (silent or {}).get(node)
+            if quiet and quiet[0] <= t < quiet[1]:
+                continue
+            lines.append(json.dumps(request(frame, src.schema)))
+    lines.extend(extra_lines)
+    text = "\n".join(lines) + "\n"
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def read_verdicts(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
