@@ -1,7 +1,9 @@
 """The agent as a user runs it, scraped by a real Prometheus server."""
 
+import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -101,3 +103,49 @@ def test_healthz_answers_and_unknown_paths_say_where_to_go(start_agent):
     assert http_get(agent.url + "/healthz") == (200, b"ok\n")
     status, body = http_get(agent.url + "/nope")
     assert status == 404 and b"/metrics" in body
+
+
+def test_v1_devices_and_status_show_verdicts_unhealthy_first(start_agent):
+    import json as _json
+
+    agent = start_agent("--interval", "1", "--fault", "gpu-6:memory_ecc@1", "--node-name", "n9")
+    status = wait_for(
+        lambda: [
+            d for d in _json.loads(http_get(agent.url + "/v1/devices")[1])["devices"] if d["health"] == "Unhealthy"
+        ],
+        20,
+        "the ECC verdict",
+    )
+    devices = _json.loads(http_get(agent.url + "/v1/devices")[1])["devices"]
+    assert len(devices) == 8 and devices[0]["hw.id"] == "gpu-6" == status[0]["hw.id"]
+    first = devices[0]
+    assert (first["hw.state"], first["reasons"], first["remediation"]) == ("failed", ["memory_ecc"], "reset_device")
+    assert first["since"].endswith("Z") and first["k8s.node.name"] == "n9" and first["dra.device.name"] == "gpu-6"
+    assert all(d["health"] == "Healthy" and d["hw.state"] == "ok" for d in devices[1:])
+    shown = subprocess.run(
+        [sys.executable, "-m", "otel_dra", "status", agent.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    rows = [line for line in shown.stdout.splitlines() if "gpu-" in line]
+    assert "gpu-6" in rows[0] and "Unhealthy" in rows[0] and "reset_device" in rows[0] and "memory_ecc" in rows[0]
+    assert len(rows) >= 8
+
+
+def test_health_attribute_all_stamps_every_series(start_agent):
+    agent = start_agent("--interval", "1", "--health-attribute", "all", "--fault", "gpu-2:vendor_status@1")
+
+    def stamped() -> bool:
+        text = agent.metrics()
+        power = [line for line in text.splitlines() if line.startswith("hw_power_watts{")]
+        temps = [line for line in text.splitlines() if line.startswith("hw_temperature_celsius{")]
+        return (
+            len(power) == 8
+            and all('dra_device_health_state="' in line for line in power + temps)
+            and any('hw_id="gpu-2"' in line and 'dra_device_health_state="Unhealthy"' in line for line in power)
+        )
+
+    wait_for(stamped, 20, "the health attribute on every hw.* series")
