@@ -120,8 +120,7 @@ def replay(
     groups = list(by_time(frames))
     result.first_time_ns, result.last_time_ns = groups[0][0], groups[-1][0]
     for done, (t, group) in enumerate(groups, 1):
-        for frame in group:
-            classifier.ingest(frame)
+        classifier.ingest_many(group)
         for verdict in classifier.evaluate(t):
             out.write(json.dumps(verdict.to_json(), separators=(", ", ": ")) + "\n")
             key = (verdict.node, verdict.hw_id)

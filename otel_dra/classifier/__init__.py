@@ -86,23 +86,51 @@ class Classifier:
     # -- ingest --------------------------------------------------------------------------------
     def ingest(self, frame: Frame) -> None:
         """One node's sample. Devices whose row is all NaN were not read this time: no sample."""
+        self.ingest_many([frame])
+
+    def _rows_of(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, new mask, values) of the devices ``frame`` read."""
         values = frame.values
         read = ~np.isnan(values).all(axis=1)
-        if not read.any():
-            return
         table = frame.devices
         if read.all():
             rows, new = self.registry.rows_for(table.node, table.ids)
         else:
             ids = [dev for dev, ok in zip(table.ids, read.tolist(), strict=True) if ok]
             rows, new = self.registry.rows_for(table.node, ids)
+            values = values[read]
         # Device tables are immutable and sources reuse them while nothing changes: only a new
         # table (a device's attributes changed, or a new device) costs a look at each device.
         if self._tables.get(table.node) is not table or new.any():
             self._tables[table.node] = table
             attrs = [a for a, ok in zip(table.attrs, read.tolist(), strict=True) if ok]
             self._note_attrs(rows, attrs)
-        self.ingest_rows(rows, new, frame.time_unix_nano, values if read.all() else values[read])
+        return rows, new, values
+
+    def ingest_many(self, frames: list[Frame]) -> None:
+        """Samples taken at the same time (a fleet's nodes at one tick), ingested as one batch:
+        the per-sample work runs once for all their devices. A device sampled twice keeps the last."""
+        by_time: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        for frame in frames:
+            rows, new, values = self._rows_of(frame)
+            if rows.size:
+                by_time.setdefault(frame.time_unix_nano, []).append((rows, new, values))
+        width = len(self.schema)
+        for t, parts in by_time.items():
+            if len(parts) == 1:
+                rows, new, values = parts[0]
+            else:
+                rows = np.concatenate([p[0] for p in parts])
+                new = np.concatenate([p[1] for p in parts])
+                values = np.full((rows.size, width), np.nan)
+                at = 0
+                for _, _, v in parts:
+                    values[at : at + v.shape[0], : v.shape[1]] = v
+                    at += v.shape[0]
+                last = rows.size - 1 - np.unique(rows[::-1], return_index=True)[1]
+                if last.size != rows.size:  # duplicates: keep each device's last sample
+                    rows, new, values = rows[last], new[last], values[last]
+            self.ingest_rows(rows, new, t, values)
 
     def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]]) -> None:
         for row, a in zip(rows.tolist(), attrs, strict=True):

@@ -11,9 +11,10 @@ line (identity plus descriptive attributes of each series). So before parsing, e
 attribute list's text is swapped for a small integer token (one C-level regex split
 and one dict lookup per list); ``json.loads`` then parses a line a sixth of the
 size, and the walk maps (metric, token) to a cached (device, column) entry. Each
-frame's matrix is filled with one numpy scatter. Anything unusual about a line
-(escapes, lists the regex can't delimit) sends it down the plain path: parse the
-whole text and read each attribute list, slower but the same result.
+frame's matrix is filled with one numpy scatter. Anything unusual about a line (a
+``\\u`` escape that could spell a key, a list the regex can't delimit, UTF-16) sends it
+down the plain path: parse the whole text and read each attribute list, slower but
+the same result.
 
 Bad input never raises: a line that can't be read as a request is skipped with one
 :class:`DecodeError`; a bad point is skipped alone, reported (a few per line, the
@@ -66,6 +67,8 @@ _ATTRS_KEY: Final = b'"attributes":'
 # A capture that is not a whole JSON array (a "]" inside a value, nested arrays) fails its
 # one-time validation and sends the line down the plain path.
 _ATTRS_LIST: Final = re.compile(rb'"attributes":[ \t\n\r]*(\[[^\]]*\])')
+# \u0061..\u007a: an escaped lowercase letter, the only way a key could spell "attributes" unseen.
+_LETTER_ESCAPE: Final = re.compile(rb"\\u00[67]")
 _UTF8: Final = ("utf-8", "utf-8-sig")  # json.loads also reads UTF-16/32, which the regex can't see into
 _DELTA: Final = frozenset({1, "AGGREGATION_TEMPORALITY_DELTA"})
 _NODE: Final = cv.K8S_NODE_NAME_ATTR
@@ -168,6 +171,8 @@ def _attributes_of(items: Any) -> dict[str, str]:
 def _to_time(ts: Any) -> int:
     """``timeUnixNano`` (a decimal string in the JSON mapping, or an int) as nanoseconds."""
     if type(ts) is str and ts.isascii() and ts.isdigit():
+        if len(ts) > 20:  # past 2**64, and int() refuses very long digit strings
+            raise _Malformed(f"has timeUnixNano {_short(ts)}, out of range")
         t = int(ts)
     elif type(ts) is int:
         t = ts
@@ -176,7 +181,7 @@ def _to_time(ts: Any) -> int:
     else:
         raise _Malformed(f"has timeUnixNano {_short(ts)}, not an integer")
     if not 0 < t < _MAX_TIME:
-        raise _Malformed(f"has timeUnixNano {t}, out of range")
+        raise _Malformed(f"has timeUnixNano {_short(t)}, out of range")
     return t
 
 
@@ -197,6 +202,8 @@ def _to_value(point: dict[str, Any]) -> float:
     if math.isnan(value):
         raise _Malformed(f"has {field} NaN")
     if math.isinf(value):
+        if type(raw) is str and raw.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+            raise _Malformed(f"has {field} {_short(raw)}, out of range")
         raise _Malformed(f"has {field} {'Infinity' if value > 0 else '-Infinity'}")
     return value
 
@@ -217,7 +224,10 @@ def _short(value: Any, limit: int = 40) -> str:
         return "a list"
     if type(value) is dict:
         return "an object"
-    text = repr(value) if type(value) is str else json.dumps(value)
+    try:
+        text = repr(value[: limit + 2]) if type(value) is str else json.dumps(value)
+    except ValueError:  # an int too long to print
+        text = type(value).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -257,7 +267,7 @@ class OtlpJsonDecoder:
 
     def _reset_caches(self) -> None:
         """Drop every cache keyed by attribute list (tokens are per instance, reset together)."""
-        self._token_of_text: dict[bytes, bytes] = {}  # attribute list JSON text -> b'"attributes":<token>'
+        self._token_of_text: dict[bytes, bytes] = {}  # attribute list text -> b'"attributes":<token> '
         self._token_of_attrs: dict[tuple[tuple[str, str], ...] | str, int] = {}
         self._attrs_of_token: list[dict[str, str] | str] = []  # str: why the list is malformed
         self._entries: dict[str, dict[int, int]] = {}  # metric -> token -> entry (< 0: error index)
@@ -293,13 +303,16 @@ class OtlpJsonDecoder:
         line needs the plain path.
 
         Sound because: a replaced text parsed on its own as a complete JSON array, so in the
-        line it ends exactly there; and with the line in UTF-8, no backslash in it (no escaped
-        key can spell ``attributes``) and every ``"attributes"`` in the result one of ours,
-        every ``attributes`` key the parser sees holds a token, and every token sits where a
-        list was. A line that is valid JSON stays valid with the same shape, and one that
-        isn't stays invalid.
+        line it ends exactly there; the token ends in a space, so no digit or exponent after
+        the list can run on into it. A match's second quote follows a letter, so it is a real
+        delimiter and the match is a key with its value, never text inside a string. With
+        the line in UTF-8, no ``\\u`` escape that could spell a key's letters (no other escape
+        makes a letter) and every ``"attributes"`` in the result one of ours, every
+        ``attributes`` key the parser sees holds a token, and every token sits where a list
+        was. A line that is valid JSON stays valid with the same shape; one that isn't stays
+        invalid.
         """
-        if b"\\" in line or json.detect_encoding(line) not in _UTF8:
+        if (b"\\" in line and _LETTER_ESCAPE.search(line)) or json.detect_encoding(line) not in _UTF8:
             return None
         parts = _ATTRS_LIST.split(line)
         texts = parts[1::2]
@@ -316,7 +329,7 @@ class OtlpJsonDecoder:
                             return None
                         if type(items) is not list:
                             return None
-                        token = _ATTRS_KEY + str(self._token_of_list(items)).encode()
+                        token = _ATTRS_KEY + str(self._token_of_list(items)).encode() + b" "
                         known[text] = token
                     tokens[i] = token
         parts[1::2] = tokens

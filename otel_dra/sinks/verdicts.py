@@ -30,26 +30,44 @@ class VerdictBoard:
     """The current verdict of every device, updated with the verdicts that changed."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._attrs: dict[tuple[str, str], Mapping[str, str]] = {}
-        self.version = 0
+        self.version = 0  # bumps on every change; watchers wait for it to move
 
     def update(self, changed: Iterable[Verdict], attrs_of: Callable[[str, str], Mapping[str, str]]) -> None:
         with self._lock:
+            before = self.version
             for verdict in changed:
                 key = (verdict.node, verdict.hw_id)
                 self._verdicts[key] = verdict
                 self._attrs[key] = attrs_of(*key)
                 self.version += 1
+            if self.version != before:
+                self._lock.notify_all()
 
     def forget(self, keep: Callable[[tuple[str, str]], bool]) -> None:
         """Drop devices the classifier no longer knows (expired)."""
         with self._lock:
-            for key in [k for k in self._verdicts if not keep(k)]:
+            gone = [k for k in self._verdicts if not keep(k)]
+            for key in gone:
                 del self._verdicts[key]
                 self._attrs.pop(key, None)
                 self.version += 1
+            if gone:
+                self._lock.notify_all()
+
+    def wait_for_change(self, seen: int, timeout_s: float) -> int:
+        """Block until the board moves past version ``seen`` or ``timeout_s`` passes; the version now.
+        (The kubelet stream resends on every change and at least every timeout/3.)"""
+        with self._lock:
+            self._lock.wait_for(lambda: self.version != seen, timeout_s)
+            return self.version
+
+    def wake_all(self) -> None:
+        """Wake every waiter (shutdown)."""
+        with self._lock:
+            self._lock.notify_all()
 
     def snapshot(self) -> list[tuple[Verdict, Mapping[str, str]]]:
         with self._lock:
