@@ -51,6 +51,7 @@ DRA_DEVICE_NAME: Final = "dra.device.name"
 DRA_DEVICE_HEALTH_STATE: Final = "dra.device.health.state"
 DRA_DEVICE_HEALTH_REASONS: Final = "dra.device.health.reasons"
 DRA_DEVICE_HEALTH_REMEDIATION: Final = "dra.device.health.remediation"
+DRA_DEVICE_VIEW_NODE: Final = "dra.device.view.node"
 
 #: Instrument kinds as the semantic-conventions model names them.
 COUNTER: Final = "counter"
@@ -142,6 +143,13 @@ DRA_DEVICE_HEALTH = _extension(
     "(dra.device.health.state, .reasons, .remediation).",
 )
 
+DRA_DEVICE_VIEW_DISAGREEMENT = _extension(
+    "dra.device.view.disagreement",
+    "1",
+    GAUGE,
+    "1 when this node's view of a device seen from several nodes disagrees with the combined verdict.",
+)
+
 #: Every metric the agent can emit, by name.
 METRICS: dict[str, MetricSpec] = {
     spec.name: spec
@@ -169,5 +177,9 @@ METRICS: dict[str, MetricSpec] = {
         HW_PCIE_LINK_GENERATION,
         HW_PCIE_LINK_GENERATION_LIMIT,
         DRA_DEVICE_HEALTH,
+        DRA_DEVICE_VIEW_DISAGREEMENT,
     )
 }
+
+#: Metrics every device has (the disagreement gauge exists only for devices seen from several nodes).
+PER_DEVICE_METRICS: frozenset[str] = frozenset(METRICS) - {DRA_DEVICE_VIEW_DISAGREEMENT.name}

@@ -80,7 +80,9 @@ def test_defaults_serve_every_contract_signal_within_two_intervals(start_agent):
     def complete() -> bool:
         status, body = http_get(agent.url + "/metrics", 1)
         text = body.decode()
-        return status == 200 and all(series_devices(text, prom_name(s)) == set(DEVICES) for s in cv.METRICS.values())
+        return status == 200 and all(
+            series_devices(text, prom_name(cv.METRICS[m])) == set(DEVICES) for m in cv.PER_DEVICE_METRICS
+        )
 
     wait_for(complete, 10, "every contract signal for 8 devices", every=0.1)
     assert time.monotonic() - t0 < 2 * 5.0

@@ -1,6 +1,7 @@
 """Everything the agent emits is registered in semconv/registry.yaml with the same unit and
 instrument, and the registry's upstream entries agree with opentelemetry-semantic-conventions."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,9 @@ def emitted(request):
         classifier.ingest(frame)
         attrs = {dev: dict(a) for dev, a in zip(frame.devices.ids, frame.devices.attrs, strict=True)}
         board.update(classifier.evaluate(t * 10**9), lambda _node, dev, attrs=attrs: attrs[dev])
+    # A second node's view of gpu-0 makes it a shared (network-attached) device.
+    seen_elsewhere = replace(next(v for v, _ in board.snapshot() if v.hw_id == "gpu-0"), node="node-2")
+    board.update([seen_elsewhere], lambda _node, dev: attrs[dev])
     return collect(frame, src.schema, board=board, health_all=request.param == "all")
 
 

@@ -20,10 +20,11 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.classifier.verdicts import rfc3339
+from otel_dra.classifier.views import DeviceView, by_device
 from otel_dra.vocabulary import HW_STATES
 
 #: Metrics this sink owns; the telemetry sink leaves them alone.
-VERDICT_METRICS = frozenset({cv.HW_STATUS.name, cv.DRA_DEVICE_HEALTH.name})
+VERDICT_METRICS = frozenset({cv.HW_STATUS.name, cv.DRA_DEVICE_HEALTH.name, cv.DRA_DEVICE_VIEW_DISAGREEMENT.name})
 
 
 class VerdictBoard:
@@ -73,6 +74,10 @@ class VerdictBoard:
         with self._lock:
             return [(v, self._attrs[k]) for k, v in self._verdicts.items()]
 
+    def devices(self, mode: str) -> list[DeviceView]:
+        """One verdict per DRA identity, several nodes' views combined by ``mode``."""
+        return by_device((v for v, _ in self.snapshot()), mode)
+
     def health_by_device(self) -> dict[tuple[str, str], str]:
         with self._lock:
             return {k: v.health for k, v in self._verdicts.items()}
@@ -93,10 +98,18 @@ def _identity(attrs: Mapping[str, str], hw_id: str) -> dict[str, str]:
 
 
 class VerdictMetrics:
-    """``hw.status`` and ``dra.device.health`` instruments reading a :class:`VerdictBoard`."""
+    """``hw.status`` and ``dra.device.health`` instruments reading a :class:`VerdictBoard`, and
+    ``dra.device.view.disagreement`` for devices seen from several nodes."""
 
-    def __init__(self, board: VerdictBoard, meter: Meter) -> None:
+    def __init__(self, board: VerdictBoard, meter: Meter, combine_mode: str = "any") -> None:
         self._board = board
+        self._mode = combine_mode
+        meter.create_observable_gauge(
+            cv.DRA_DEVICE_VIEW_DISAGREEMENT.name,
+            callbacks=[self._disagreement],
+            unit=cv.DRA_DEVICE_VIEW_DISAGREEMENT.unit,
+            description=cv.DRA_DEVICE_VIEW_DISAGREEMENT.description,
+        )
         meter.create_observable_up_down_counter(
             cv.HW_STATUS.name, callbacks=[self._status], unit=cv.HW_STATUS.unit, description=cv.HW_STATUS.description
         )
@@ -113,6 +126,21 @@ class VerdictMetrics:
             base = _identity(attrs, verdict.hw_id)
             for state in HW_STATES:
                 out.append(Observation(int(state == verdict.state), {**base, cv.HW_STATE: state}))
+        return out
+
+    def _disagreement(self, _: CallbackOptions) -> Iterable[Observation]:
+        out = []
+        for shared in self._board.devices(self._mode):
+            if len(shared.views) < 2:
+                continue
+            for view in shared.views:
+                attrs = {
+                    cv.DRA_POOL_NAME: shared.pool,
+                    cv.DRA_DEVICE_NAME: shared.device,
+                    cv.DRA_DEVICE_VIEW_NODE: view.node,
+                    cv.DRA_DEVICE_HEALTH_STATE: view.health,
+                }
+                out.append(Observation(int(view.node in shared.disagreeing), attrs))
         return out
 
     def _health(self, _: CallbackOptions) -> Iterable[Observation]:
