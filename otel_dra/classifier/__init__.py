@@ -100,11 +100,14 @@ class Classifier:
             rows, new = self.registry.rows_for(table.node, ids)
             values = values[read]
         # Device tables are immutable and sources reuse them while nothing changes: only a new
-        # table (a device's attributes changed, or a new device) costs a look at each device.
+        # table (a device's attributes changed, or a new device) costs a look at each device. A
+        # table is remembered as seen only once every one of its devices was read with it, so
+        # an attribute change that arrives while its device is not read is noted when it is.
         if self._tables.get(table.node) is not table or new.any():
-            self._tables[table.node] = table
             attrs = [a for a, ok in zip(table.attrs, read.tolist(), strict=True) if ok]
             self._note_attrs(rows, attrs)
+            if read.all():
+                self._tables[table.node] = table
         return rows, new, values
 
     def ingest_many(self, frames: list[Frame]) -> None:
@@ -154,17 +157,25 @@ class Classifier:
 
     # -- evaluate ------------------------------------------------------------------------------
     def freshness(self, now_s: float, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(device fresh, node fresh, device age s, node age s) for ``rows``."""
+        """(device fresh, node fresh, device age s, node age s) for ``rows``.
+
+        A device's stale timeout is the policy's, never under two of its sampling intervals; a
+        node's is the longest of its devices', judged against its newest sample."""
         reg = self.registry
-        last_dt = self.store.latest(rows)[:, F.DT]
-        interval = np.where(np.isnan(last_dt) | (last_dt <= 0), self.interval_s, last_dt)
-        timeout = np.maximum(self.policy.stale_timeout_s, 2.0 * interval)
-        age = now_s - reg.last_seen[rows]
-        node_last = np.full(len(reg.nodes), -np.inf)
         active = np.flatnonzero(reg.active)
+        last_dt = self.store.latest(active)[:, F.DT]
+        interval = np.where(np.isnan(last_dt) | (last_dt <= 0), self.interval_s, last_dt)
+        timeout = np.full(reg.capacity, self.policy.stale_timeout_s)
+        timeout[active] = np.maximum(self.policy.stale_timeout_s, 2.0 * interval)
+        nodes = len(reg.nodes)
+        node_last = np.full(nodes, -np.inf)
+        node_timeout = np.zeros(nodes)
         np.maximum.at(node_last, reg.node_of[active], reg.last_seen[active])
-        node_age = now_s - node_last[reg.node_of[rows]]
-        return age <= timeout, node_age <= timeout, age, node_age
+        np.maximum.at(node_timeout, reg.node_of[active], timeout[active])
+        age = now_s - reg.last_seen[rows]
+        node = reg.node_of[rows]
+        node_age = now_s - node_last[node]
+        return age <= timeout[rows], node_age <= node_timeout[node], age, node_age
 
     def evaluate(self, now_unix_nano: int | None = None) -> list[Verdict]:
         """Judge every device at ``now`` (default: the wall clock); return the verdicts that changed."""

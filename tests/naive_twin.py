@@ -1,0 +1,738 @@
+"""A naive twin of :class:`otel_dra.classifier.Classifier`, for property tests.
+
+The same policy, written the slow and obvious way: one Python object per device, a
+``collections.deque(maxlen=W)`` of per-sample dicts as its window, and explicit loops over
+devices, samples, series and reasons. Nothing here is shared with the vectorised code
+except the policy (loaded and merged by :mod:`otel_dra.policy`), the data model
+(:mod:`otel_dra.frame`), the vocabularies and the ring length ``window_samples``.
+
+Semantics, as the contract (``telemetry.md``) and the classifier's docstrings state them:
+
+- a frame row that is all NaN is no sample; NaN values are absent;
+- counters: a device's first sample is a baseline (increase 0); a series first seen on a
+  known device counts its whole value; a value that went down is a reset (increase 0, the
+  value is the new baseline); an absent value keeps the previous one;
+- every rule reads the last W samples (``fraction``: share of samples with the indicator
+  known that are 1, 0 under ``min_samples``; ``share`` / ``per_minute``: counter increase
+  over the window's time, the sum of the samples' ``dt``); rare counters (resets, OOM,
+  application driver errors) are judged over their own events window from the last 8 events;
+- fleet outliers: above ``median + k x 1.4826 x MAD`` of the rate over fresh devices;
+- freshness: stale timeout ``max(policy, 2 x the device's last dt)`` (the classifier's
+  ``interval_s`` when the last dt is unknown); a device past it whose node still reports
+  (judged with the device's timeout) is ``device_lost``, a device whose node is past it is
+  Unknown (``stale``);
+- hysteresis per reason (on with evidence, off after ``hold`` without), severity hold,
+  escalation (``(episodes - 1) // (after - 1)`` steps up the ladder, episodes within the
+  escalation window), driver error remediation floors, health by ``unhealthy_states``;
+- a verdict is emitted on the first evaluation of a device and whenever (health, state,
+  reasons, remediation) changes; devices not seen for ``device_ttl`` are forgotten.
+
+The window store keeps float32 (``otel_dra.store.window``): stored features are rounded to
+float32 here too, so that a threshold compared with a stored value sees the same number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import struct
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_dra import conventions as cv
+from otel_dra.classifier import window_samples
+from otel_dra.frame import Column, Frame, Schema
+from otel_dra.policy import Policy
+from otel_dra.vocabulary import REASONS, REMEDIATIONS
+
+#: hw.state severity: a device's state is the worst among its reasons.
+STATE_CODE = {"ok": 0, "predicted_failure": 1, "degraded": 2, "failed": 3, "needs_cleaning": 2}
+STATE_NAME = ("ok", "predicted_failure", "degraded", "failed")
+EVENT_DEPTH = 8
+EVENT_KINDS = ("resets", "out_of_memory", "driver_application")
+ERROR_FEATURE = {
+    "corrected": "ecc_corrected",
+    "uncorrected": "ecc_uncorrected",
+    "link": "link_errors",
+    "reset": "resets",
+    "power": "power_errors",
+    "out_of_memory": "out_of_memory",
+}
+DRIVER_FEATURE = {
+    "application": "driver_application",
+    "reset_device": "driver_reset",
+    "reboot_node": "driver_reboot",
+    "mechanical": "driver_mechanical",
+}
+COUNTER_FEATURES = (
+    "throttle_thermal",
+    "throttle_power",
+    *ERROR_FEATURE.values(),
+)
+
+
+def f32(x: float | None) -> float | None:
+    """``x`` as the window store keeps it (float32)."""
+    if x is None or math.isnan(x) or math.isinf(x):
+        return x
+    try:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _num(v: Any) -> float | None:
+    """A frame value as a float, or None when absent (NaN)."""
+    x = float(v)
+    return None if math.isnan(x) else x
+
+
+def version_key(version: str) -> list[tuple[int, Any]]:
+    """Dotted firmware versions: decimal or hex segments as numbers, others as text."""
+    out: list[tuple[int, Any]] = []
+    for seg in re.split(r"[.\-_]", version.strip()):
+        if seg.isdigit():
+            out.append((0, int(seg)))
+        elif re.fullmatch(r"[0-9A-Fa-f]+", seg):
+            out.append((0, int(seg, 16)))
+        else:
+            out.append((1, seg))
+    return out
+
+
+# -- which column is what -----------------------------------------------------------------------
+def _attr(col: Column, key: str) -> str | None:
+    for k, v in col.attrs:
+        if k == key:
+            return v
+    return None
+
+
+@dataclass
+class Columns:
+    """What each schema column means to the rules (rebuilt when the schema grows)."""
+
+    width: int
+    counters: dict[int, str] = field(default_factory=dict)  # column -> counter feature
+    driver: dict[int, str] = field(default_factory=dict)  # column -> driver error code
+    retired: list[int] = field(default_factory=list)
+    temps: list[tuple[int, int | None, int | None]] = field(default_factory=list)  # (temp, degraded, critical)
+    fans: list[tuple[int | None, int | None, int | None]] = field(default_factory=list)  # (rpm, ratio, low limit)
+    volts: list[tuple[int, int | None, int | None]] = field(default_factory=list)  # (volt, low crit, high crit)
+    gauges: dict[str, list[int]] = field(default_factory=dict)
+    status: list[tuple[int, int]] = field(default_factory=list)  # (column, state code)
+
+
+def _sibling_limit(columns: tuple[Column, ...], col: Column, metric: str, kinds: tuple[str, ...]) -> int | None:
+    """The ``<metric>.limit`` column of the same sensor as ``col``, of the first kind present."""
+    for kind in kinds:
+        found = None
+        for j, other in enumerate(columns):
+            if (
+                other.metric == metric + ".limit"
+                and other.sensor == col.sensor
+                and _attr(other, cv.HW_LIMIT_TYPE) == kind
+            ):
+                found = j
+        if found is not None:
+            return found
+    return None
+
+
+def classify_columns(columns: tuple[Column, ...]) -> Columns:
+    out = Columns(width=len(columns))
+    gauges = {
+        cv.HW_POWER.name: "power",
+        cv.HW_GPU_MEMORY_UTILIZATION.name: "mem_util",
+        cv.HW_GPU_MEMORY_USAGE.name: "mem_usage",
+        cv.HW_GPU_MEMORY_LIMIT.name: "mem_limit",
+        cv.HW_PCIE_LINK_WIDTH.name: "width",
+        cv.HW_PCIE_LINK_WIDTH_LIMIT.name: "width_max",
+        cv.HW_PCIE_LINK_GENERATION.name: "gen",
+        cv.HW_PCIE_LINK_GENERATION_LIMIT.name: "gen_max",
+    }
+    for key in ("power", "power_limit", "mem_util", "mem_usage", "mem_limit", "util", "width", "width_max"):
+        out.gauges[key] = []
+    out.gauges["gen"], out.gauges["gen_max"] = [], []
+    fans: dict[str | None, list[int | None]] = {}
+    for i, col in enumerate(columns):
+        m = col.metric
+        if m == cv.HW_ERRORS.name:
+            etype = _attr(col, cv.ERROR_TYPE_ATTR)
+            if etype == "retired_page":
+                out.retired.append(i)
+            elif etype == "driver":
+                out.driver[i] = _attr(col, cv.HW_ERROR_CODE) or ""
+            elif etype in ERROR_FEATURE:
+                out.counters[i] = ERROR_FEATURE[etype]
+        elif m == cv.HW_THROTTLE_TIME.name:
+            reason = _attr(col, cv.HW_THROTTLE_REASON)
+            if reason == "thermal":
+                out.counters[i] = "throttle_thermal"
+            elif reason == "power":
+                out.counters[i] = "throttle_power"
+        elif m == cv.HW_TEMPERATURE.name:
+            # AMBIGUITY (see the report): the degraded limit is the sensor's high.degraded series,
+            # its `throttled` series only when it has no high.degraded series at all.
+            degraded = _sibling_limit(columns, col, m, ("high.degraded", "throttled"))
+            critical = _sibling_limit(columns, col, m, ("high.critical",))
+            out.temps.append((i, degraded, critical))
+        elif m == cv.HW_FAN_SPEED.name:
+            fan = fans.setdefault(col.sensor, [None, None, None])
+            fan[0] = i
+            fan[2] = _sibling_limit(columns, col, m, ("low.critical", "low.degraded"))
+        elif m == cv.HW_FAN_SPEED_RATIO.name:
+            fans.setdefault(col.sensor, [None, None, None])[1] = i
+        elif m == cv.HW_VOLTAGE.name:
+            lo = _sibling_limit(columns, col, m, ("low.critical",))
+            hi = _sibling_limit(columns, col, m, ("high.critical",))
+            out.volts.append((i, lo, hi))
+        elif m == cv.HW_STATUS.name:
+            state = _attr(col, cv.HW_STATE)
+            if state in STATE_CODE:
+                out.status.append((i, STATE_CODE[state]))
+        elif m == cv.HW_POWER_LIMIT.name:
+            if _attr(col, cv.HW_LIMIT_TYPE) in (None, "max"):
+                out.gauges["power_limit"].append(i)
+        elif m == cv.HW_GPU_UTILIZATION.name:
+            if _attr(col, cv.HW_GPU_TASK) in (None, "general"):
+                out.gauges["util"].append(i)
+        elif m in gauges:
+            out.gauges[gauges[m]].append(i)
+    for rpm, ratio, limit in fans.values():
+        out.fans.append((rpm, ratio, limit))
+    return out
+
+
+def _max(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _min(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def _flag(condition: bool, known: bool) -> float | None:
+    return (1.0 if condition else 0.0) if known else None
+
+
+# -- per-device state ---------------------------------------------------------------------------
+@dataclass
+class ReasonState:
+    on: bool = False
+    evidence_at: float = -math.inf
+    state: int = 0
+    state_at: float = -math.inf
+    floor: int = 0
+    episodes: int = 0
+    first_episode_at: float = -math.inf
+
+
+@dataclass
+class Device:
+    node: str
+    hw_id: str
+    window: deque[dict[str, float | None]]
+    attrs: dict[str, str] = field(default_factory=dict)
+    rules: Mapping[str, Any] = field(default_factory=dict)
+    vendor: str = ""
+    firmware_bad: bool = False
+    prev: dict[int, float] = field(default_factory=dict)  # counter column -> last value
+    prev_time: float | None = None
+    last_seen: float = -math.inf
+    events: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    reasons: dict[str, ReasonState] = field(default_factory=dict)
+    last_key: tuple[Any, ...] | None = None
+
+
+class NaiveClassifier:
+    """Same interface as :class:`otel_dra.classifier.Classifier`; verdicts are dicts."""
+
+    def __init__(self, policy: Policy, schema: Schema | None = None, interval_s: float = 10.0) -> None:
+        self.policy = policy
+        self.schema = schema if schema is not None else Schema()
+        self.interval_s = interval_s
+        self.window_len = window_samples(policy.window_s, interval_s)
+        self.min_samples = int(policy.data["min_samples"])
+        self.devices: dict[tuple[str, str], Device] = {}
+        self._columns: Columns | None = None
+
+    # -- ingest ---------------------------------------------------------------------------------
+    def columns(self) -> Columns:
+        if self._columns is None or self._columns.width != len(self.schema):
+            self._columns = classify_columns(self.schema.columns)
+        return self._columns
+
+    def _set_attrs(self, dev: Device, attrs: Mapping[str, str]) -> None:
+        dev.attrs = dict(attrs)
+        dev.vendor = attrs.get(cv.HW_VENDOR, "")
+        dev.rules = self.policy.rules_for(dev.vendor, attrs.get(cv.HW_MODEL, ""))
+        fw = dev.rules["firmware"]
+        version = attrs.get(cv.HW_FIRMWARE_VERSION)
+        bad = False
+        if version is not None:
+            if version in fw["deny"]:
+                bad = True
+            minimum = fw["minimum"].get(dev.vendor)
+            if minimum is not None and version_key(version) < version_key(minimum):
+                bad = True
+        dev.firmware_bad = bad
+
+    def ingest(self, frame: Frame) -> None:
+        cols = self.columns()
+        t = frame.time_unix_nano / 1e9
+        table = frame.devices
+        for i, hw_id in enumerate(table.ids):
+            raw = frame.values[i].tolist()
+            values: list[float | None] = [_num(v) for v in raw[: cols.width]]
+            while len(values) < cols.width:
+                values.append(None)
+            if all(v is None for v in values):
+                continue  # not read this time: no sample
+            key = (table.node, hw_id)
+            dev = self.devices.get(key)
+            first = dev is None
+            if dev is None:
+                dev = Device(table.node, hw_id, deque(maxlen=self.window_len))
+                dev.events = {kind: deque(maxlen=EVENT_DEPTH) for kind in EVENT_KINDS}
+                dev.reasons = {reason: ReasonState() for reason in REASONS}
+                self._set_attrs(dev, {})
+                self.devices[key] = dev
+            if dict(table.attrs[i]) != dev.attrs:
+                self._set_attrs(dev, table.attrs[i])
+            sample = self._sample(dev, first, t, values, cols)
+            dev.window.append({name: f32(v) for name, v in sample.items()})
+            for kind in EVENT_KINDS:
+                amount = sample[kind]
+                if amount is not None and amount > 0:
+                    dev.events[kind].append((t, amount))
+            dev.last_seen = max(dev.last_seen, t)
+
+    def _sample(
+        self, dev: Device, first: bool, t: float, values: list[float | None], cols: Columns
+    ) -> dict[str, float | None]:
+        rules = dev.rules
+        s: dict[str, float | None] = {}
+        s["dt"] = 0.0 if dev.prev_time is None else max(t - dev.prev_time, 0.0)
+        dev.prev_time = t
+
+        # Counters: increases since the previous sample of each series.
+        increases: dict[int, float | None] = {}
+        for col in [*cols.counters, *cols.driver]:
+            v = values[col]
+            if v is None:
+                increases[col] = None  # absent: the previous value stays
+                continue
+            prev = dev.prev.get(col)
+            if prev is None:
+                increases[col] = 0.0 if first else v  # device's first sample: baseline; new series: all new
+            elif v < prev:
+                increases[col] = 0.0  # reset: a new start
+            else:
+                increases[col] = v - prev
+            dev.prev[col] = v
+        for name in COUNTER_FEATURES:
+            total: float | None = None
+            for col, feature in cols.counters.items():
+                inc = increases[col]
+                if feature == name and inc is not None:
+                    total = inc if total is None else total + inc
+            s[name] = total
+        for name in DRIVER_FEATURE.values():
+            s[name] = 0.0 if cols.driver else None
+        table: dict[str, str] = {}
+        for klass, codes in rules["driver_errors"]["code_tables"].get(dev.vendor, {}).items():
+            for code in codes:
+                table[code] = klass
+        for col, code in cols.driver.items():
+            klass = table.get(code, "application")
+            inc = increases[col]
+            if klass in DRIVER_FEATURE and inc is not None:
+                s[DRIVER_FEATURE[klass]] += inc  # type: ignore[operator]
+        retired = [values[c] for c in cols.retired if values[c] is not None]
+        s["retired_total"] = sum(retired) if retired else None  # type: ignore[arg-type]
+
+        # Temperatures against each sensor's own limits, the policy's fallback otherwise.
+        fallback = rules["thermal"]["fallback_limits"]
+        temps = [values[c] for c, _, _ in cols.temps]
+        s["temp_max"] = _max(temps)
+        hot = crit = False
+        for c, deg_col, crit_col in cols.temps:
+            temp = values[c]
+            if temp is None:
+                continue
+            deg = values[deg_col] if deg_col is not None else None
+            lim_crit = values[crit_col] if crit_col is not None else None
+            hot = hot or temp > (deg if deg is not None else float(fallback["high.degraded"]))
+            crit = crit or temp > (lim_crit if lim_crit is not None else float(fallback["high.critical"]))
+        any_temp = s["temp_max"] is not None
+        s["temp_hot"] = _flag(hot, any_temp)
+        s["temp_crit"] = _flag(crit, any_temp)
+
+        # Cooling: a fan near zero (or under its own low limit) while the device is warm.
+        cooling = rules["cooling"]
+        if cols.fans:
+            low = known = False
+            for rpm_col, ratio_col, limit_col in cols.fans:
+                if rpm_col is not None:
+                    rpm = values[rpm_col]
+                    limit = values[limit_col] if limit_col is not None else None
+                    # "Near zero" or below its own low limit: under whichever is higher.
+                    floor = float(cooling["min_rpm"]) if limit is None else max(limit, float(cooling["min_rpm"]))
+                    if rpm is not None:
+                        known = True
+                        low = low or rpm < floor
+                if ratio_col is not None:
+                    ratio = values[ratio_col]
+                    if ratio is not None:
+                        known = True
+                        low = low or ratio < float(cooling["min_ratio"])
+            warm = s["temp_max"] is not None and s["temp_max"] >= float(cooling["warm"])
+            s["cooling_bad"] = _flag(low and warm, known and s["temp_max"] is not None)
+        else:
+            s["cooling_bad"] = None
+
+        # Voltage outside its critical limits.
+        if cols.volts:
+            bad = known = False
+            for v_col, lo_col, hi_col in cols.volts:
+                v = values[v_col]
+                lo = values[lo_col] if lo_col is not None else None
+                hi = values[hi_col] if hi_col is not None else None
+                if v is not None and lo is not None and v < lo:
+                    bad = True
+                if v is not None and hi is not None and v > hi:
+                    bad = True
+                # AMBIGUITY (see the report): a voltage counts as judged when its sensor has a
+                # critical-limit series at all, even if that series has no value in this sample.
+                if v is not None and (lo_col is not None or hi_col is not None):
+                    known = True
+            s["volt_bad"] = _flag(bad, known)
+        else:
+            s["volt_bad"] = None
+
+        g = {name: [values[c] for c in cs] for name, cs in cols.gauges.items()}
+        power, cap = _max(g["power"]), _min(g["power_limit"])
+        pinned_ratio = float(rules["power_throttling"]["pinned_ratio"])
+        s["power_pinned"] = _flag(
+            power is not None and cap is not None and power >= pinned_ratio * cap, power is not None and cap is not None
+        )
+
+        mem = _max(g["mem_util"])
+        if mem is None:
+            usage, limit = _max(g["mem_usage"]), _max(g["mem_limit"])
+            if usage is not None and limit is not None:
+                if limit != 0:
+                    mem = usage / limit
+                elif usage != 0:
+                    mem = math.copysign(math.inf, usage)
+        s["mem_full"] = _flag(
+            mem is not None and mem >= float(rules["memory_pressure"]["utilization"]), mem is not None
+        )
+
+        link = rules["link"]
+        width, width_max = _min(g["width"]), _max(g["width_max"])
+        gen, gen_max = _min(g["gen"]), _max(g["gen_max"])
+        util = _max(g["util"])
+        s["width_down"] = _flag(
+            width is not None and width_max is not None and width < width_max,
+            width is not None and width_max is not None,
+        )
+        loaded = util is None or util >= float(link["generation_min_utilization"])
+        s["gen_down"] = _flag(
+            gen is not None and gen_max is not None and gen < gen_max and loaded,
+            gen is not None and gen_max is not None,
+        )
+        lanes = width if width is not None else float(link["default_width"])
+        generation = gen if gen is not None else float(link["default_generation"])
+        generation_int = int(min(max(generation, 1.0), 16.0))
+        # The per-lane replay table is fleet-wide: the base policy's, not a model override's.
+        per_lane = {
+            int(k): float(v) for k, v in self.policy.data["rules"]["link"]["replays_per_lane_per_minute"].items()
+        }
+        s["link_expected"] = per_lane.get(generation_int, 0.0) * lanes
+
+        reported: float | None = None
+        any_status = False
+        for col, code in cols.status:
+            v = values[col]
+            if v is not None:
+                any_status = True
+                if v >= 1:
+                    reported = code if reported is None else max(reported, code)
+        s["vendor_state"] = (0.0 if reported is None else float(reported)) if any_status else None
+        return s
+
+    # -- evaluate -------------------------------------------------------------------------------
+    def _timeout(self, dev: Device) -> float:
+        last_dt = dev.window[-1]["dt"] if dev.window else None
+        interval = self.interval_s if last_dt is None or last_dt <= 0 else last_dt
+        return max(self.policy.stale_timeout_s, 2.0 * interval)
+
+    def _freshness(self, dev: Device, now_s: float) -> tuple[bool, bool]:
+        """A device is fresh within its own timeout; its node within the longest timeout of the
+        node's devices, judged against the node's newest sample."""
+        node_last, node_timeout = -math.inf, 0.0
+        for other in self.devices.values():
+            if other.node == dev.node:
+                node_last = max(node_last, other.last_seen)
+                node_timeout = max(node_timeout, self._timeout(other))
+        return now_s - dev.last_seen <= self._timeout(dev), now_s - node_last <= node_timeout
+
+    def _stats(self, dev: Device, now_s: float) -> Stats:
+        return Stats(list(dev.window), self.min_samples, now_s, dev.events)
+
+    def evaluate(self, now_unix_nano: int | None = None) -> list[dict[str, Any]]:
+        now_ns = time.time_ns() if now_unix_nano is None else int(now_unix_nano)
+        now_s = now_ns / 1e9
+        devices = list(self.devices.values())
+        fresh: dict[int, bool] = {}
+        node_fresh: dict[int, bool] = {}
+        stats: dict[int, Stats] = {}
+        for dev in devices:
+            fresh[id(dev)], node_fresh[id(dev)] = self._freshness(dev, now_s)
+            stats[id(dev)] = self._stats(dev, now_s)
+        # Fleet pools of rates, over fresh devices that have a rate.
+        corrected_pool: list[float] = []
+        link_pool: list[float] = []
+        for dev in devices:
+            if not fresh[id(dev)]:
+                continue
+            corrected = stats[id(dev)].per_minute("ecc_corrected")
+            if corrected is not None:
+                corrected_pool.append(corrected)
+            link_rate = stats[id(dev)].per_minute("link_errors")
+            if link_rate is not None:
+                link_pool.append(link_rate)
+
+        out = []
+        for dev in devices:
+            is_fresh, is_node_fresh = fresh[id(dev)], node_fresh[id(dev)]
+            lost = not is_fresh and is_node_fresh
+            unknown = not is_node_fresh
+            evidence = self._evidence(dev, stats[id(dev)], is_fresh, lost, corrected_pool, link_pool)
+            key = self._step(dev, now_s, evidence, unknown)
+            if key != dev.last_key:
+                dev.last_key = key
+                health, state, reasons, remediation = key
+                out.append(
+                    {
+                        "time_unix_nano": now_ns,
+                        cv.K8S_NODE_NAME_ATTR: dev.node,
+                        cv.HW_ID: dev.hw_id,
+                        "health": health,
+                        cv.HW_STATE: state,
+                        "reasons": list(reasons),
+                        "remediation": remediation,
+                    }
+                )
+        ttl = float(self.policy.data["device_ttl"])
+        for key_, dev in list(self.devices.items()):
+            if now_s - dev.last_seen > ttl:
+                del self.devices[key_]  # forgotten: if it comes back, it is a new device
+        return out
+
+    @staticmethod
+    def _fleet_bar(pool: list[float], k: float) -> float:
+        if not pool:
+            return math.inf
+        median = statistics.median(pool)
+        mad = statistics.median([abs(x - median) for x in pool])
+        return median + k * 1.4826 * mad
+
+    def _evidence(
+        self,
+        dev: Device,
+        w: Stats,
+        fresh: bool,
+        lost: bool,
+        corrected_pool: list[float],
+        link_pool: list[float],
+    ) -> dict[str, tuple[bool, int, int]]:
+        """Per reason: (evidence present now, state it implies, least remediation code)."""
+        r = dev.rules
+        st = STATE_CODE
+        ev: dict[str, tuple[bool, int, int]] = {}
+
+        th = r["thermal"]
+        hot = w.fraction("temp_hot") >= th["min_fraction"]
+        throttled = w.share("throttle_thermal") >= th["throttle_share"]
+        critical = w.fraction("temp_crit") >= th["min_fraction"]
+        ev["thermal"] = (hot or throttled or critical, st[th["critical_state"] if critical else th["state"]], 0)
+
+        co = r["cooling"]
+        ev["cooling"] = (w.fraction("cooling_bad") >= co["min_fraction"], st[co["state"]], 0)
+
+        ecc = r["memory_ecc"]
+        uncorrected = w.increase("ecc_uncorrected") >= ecc["uncorrected"]
+        retired = w.latest("retired_total") or 0.0
+        retired_failed = retired >= ecc["retired_pages_failed"]
+        retired_warn = retired >= ecc["retired_pages_predicted"]
+        rate = w.per_minute("ecc_corrected")
+        bar = max(float(ecc["corrected_per_minute"]), self._fleet_bar(corrected_pool, float(ecc["corrected_mad_k"])))
+        storm = (rate or 0.0) > bar
+        ecc_state = st["failed"] if uncorrected or retired_failed else st["predicted_failure"]
+        ev["memory_ecc"] = (uncorrected or retired_failed or retired_warn or storm, ecc_state, 0)
+
+        pd = r["power_delivery"]
+        errors = w.increase("power_errors") >= pd["errors"]
+        voltage = w.fraction("volt_bad") >= pd["voltage_fraction"]
+        ev["power_delivery"] = (errors or voltage, st[pd["state"]], 0)
+
+        pt = r["power_throttling"]
+        share = w.share("throttle_power")
+        pinned = w.fraction("power_pinned") >= pt["pinned_fraction"] and share > 0
+        ev["power_throttling"] = (share >= pt["throttle_share"] or pinned, st[pt["state"]], 0)
+
+        mp = r["memory_pressure"]
+        full = w.fraction("mem_full") >= mp["min_fraction"]
+        ooms = w.events_since("out_of_memory", float(mp["events_window"])) >= mp["out_of_memory"]
+        ev["memory_pressure"] = (full or ooms, st[mp["state"]], 0)
+
+        lk = r["link"]
+        link_rate = w.per_minute("link_errors")
+        expected = w.mean("link_expected") or 0.0
+        link_bar = max(expected, self._fleet_bar(link_pool, float(lk["mad_k"])))
+        link_errors = (link_rate or 0.0) > link_bar
+        down = (
+            w.fraction("width_down") >= lk["downgrade_fraction"] or w.fraction("gen_down") >= lk["downgrade_fraction"]
+        )
+        ev["link"] = (link_errors or down, st[lk["state"]], 0)
+
+        de = r["driver_errors"]
+        resets, reboots, mechanical = (
+            w.increase("driver_reset"),
+            w.increase("driver_reboot"),
+            w.increase("driver_mechanical"),
+        )
+        fatal = resets + reboots + mechanical >= 1
+        repeated = w.events_since("driver_application", float(de["events_window"])) >= de["application_repeats"]
+        floor = 0
+        if resets >= 1:
+            floor = REMEDIATIONS.index("reset_device")
+        if reboots >= 1:
+            floor = REMEDIATIONS.index("reboot_node")
+        if mechanical >= 1:
+            floor = REMEDIATIONS.index("replace_device")
+        ev["driver_errors"] = (fatal or repeated, st["failed"] if fatal else st["degraded"], floor)
+
+        ev["firmware"] = (dev.firmware_bad, st[r["firmware"]["state"]], 0)
+
+        dr = r["device_reset"]
+        ev["device_reset"] = (
+            w.events_since("resets", float(dr["events_window"])) >= dr["resets"],
+            st[dr["state"]],
+            0,
+        )
+
+        reported = int(w.latest("vendor_state") or 0.0)
+        ev["vendor_status"] = (reported > 0, reported, 0)
+
+        # Rules judge fresh devices only; a silent one is device_lost's or stale's business.
+        for reason, (present, state, floor_) in list(ev.items()):
+            ev[reason] = (present and fresh, state, floor_)
+        ev["device_lost"] = (lost, st["failed"], 0)
+        ev["stale"] = (False, 0, 0)
+        return ev
+
+    def _step(
+        self, dev: Device, now_s: float, evidence: dict[str, tuple[bool, int, int]], unknown: bool
+    ) -> tuple[str, str | None, tuple[str, ...], str]:
+        esc = self.policy.data["escalation"]
+        esc_window, after = float(esc["window"]), int(esc["after"])
+        per_step = max(1, after - 1)
+        on_reasons: list[str] = []
+        worst = 0
+        remediation = 0
+        for reason in REASONS:
+            present, ev_state, ev_floor = evidence[reason]
+            hold = self.policy.hold_s(reason) if reason != "stale" else self.policy.hold_s("default")
+            rs = dev.reasons[reason]
+            if present:
+                rs.evidence_at = now_s
+                # Severity hold: a lower state replaces the held one only after the hold time.
+                if ev_state < rs.state and now_s - rs.state_at < hold:
+                    pass
+                else:
+                    rs.state = ev_state
+                    rs.state_at = now_s
+                rs.floor = ev_floor
+            on = present or (rs.on and now_s - rs.evidence_at < hold)
+            if on and not rs.on:  # a new episode
+                if now_s - rs.first_episode_at > esc_window:
+                    rs.first_episode_at = now_s
+                    rs.episodes = 0
+                rs.episodes += 1
+            rs.on = on
+            if not on:
+                continue
+            on_reasons.append(reason)
+            worst = max(worst, rs.state)
+            ladder = dev.rules[reason]["remediation"] if reason in dev.rules else ["none"]
+            step = min((max(rs.episodes, 1) - 1) // per_step, len(ladder) - 1)
+            remediation = max(remediation, REMEDIATIONS.index(ladder[step]), rs.floor)
+        if unknown:
+            return ("Unknown", None, ("stale",), "none")
+        health = "Unhealthy" if STATE_NAME[worst] in self.policy.data["unhealthy_states"] else "Healthy"
+        return (health, STATE_NAME[worst], tuple(sorted(on_reasons)), REMEDIATIONS[remediation])
+
+
+class Stats:
+    """One device's window, read the slow way."""
+
+    def __init__(
+        self,
+        samples: list[dict[str, float | None]],
+        min_samples: int,
+        now_s: float,
+        events: dict[str, deque[tuple[float, float]]],
+    ) -> None:
+        self.samples = samples
+        self.min_samples = min_samples
+        self.now_s = now_s
+        self.events = events
+        self.seconds = 0.0
+        for sample in samples:
+            self.seconds += sample["dt"]  # type: ignore[operator]
+
+    def known(self, f: str) -> list[float]:
+        return [s[f] for s in self.samples if s[f] is not None]  # type: ignore[misc]
+
+    def fraction(self, f: str) -> float:
+        values = self.known(f)
+        if len(values) < self.min_samples:
+            return 0.0
+        return sum(values) / len(values)
+
+    def increase(self, f: str) -> float:
+        return float(sum(self.known(f)))
+
+    def _timed(self) -> bool:
+        return len(self.samples) >= self.min_samples and self.seconds > 0
+
+    def share(self, f: str) -> float:
+        return self.increase(f) / self.seconds if self._timed() else 0.0
+
+    def per_minute(self, f: str) -> float | None:
+        return 60.0 * self.increase(f) / self.seconds if self._timed() else None
+
+    def mean(self, f: str) -> float | None:
+        values = self.known(f)
+        return sum(values) / len(values) if values else None
+
+    def latest(self, f: str) -> float | None:
+        return self.samples[-1][f] if self.samples else None
+
+    def events_since(self, kind: str, window_s: float) -> float:
+        cutoff = self.now_s - window_s
+        total = 0.0
+        for t, amount in self.events[kind]:
+            if t >= cutoff:
+                total += amount
+        return total
