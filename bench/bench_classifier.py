@@ -144,8 +144,8 @@ def _time_sim(fleet: Fleet, n: int) -> list[float]:
     return out
 
 
-def bench_twin(devices: int, ticks: int) -> dict[str, float]:
-    """Vectorised vs naive twin on the same frames (per-node frames, every tick)."""
+def bench_twin(devices: int, timed_ticks: int = 2) -> dict[str, float]:
+    """The evaluation tick, vectorised vs naive twin, on the same fleet and the same frames."""
     from tests.naive_twin import NaiveClassifier
 
     schema = Schema()
@@ -153,20 +153,29 @@ def bench_twin(devices: int, ticks: int) -> dict[str, float]:
     policy = policy_mod.load()
     fast = Classifier(policy, schema, interval_s=INTERVAL_S, capacity=devices)
     slow = NaiveClassifier(policy, schema, interval_s=INTERVAL_S)
-    frames = [node_frames(source.read(T0 + int(k * INTERVAL_S * 1e9)), PER_NODE) for k in range(ticks)]
-    timings: dict[str, list[float]] = {"fast": [], "slow": []}
-    for name, classifier in (("fast", fast), ("slow", slow)):
-        for k, group in enumerate(frames):
-            t0 = time.perf_counter()
-            for frame in group:
-                classifier.ingest(frame)
-            classifier.evaluate(T0 + int(k * INTERVAL_S * 1e9))
-            timings[name].append(time.perf_counter() - t0)
-    last = slice(ticks // 2, None)  # full windows
+    window = fast.store.window
+    fast_ms: list[float] = []
+    slow_ms: list[float] = []
+    for k in range(window + 1 + timed_ticks):
+        now = T0 + int(k * INTERVAL_S * 1e9)
+        frames = node_frames(source.read(now), PER_NODE)
+        fast.ingest_many(frames)
+        for frame in frames:
+            slow.ingest(frame)
+        timed = k > window  # full windows only
+        t0 = time.perf_counter()
+        fast.evaluate(now)
+        t1 = time.perf_counter()
+        if timed or k == 0:  # the twin's evaluation is slow: only where it is measured (and once to start)
+            slow.evaluate(now)
+        t2 = time.perf_counter()
+        if timed:
+            fast_ms.append(1e3 * (t1 - t0))
+            slow_ms.append(1e3 * (t2 - t1))
     return {
         "devices": devices,
-        "fast_tick_ms": 1e3 * statistics.median(timings["fast"][last]),
-        "slow_tick_ms": 1e3 * statistics.median(timings["slow"][last]),
+        "fast_tick_ms": statistics.median(fast_ms),
+        "slow_tick_ms": statistics.median(slow_ms),
     }
 
 
@@ -175,23 +184,51 @@ def markdown(tick: dict[str, float], twin: dict[str, float], quick: bool) -> str
     n = int(tick["devices"])
     twin_fleet_ms = twin["slow_tick_ms"] / twin["devices"] * n
     ratio_same = twin["slow_tick_ms"] / twin["fast_tick_ms"]
-    ratio_fleet = twin_fleet_ms / tick["tick_ms"]
+    ratio_fleet = twin_fleet_ms / tick["eval_ms"]
     rss = tick["rss_after_mb"] - tick["rss_before_mb"]
     ok = lambda hit: "✅ met" if hit else "❌ missed"  # noqa: E731
     cmd = ".venv/bin/python bench/bench_classifier.py" + (" --quick" if quick else "")
     rows = [
-        (f"Evaluation tick, {n:,} devices, 5 m window at 10 s ({int(tick['window'])} samples)",
-         f"{tick['eval_ms']:.1f} ms", f"< {TICK_TARGET_MS:g} ms", "—", "—", ok(tick["eval_ms"] < TICK_TARGET_MS)),
-        (f"Whole tick (ingest one sample per device + evaluate), {n:,} devices", f"{tick['tick_ms']:.1f} ms",
-         "—", f"simulator's own {tick['sim_ms']:.0f} ms excluded", "—", "—"),
-        (f"Naive twin, same data ({int(twin['devices']):,} devices, per-node frames, ingest + evaluate)",
-         f"{twin['fast_tick_ms']:.1f} ms vectorised", f">= {TWIN_TARGET_RATIO:g}x faster",
-         f"{twin['slow_tick_ms']:.0f} ms twin", f"x{ratio_same:.0f}", ok(ratio_same >= TWIN_TARGET_RATIO)),
-        (f"Naive twin extrapolated to {n:,} devices (per-device cost x devices)", f"{tick['tick_ms']:.1f} ms",
-         f">= {TWIN_TARGET_RATIO:g}x faster", f"{twin_fleet_ms / 1e3:.1f} s twin", f"x{ratio_fleet:.0f}",
-         ok(ratio_fleet >= TWIN_TARGET_RATIO)),
-        (f"RSS for {n:,} devices (classifier state, window full)", f"{rss:.0f} MB", f"< {RSS_TARGET_MB:g} MB",
-         f"{tick['rss_before_mb']:.0f} MB before", f"+{rss:.0f} MB", ok(rss < RSS_TARGET_MB)),
+        (
+            f"Evaluation tick, {n:,} devices, 5 m window at 10 s ({int(tick['window'])} samples)",
+            f"{tick['eval_ms']:.1f} ms",
+            f"< {TICK_TARGET_MS:g} ms",
+            "—",
+            "—",
+            ok(tick["eval_ms"] < TICK_TARGET_MS),
+        ),
+        (
+            f"Whole tick (ingest one sample per device + evaluate), {n:,} devices",
+            f"{tick['tick_ms']:.1f} ms",
+            "—",
+            f"simulator's own {tick['sim_ms']:.0f} ms excluded",
+            "—",
+            "—",
+        ),
+        (
+            f"Evaluation tick vs the naive twin, same data ({int(twin['devices']):,} devices, full windows)",
+            f"{twin['fast_tick_ms']:.1f} ms vectorised",
+            f">= {TWIN_TARGET_RATIO:g}x faster",
+            f"{twin['slow_tick_ms']:.0f} ms twin",
+            f"x{ratio_same:.0f}",
+            ok(ratio_same >= TWIN_TARGET_RATIO),
+        ),
+        (
+            f"... the twin extrapolated to {n:,} devices (its cost is per device)",
+            f"{tick['eval_ms']:.1f} ms",
+            f">= {TWIN_TARGET_RATIO:g}x faster",
+            f"{twin_fleet_ms / 1e3:.1f} s twin",
+            f"x{ratio_fleet:.0f}",
+            ok(ratio_fleet >= TWIN_TARGET_RATIO),
+        ),
+        (
+            f"RSS for {n:,} devices (classifier state, window full)",
+            f"{rss:.0f} MB",
+            f"< {RSS_TARGET_MB:g} MB",
+            f"{tick['rss_before_mb']:.0f} MB before",
+            f"+{rss:.0f} MB",
+            ok(rss < RSS_TARGET_MB),
+        ),
     ]
     lines = [
         START,
@@ -209,8 +246,10 @@ def markdown(tick: dict[str, float], twin: dict[str, float], quick: bool) -> str
         "evaluation runs every rule for every device and the verdict engine (hysteresis, escalation, change "
         "detection); the window store's running sums make it O(devices), not O(devices x samples).",
         "- The twin (`tests/naive_twin.py`) is the plain-Python, per-device, per-sample implementation of the "
-        "same policy that the property tests check the classifier against. Both judged the same per-node "
-        "frames at every tick; medians over the ticks with full windows.",
+        "same policy that the property tests check the classifier against. Both were fed the same per-node "
+        "frames every tick; the evaluation ticks compared are those with full windows. The twin is too slow "
+        "to judge 100,000 devices in a benchmark run, so its per-device cost is extrapolated (it loops over "
+        "devices by construction).",
         "",
         f"Reproduce: `{cmd}`.",
         END,
@@ -228,14 +267,14 @@ def write_section(section: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="classifier benchmarks")
     parser.add_argument("--devices", type=int, default=100_000)
-    parser.add_argument("--twin-devices", type=int, default=400)
+    parser.add_argument("--twin-devices", type=int, default=10_000)
     parser.add_argument("--quick", action="store_true", help="10,000 devices, fewer ticks")
     args = parser.parse_args()
     devices = 10_000 if args.quick else args.devices
     console.print(f"tick: {devices:,} devices …")
     tick = bench_tick(devices, 3 if args.quick else 7)
     console.print(f"twin: {args.twin_devices:,} devices …")
-    twin = bench_twin(args.twin_devices, 40 if args.quick else 50)
+    twin = bench_twin(2_000 if args.quick else args.twin_devices)
     section = markdown(tick, twin, args.quick)
     table = Table(title="classifier benchmarks")
     for line in section.splitlines():
