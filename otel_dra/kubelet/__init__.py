@@ -1,0 +1,40 @@
+"""The kubelet side of DRA device health: the ``DRAResourceHealth`` stream and plugin registration.
+
+- :class:`KubeletHealthServer` streams every device's verdict to the kubelet (KEP-4680), which puts it
+  in ``pod.status.containerStatuses[].allocatedResourcesStatus``;
+- :class:`RegistrationServer` optionally announces that socket to the kubelet's plugin watcher.
+"""
+
+from otel_dra.kubelet._socket import KubeletSocketError
+from otel_dra.kubelet.registration import (
+    DEFAULT_REGISTRY_DIR,
+    RegistrationServer,
+    default_endpoint,
+    registration_socket,
+)
+from otel_dra.kubelet.server import (
+    HEALTH_SERVICES,
+    MAX_MESSAGE,
+    UNIDENTIFIED_DEVICES,
+    WATCHERS,
+    KubeletHealthServer,
+    build_response,
+    device_message,
+    truncate_message,
+)
+
+__all__ = [
+    "DEFAULT_REGISTRY_DIR",
+    "HEALTH_SERVICES",
+    "MAX_MESSAGE",
+    "UNIDENTIFIED_DEVICES",
+    "WATCHERS",
+    "KubeletHealthServer",
+    "KubeletSocketError",
+    "RegistrationServer",
+    "build_response",
+    "default_endpoint",
+    "device_message",
+    "registration_socket",
+    "truncate_message",
+]
