@@ -13,7 +13,9 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -57,6 +59,9 @@ class _Sinks:
     meter_provider: MeterProvider
     http: HttpEndpoint | None
     renderer: Renderer | None
+    kubelet: Any = None  # KubeletHealthServer
+    registration: Any = None  # RegistrationServer
+    k8s: Any = None  # K8sOutputSink
 
 
 class Agent:
@@ -92,16 +97,55 @@ class Agent:
         meter = meter_provider.get_meter("otel_dra", __version__)
         health = self.board if cfg.health_attribute == "all" else None
         MetricsSink(self.store, self.schema, meter, cfg.stale_after_s, exclude=VERDICT_METRICS, health=health)
-        VerdictMetrics(self.board, meter)
-        http = renderer = None
+        combine_mode = self.policy.data["shared_devices"]["combine"]
+        VerdictMetrics(self.board, meter, combine_mode)
+        sinks = _Sinks(meter_provider, None, None)
+        self._sinks = sinks  # stop() can close what started even if a later sink fails to
+        self._start_kubernetes(sinks, meter, combine_mode)
         if cfg.prometheus_port:
             cache = ExpositionCache(registry, cfg.stale_after_s)
             routes = {"/healthz": self._healthz, "/v1/devices": self.board.json_route}
-            http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, cache, routes)
-            renderer = Renderer(cache)
-            renderer.start()
-            http.start()
-        return _Sinks(meter_provider, http, renderer)
+            sinks.http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, cache, routes)
+            sinks.renderer = Renderer(cache)
+            sinks.renderer.start()
+            sinks.http.start()
+        return sinks
+
+    def _start_kubernetes(self, sinks: _Sinks, meter: Meter, combine_mode: str) -> None:
+        """The kubelet health stream, its registration, and the taint/attribute output, as configured."""
+        cfg = self.config
+        endpoint = cfg.kubelet_endpoint
+        if endpoint:
+            from otel_dra.kubelet import KubeletHealthServer, RegistrationServer
+
+            fresh_ns = int(cfg.stale_after_s * 1e9)
+            sinks.kubelet = KubeletHealthServer(
+                endpoint,
+                self.board,
+                cfg.kubelet_health_timeout_s,
+                meter,
+                liveness=lambda: self.store.latest(time.monotonic_ns(), fresh_ns) is not None,
+                combine_mode=combine_mode,
+            )
+            sinks.kubelet.start()
+            if cfg.register_with_kubelet:
+                sinks.registration = RegistrationServer(cfg.plugin_registry, cfg.register_with_kubelet, endpoint)
+                sinks.registration.start()
+        if cfg.k8s_output:
+            from pathlib import Path
+
+            from otel_dra.k8s.sink import K8sOutputSink
+
+            sinks.k8s = K8sOutputSink(
+                self.board,
+                Path(cfg.k8s_output),
+                self.policy,
+                cfg.k8s_api_version,
+                cfg.k8s_driver,
+                apply_rules=cfg.k8s_apply,
+                warmup_s=float(self.policy.data["min_samples"]) * cfg.interval_s,
+            )
+            sinks.k8s.start()
 
     def _healthz(self) -> tuple[str, str, bytes]:
         """Healthy while samples keep arriving: a wedged sampling loop fails the liveness probe."""
@@ -181,7 +225,14 @@ class Agent:
     def _shutdown(self) -> None:
         log.info("stopping: flushing metrics")
         sinks = self._sinks
+        self.board.wake_all()
         if sinks is not None:
+            if sinks.registration is not None:
+                sinks.registration.stop(0.5)
+            if sinks.kubelet is not None:
+                sinks.kubelet.stop(1.0)
+            if sinks.k8s is not None:
+                sinks.k8s.stop()
             if sinks.http is not None:
                 sinks.http.shutdown()
             if sinks.renderer is not None:

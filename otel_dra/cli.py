@@ -145,6 +145,57 @@ def cli() -> None:
     "dra.device.health.state on every hw.* series of the device (easy panel filters; new series on each transition).",
 )
 @click.option(
+    "--kubelet-socket",
+    default=None,
+    help="Serve the kubelet's DRAResourceHealth stream (v1alpha1 and v1) on this unix socket, e.g. "
+    "/var/lib/kubelet/plugins/<driver>/dra.sock. Default: off, or that path for --register-with-kubelet.",
+)
+@click.option(
+    "--kubelet-health-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="health_check_timeout_seconds sent to the kubelet; the full list is resent every third of it.",
+)
+@click.option(
+    "--register-with-kubelet",
+    "register_driver",
+    default=None,
+    metavar="DRIVER_NAME",
+    help="Announce the health socket to the kubelet's plugin watcher as this DRA driver (a name of "
+    "otel-dra's own, never a real driver's). Default: off.",
+)
+@click.option(
+    "--plugin-registry",
+    default="/var/lib/kubelet/plugins_registry",
+    show_default=True,
+    help="The kubelet's plugin registration directory (used with --register-with-kubelet).",
+)
+@click.option(
+    "--k8s-output",
+    default=None,
+    metavar="DIR",
+    help="Write DRA DeviceTaintRules and ResourceSlice health attributes for the current verdicts here "
+    "(opt-in; taint effects come from the policy's kubernetes section, None by default).",
+)
+@click.option(
+    "--k8s-api-version",
+    type=click.Choice(["v1beta2", "v1alpha3"]),
+    default="v1beta2",
+    show_default=True,
+    help="resource.k8s.io version of the DeviceTaintRules (v1alpha3 for Kubernetes 1.33-1.35).",
+)
+@click.option(
+    "--k8s-driver",
+    default=None,
+    help="DRA driver name for devices whose telemetry carries no dra.driver.name.",
+)
+@click.option(
+    "--k8s-apply",
+    is_flag=True,
+    help="Also create, update and delete the DeviceTaintRules in the cluster (needs --k8s-output and RBAC).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -165,6 +216,14 @@ def run(
     seed: int | None,
     policy_file: str | None,
     health_attribute: str,
+    kubelet_socket: str | None,
+    kubelet_health_timeout: float,
+    register_driver: str | None,
+    plugin_registry: str,
+    k8s_output: str | None,
+    k8s_api_version: str,
+    k8s_driver: str | None,
+    k8s_apply: bool,
     log_level: str,
 ) -> None:
     """Run the node agent until SIGTERM or Ctrl-C.
@@ -175,6 +234,9 @@ def run(
     OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME.
     """
     from otel_dra.agent import Agent  # heavy imports only when running
+    from otel_dra.k8s.apply import K8sApplyError
+    from otel_dra.k8s.validation import K8sValidationError
+    from otel_dra.kubelet import KubeletSocketError
     from otel_dra.policy import PolicyError
 
     setup_logging(log_level)
@@ -193,6 +255,14 @@ def run(
             seed=seed,
             policy_path=policy_file,
             health_attribute=health_attribute,
+            kubelet_socket=kubelet_socket,
+            kubelet_health_timeout_s=kubelet_health_timeout,
+            register_with_kubelet=register_driver,
+            plugin_registry=plugin_registry,
+            k8s_output=k8s_output,
+            k8s_api_version=k8s_api_version,
+            k8s_driver=k8s_driver,
+            k8s_apply=k8s_apply,
         )
         agent = Agent(config)
     except PolicyError as exc:
@@ -208,6 +278,8 @@ def run(
     signal.signal(signal.SIGINT, on_signal)
     try:
         agent.run()
+    except (KubeletSocketError, K8sApplyError, K8sValidationError) as exc:
+        raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # the port is taken, the address can't be bound
         raise click.ClickException(
             f"cannot serve on {prometheus_host}:{prometheus_port}: {exc.strerror}; "
@@ -394,3 +466,6 @@ def status(url: str, timeout: float) -> None:
             d.get("message", ""),
         )
     Console().print(table)
+
+
+cli.add_command(__import__("otel_dra.k8s.cli", fromlist=["k8s"]).k8s)  # otel-dra k8s (otel_dra/k8s/cli.py)

@@ -69,6 +69,14 @@ class AgentConfig:
     seed: int | None = None
     policy_path: str | None = None
     health_attribute: str = "metric"  # metric: dra.device.health only; all: also on every hw.* series
+    kubelet_socket: str | None = None  # serve DRAResourceHealth here
+    kubelet_health_timeout_s: float = 30.0
+    register_with_kubelet: str | None = None  # DRA driver name to register the health socket under
+    plugin_registry: str = "/var/lib/kubelet/plugins_registry"
+    k8s_output: str | None = None  # write DeviceTaintRules and slice attributes here
+    k8s_api_version: str = "v1beta2"
+    k8s_driver: str | None = None
+    k8s_apply: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -88,8 +96,25 @@ class AgentConfig:
                 raise ConfigError(f"OTLP endpoint {self.otlp_endpoint!r} has no host; give e.g. http://localhost:4317")
         if self.health_attribute not in HEALTH_ATTRIBUTE_MODES:
             raise ConfigError(f"--health-attribute must be one of {', '.join(HEALTH_ATTRIBUTE_MODES)}")
+        if self.k8s_apply and not self.k8s_output:
+            raise ConfigError("--k8s-apply needs --k8s-output DIR (the rules are written there, then applied)")
+        if not self.kubelet_health_timeout_s > 0:
+            raise ConfigError(
+                f"--kubelet-health-timeout must be a positive number of seconds, got {self.kubelet_health_timeout_s}"
+            )
         if not self.node_name:
             raise ConfigError("node name is empty; set --node-name or NODE_NAME")
+
+    @property
+    def kubelet_endpoint(self) -> str | None:
+        """The health socket: ``--kubelet-socket``, else the registered driver's default path, else none."""
+        if self.kubelet_socket:
+            return self.kubelet_socket
+        if self.register_with_kubelet:
+            from otel_dra.kubelet import default_endpoint
+
+            return default_endpoint(self.register_with_kubelet)
+        return None
 
     @property
     def stale_after_s(self) -> float:

@@ -150,6 +150,19 @@ DRA_DEVICE_VIEW_DISAGREEMENT = _extension(
     "1 when this node's view of a device seen from several nodes disagrees with the combined verdict.",
 )
 
+DRA_KUBELET_DEVICES_UNIDENTIFIED = _extension(
+    "dra.kubelet.devices.unidentified",
+    "{device}",
+    GAUGE,
+    "Devices left out of the kubelet health stream because their verdict lacks dra.pool.name or dra.device.name.",
+)
+DRA_KUBELET_WATCHERS = _extension(
+    "dra.kubelet.watchers",
+    "{stream}",
+    GAUGE,
+    "Open DRAResourceHealth.NodeWatchResources streams (the kubelet holds one per registered plugin).",
+)
+
 #: Every metric the agent can emit, by name.
 METRICS: dict[str, MetricSpec] = {
     spec.name: spec
@@ -178,8 +191,19 @@ METRICS: dict[str, MetricSpec] = {
         HW_PCIE_LINK_GENERATION_LIMIT,
         DRA_DEVICE_HEALTH,
         DRA_DEVICE_VIEW_DISAGREEMENT,
+        DRA_KUBELET_DEVICES_UNIDENTIFIED,
+        DRA_KUBELET_WATCHERS,
     )
 }
 
-#: Metrics every device has (the disagreement gauge exists only for devices seen from several nodes).
-PER_DEVICE_METRICS: frozenset[str] = frozenset(METRICS) - {DRA_DEVICE_VIEW_DISAGREEMENT.name}
+#: Metrics sampled from devices (what sources and decoders carry, as frame columns); the rest are derived
+#: by the agent (verdicts, views, the kubelet stream).
+SAMPLED_METRICS: frozenset[str] = frozenset(name for name in METRICS if name.startswith("hw."))
+
+#: Metrics every device has (the disagreement gauge exists only for devices seen from several nodes; the
+#: kubelet stream's gauges describe the agent, not a device).
+PER_DEVICE_METRICS: frozenset[str] = frozenset(METRICS) - {
+    DRA_DEVICE_VIEW_DISAGREEMENT.name,
+    DRA_KUBELET_DEVICES_UNIDENTIFIED.name,
+    DRA_KUBELET_WATCHERS.name,
+}

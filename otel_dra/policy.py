@@ -19,11 +19,20 @@ from typing import Any
 
 import yaml
 
-from otel_dra.vocabulary import REASONS, REMEDIATIONS
+from otel_dra.k8s import validation as k8s
+from otel_dra.vocabulary import COMBINE_MODES, HEALTH, REASONS, REMEDIATIONS
 
 DEFAULT_POLICY = "default.yaml"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+#: Event-count thresholds, judged on each device's log of its last EVENT_LOG_DEPTH events.
+EVENT_LOG_DEPTH = 8
+EVENT_THRESHOLDS = (
+    ("memory_pressure", "out_of_memory"),
+    ("driver_errors", "application_repeats"),
+    ("device_reset", "resets"),
+)
 
 #: Driver error code classes, and the ladder step a fatal class starts at.
 DRIVER_CLASSES: tuple[str, ...] = ("ignore", "application", "reset_device", "reboot_node", "mechanical")
@@ -89,6 +98,13 @@ def string(node: yaml.Node, key: str, where: Where) -> str:
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):
         raise where(node, f"{key}: expected a string, got {value!r}")
     return str(value)
+
+
+def boolean(node: yaml.Node, key: str, where: Where) -> bool:
+    value = _scalar(node, key, where)
+    if not isinstance(value, bool):
+        raise where(node, f"{key}: expected true or false, got {value!r}")
+    return value
 
 
 def list_of(item: Validator, min_len: int = 0) -> Validator:
@@ -222,6 +238,103 @@ RULES = struct(
     }
 )
 
+# -- kubernetes: taints and attributes (otel_dra.k8s) ------------------------------------------
+#: Placeholders of a taint key or value (one taint per reason), and of an attribute value (per device).
+TAINT_FIELDS: tuple[str, ...] = ("reason", "state", "health", "remediation")
+ATTRIBUTE_FIELDS: tuple[str, ...] = ("health", "state", "remediation")
+
+
+def _k8s_domain(node: yaml.Node, key: str, where: Where) -> str:
+    """The domain of taint keys and attribute names: a DNS subdomain of at most 63 (attribute domain limit)."""
+    value = string(node, key, where)
+    problem = k8s.dns1123_subdomain_problem(value, k8s.ATTRIBUTE_DOMAIN_MAX)
+    if problem:
+        raise where(node, f"{key}: {value!r} {problem}")
+    return value
+
+
+def _expansions(
+    node: yaml.Node, key: str, where: Where, template: str, fields: tuple[str, ...], shown: str
+) -> list[str]:
+    try:
+        return list(k8s.expansions(template, fields))
+    except ValueError as exc:
+        raise where(node, f"{key}: {shown!r}: {exc}") from None
+
+
+def _taint_key(node: yaml.Node, key: str, where: Where) -> str:
+    """A label name once filled in, for every reason, state, health and remediation."""
+    value = string(node, key, where)
+    prefix, slash, name = value.rpartition("/")
+    if "{" in prefix and prefix != "{domain}":
+        raise where(node, f"{key}: {value!r}: the part before '/' is a DNS subdomain or exactly {{domain}}")
+    head = ("example.com" if prefix == "{domain}" else prefix) + slash
+    for filled in _expansions(node, key, where, name, TAINT_FIELDS, value):
+        problem = k8s.label_name_problem(head + filled)
+        if problem:
+            raise where(node, f"{key}: {value!r} can become {head + filled!r}, not a label name: {problem}")
+    return value
+
+
+def _taint_value(node: yaml.Node, key: str, where: Where) -> str:
+    """A label value (at most 63 characters) once filled in."""
+    value = string(node, key, where)
+    for filled in _expansions(node, key, where, value, TAINT_FIELDS, value):
+        problem = k8s.label_value_problem(filled)
+        if problem:
+            raise where(node, f"{key}: {value!r} can become {filled!r}, not a label value: {problem}")
+    return value
+
+
+def _attribute_name(node: yaml.Node, key: str, where: Where) -> str:
+    value = string(node, key, where)
+    problem = k8s.c_identifier_problem(value)
+    if problem:
+        raise where(node, f"{key}: {value!r} is not an attribute name (after '<domain>/'): {problem}")
+    return value
+
+
+def _attribute_value(node: yaml.Node, key: str, where: Where) -> str:
+    """A string attribute value (at most 64 characters) once filled in."""
+    value = string(node, key, where)
+    for filled in _expansions(node, key, where, value, ATTRIBUTE_FIELDS, value):
+        problem = k8s.attribute_string_problem(filled)
+        if problem:
+            raise where(node, f"{key}: {value!r} can become {filled!r}, which {problem}")
+    return value
+
+
+def _attributes(node: yaml.Node, key: str, where: Where) -> dict[str, str]:
+    out: dict[str, str] = map_of(_attribute_name, _attribute_value)(node, key, where)
+    if len(out) > k8s.ATTRIBUTES_PER_DEVICE_MAX:
+        raise where(node, f"{key}: {len(out)} attributes; a device has at most {k8s.ATTRIBUTES_PER_DEVICE_MAX}")
+    return out
+
+
+EFFECT = one_of(k8s.TAINT_EFFECTS)
+KUBERNETES = struct(
+    {
+        "domain": _k8s_domain,
+        "taints": struct(
+            {
+                "enabled": boolean,
+                "health": list_of(one_of(HEALTH)),
+                "key": _taint_key,
+                "value": _taint_value,
+                "effect": struct(
+                    {
+                        "default": EFFECT,
+                        "by_state": map_of(one_of(k8s.PLACEHOLDER_VALUES["state"]), EFFECT),
+                        "by_reason": map_of(one_of(REASONS), EFFECT),
+                    }
+                ),
+                "max_per_device": number(1, k8s.TAINTS_PER_DEVICE_MAX, integer=True),
+            }
+        ),
+        "attributes": _attributes,
+    }
+)
+
 #: Reasons a policy has rules (and hold times) for: every contract reason but ``stale``.
 RULES_KEYS: tuple[str, ...] = tuple(r for r in REASONS if r != "stale")
 
@@ -237,6 +350,8 @@ SCHEMA = struct(
         "escalation": struct({"window": duration, "after": COUNT}),
         "rules": RULES,
         "overrides": list_of(struct({"match": struct({"hw.vendor": string, "hw.model": string}), "rules": RULES})),
+        "kubernetes": KUBERNETES,
+        "shared_devices": struct({"combine": one_of(COMBINE_MODES)}),
     }
 )
 
@@ -276,7 +391,7 @@ def merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # Maps whose keys are data (not schema): a user's table replaces the default's whole.
-_REPLACED_WHOLE = frozenset({"code_tables", "minimum", "replays_per_lane_per_minute"})
+_REPLACED_WHOLE = frozenset({"code_tables", "minimum", "replays_per_lane_per_minute", "attributes"})
 
 
 def default_text() -> str:
@@ -300,11 +415,25 @@ def load(path: Path | str | None = None) -> Policy:
 
 
 def _check_consistency(data: Mapping[str, Any], source: str) -> None:
+    for rules in (data["rules"], *(o.get("rules", {}) for o in data["overrides"])):
+        for reason, key in EVENT_THRESHOLDS:
+            value = rules.get(reason, {}).get(key)
+            if value is not None and value > EVENT_LOG_DEPTH:
+                raise PolicyError(
+                    f"{source}: rules.{reason}.{key} ({value}) is above the {EVENT_LOG_DEPTH} events kept per "
+                    f"device; use at most {EVENT_LOG_DEPTH}"
+                )
     ecc = data["rules"]["memory_ecc"]
     if ecc["retired_pages_predicted"] > ecc["retired_pages_failed"]:
         raise PolicyError(
             f"{source}: rules.memory_ecc.retired_pages_predicted ({ecc['retired_pages_predicted']}) must not exceed "
             f"retired_pages_failed ({ecc['retired_pages_failed']})"
+        )
+    taints = data["kubernetes"]["taints"]
+    if "{reason}" not in taints["key"] + taints["value"]:
+        raise PolicyError(
+            f"{source}: kubernetes.taints: key {taints['key']!r} or value {taints['value']!r} must contain {{reason}} "
+            "(one taint per reason, or they would collide)"
         )
 
 

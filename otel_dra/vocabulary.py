@@ -56,3 +56,6 @@ ERROR_TYPES: tuple[str, ...] = (
 
 #: ``hw.type`` values of sensor components: folded into their parent device.
 SENSOR_TYPES: frozenset[str] = frozenset({"temperature", "fan", "voltage"})
+
+#: How several nodes' views of one shared (network-attached) device combine into its verdict.
+COMBINE_MODES: tuple[str, ...] = ("any", "majority", "all")

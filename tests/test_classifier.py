@@ -239,3 +239,15 @@ def test_the_registry_grows_past_its_capacity_and_forgets_devices_after_the_ttl(
     assert classifier.registry.capacity >= 20
     assert len(classifier.registry) == 4  # 16 devices gone for longer than the TTL were forgotten
     assert {v.hw_id for v in classifier.current()} == {f"gpu-{i}" for i in range(4)}
+
+
+def test_a_first_batch_larger_than_the_initial_capacity_is_registered():
+    schema = Schema()
+    classifier = Classifier(policy_mod.load(), schema, interval_s=10)  # default capacity 64
+    col = schema.index(TEMP)
+    ids = tuple(f"gpu-{i}" for i in range(100))
+    values = np.full((100, len(schema)), np.nan)
+    values[:, col] = 60.0
+    classifier.ingest(Frame(T0, DeviceTable("n1", ids, tuple(dict(GPU) for _ in ids)), values))
+    assert len(classifier.registry) == 100
+    assert len(classifier.evaluate(T0)) == 100

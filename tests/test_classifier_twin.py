@@ -58,8 +58,8 @@ overrides:
     rules:
       thermal: {{fallback_limits: {{high.degraded: 75, high.critical: 85}}}}
       cooling: {{min_rpm: 800, warm: 50}}
-      # more application driver errors than the event log keeps (8) can matter here
-      driver_errors: {{application_repeats: 9, events_window: 5m}}
+      # as many application driver errors as the event log keeps (8)
+      driver_errors: {{application_repeats: 8, events_window: 5m}}
 """
 
 POLICY_B = f"""
@@ -74,7 +74,7 @@ rules:
   thermal: {{min_fraction: 0.6, throttle_share: 0.2}}
   memory_ecc: {{corrected_per_minute: 3, corrected_mad_k: 5}}
   # more out-of-memory events than the event log keeps (8) can matter here
-  memory_pressure: {{events_window: 3m, out_of_memory: 9, min_fraction: 0.5}}
+  memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5}}
   driver_errors: {{events_window: 90s, application_repeats: 2}}
   device_reset: {{events_window: 90s, resets: 1}}
   power_throttling: {{throttle_share: 0.3, pinned_fraction: 0.5}}

@@ -95,3 +95,16 @@ def test_firmware_versions_compare_by_segments_hex_included():
     assert version_key("96.00.5F.00.01") > version_key("96.00.30.00.01")
     assert version_key("535.104.12") > version_key("535.54.03")
     assert version_key("1.10") > version_key("1.9")
+
+
+def test_event_thresholds_must_fit_the_event_log(tmp_path):
+    with pytest.raises(policy.PolicyError, match=r"rules.device_reset.resets \(9\) is above the 8 events kept"):
+        check(tmp_path, "rules: {device_reset: {resets: 9}}\n")
+    with pytest.raises(policy.PolicyError, match="above the 8 events kept"):
+        check(tmp_path, "overrides:\n  - match: {hw.vendor: AMD}\n    rules: {memory_pressure: {out_of_memory: 12}}\n")
+
+
+def test_shared_devices_combine_mode_is_validated(tmp_path):
+    assert check(tmp_path, "shared_devices: {combine: majority}\n")[0].data["shared_devices"]["combine"] == "majority"
+    with pytest.raises(policy.PolicyError, match=r"shared_devices.combine: 'most' is not one of: any, majority, all"):
+        check(tmp_path, "shared_devices: {combine: most}\n")

@@ -274,6 +274,7 @@ class Classifier:
             message=message,
             pool=attrs.get(cv.DRA_POOL_NAME),
             device=attrs.get(cv.DRA_DEVICE_NAME),
+            driver=attrs.get(cv.DRA_DRIVER_NAME),
             last_transition_time=int(self.engine.transition_ns[row]),
             last_reported_time=round(self.registry.last_seen[row] * 1e9),
         )

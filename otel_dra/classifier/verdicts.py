@@ -63,6 +63,7 @@ class Verdict:
     device: str | None = None
     last_transition_time: int = 0  # unix ns
     last_reported_time: int = 0  # unix ns: the device's newest sample
+    driver: str | None = None  # dra.driver.name, when the telemetry carries it
 
     def to_json(self) -> dict[str, Any]:
         """The verdict line of telemetry.md §3 (extended by adding keys only)."""
@@ -80,6 +81,8 @@ class Verdict:
             out[cv.DRA_POOL_NAME] = self.pool
         if self.device is not None:
             out[cv.DRA_DEVICE_NAME] = self.device
+        if self.driver is not None:
+            out[cv.DRA_DRIVER_NAME] = self.driver
         out["last_transition_time"] = self.last_transition_time
         out["last_reported_time"] = self.last_reported_time
         return out

@@ -22,9 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from otel_dra.classifier.verdicts import Verdict
-from otel_dra.vocabulary import REMEDIATIONS
+from otel_dra.vocabulary import COMBINE_MODES, REMEDIATIONS
 
-COMBINE_MODES: tuple[str, ...] = ("any", "majority", "all")
 _SEVERITY = {None: -1, "ok": 0, "predicted_failure": 1, "degraded": 2, "failed": 3}
 
 

@@ -42,7 +42,8 @@ class MetricsSink:
         exclude: Iterable[str] = (),
         health: HealthSource | None = None,
     ) -> None:
-        """``exclude``: metrics another sink owns (the verdict sink's ``hw.status``). ``health``:
+        """Instruments for the sampled (``hw.*``) metrics; ``exclude``: those another sink owns (the
+        verdict sink's ``hw.status``). ``health``:
         with ``--health-attribute=all``, stamps ``dra.device.health.state`` on every series."""
         self._store = store
         self._schema = schema
@@ -59,7 +60,7 @@ class MetricsSink:
             cv.UPDOWNCOUNTER: meter.create_observable_up_down_counter,
             cv.GAUGE: meter.create_observable_gauge,
         }
-        skip = set(exclude)
+        skip = set(exclude) | (set(cv.METRICS) - cv.SAMPLED_METRICS)
         self._skip = skip
         for spec in cv.METRICS.values():
             if spec.name in skip:

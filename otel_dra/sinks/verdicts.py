@@ -35,6 +35,7 @@ class VerdictBoard:
         self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._attrs: dict[tuple[str, str], Mapping[str, str]] = {}
         self.version = 0  # bumps on every change; watchers wait for it to move
+        self.closed = False
 
     def update(self, changed: Iterable[Verdict], attrs_of: Callable[[str, str], Mapping[str, str]]) -> None:
         with self._lock:
@@ -62,12 +63,13 @@ class VerdictBoard:
         """Block until the board moves past version ``seen`` or ``timeout_s`` passes; the version now.
         (The kubelet stream resends on every change and at least every timeout/3.)"""
         with self._lock:
-            self._lock.wait_for(lambda: self.version != seen, timeout_s)
+            self._lock.wait_for(lambda: self.version != seen or self.closed, timeout_s)
             return self.version
 
     def wake_all(self) -> None:
-        """Wake every waiter (shutdown)."""
+        """Wake every waiter for good (shutdown): waits return at once from now on."""
         with self._lock:
+            self.closed = True
             self._lock.notify_all()
 
     def snapshot(self) -> list[tuple[Verdict, Mapping[str, str]]]:

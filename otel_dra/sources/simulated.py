@@ -115,7 +115,8 @@ class SimulatorConfig:
     devices: int = 8
     faults: tuple[Fault, ...] = ()
     seed: int | None = None
-    driver_name: str = "gpu.nvidia.com"
+    # Not a real driver's name: taints rendered for simulated devices must never select real GPUs.
+    driver_name: str = "gpu.simulated.otel-dra.io"
     start_unix_nano: int | None = None  # fault times count from here; default: the first read
 
     def __post_init__(self) -> None:

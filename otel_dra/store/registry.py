@@ -64,6 +64,7 @@ class DeviceRegistry:
         return index
 
     def _grow(self, needed: int) -> None:
+        """Make room for ``needed`` more devices (at least half again the capacity)."""
         capacity = self.capacity
         while capacity - len(self._rows) < needed:
             capacity = max(capacity + needed, capacity * 3 // 2)
@@ -86,7 +87,7 @@ class DeviceRegistry:
         new = np.zeros(len(ids), dtype=bool)
         missing = [i for i, dev in enumerate(ids) if (node, dev) not in self._rows]
         if len(missing) > len(self._free):
-            self._grow(len(missing) - len(self._free))
+            self._grow(len(missing))
         node_ix = self.node_index(node) if missing else -1
         for i in missing:
             row = self._free.pop()

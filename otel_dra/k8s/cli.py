@@ -1,0 +1,179 @@
+"""``otel-dra k8s``: verdicts as DeviceTaintRules and ResourceSlice attributes.
+
+Imports nothing heavy at import time (the ``kubernetes`` client is optional and loaded only
+when a command runs), so registering the group costs ``otel-dra`` nothing. Every user error
+is a :class:`click.ClickException`: one line, exit code 2 through ``otel_dra.cli.main``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+#: Kept here (not imported from render) so ``otel-dra --help`` does not import the classifier.
+API_VERSION_CHOICES = ("v1beta2", "v1alpha3")
+DEFAULT_API_VERSION = "v1beta2"
+
+
+@click.group()
+def k8s() -> None:
+    """Kubernetes DRA output: device taints (DeviceTaintRule) and ResourceSlice attributes.
+
+    Facts first: every taint is informational (effect None) unless the policy's
+    `kubernetes.taints.effect` chooses NoSchedule or NoExecute.
+    """
+
+
+def _read_agent(url: str, timeout: float) -> tuple[list[Any], dict[tuple[str, str], str | None]]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from otel_dra.k8s.render import read_devices_json
+
+    endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1/devices") else "/v1/devices")
+    try:
+        with urllib.request.urlopen(endpoint, timeout=timeout) as resp:
+            doc = json.load(resp)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise click.ClickException(f"cannot read {endpoint}: {reason}; is 'otel-dra run' serving there?") from None
+    except ValueError as exc:
+        raise click.ClickException(f"{endpoint} did not answer with JSON ({exc})") from None
+    return read_devices_json(doc, endpoint)
+
+
+def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]:
+    from otel_dra.k8s.render import read_verdict_lines
+
+    if file == "-":
+        return read_verdict_lines(sys.stdin, "<stdin>")
+    try:
+        with open(file, encoding="utf-8") as f:
+            return read_verdict_lines(f, file)
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise click.ClickException(f"{file}: not a text file of verdict lines") from None
+
+
+@k8s.command("render")
+@click.argument("file", required=False)
+@click.option(
+    "--from",
+    "from_url",
+    metavar="URL",
+    default=None,
+    help="Read the current verdicts from a running agent or fleet (URL/v1/devices), e.g. http://localhost:9464.",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    default=None,
+    envvar="OTEL_DRA_POLICY",
+    help="Policy YAML merged over the default; its `kubernetes` section shapes the output. [env: OTEL_DRA_POLICY]",
+)
+@click.option(
+    "--api-version",
+    type=click.Choice(API_VERSION_CHOICES),
+    default=DEFAULT_API_VERSION,
+    show_default=True,
+    help="DeviceTaintRule API version: v1beta2 (Kubernetes 1.36+) or v1alpha3 (1.33-1.35; effect None needs 1.35).",
+)
+@click.option(
+    "--driver",
+    default=None,
+    help="DRA driver name for devices whose verdicts carry no dra.driver.name, e.g. gpu.nvidia.com.",
+)
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    help="'-': YAML documents on stdout (the default, except with --apply). A directory: "
+    "devicetaintrules.yaml and resourceslice-attributes.yaml in it, written atomically and only when changed.",
+)
+@click.option(
+    "--only",
+    type=click.Choice(("taints", "attributes")),
+    default=None,
+    help="Render only the DeviceTaintRules (what 'kubectl apply -f -' takes) or only the attributes.",
+)
+@click.option(
+    "--apply",
+    "do_apply",
+    is_flag=True,
+    help="Also create, update and delete this agent's DeviceTaintRules in the cluster (kubeconfig or in-cluster), "
+    "idempotently; rules for devices healthy again are deleted. Attributes are never applied: slices belong "
+    "to the DRA driver.",
+)
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds per agent or API request.")
+def render_command(
+    file: str | None,
+    from_url: str | None,
+    policy_file: str | None,
+    api_version: str,
+    driver: str | None,
+    output: str | None,
+    only: str | None,
+    do_apply: bool,
+    timeout: float,
+) -> None:
+    """Render the current verdicts as Kubernetes objects.
+
+    FILE is verdict JSON lines ('otel-dra replay' output; the last line per device counts;
+    '-' reads stdin); or give --from URL for a running agent. One DeviceTaintRule per
+    (device, reason) for Unhealthy and Unknown devices, labelled
+    app.kubernetes.io/managed-by=otel-dra; Healthy devices get none. Attributes
+    (<domain>/health, <domain>/state) for every device.
+    """
+    from otel_dra.k8s.apply import K8sApplyError, apply
+    from otel_dra.k8s.render import VerdictInputError, render, write_rendering
+    from otel_dra.k8s.validation import K8sValidationError
+    from otel_dra.policy import PolicyError, load
+
+    if (file is None) == (from_url is None):
+        raise click.UsageError("give a verdict FILE or --from URL (one of them)")
+    if driver is not None:
+        from otel_dra.k8s.validation import driver_name_problem
+
+        problem = driver_name_problem(driver)
+        if problem:
+            raise click.BadParameter(f"{driver!r} {problem}", param_hint="--driver")
+    try:
+        policy = load(policy_file)
+        verdicts, drivers = _read_agent(from_url, timeout) if from_url else _read_file(str(file))
+        rendering = render(verdicts, policy, api_version, drivers=drivers, driver=driver)
+    except (PolicyError, VerdictInputError, K8sValidationError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for note in rendering.skipped + rendering.dropped:
+        click.echo(f"warning: {note}", err=True)
+
+    target = output if output is not None else (None if do_apply else "-")
+    if target == "-":
+        click.echo(rendering.to_yaml(only), nl=False)
+    elif target is not None:
+        try:
+            changed = write_rendering(rendering, Path(target), only)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write to {target}: {exc.strerror or exc}") from None
+        click.echo(
+            f"{len(rendering.rules)} DeviceTaintRules, {len(rendering.attributes)} devices' attributes in {target} "
+            f"({len(changed)} files changed)",
+            err=True,
+        )
+    if do_apply:
+        try:
+            result = apply(rendering, timeout_s=timeout)
+        except K8sApplyError as exc:
+            raise click.ClickException(f"--apply: {exc}") from None
+        for action in result.actions:
+            click.echo(f"{action.verb}d {action.name}", err=True)
+        counts = {verb: sum(a.verb == verb for a in result.actions) for verb in ("create", "update", "delete")}
+        click.echo(
+            f"applied: {counts['create']} created, {counts['update']} updated, {counts['delete']} deleted, "
+            f"{result.unchanged} unchanged",
+            err=True,
+        )

@@ -1,0 +1,454 @@
+"""Verdicts → ``DeviceTaintRule`` objects and ResourceSlice device attributes, validated.
+
+One rule per (device, reason that is on) for the verdicts whose health the policy taints
+(Unhealthy and Unknown by default; Healthy devices get none), keyed and valued by the policy's
+templates, effect ``None`` unless the policy chooses a response; at most ``max_per_device``
+rules per device, the most disruptive effect and then the most severe reason kept first.
+Names are deterministic (the same verdicts give the same names on every run and every node)
+and every rule is labelled ``app.kubernetes.io/managed-by: otel-dra``, so ``--apply`` can find
+the ones it made and delete those whose device is healthy again.
+
+Attributes (``<domain>/health``, ``<domain>/state`` by default) go to every device: they are
+facts for the DRA driver to publish in its own ResourceSlices (slices belong to the driver, so
+otel-dra renders them and never writes slices).
+
+Every object is built with the ``kubernetes`` client's models (``V1beta2DeviceTaintRule`` or
+``V1alpha3DeviceTaintRule``, ``V1Device``/``V1DeviceAttribute``), serialized with
+``ApiClient().sanitize_for_serialization`` and checked against the API's name and size rules
+(:mod:`otel_dra.k8s.validation`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from otel_dra import conventions as cv
+from otel_dra.classifier.verdicts import Verdict
+from otel_dra.classifier.views import combine
+from otel_dra.k8s import validation as val
+from otel_dra.k8s.validation import K8sValidationError
+from otel_dra.policy import Policy
+from otel_dra.vocabulary import HEALTH, REASONS
+
+#: ``--api-version`` choices: DeviceTaintRule is served as v1alpha3 (Kubernetes 1.33-1.35, alpha:
+#: feature gate DRADeviceTaints and the alpha API enabled) and v1beta2 (1.36+).
+API_VERSIONS: Mapping[str, str] = {"v1beta2": "resource.k8s.io/v1beta2", "v1alpha3": "resource.k8s.io/v1alpha3"}
+DEFAULT_API_VERSION = "v1beta2"
+KIND = "DeviceTaintRule"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "otel-dra"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+RULES_FILE = "devicetaintrules.yaml"
+ATTRIBUTES_FILE = "resourceslice-attributes.yaml"
+OUTPUTS: tuple[str, ...] = ("taints", "attributes")
+
+#: Which taint to keep first under the per-device cap, after the effect: lost and broken
+#: hardware before degraded performance, and ``stale`` (the node is silent, not the device) last.
+REASON_SEVERITY: tuple[str, ...] = (
+    "device_lost",
+    "memory_ecc",
+    "driver_errors",
+    "vendor_status",
+    "power_delivery",
+    "device_reset",
+    "thermal",
+    "cooling",
+    "link",
+    "firmware",
+    "power_throttling",
+    "memory_pressure",
+    "stale",
+)
+_SEVERITY = {r: i for i, r in enumerate(REASON_SEVERITY)}
+_EFFECT_RANK = {e: i for i, e in enumerate(val.TAINT_EFFECTS)}
+
+
+def api_version_of(choice: str) -> str:
+    """``v1beta2`` or ``resource.k8s.io/v1beta2`` → ``resource.k8s.io/v1beta2``; ValueError otherwise."""
+    short = choice.removeprefix("resource.k8s.io/")
+    if short not in API_VERSIONS:
+        raise ValueError(f"API version {choice!r} is not one of: {', '.join(API_VERSIONS)}")
+    return API_VERSIONS[short]
+
+
+@dataclass(frozen=True)
+class K8sSettings:
+    """The policy's ``kubernetes`` section, typed."""
+
+    domain: str
+    taints_enabled: bool
+    taint_health: frozenset[str]
+    key: str
+    value: str
+    effect_default: str
+    effect_by_state: Mapping[str, str]
+    effect_by_reason: Mapping[str, str]
+    max_per_device: int
+    attributes: Mapping[str, str]
+
+    @classmethod
+    def from_policy(cls, policy: Policy) -> K8sSettings:
+        k = policy.data["kubernetes"]
+        t, e = k["taints"], k["taints"]["effect"]
+        return cls(
+            domain=k["domain"],
+            taints_enabled=bool(t["enabled"]),
+            taint_health=frozenset(t["health"]),
+            key=t["key"],
+            value=t["value"],
+            effect_default=e["default"],
+            effect_by_state=dict(e["by_state"]),
+            effect_by_reason=dict(e["by_reason"]),
+            max_per_device=int(t["max_per_device"]),
+            attributes=dict(k["attributes"]),
+        )
+
+    def effect(self, reason: str, state: str) -> str:
+        """The reason's own choice, else its state's, else the default (None: informational)."""
+        return self.effect_by_reason.get(reason) or self.effect_by_state.get(state) or self.effect_default
+
+
+def rule_name(driver: str, pool: str, device: str, reason: str) -> str:
+    """``otel-dra-<pool>-<device>-<reason>-<hash>``: a DNS subdomain (≤ 253), the same on every run.
+
+    The readable part is lower-cased with every other character run made '-', and cut to fit;
+    the hash of the exact (driver, pool, device, reason) keeps two devices whose readable parts
+    collide (another driver, ``a-b``/``c`` vs ``a``/``b-c``, a cut) apart.
+    """
+    digest = hashlib.sha256("\0".join((driver, pool, device, reason)).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^a-z0-9]+", "-", f"otel-dra-{pool}-{device}-{reason}".lower()).strip("-")
+    slug = slug[: val.DNS1123_SUBDOMAIN_MAX - len(digest) - 1].rstrip("-")
+    return f"{slug}-{digest}"
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A DRA device: what a DeviceTaintRule selects and a ResourceSlice lists."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclass
+class Rendering:
+    """What :func:`render` made: API objects (plain dicts, as the API takes them) and notes."""
+
+    api_version: str
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    attributes: list[dict[str, Any]] = field(default_factory=list)
+    #: (driver, pool) of every device rendered, healthy or not: the pools whose rules
+    #: ``--apply`` reconciles (rules in other pools belong to other agents' devices).
+    scope: set[tuple[str, str]] = field(default_factory=set)
+    dropped: list[str] = field(default_factory=list)  # taints over the per-device cap
+    skipped: list[str] = field(default_factory=list)  # devices not rendered, and why
+
+    def rules_yaml(self) -> str:
+        head = (
+            f"# DeviceTaintRules ({self.api_version}): {len(self.rules)}, rendered by otel-dra from device health "
+            f"verdicts.\n# Each is labelled {MANAGED_SELECTOR}; 'otel-dra k8s render --apply' also deletes "
+            "the ones no longer rendered.\n"
+        )
+        return head + _dump_all(self.rules)
+
+    def attributes_yaml(self) -> str:
+        head = (
+            "# ResourceSlice device attributes (resource.k8s.io/v1 spec.devices[].attributes) rendered by otel-dra.\n"
+            "# Not a Kubernetes object: slices belong to their DRA driver, which publishes these for its devices.\n"
+        )
+        return head + yaml.safe_dump({"devices": self.attributes}, sort_keys=False, allow_unicode=True, width=120)
+
+    def to_yaml(self, only: str | None = None) -> str:
+        """A multi-document stream: the rules (``kubectl apply -f`` takes them), then the attributes."""
+        parts = []
+        if only in (None, "taints"):
+            parts.append(self.rules_yaml())
+        if only in (None, "attributes"):
+            parts.append("---\n" + self.attributes_yaml() if parts and self.rules else self.attributes_yaml())
+        return "".join(parts)
+
+
+def _dump_all(objects: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True, allow_unicode=True, width=120)
+
+
+def render(
+    verdicts: Iterable[Verdict],
+    policy: Policy,
+    api_version: str = DEFAULT_API_VERSION,
+    *,
+    drivers: Mapping[tuple[str, str], str | None] | None = None,
+    driver: str | None = None,
+    strict: bool = True,
+) -> Rendering:
+    """Render the current verdicts (one per device; several views of a device are combined).
+
+    A device's DRA driver is ``drivers[(node, hw.id)]``, else the verdict's own (its
+    ``dra.driver.name``), else ``driver``. Devices without ``dra.pool.name``/``dra.device.name`` are not DRA devices and
+    are skipped. With ``strict``, a device without a driver or with names the API would reject
+    raises :class:`K8sValidationError`; without, it is skipped with the reason in ``skipped``
+    (the agent must keep serving the other devices).
+    """
+    client = val.client_models()
+    settings = K8sSettings.from_policy(policy)
+    out = Rendering(api_version_of(api_version))
+    views: dict[DeviceRef, list[Verdict]] = {}
+    not_dra: list[str] = []
+    for verdict in verdicts:
+        where = f"device {verdict.node}/{verdict.hw_id}"
+        if verdict.pool is None or verdict.device is None:
+            not_dra.append(f"{verdict.node}/{verdict.hw_id}")
+            continue
+        name = (drivers or {}).get((verdict.node, verdict.hw_id)) or verdict.driver or driver
+        if not name:
+            message = f"{where}: no {cv.DRA_DRIVER_NAME} in its telemetry; give the DRA driver's name (--driver)"
+            if strict:
+                raise K8sValidationError(message)
+            out.skipped.append(message)
+            continue
+        views.setdefault(DeviceRef(name, verdict.pool, verdict.device), []).append(verdict)
+    if not_dra:  # one line, however many: a trace without DRA names is not an error
+        out.skipped.append(
+            f"{len(not_dra)} devices without {cv.DRA_POOL_NAME}/{cv.DRA_DEVICE_NAME} are not DRA devices and get "
+            f"nothing (e.g. {', '.join(sorted(not_dra)[:3])})"
+        )
+    mode = policy.data["shared_devices"]["combine"]
+    for ref in sorted(views, key=lambda r: (r.driver, r.pool, r.device)):
+        verdict = combine(views[ref], mode)
+        try:
+            attributes = _attributes(client, settings, ref, verdict)
+            rules = _rules(client, settings, out, ref, verdict)
+        except K8sValidationError as exc:
+            if strict:
+                raise
+            out.skipped.append(str(exc))
+            continue
+        out.scope.add((ref.driver, ref.pool))
+        out.attributes.append(attributes)
+        out.rules.extend(rules)
+    val.check_taint_count(out.rules)
+    return out
+
+
+def _state(verdict: Verdict) -> str:
+    return verdict.state or "unknown"
+
+
+def _rules(
+    client: Any, settings: K8sSettings, out: Rendering, ref: DeviceRef, verdict: Verdict
+) -> list[dict[str, Any]]:
+    """One DeviceTaintRule per reason that is on, capped at ``max_per_device``, most disruptive first."""
+    if not settings.taints_enabled or verdict.health not in settings.taint_health:
+        return []
+    state = _state(verdict)
+    ranked = sorted(
+        verdict.reasons,
+        key=lambda r: (-_EFFECT_RANK[settings.effect(r, state)], _SEVERITY.get(r, len(_SEVERITY)), r),
+    )
+    keep, over = ranked[: settings.max_per_device], ranked[settings.max_per_device :]
+    for reason in over:
+        out.dropped.append(
+            f"device {ref}: taint {reason} not rendered: over kubernetes.taints.max_per_device "
+            f"({settings.max_per_device}); kept {', '.join(keep)}"
+        )
+    return [_rule(client, settings, out.api_version, ref, verdict, reason, state) for reason in keep]
+
+
+def _rule(
+    client: Any, settings: K8sSettings, api_version: str, ref: DeviceRef, verdict: Verdict, reason: str, state: str
+) -> dict[str, Any]:
+    fill = {
+        "domain": settings.domain,
+        "reason": reason,
+        "state": state,
+        "health": verdict.health,
+        "remediation": verdict.remediation,
+    }
+    name = rule_name(ref.driver, ref.pool, ref.device, reason)
+    d = settings.domain
+    value = settings.value.format(**fill)
+    obj = {
+        "apiVersion": api_version,
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY, f"{d}/reason": reason},
+            "annotations": {
+                f"{d}/node": verdict.node,
+                f"{d}/hw-id": verdict.hw_id,
+                f"{d}/health": verdict.health,
+                f"{d}/remediation": verdict.remediation,
+                f"{d}/message": verdict.message,
+            },
+        },
+        "spec": {
+            "deviceSelector": {"driver": ref.driver, "pool": ref.pool, "device": ref.device},
+            "taint": {
+                "key": settings.key.format(**fill),
+                **({"value": value} if value else {}),
+                "effect": settings.effect(reason, state),
+            },
+        },
+    }
+    val.check_taint_rule(obj)
+    return _through_model(client, obj)
+
+
+def _through_model(client: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    """Build the client's model of this version and serialize it back: what the client would send."""
+    short = obj["apiVersion"].removeprefix("resource.k8s.io/")
+    cap = short[0].upper() + short[1:]  # v1beta2 → V1beta2
+    meta, spec = obj["metadata"], obj["spec"]
+    try:
+        model = getattr(client, f"{cap}DeviceTaintRule")(
+            api_version=obj["apiVersion"],
+            kind=obj["kind"],
+            metadata=client.V1ObjectMeta(name=meta["name"], labels=meta["labels"], annotations=meta["annotations"]),
+            spec=getattr(client, f"{cap}DeviceTaintRuleSpec")(
+                device_selector=getattr(client, f"{cap}DeviceTaintSelector")(**spec["deviceSelector"]),
+                taint=getattr(client, f"{cap}DeviceTaint")(**spec["taint"]),
+            ),
+        )
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise val.model_error(KIND, meta["name"], exc) from None
+    serialized: dict[str, Any] = client.ApiClient().sanitize_for_serialization(model)
+    return serialized
+
+
+def _attributes(client: Any, settings: K8sSettings, ref: DeviceRef, verdict: Verdict) -> dict[str, Any]:
+    """The device's attributes, built as a ``V1Device`` (name + attributes) and checked."""
+    where = f"{ref}"
+    for field_name, value, rule in (
+        ("driver", ref.driver, val.driver_name_problem),
+        ("pool", ref.pool, val.pool_name_problem),
+        ("device", ref.device, val.dns1123_label_problem),
+    ):
+        val.check("device", where, field_name, value, rule(value))
+    fill = {"health": verdict.health, "state": _state(verdict), "remediation": verdict.remediation}
+    attrs = {f"{settings.domain}/{name}": {"string": tpl.format(**fill)} for name, tpl in settings.attributes.items()}
+    val.check_device_attributes(where, attrs)
+    try:
+        device = client.V1Device(
+            name=ref.device, attributes={k: client.V1DeviceAttribute(**v) for k, v in attrs.items()}
+        )
+    except ValueError as exc:
+        raise val.model_error("device", where, exc) from None
+    serialized = client.ApiClient().sanitize_for_serialization(device)
+    return {
+        "driver": ref.driver,
+        "pool": ref.pool,
+        "device": serialized["name"],
+        "attributes": serialized["attributes"],
+    }
+
+
+# -- verdicts in ------------------------------------------------------------------------------
+class VerdictInputError(ValueError):
+    """Verdicts that cannot be read; ``str()`` is one line naming the source (and line)."""
+
+
+_REQUIRED = (cv.K8S_NODE_NAME_ATTR, cv.HW_ID, "health")
+
+
+def verdict_from_json(row: Mapping[str, Any], where: str) -> tuple[Verdict, str | None]:
+    """A verdict line (telemetry.md §3, as ``replay`` writes and ``/v1/devices`` serves) and its
+    ``dra.driver.name`` when the line carries one."""
+    if not isinstance(row, Mapping):
+        raise VerdictInputError(f"{where}: expected a verdict object, got {type(row).__name__}")
+    missing = [k for k in _REQUIRED if not isinstance(row.get(k), str)]
+    if missing:
+        raise VerdictInputError(f"{where}: not a verdict line: no {', '.join(missing)}")
+    if row["health"] not in HEALTH:
+        raise VerdictInputError(f"{where}: health {row['health']!r} is not one of: {', '.join(HEALTH)}")
+    reasons = row.get("reasons") or []
+    if not isinstance(reasons, list) or not all(r in REASONS for r in reasons):
+        raise VerdictInputError(f"{where}: reasons {reasons!r} are not contract reasons ({', '.join(REASONS)})")
+    verdict = Verdict(
+        time_unix_nano=int(row.get("time_unix_nano") or 0),
+        node=row[cv.K8S_NODE_NAME_ATTR],
+        hw_id=row[cv.HW_ID],
+        health=row["health"],
+        state=row.get(cv.HW_STATE),
+        reasons=tuple(reasons),
+        remediation=str(row.get("remediation") or "none"),
+        message=str(row.get("message") or ""),
+        pool=row.get(cv.DRA_POOL_NAME),
+        device=row.get(cv.DRA_DEVICE_NAME),
+        last_transition_time=int(row.get("last_transition_time") or 0),
+        last_reported_time=int(row.get("last_reported_time") or 0),
+    )
+    return verdict, row.get(cv.DRA_DRIVER_NAME)
+
+
+def read_verdict_lines(lines: Iterable[str], source: str) -> tuple[list[Verdict], dict[tuple[str, str], str | None]]:
+    """Verdict JSON lines (the replay output): the last line per device wins."""
+    latest: dict[tuple[str, str], tuple[Verdict, str | None]] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise VerdictInputError(f"{source}:{number}: not JSON ({exc})") from None
+        verdict, driver = verdict_from_json(row, f"{source}:{number}")
+        latest[(verdict.node, verdict.hw_id)] = (verdict, driver)
+    return [v for v, _ in latest.values()], {k: d for k, (_, d) in latest.items()}
+
+
+def read_devices_json(doc: Any, source: str) -> tuple[list[Verdict], dict[tuple[str, str], str | None]]:
+    """An agent's ``/v1/devices`` answer: ``{"devices": [verdict lines...]}``."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("devices"), list):
+        raise VerdictInputError(f"{source}: not otel-dra's device list (no 'devices' list)")
+    verdicts, drivers = [], {}
+    for i, row in enumerate(doc["devices"]):
+        verdict, driver = verdict_from_json(row, f"{source}: devices[{i}]")
+        verdicts.append(verdict)
+        drivers[(verdict.node, verdict.hw_id)] = driver
+    return verdicts, drivers
+
+
+# -- files out --------------------------------------------------------------------------------
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write ``text`` atomically (temp file in the same directory, then rename) unless the file
+    already holds it: a reader (kubectl, a driver) sees the old file or the new one, never half."""
+    try:
+        if path.read_text() == text:
+            return False
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the files are for other processes to read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def write_rendering(rendering: Rendering, out_dir: Path, only: str | None = None) -> list[Path]:
+    """``devicetaintrules.yaml`` and ``resourceslice-attributes.yaml`` in ``out_dir``; the ones that changed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    if only in (None, "taints"):
+        files.append((out_dir / RULES_FILE, rendering.rules_yaml()))
+    if only in (None, "attributes"):
+        files.append((out_dir / ATTRIBUTES_FILE, rendering.attributes_yaml()))
+    return [path for path, text in files if write_if_changed(path, text)]

@@ -1,0 +1,173 @@
+"""The agent's ``--k8s-output DIR`` (and, opted into, its in-cluster apply): the board's
+verdicts as files a cluster-side process (``kubectl apply``, a DRA driver,
+``otel-dra k8s render --apply``) picks up, or as DeviceTaintRules applied directly.
+
+Writes ``devicetaintrules.yaml`` and ``resourceslice-attributes.yaml`` on its own thread,
+after each verdict change, atomically (temp file and rename: a reader never sees half a file)
+and only when the rendering changed (a file's mtime moves only when its content does). With
+``apply``, the same thread reconciles the cluster's rules (:func:`otel_dra.k8s.apply.apply`)
+whenever the rules change, and every ``resync_s`` besides (a rule deleted by hand comes back);
+a failure is logged and retried after ``retry_s``. The sampling loop never waits on any of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from otel_dra import conventions as cv
+from otel_dra.k8s import validation as val
+from otel_dra.k8s.apply import K8sApplyError, apply, connect
+from otel_dra.k8s.render import (
+    ATTRIBUTES_FILE,
+    DEFAULT_API_VERSION,
+    RULES_FILE,
+    Rendering,
+    api_version_of,
+    render,
+    write_if_changed,
+)
+from otel_dra.policy import Policy
+from otel_dra.sinks.verdicts import VerdictBoard
+
+log = logging.getLogger(__name__)
+
+
+class K8sOutputSink:
+    """Renders a :class:`VerdictBoard` into ``out_dir`` (and applies the rules, if asked)
+    whenever the board changes."""
+
+    def __init__(
+        self,
+        board: VerdictBoard,
+        out_dir: Path,
+        policy: Policy,
+        api_version: str = DEFAULT_API_VERSION,
+        driver: str | None = None,
+        *,
+        apply_rules: bool = False,
+        poll_s: float = 0.5,
+        resync_s: float = 60.0,
+        retry_s: float = 10.0,
+        warmup_s: float = 0.0,
+    ) -> None:
+        """``driver``: the DRA driver for devices whose telemetry has no ``dra.driver.name``.
+
+        Fails before the agent starts, never after: ValueError (bad API version),
+        :class:`~otel_dra.k8s.validation.K8sValidationError` (no kubernetes client), OSError
+        (``out_dir`` cannot be made), :class:`~otel_dra.k8s.apply.ClusterUnavailable`
+        (``apply_rules`` without a kubeconfig or a pod's service account).
+
+        ``warmup_s``: no apply before this long after :meth:`start`, so a restarted agent that
+        has not yet seen enough samples to re-find a fault does not delete (and then recreate)
+        its rule; e.g. the policy's ``min_samples`` times the sampling interval."""
+        self.board = board
+        self.out_dir = Path(out_dir)
+        self.policy = policy
+        self.api_version = api_version_of(api_version)
+        self.driver = driver
+        self.poll_s, self.resync_s, self.retry_s, self.warmup_s = poll_s, resync_s, retry_s, warmup_s
+        self._not_before = 0.0
+        val.client_models()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._api_client: Any = connect() if apply_rules else None
+        self._written: dict[Path, str] = {}
+        self._notes: tuple[str, ...] = ()
+        self._rendering: Rendering | None = None
+        self._attempted: str | None = None  # the rules text last applied (or tried)
+        self._apply_due = 0.0  # monotonic time of the next resync or retry
+        self._apply_error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.writes = 0  # files (re)written, for tests and logs
+        self.applies = 0  # successful reconciliations
+
+    def write(self) -> bool:
+        """Render the board now; write the files whose content changed. True when any did."""
+        snapshot = self.board.snapshot()
+        drivers = {(v.node, v.hw_id): attrs.get(cv.DRA_DRIVER_NAME) for v, attrs in snapshot}
+        rendering = render(
+            (v for v, _ in snapshot), self.policy, self.api_version, drivers=drivers, driver=self.driver, strict=False
+        )
+        self._rendering = rendering
+        notes = tuple(rendering.skipped + rendering.dropped)
+        if notes != self._notes:  # once per change, not on every pass
+            for note in notes:
+                log.warning("k8s output: %s", note)
+            self._notes = notes
+        changed = False
+        for name, text in ((RULES_FILE, rendering.rules_yaml()), (ATTRIBUTES_FILE, rendering.attributes_yaml())):
+            path = self.out_dir / name
+            if self._written.get(path) == text and path.exists():
+                continue
+            if write_if_changed(path, text):
+                changed = True
+                self.writes += 1
+                log.info("k8s output: wrote %s", path)
+            self._written[path] = text
+        return changed
+
+    def reconcile(self, force: bool = False) -> bool:
+        """Apply the last rendering when its rules changed, a resync or retry is due, or ``force``.
+        True when the cluster now matches it; failures are logged (once per distinct error)."""
+        rendering = self._rendering
+        if self._api_client is None or rendering is None or (not force and time.monotonic() < self._not_before):
+            return False
+        rules = rendering.rules_yaml()
+        if not (force or rules != self._attempted or time.monotonic() >= self._apply_due):
+            return not self._apply_error
+        self._attempted = rules
+        try:
+            result = apply(rendering, self._api_client)
+        except K8sApplyError as exc:
+            if str(exc) != self._apply_error:
+                log.error("k8s output: applying DeviceTaintRules failed: %s; retrying every %gs", exc, self.retry_s)
+            self._apply_error = str(exc)
+            self._apply_due = time.monotonic() + self.retry_s
+            return False
+        for action in result.actions:
+            log.info("k8s output: %s", action)
+        if self._apply_error:
+            log.info("k8s output: applying DeviceTaintRules works again")
+        self._apply_error = ""
+        self._apply_due = time.monotonic() + self.resync_s
+        self.applies += 1
+        return True
+
+    def _run(self) -> None:
+        seen: int | None = None
+        failed = False
+        while not self._stop.is_set():
+            version = self.board.version
+            if version != seen or failed:
+                try:
+                    self.write()
+                    failed = False
+                except (OSError, val.K8sValidationError) as exc:
+                    if not failed:
+                        log.error("k8s output: cannot write to %s: %s; retrying", self.out_dir, exc)
+                    failed = True
+                seen = version
+            self.reconcile()
+            self.board.wait_for_change(seen, self.poll_s)
+
+    def start(self) -> None:
+        """Write (and, after ``warmup_s``, apply) now, then after every board change, on a daemon thread."""
+        self._not_before = time.monotonic() + self.warmup_s
+        self._thread = threading.Thread(target=self._run, name="k8s-output", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop the thread (within ``poll_s`` plus a request in flight), then write the files once
+        more, so a change just before shutdown is not lost. Rules are not applied on the way out."""
+        self._stop.set()
+        self.board.wake_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            try:
+                self.write()
+            except (OSError, val.K8sValidationError) as exc:
+                log.error("k8s output: last write to %s failed: %s", self.out_dir, exc)

@@ -1,0 +1,183 @@
+"""The agent as a user runs it, watched by a kubelet-like client over its unix socket."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from otel_dra.kubelet.api import dra_health_v1alpha1_pb2 as pb
+from otel_dra.kubelet.api import dra_health_v1alpha1_pb2_grpc as pb_grpc
+from otel_dra.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from otel_dra.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.e2e
+DEVICES = {f"gpu-{i}" for i in range(8)}
+
+
+class Kubelet:
+    """Watches NodeWatchResources the way the kubelet does: one stream, retried every second."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self.messages: queue.Queue[tuple[float, pb.NodeWatchResourcesResponse]] = queue.Queue()
+        self.connects = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.socket_path.exists():
+                time.sleep(0.2)
+                continue
+            with grpc.insecure_channel(f"unix://{self.socket_path}") as channel:
+                stub = pb_grpc.DRAResourceHealthStub(channel)
+                try:
+                    self.connects += 1
+                    for msg in stub.NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=120):
+                        self.messages.put((time.monotonic(), msg))
+                        if self._stop.is_set():
+                            return
+                except grpc.RpcError:
+                    time.sleep(0.5)  # the kubelet retries every 5 s; faster here
+
+    def next(self, timeout: float = 10.0) -> tuple[float, dict[str, tuple[int, str]]]:
+        at, msg = self.messages.get(timeout=timeout)
+        return at, {d.device.device_name: (d.health, d.message) for d in msg.devices}
+
+    def until(self, predicate, timeout: float, what: str) -> dict[str, tuple[int, str]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                _, health = self.next(max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if predicate(health):
+                return health
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+@pytest.fixture
+def short_dir():
+    """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="od-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet_dir(short_dir: Path) -> Path:
+    return short_dir / "plugins" / "otel-dra.example.com"
+
+
+def test_device_lost_turns_unhealthy_after_the_stale_timeout_and_the_rest_stay_healthy(
+    start_agent, tmp_path, kubelet_dir
+):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("stale_timeout: 5s\n")  # the contract's 60 s default, shortened for the test
+    sock = kubelet_dir / "dra.sock"
+    agent = start_agent(
+        "--interval",
+        "1",
+        "--kubelet-socket",
+        str(sock),
+        "--kubelet-health-timeout",
+        "3",
+        "--fault",
+        "gpu-2:device_lost@4",
+        "--policy",
+        str(policy),
+        "--node-name",
+        "node-k",
+    )
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    kubelet = Kubelet(sock)
+    try:
+        _, first = kubelet.next()
+        assert set(first) == DEVICES and all(h == pb.HEALTHY for h, _ in first.values())
+        # Nothing changes for a while: the list is still resent (well inside the 3 s timeout).
+        t0, _ = kubelet.next()
+        t1, _ = kubelet.next()
+        assert t1 - t0 <= 1.5
+        lost = kubelet.until(lambda h: h["gpu-2"][0] == pb.UNHEALTHY, 20, "gpu-2 UNHEALTHY")
+        lost_at = time.monotonic()
+        assert "device_lost" in lost["gpu-2"][1] and "reboot_node" in lost["gpu-2"][1]
+        assert all(h == pb.HEALTHY for dev, (h, _) in lost.items() if dev != "gpu-2")
+        # fault at 4 s + stale timeout 5 s, judged at the next sample: within one interval after.
+        assert lost_at - agent.started <= 4 + 5 + 1 + 3  # + start-up time of the process
+        for _ in range(3):
+            _, later = kubelet.next()
+            assert later["gpu-2"][0] == pb.UNHEALTHY
+            assert all(h == pb.HEALTHY for dev, (h, _) in later.items() if dev != "gpu-2")
+    finally:
+        kubelet.close()
+
+
+def test_the_kubelet_reconnects_after_an_agent_restart(start_agent, tmp_path, kubelet_dir):
+    sock = kubelet_dir / "dra.sock"
+    args = ("--interval", "1", "--kubelet-socket", str(sock), "--kubelet-health-timeout", "3")
+    first = start_agent(*args)
+    kubelet = Kubelet(sock)
+    try:
+        assert set(kubelet.next()[1]) == DEVICES
+        code, took = first.stop()
+        assert code == 0 and took < 5
+        second = start_agent(*args)  # the socket file left behind is replaced
+        assert second.proc.poll() is None
+        wait_for(lambda: kubelet.connects >= 2, 20, "the kubelet to reconnect")
+        health = kubelet.until(lambda h: set(h) == DEVICES, 20, "the full list after the restart")
+        assert all(h == pb.HEALTHY for h, _ in health.values())
+    finally:
+        kubelet.close()
+
+
+def test_registration_announces_the_health_socket(start_agent, short_dir):
+    registry = short_dir / "plugins_registry"
+    sock = short_dir / "plugins" / "otel-dra.example.com" / "dra.sock"
+    start_agent(
+        "--interval",
+        "1",
+        "--register-with-kubelet",
+        "otel-dra.example.com",
+        "--kubelet-socket",
+        str(sock),
+        "--plugin-registry",
+        str(registry),
+    )
+    reg_sock = registry / "otel-dra.example.com-reg.sock"
+    wait_for(reg_sock.exists, 10, "the registration socket")
+    with grpc.insecure_channel(f"unix://{reg_sock}") as channel:
+        info = reg_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest(), timeout=5)
+    assert (info.type, info.name, info.endpoint) == ("DRAPlugin", "otel-dra.example.com", str(sock))
+    assert "v1alpha1.DRAResourceHealth" in info.supported_versions
+
+
+def test_a_path_that_is_not_a_socket_is_a_one_line_error(start_agent, tmp_path):
+    import subprocess
+    import sys
+
+    taken = tmp_path / "not-a-socket"
+    taken.write_text("precious")
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_dra", "run", "--prometheus-port", "0", "--kubelet-socket", str(taken)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("otel-dra: error:")
+    assert taken.read_text() == "precious"
