@@ -181,3 +181,24 @@ def test_a_path_that_is_not_a_socket_is_a_one_line_error(start_agent, tmp_path):
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("otel-dra: error:")
     assert taken.read_text() == "precious"
+
+
+def test_done_when_with_every_default(start_agent, kubelet_dir):
+    """Issue #4's check as a user runs it: `otel-dra run --kubelet-socket ... --fault gpu-2:device_lost@10`
+    with the default 5 s interval and 60 s stale timeout: gpu-2 goes UNHEALTHY within one interval after
+    the stale timeout, every other device stays HEALTHY."""
+    sock = kubelet_dir / "dra.sock"
+    agent = start_agent("--kubelet-socket", str(sock), "--fault", "gpu-2:device_lost@10")
+    kubelet = Kubelet(sock)
+    try:
+        first = kubelet.next()[1]
+        assert set(first) == DEVICES and all(h == pb.HEALTHY for h, _ in first.values())
+        lost = kubelet.until(lambda h: h["gpu-2"][0] != pb.HEALTHY, 100, "gpu-2 to leave HEALTHY")
+        after = time.monotonic() - agent.started
+        assert lost["gpu-2"][0] == pb.UNHEALTHY
+        assert all(h == pb.HEALTHY for dev, (h, _) in lost.items() if dev != "gpu-2")
+        # The device's last report is the sample at 5 s (the one at 10 s finds it gone); the stale timeout
+        # (60 s) runs from there, and the next sample (every 5 s) sees it: 65-70 s, plus the start-up.
+        assert 5 + 60 <= after <= 10 + 60 + 5 + 4, after
+    finally:
+        kubelet.close()
