@@ -111,29 +111,36 @@ class Classifier:
         return rows, new, values
 
     def ingest_many(self, frames: list[Frame]) -> None:
-        """Samples taken at the same time (a fleet's nodes at one tick), ingested as one batch:
-        the per-sample work runs once for all their devices. A device sampled twice keeps the last."""
-        by_time: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
-        for frame in frames:
-            rows, new, values = self._rows_of(frame)
-            if rows.size:
-                by_time.setdefault(frame.time_unix_nano, []).append((rows, new, values))
-        width = len(self.schema)
-        for t, parts in by_time.items():
-            if len(parts) == 1:
-                rows, new, values = parts[0]
-            else:
-                rows = np.concatenate([p[0] for p in parts])
-                new = np.concatenate([p[1] for p in parts])
-                values = np.full((rows.size, width), np.nan)
-                at = 0
-                for _, _, v in parts:
-                    values[at : at + v.shape[0], : v.shape[1]] = v
-                    at += v.shape[0]
-                last = rows.size - 1 - np.unique(rows[::-1], return_index=True)[1]
-                if last.size != rows.size:  # duplicates: keep each device's last sample
-                    rows, new, values = rows[last], new[last], values[last]
-            self.ingest_rows(rows, new, t, values)
+        """Samples of many nodes (a tick of a fleet, a batch of OTLP requests), ingested as one
+        batch whatever their times: the per-sample work runs once for all their devices. A device
+        sampled more than once in the batch gets its samples in order, one round each."""
+        parts = [(*self._rows_of(frame), frame.time_unix_nano) for frame in frames]
+        parts = [p for p in parts if p[0].size]
+        if not parts:
+            return
+        if len(parts) == 1:
+            rows, new, values, t = parts[0]
+            self.ingest_rows(rows, new, np.full(rows.shape, t, dtype=np.int64), values)
+            return
+        rows = np.concatenate([p[0] for p in parts])
+        new = np.concatenate([p[1] for p in parts])
+        times = np.concatenate([np.full(p[0].shape, p[3], dtype=np.int64) for p in parts])
+        values = np.full((rows.size, len(self.schema)), np.nan)
+        at = 0
+        for _, _, v, _ in parts:
+            values[at : at + v.shape[0], : v.shape[1]] = v
+            at += v.shape[0]
+        # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its
+        # second, ...), so each round has every device at most once, in arrival order.
+        order = np.argsort(rows, kind="stable")
+        sorted_rows = rows[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_rows)) + 1]
+        rank_sorted = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
+        rank = np.empty(rows.size, dtype=np.int64)
+        rank[order] = rank_sorted
+        for r in range(int(rank.max()) + 1):
+            pick = rank == r
+            self.ingest_rows(rows[pick], new[pick], times[pick], values[pick])
 
     def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]]) -> None:
         for row, a in zip(rows.tolist(), attrs, strict=True):
@@ -141,13 +148,16 @@ class Classifier:
                 self.groups.assign(row, a)
                 self._ladders = None
 
-    def ingest_rows(self, rows: np.ndarray, new: np.ndarray, time_unix_nano: int, values: np.ndarray) -> None:
-        """A sample for ``rows`` (unique) at one time: ``values`` is ``(rows, schema columns)``."""
-        t = time_unix_nano / 1e9
-        feats = self.extractor.extract(rows, new, np.full(rows.shape, t), values, self.groups.device_params(rows))
+    def ingest_rows(
+        self, rows: np.ndarray, new: np.ndarray, time_unix_nano: int | np.ndarray, values: np.ndarray
+    ) -> None:
+        """One sample for each of ``rows`` (unique), taken at ``time_unix_nano`` (one time, or one per
+        row): ``values`` is ``(rows, schema columns)``."""
+        t = np.broadcast_to(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
+        feats = self.extractor.extract(rows, new, t, values, self.groups.device_params(rows))
         self.store.append(rows, t, feats)
         for f, log in self.events.items():
-            log.record(rows, np.full(rows.shape, t), feats[:, f])
+            log.record(rows, t, feats[:, f])
         seen = self.registry.last_seen[rows]
         self.registry.last_seen[rows] = np.fmax(seen, t)
         self.registry.first_seen[rows] = np.where(
