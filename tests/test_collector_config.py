@@ -6,13 +6,17 @@ path itself is tested end to end against rotel in test_e2e_otlp.py.)"""
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-CONFIG = Path(__file__).resolve().parents[1] / "collector-config.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "collector-config.yaml"
+SHARDING = ROOT / "collector-sharding.yaml"
 
 
-def test_pipelines_reference_declared_components():
-    config = yaml.safe_load(CONFIG.read_text())
+@pytest.mark.parametrize("path", [CONFIG, SHARDING], ids=lambda p: p.name)
+def test_pipelines_reference_declared_components(path):
+    config = yaml.safe_load(path.read_text())
     for name, pipeline in config["service"]["pipelines"].items():
         for kind in ("receivers", "processors", "exporters"):
             for component in pipeline.get(kind, []):
@@ -26,3 +30,12 @@ def test_receives_otlp_on_both_transports_and_exports_prometheus():
     assert protocols["http"]["endpoint"].endswith(":4318")
     assert "prometheus" in config["service"]["pipelines"]["metrics"]["exporters"]
     assert config["exporters"]["prometheus"]["resource_to_telemetry_conversion"]["enabled"] is True
+    assert "otlp/fleet" in config["service"]["pipelines"]["metrics"]["exporters"]
+    assert config["exporters"]["otlp/fleet"]["endpoint"].endswith(":4317")
+
+
+def test_sharding_routes_each_node_to_one_replica():
+    config = yaml.safe_load(SHARDING.read_text())
+    lb = config["exporters"]["loadbalancing"]
+    assert lb["routing_key"] == "resource"  # a node's resource never changes: its devices stay on one replica
+    assert "dns" in lb["resolver"] and lb["resolver"]["dns"]["port"] == "4317"
