@@ -305,6 +305,105 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
 
 
+@cli.command()
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address every port binds to.")
+@click.option(
+    "--otlp-grpc-port",
+    type=click.IntRange(0, 65535),
+    default=4317,
+    show_default=True,
+    help="OTLP/gRPC metrics receiver port (0: off).",
+)
+@click.option(
+    "--otlp-http-port",
+    type=click.IntRange(0, 65535),
+    default=4318,
+    show_default=True,
+    help="OTLP/HTTP metrics receiver port, POST /v1/metrics (0: off).",
+)
+@click.option(
+    "--prometheus-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PROMETHEUS_PORT,
+    show_default=True,
+    help="Port for /metrics (the fleet's verdicts), /v1/devices and /healthz (0: off).",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    default=None,
+    envvar="OTEL_DRA_POLICY",
+    help="Health policy YAML merged over the default. [env: OTEL_DRA_POLICY]",
+)
+@click.option(
+    "--sample-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="How often the agents push (their OTEL_METRIC_EXPORT_INTERVAL): sizes each device's window.",
+)
+@click.option(
+    "--evaluate-every",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds between evaluations of the whole fleet.",
+)
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1024),
+    default=16 << 20,
+    show_default=True,
+    help="Largest OTLP request accepted (bigger ones get RESOURCE_EXHAUSTED / 413).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    envvar="OTEL_DRA_LOG_LEVEL",
+)
+def fleet(
+    host: str,
+    otlp_grpc_port: int,
+    otlp_http_port: int,
+    prometheus_port: int,
+    policy_file: str | None,
+    sample_interval: float,
+    evaluate_every: float,
+    max_request_bytes: int,
+    log_level: str,
+) -> None:
+    """Classify a whole fleet: receive every node's hw.* telemetry over OTLP (from the agents,
+    usually through an OpenTelemetry Collector) and serve the verdicts like an agent does.
+
+    Point a Collector's otlp exporter (or agents' OTEL_EXPORTER_OTLP_ENDPOINT) at the gRPC or
+    HTTP port; scrape /metrics for hw_status and dra_device_health of every device.
+    """
+    from otel_dra.fleet import Fleet, FleetConfig
+
+    setup_logging(log_level)
+    policy = _load_policy(policy_file)
+    try:
+        config = FleetConfig(
+            host, otlp_grpc_port, otlp_http_port, prometheus_port, sample_interval, evaluate_every, max_request_bytes
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    runner = Fleet(config, policy)
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        runner.run()
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}: {exc.strerror or exc}; pick other ports") from exc
+
+
 def _load_policy(path: str | None) -> Policy:
     from otel_dra.policy import PolicyError, load
 

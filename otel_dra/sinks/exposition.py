@@ -14,6 +14,7 @@ import gzip
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -25,8 +26,10 @@ class ExpositionCache:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, registry: CollectorRegistry, max_age_s: float) -> None:
+    def __init__(self, registry: CollectorRegistry, max_age_s: float, extra: Callable[[], bytes] | None = None) -> None:
+        """``extra``: more exposition text appended to the registry's (the fleet's verdicts)."""
         self._registry = registry
+        self._extra = extra
         self._max_age_s = max_age_s
         self._lock = threading.Lock()
         self._body: bytes | None = None
@@ -38,6 +41,8 @@ class ExpositionCache:
         """Collect every instrument and render the text exposition."""
         t0 = time.perf_counter()
         body = generate_latest(self._registry)
+        if self._extra is not None:
+            body += self._extra()
         with self._lock:
             self._body, self._gzipped = body, None
             self._rendered_at = time.monotonic()

@@ -103,7 +103,9 @@ class VerdictMetrics:
     """``hw.status`` and ``dra.device.health`` instruments reading a :class:`VerdictBoard`, and
     ``dra.device.view.disagreement`` for devices seen from several nodes."""
 
-    def __init__(self, board: VerdictBoard, meter: Meter, combine_mode: str = "any") -> None:
+    def __init__(self, board: VerdictBoard, meter: Meter, combine_mode: str = "any", states: bool = True) -> None:
+        """``states=False`` leaves ``hw.status`` and ``dra.device.health`` to another renderer
+        (the fleet's :mod:`otel_dra.sinks.verdict_text`) and keeps only the disagreement gauge."""
         self._board = board
         self._mode = combine_mode
         meter.create_observable_gauge(
@@ -112,6 +114,8 @@ class VerdictMetrics:
             unit=cv.DRA_DEVICE_VIEW_DISAGREEMENT.unit,
             description=cv.DRA_DEVICE_VIEW_DISAGREEMENT.description,
         )
+        if not states:
+            return
         meter.create_observable_up_down_counter(
             cv.HW_STATUS.name, callbacks=[self._status], unit=cv.HW_STATUS.unit, description=cv.HW_STATUS.description
         )

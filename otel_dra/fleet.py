@@ -1,0 +1,188 @@
+"""Fleet mode: every node's telemetry in over OTLP, one classifier, the fleet's verdicts out.
+
+receivers (OTLP gRPC and HTTP) → a batch buffer → the classifier (one window store for every
+node's devices) → sinks (verdict metrics on /metrics, /v1/devices, logs). Requests are decoded
+on their own threads and only queued there; the evaluation loop drains the queue and ingests it
+as one batch every tick, so thousands of small requests cost one pass of array work, and a
+slow tick never blocks a sender.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from otel_dra import __version__
+from otel_dra import conventions as cv
+from otel_dra.classifier import Classifier, Verdict
+from otel_dra.frame import Frame, Schema
+from otel_dra.policy import Policy
+from otel_dra.sinks import provider
+from otel_dra.sinks.exposition import ExpositionCache, Renderer
+from otel_dra.sinks.http import HttpEndpoint
+from otel_dra.sinks.verdict_text import VerdictText
+from otel_dra.sinks.verdicts import VerdictBoard, VerdictMetrics
+
+log = logging.getLogger(__name__)
+
+#: Per-instrument series limit for the fleet's verdict metrics (5 hw.status series per device).
+FLEET_SERIES_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """What ``otel-dra fleet`` needs; validated by the CLI's option types and here."""
+
+    host: str = "0.0.0.0"
+    otlp_grpc_port: int = 4317
+    otlp_http_port: int = 4318
+    prometheus_port: int = 9464
+    sample_interval_s: float = 10.0  # how often agents push: sizes the windows
+    evaluate_every_s: float = 5.0
+    max_request_bytes: int = 16 << 20
+    node_name: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("otlp_grpc_port", "otlp_http_port", "prometheus_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"--{name.replace('_', '-')} must be a TCP port (0 turns it off), got {port}")
+        if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:
+            raise ValueError("--sample-interval and --evaluate-every must be positive numbers of seconds")
+
+
+class Fleet:
+    """The fleet classifier and its receivers and sinks."""
+
+    def __init__(self, config: FleetConfig, policy: Policy) -> None:
+        self.config = config
+        self.policy = policy
+        self.schema = Schema()
+        self.classifier = Classifier(policy, self.schema, interval_s=config.sample_interval_s, capacity=1024)
+        self.board = VerdictBoard()
+        self._pending: list[Frame] = []
+        self._pending_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_tick = 0.0
+        self.ticks = 0
+        self.receiver = None
+        self.http: HttpEndpoint | None = None
+        self.renderer: Renderer | None = None
+        self.meter_provider = None
+
+    # -- data in -------------------------------------------------------------------------------
+    def on_frames(self, frames: list[Frame]) -> None:
+        """A request's frames (called on the receiver's threads): queued for the next tick."""
+        if frames:
+            with self._pending_lock:
+                self._pending.extend(frames)
+
+    def tick(self, now_unix_nano: int | None = None) -> list[Verdict]:
+        """Ingest everything queued since the last tick, judge every device, publish the changes."""
+        with self._pending_lock:
+            frames, self._pending = self._pending, []
+        if frames:
+            self.classifier.ingest_many(frames)
+        changed = self.classifier.evaluate(now_unix_nano)
+        registry = self.classifier.registry
+
+        def attrs_of(node: str, hw_id: str) -> dict[str, str]:
+            row = registry.row(node, hw_id)
+            attrs = registry.attrs[row] if row is not None else {}
+            return {k: v for k, v in attrs.items() if k != cv.HW_ID}
+
+        self.board.update(changed, attrs_of)
+        self.board.forget(lambda key: registry.row(*key) is not None)
+        for v in changed:
+            if v.health != "Healthy" or v.state != "ok":
+                log.warning(
+                    "verdict node=%s device=%s health=%s state=%s reasons=%s remediation=%s: %s",
+                    v.node,
+                    v.hw_id,
+                    v.health,
+                    v.state,
+                    ",".join(v.reasons) or "-",
+                    v.remediation,
+                    v.message,
+                )
+        self._last_tick = time.monotonic()
+        self.ticks += 1
+        if self.renderer is not None:
+            self.renderer.sampled()
+        return changed
+
+    # -- running -------------------------------------------------------------------------------
+    def _healthz(self) -> tuple[str, str, bytes]:
+        """Healthy while the evaluation loop keeps ticking."""
+        if time.monotonic() - self._last_tick <= 3 * self.config.evaluate_every_s + 5:
+            return "200 OK", "text/plain", b"ok\n"
+        return "503 Service Unavailable", "text/plain", b"the evaluation loop has stalled\n"
+
+    def start(self) -> None:
+        """Bind every port (a port in use fails here, before anything runs)."""
+        from otel_dra.receivers.otlp import OtlpReceiver
+
+        cfg = self.config
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        readers = [provider.prometheus_reader(registry)] if cfg.prometheus_port else []
+        node = cfg.node_name or socket.gethostname()
+        self.meter_provider = provider.build_meter_provider(node, readers, FLEET_SERIES_LIMIT)
+        meter = self.meter_provider.get_meter("otel_dra.fleet", __version__)
+        VerdictMetrics(self.board, meter, self.policy.data["shared_devices"]["combine"], states=False)
+        verdict_text = VerdictText()
+        grpc_at = f"{cfg.host}:{cfg.otlp_grpc_port}" if cfg.otlp_grpc_port else None
+        http_at = f"{cfg.host}:{cfg.otlp_http_port}" if cfg.otlp_http_port else None
+        self.receiver = OtlpReceiver(self.schema, self.on_frames, grpc_at, http_at, cfg.max_request_bytes, meter)
+        self.receiver.start()
+        self._last_tick = time.monotonic()
+        if cfg.prometheus_port:
+            cache = ExpositionCache(
+                registry, 3 * cfg.evaluate_every_s + 5, extra=lambda: verdict_text.render(self.board.snapshot())
+            )
+            routes = {"/healthz": self._healthz, "/v1/devices": self.board.json_route}
+            self.http = HttpEndpoint(cfg.host, cfg.prometheus_port, cache, routes)
+            self.renderer = Renderer(cache)
+            self.renderer.start()
+            self.http.start()
+        log.info(
+            "otel-dra %s fleet: OTLP gRPC %s, OTLP/HTTP %s, verdicts every %gs",
+            __version__,
+            grpc_at or "off",
+            http_at or "off",
+            cfg.evaluate_every_s,
+        )
+
+    def run(self) -> None:
+        """Tick every ``evaluate_every`` seconds until :meth:`stop`, then close everything."""
+        try:
+            self.start()
+            next_at = time.monotonic() + self.config.evaluate_every_s
+            while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+                try:
+                    self.tick()
+                except Exception as exc:  # a failed tick must not end the fleet
+                    log.error("evaluation tick failed; retrying next tick", exc_info=exc)
+                next_at = max(next_at + self.config.evaluate_every_s, time.monotonic())
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self.board.wake_all()
+        if self.receiver is not None:
+            self.receiver.stop(1.0)
+        if self.http is not None:
+            self.http.shutdown()
+        if self.renderer is not None:
+            self.renderer.stop()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown(timeout_millis=2000)
+        log.info("fleet stopped after %d ticks, %d samples", self.ticks, self.classifier.ingested_samples)

@@ -1,0 +1,125 @@
+"""The whole fleet pipeline for real: agents push OTLP to a collector (rotel), which forwards to
+`otel-dra fleet`, which a real Prometheus scrapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port, http_get, rotel_binary, wait_for
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fleet_process(tmp_path):
+    """`otel-dra fleet` on free loopback ports."""
+    ports = {"grpc": free_port(), "http": free_port(), "prom": free_port()}
+    log = (tmp_path / "fleet.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_dra",
+            "fleet",
+            "--host",
+            "127.0.0.1",
+            "--otlp-grpc-port",
+            str(ports["grpc"]),
+            "--otlp-http-port",
+            str(ports["http"]),
+            "--prometheus-port",
+            str(ports["prom"]),
+            "--sample-interval",
+            "1",
+            "--evaluate-every",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+    )
+    url = f"http://127.0.0.1:{ports['prom']}"
+    wait_for(lambda: http_get(url + "/healthz", 1)[0] == 200 or proc.poll() is not None, 30, "the fleet")
+    assert proc.poll() is None, (tmp_path / "fleet.log").read_text()
+    yield ports, url, proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def forwarding_collector(tmp_path, fleet_process):
+    """rotel receiving OTLP from the agents and exporting it over OTLP/gRPC to the fleet."""
+    ports, _, _ = fleet_process
+    grpc_port, http_port = free_port(), free_port()
+    out = (tmp_path / "rotel.out").open("wb")
+    proc = subprocess.Popen(
+        [
+            rotel_binary(),
+            "start",
+            "--exporter",
+            "otlp",
+            "--otlp-exporter-endpoint",
+            f"http://127.0.0.1:{ports['grpc']}",
+            "--otlp-exporter-protocol",
+            "grpc",
+            "--otlp-grpc-endpoint",
+            f"127.0.0.1:{grpc_port}",
+            "--otlp-http-endpoint",
+            f"127.0.0.1:{http_port}",
+            "--log-file",
+            str(tmp_path / "rotel.log"),
+            "--pid-file",
+            str(tmp_path / "rotel.pid"),
+            "--batch-timeout",
+            "100ms",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    wait_for(lambda: "Starting Rotel" in (tmp_path / "rotel.out").read_text(errors="replace"), 20, "rotel")
+    yield f"127.0.0.1:{grpc_port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_agents_through_a_collector_to_the_fleet_and_prometheus(
+    start_agent, start_prometheus, fleet_process, forwarding_collector
+):
+    _, fleet_url, _ = fleet_process
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{forwarding_collector}", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
+    start_agent("--interval", "1", "--node-name", "node-1", "--prometheus-port", "0", env=env, wait=False)
+    start_agent("--interval", "1", "--node-name", "node-2", "--fault", "gpu-4:memory_ecc@3", env=env, wait=False)
+    prom = start_prometheus([fleet_url.removeprefix("http://")])
+
+    def devices() -> list[dict]:
+        return json.loads(http_get(fleet_url + "/v1/devices")[1])["devices"]
+
+    wait_for(lambda: len(devices()) == 16, 40, "every device of both nodes at the fleet")
+    wait_for(
+        lambda: (
+            {
+                (r["metric"]["hw_id"], r["metric"]["dra_pool_name"])
+                for r in prom.query('hw_status{hw_state="failed"} == 1')
+            }
+            == {("gpu-4", "node-2")}
+        ),
+        60,
+        "node-2's gpu-4 failed in Prometheus",
+    )
+    ok = prom.query('hw_status{hw_state="ok"} == 1')
+    assert len(ok) == 15
+    first = devices()[0]
+    assert (first["k8s.node.name"], first["hw.id"], first["health"]) == ("node-2", "gpu-4", "Unhealthy")
+    assert first["reasons"] == ["memory_ecc"]
