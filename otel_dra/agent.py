@@ -94,7 +94,7 @@ class Agent:
             readers.append(provider.otlp_reader(cfg.otlp_endpoint, cfg.otlp_protocol, export_s))
             log.info("pushing OTLP (%s) to %s", cfg.otlp_protocol, cfg.otlp_endpoint)
         meter_provider = provider.build_meter_provider(cfg.node_name, readers, series_limit(self.schema, devices))
-        meter = meter_provider.get_meter("otel_dra", __version__)
+        meter = meter_provider.get_meter(cv.AGENT_SCOPE, __version__)
         health = self.board if cfg.health_attribute == "all" else None
         MetricsSink(self.store, self.schema, meter, cfg.stale_after_s, exclude=VERDICT_METRICS, health=health)
         combine_mode = self.policy.data["shared_devices"]["combine"]

@@ -124,7 +124,8 @@ def agent_request(frame: Frame, schema: Schema) -> dict:
     store.put(frame, time.monotonic_ns())
     reader = InMemoryMetricReader()
     mp = provider.build_meter_provider(frame.devices.node, [reader], 5000)
-    MetricsSink(store, schema, mp.get_meter("otel_dra", __version__), max_age_s=3600.0)
+    # As the agent does: its hw.status is its verdict (another sink's), not the source's column.
+    MetricsSink(store, schema, mp.get_meter("otel_dra", __version__), max_age_s=3600.0, exclude={"hw.status"})
     data = reader.get_metrics_data()
     mp.shutdown()
     return MessageToDict(encode_metrics(data), use_integers_for_enums=True)
@@ -145,7 +146,8 @@ def assert_same_frame(decoded: Frame, decoder: OtlpJsonDecoder, frame: Frame, sc
     assert set(decoded.devices.ids) == set(frame.devices.ids)
     for i, device in enumerate(frame.devices.ids):
         assert decoded.devices.attrs[decoded.devices.ids.index(device)] == frame.devices.attrs[i]
-    assert cells(decoded, decoder.schema) == cells(frame, schema)
+    sent = {key: v for key, v in cells(frame, schema).items() if key[1].metric != "hw.status"}
+    assert cells(decoded, decoder.schema) == sent
 
 
 def test_round_trip_of_the_agents_own_output(simulated):
@@ -154,7 +156,8 @@ def test_round_trip_of_the_agents_own_output(simulated):
     assert errors == []
     assert len(frames) == 1
     assert_same_frame(frames[0], decoder, frame, schema)
-    assert decoder.points == int((~np.isnan(frame.values)).sum())
+    status = [i for i, c in enumerate(schema.columns) if c.metric == "hw.status"]
+    assert decoder.points == int((~np.isnan(frame.values)).sum() - (~np.isnan(frame.values[:, status])).sum())
     assert (decoder.lines, decoder.lines_skipped, decoder.points_skipped) == (1, 0, 0)
     # A driver error code series born at run time comes back as its own column.
     xid = [c for c in decoder.schema.columns if ("hw.error.code", "119") in c.attrs]
@@ -681,3 +684,23 @@ def test_byte_mutations_of_a_valid_line_never_raise(data):
             line[at : at + len(snippet)] = snippet
     run_all([dumps(VALID), bytes(line)])
     assert_paths_agree([dumps(VALID), bytes(line)])
+
+
+def test_an_agents_own_hw_status_is_its_verdict_not_an_input():
+    """An otel-dra agent's hw.status (scope otel_dra) is a verdict: reading it back as the device's
+    own report would feed a fleet its agents' verdicts. Another producer's hw.status is input."""
+    status = updown("hw.status", pt(dev(**{"hw.state": "failed"}), 1, as_int=True))
+    power = gauge("hw.power", pt(dev(), 300.0))
+    res = kv({"k8s.node.name": "node-1"})
+    for scope, kept in (({"name": "otel_dra", "version": "0.1.0"}, False), ({"name": "gpu-exporter"}, True)):
+        doc = {
+            "resourceMetrics": [
+                {"resource": {"attributes": res}, "scopeMetrics": [{"scope": scope, "metrics": [status, power]}]}
+            ]
+        }
+        decoder = OtlpJsonDecoder(Schema())
+        frames, errors = decoder.decode_line(dumps(doc), 1)
+        assert not errors and len(frames) == 1
+        names = {c.metric for c in decoder.schema.columns}
+        assert "hw.power" in names
+        assert ("hw.status" in names) is kept

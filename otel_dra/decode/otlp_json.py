@@ -468,7 +468,12 @@ class OtlpJsonDecoder:
                 if type(metrics) is not list:
                     line.log.metric(f"a scope of node {_name(node)} has metrics that are not a list; skipped")
                     continue
+                info = scope.get("scope")
+                from_agent = type(info) is dict and info.get("name") == cv.AGENT_SCOPE
                 for metric in metrics:
+                    # An otel-dra agent's hw.status is its verdict: not the device's own report.
+                    if from_agent and type(metric) is dict and metric.get("name") == cv.HW_STATUS.name:
+                        continue
                     self._metric(metric, node, tokenized, line)
         return None
 
