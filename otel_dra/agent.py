@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from otel_dra import __version__
 from otel_dra import conventions as cv
-from otel_dra.classifier import Classifier, Verdict
+from otel_dra.classifier import Classifier
 from otel_dra.config import AgentConfig
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import load as load_policy
@@ -159,37 +159,11 @@ class Agent:
         frame = self.source.read(time.time_ns())
         self.store.put(frame, time.monotonic_ns())
         self.classifier.ingest(frame)
-        changed = self.classifier.evaluate(frame.time_unix_nano)
-        self._publish(changed)
+        self.board.publish(self.classifier.evaluate(frame.time_unix_nano), self.classifier.registry)
         self.samples += 1
         if self._sinks is not None and self._sinks.renderer is not None:
             self._sinks.renderer.sampled()
         return frame
-
-    def _publish(self, changed: list[Verdict]) -> None:
-        """Verdicts that changed go to the board (metrics, /v1/devices) and the log, one line each."""
-        registry = self.classifier.registry
-
-        def attrs_of(node: str, hw_id: str) -> dict[str, str]:
-            row = registry.row(node, hw_id)
-            attrs = registry.attrs[row] if row is not None else {}
-            return {k: v for k, v in attrs.items() if k != cv.HW_ID}
-
-        self.board.update(changed, attrs_of)
-        self.board.forget(lambda key: registry.row(*key) is not None)
-        for v in changed:
-            first = v.last_transition_time == v.time_unix_nano and v.health == "Healthy" and v.state == "ok"
-            level = logging.DEBUG if first else logging.WARNING if v.health != "Healthy" else logging.INFO
-            log.log(
-                level,
-                "verdict device=%s health=%s state=%s reasons=%s remediation=%s: %s",
-                v.hw_id,
-                v.health,
-                v.state,
-                ",".join(v.reasons) or "-",
-                v.remediation,
-                v.message,
-            )
 
     def run(self) -> None:
         """Sample every ``interval`` seconds until :meth:`stop`; then flush and close."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -35,6 +36,17 @@ if TYPE_CHECKING:
 
 USAGE_ERROR = 2
 log = logging.getLogger("otel_dra.cli")
+
+
+def _stop_on_signals(stop: Callable[[], None]) -> None:
+    """SIGTERM and Ctrl-C ask the running loop to stop (it flushes and exits within 5 s)."""
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 class FaultType(click.ParamType):
@@ -270,12 +282,7 @@ def run(
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
 
-    def on_signal(signum: int, _: FrameType | None) -> None:
-        log.info("received %s", signal.Signals(signum).name)
-        agent.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _stop_on_signals(agent.stop)
     try:
         agent.run()
     except (KubeletSocketError, K8sApplyError, K8sValidationError) as exc:
@@ -392,12 +399,7 @@ def fleet(
         raise click.UsageError(str(exc)) from exc
     runner = Fleet(config, policy)
 
-    def on_signal(signum: int, _: FrameType | None) -> None:
-        log.info("received %s", signal.Signals(signum).name)
-        runner.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _stop_on_signals(runner.stop)
     try:
         runner.run()
     except OSError as exc:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from otel_dra import __version__
-from otel_dra import conventions as cv
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
@@ -89,27 +88,7 @@ class Fleet:
         if frames:
             self.classifier.ingest_many(frames)
         changed = self.classifier.evaluate(now_unix_nano)
-        registry = self.classifier.registry
-
-        def attrs_of(node: str, hw_id: str) -> dict[str, str]:
-            row = registry.row(node, hw_id)
-            attrs = registry.attrs[row] if row is not None else {}
-            return {k: v for k, v in attrs.items() if k != cv.HW_ID}
-
-        self.board.update(changed, attrs_of)
-        self.board.forget(lambda key: registry.row(*key) is not None)
-        for v in changed:
-            if v.health != "Healthy" or v.state != "ok":
-                log.warning(
-                    "verdict node=%s device=%s health=%s state=%s reasons=%s remediation=%s: %s",
-                    v.node,
-                    v.hw_id,
-                    v.health,
-                    v.state,
-                    ",".join(v.reasons) or "-",
-                    v.remediation,
-                    v.message,
-                )
+        self.board.publish(changed, self.classifier.registry)
         self._last_tick = time.monotonic()
         self.ticks += 1
         if self.renderer is not None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
@@ -21,7 +22,10 @@ from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.classifier.verdicts import rfc3339
 from otel_dra.classifier.views import DeviceView, by_device
+from otel_dra.store.registry import DeviceRegistry
 from otel_dra.vocabulary import HW_STATES
+
+log = logging.getLogger(__name__)
 
 #: Metrics this sink owns; the telemetry sink leaves them alone.
 VERDICT_METRICS = frozenset({cv.HW_STATUS.name, cv.DRA_DEVICE_HEALTH.name, cv.DRA_DEVICE_VIEW_DISAGREEMENT.name})
@@ -75,6 +79,33 @@ class VerdictBoard:
     def snapshot(self) -> list[tuple[Verdict, Mapping[str, str]]]:
         with self._lock:
             return [(v, self._attrs[k]) for k, v in self._verdicts.items()]
+
+    def publish(self, changed: list[Verdict], registry: DeviceRegistry) -> None:
+        """The classifier's changed verdicts onto the board, each with its device's attributes from
+        ``registry``; devices the registry has forgotten leave the board; one log line per change
+        (a device's first, healthy verdict only at debug level)."""
+
+        def attrs_of(node: str, hw_id: str) -> dict[str, str]:
+            row = registry.row(node, hw_id)
+            attrs = registry.attrs[row] if row is not None else {}
+            return {k: v for k, v in attrs.items() if k != cv.HW_ID}
+
+        self.update(changed, attrs_of)
+        self.forget(lambda key: registry.row(*key) is not None)
+        for v in changed:
+            first = v.last_transition_time == v.time_unix_nano and v.health == "Healthy" and v.state == "ok"
+            level = logging.DEBUG if first else logging.WARNING if v.health != "Healthy" else logging.INFO
+            log.log(
+                level,
+                "verdict node=%s device=%s health=%s state=%s reasons=%s remediation=%s: %s",
+                v.node,
+                v.hw_id,
+                v.health,
+                v.state,
+                ",".join(v.reasons) or "-",
+                v.remediation,
+                v.message,
+            )
 
     def devices(self, mode: str) -> list[DeviceView]:
         """One verdict per DRA identity, several nodes' views combined by ``mode``."""
