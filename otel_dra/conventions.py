@@ -200,6 +200,25 @@ METRICS: dict[str, MetricSpec] = {
     )
 }
 
+# The fleet's OTLP receiver (not emitted by node agents).
+RECEIVER_TRANSPORT: Final = "transport"
+RECEIVER_OUTCOME: Final = "outcome"
+OTEL_DRA_RECEIVER_REQUESTS = _extension(
+    "otel_dra.receiver.requests",
+    "{request}",
+    COUNTER,
+    "OTLP metrics export requests received, by transport (grpc, http) and outcome "
+    "(ok, partial, invalid, too_large, error).",
+)
+OTEL_DRA_RECEIVER_POINTS = _extension(
+    "otel_dra.receiver.points",
+    "{point}",
+    COUNTER,
+    "Data points in OTLP metrics export requests that were decoded, by outcome (accepted into frames, rejected).",
+)
+#: Metrics only `otel-dra fleet` emits, by name.
+FLEET_METRICS: dict[str, MetricSpec] = {s.name: s for s in (OTEL_DRA_RECEIVER_REQUESTS, OTEL_DRA_RECEIVER_POINTS)}
+
 #: Metrics sampled from devices (what sources and decoders carry, as frame columns); the rest are derived
 #: by the agent (verdicts, views, the kubelet stream).
 SAMPLED_METRICS: frozenset[str] = frozenset(name for name in METRICS if name.startswith("hw."))

@@ -92,12 +92,14 @@ def test_upstream_entries_agree_with_the_semconv_package(registry):
 def test_extensions_are_not_upstream_names_and_match_the_code(registry):
     metrics, attributes = registry
     upstream_names = {getattr(hw_metrics, n) for n in dir(hw_metrics) if n.startswith("HW_")}
+    declared = {**cv.METRICS, **cv.FLEET_METRICS}
+    assert set(metrics) == set(declared), "semconv/registry.yaml and otel_dra.conventions list the same metrics"
     for name, entry in metrics.items():
         origin = entry["annotations"]["otel_dra"]["origin"]
-        assert origin == cv.METRICS[name].origin, name
+        assert origin == declared[name].origin, name
         if origin == "extension":
             assert name not in upstream_names, f"{name} exists upstream: reference it instead"
-            assert (entry["unit"], entry["instrument"]) == (cv.METRICS[name].unit, cv.METRICS[name].instrument)
+            assert (entry["unit"], entry["instrument"]) == (declared[name].unit, declared[name].instrument)
     extensions = (cv.HW_LINK_TYPE, cv.HW_ERROR_CODE, cv.HW_THROTTLE_REASON, cv.DRA_POOL_NAME, cv.DRA_DEVICE_NAME)
     for attr in (*extensions, cv.DRA_DEVICE_HEALTH_STATE, cv.DRA_DEVICE_HEALTH_REASONS):
         assert attributes[attr]["annotations"]["otel_dra"]["origin"] == "extension"

@@ -1,0 +1,309 @@
+"""Benchmark of the fleet's OTLP receiver path: protobuf requests into the window store, points per
+second on one core.
+
+Run ``.venv/bin/python bench/bench_receiver.py [--nodes 1000] [--devices 8]``; the figures go to the
+terminal and to ``BENCHMARKS.md`` (only the section between the ``bench_receiver`` markers is
+replaced).
+
+A benchmark, not a timed test. The requests are what agents send: each simulated node runs the
+agent's own pipeline (``MetricsSink`` on the OpenTelemetry SDK with the agent's resource and
+views), and each collection is encoded and serialized exactly as the SDK's OTLP exporters do
+(``encode_metrics(...).SerializeToString()``). One round is one export of every node; round 0
+warms both sides up (first sight of every node and device), rounds 1-3 are timed, best of 3.
+
+- **Ours**: :meth:`OtlpProtoDecoder.decode` of each request's bytes, then
+  ``Classifier.ingest_many(frames)`` per request, as the receiver's ``on_frames`` hands them on.
+- **Baseline**: the generic path on the same bytes: ``ExportMetricsServiceRequest.FromString``,
+  ``google.protobuf.json_format.MessageToDict``, then the replay decoder's plain walk of that dict
+  into frames (the reading of the JSON mapping this project already has), then the same
+  ``ingest_many`` per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import google.protobuf
+import numpy as np
+from google.protobuf.internal import api_implementation
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otel_dra import __version__, policy
+from otel_dra import conventions as cv
+from otel_dra.classifier import Classifier
+from otel_dra.decode import OtlpJsonDecoder
+from otel_dra.decode.otlp_proto import OtlpProtoDecoder
+from otel_dra.frame import Frame, Schema
+from otel_dra.sinks import provider
+from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
+from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
+from otel_dra.store import FrameStore
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+START, END = "<!-- bench_receiver:start -->", "<!-- bench_receiver:end -->"
+TARGET_POINTS_PER_S = 500_000
+S = 10**9
+T0 = 1_795_000_000 * S
+ROUNDS = 4  # round 0 warms up; 1..3 are timed
+
+
+# -- the agents' requests ---------------------------------------------------------------------
+def node_requests(args: tuple[int, int, int]) -> list[bytes]:
+    """One node's agent pipeline, sampled ``rounds`` times: each collection serialized as the OTLP
+    exporter sends it. Wired as ``otel-dra run`` wires it: the data sink, and the verdicts (``hw.status``,
+    ``dra.device.health``) of the node's own classifier."""
+    index, devices, rounds = args
+    node = f"node-{index:04d}"
+    schema = Schema()
+    src = SimulatedSource(SimulatorConfig(node, devices=devices, seed=index, start_unix_nano=T0), schema)
+    store = FrameStore()
+    reader = InMemoryMetricReader()
+    mp = provider.build_meter_provider(node, [reader], 5000)
+    meter = mp.get_meter(cv.AGENT_SCOPE, __version__)
+    MetricsSink(store, schema, meter, max_age_s=3600.0, exclude=VERDICT_METRICS)
+    board = VerdictBoard()
+    VerdictMetrics(board, meter)
+    judge = Classifier(policy.load(), schema, interval_s=10.0)
+    out = []
+    for k in range(rounds):
+        t = T0 + k * 10 * S
+        frame = src.read(t)
+        judge.ingest(frame)
+        attrs = dict(zip(frame.devices.ids, frame.devices.attrs, strict=True))
+        board.update(judge.evaluate(t), lambda _node, dev, attrs=attrs: attrs[dev])
+        store.put(frame, time.monotonic_ns())
+        data = reader.get_metrics_data()
+        assert data is not None
+        out.append(encode_metrics(data).SerializeToString())
+    mp.shutdown()
+    return out
+
+
+def make_rounds(nodes: int, devices: int) -> list[list[bytes]]:
+    """``ROUNDS`` rounds of one request per node (built on every CPU; nothing timed here)."""
+    with ProcessPoolExecutor() as pool:
+        per_node = list(pool.map(node_requests, [(i, devices, ROUNDS) for i in range(nodes)], chunksize=16))
+    return [[reqs[k] for reqs in per_node] for k in range(ROUNDS)]
+
+
+def count_points(requests: list[bytes]) -> int:
+    """Points as the decoders count them (an agent's own ``hw.status``, its verdict, is not input)."""
+    decoder = OtlpProtoDecoder(Schema(), fast=False)
+    return sum(decoder.decode(request).points for request in requests)
+
+
+# -- the two sides ------------------------------------------------------------------------------
+class DictDecoder(OtlpJsonDecoder):
+    """The replay decoder fed a dict already parsed (MessageToDict's output is the JSON mapping): its
+    plain walk, without the text tokenizing that only applies to JSON text."""
+
+    def _parse(self, text: Any) -> tuple[Any, bool, str | None]:
+        return text, False, None
+
+
+def classifier(schema: Schema, nodes: int, devices: int) -> Classifier:
+    return Classifier(policy.load(), schema, interval_s=10.0, capacity=nodes * devices)
+
+
+Side = Callable[[list[bytes]], None]
+
+
+def ours(nodes: int, devices: int, fast: bool = True) -> Side:
+    decoder = OtlpProtoDecoder(Schema(), fast=fast)
+    clf = classifier(decoder.schema, nodes, devices)
+
+    def run(requests: list[bytes]) -> None:
+        for request in requests:
+            clf.ingest_many(decoder.decode(request).frames)
+
+    run.decoder = decoder  # type: ignore[attr-defined]
+    return run
+
+
+def ours_batched(nodes: int, devices: int) -> Side:
+    decoder = OtlpProtoDecoder(Schema())
+    clf = classifier(decoder.schema, nodes, devices)
+
+    def run(requests: list[bytes]) -> None:
+        frames: list[Frame] = []
+        for request in requests:
+            frames += decoder.decode(request).frames
+        clf.ingest_many(frames)
+
+    return run
+
+
+def ours_decode_only(nodes: int, devices: int) -> Side:
+    decoder = OtlpProtoDecoder(Schema())
+
+    def run(requests: list[bytes]) -> None:
+        for request in requests:
+            decoder.decode(request)
+
+    return run
+
+
+def baseline(nodes: int, devices: int) -> Side:
+    decoder = DictDecoder(Schema())
+    clf = classifier(decoder.schema, nodes, devices)
+
+    def run(requests: list[bytes]) -> None:
+        for n, request in enumerate(requests, 1):
+            doc = MessageToDict(ExportMetricsServiceRequest.FromString(request))
+            frames, errors = decoder.decode_line(doc, n)  # type: ignore[arg-type]
+            assert not errors, errors[:3]
+            clf.ingest_many(frames)
+
+    return run
+
+
+def timed(side: Side, rounds: list[list[bytes]]) -> list[float]:
+    """Warm up on round 0, then one timed pass over each later round (times increase per node)."""
+    side(rounds[0])
+    times = []
+    for requests in rounds[1:]:
+        gc.collect()
+        t0 = time.perf_counter()
+        side(requests)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+# -- the report -------------------------------------------------------------------------------
+def machine() -> str:
+    cpu = ""
+    try:
+        for row in Path("/proc/cpuinfo").read_text().splitlines():
+            if row.startswith("model name"):
+                cpu = row.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu or platform.processor() or 'unknown CPU'}, {os.cpu_count()} CPUs (nproc), "
+        f"Python {platform.python_version()}, numpy {np.__version__}, protobuf {google.protobuf.__version__} "
+        f"({api_implementation.Type()} backend), {platform.system()} {platform.machine()}"
+    )
+
+
+def write_section(section: str) -> None:
+    """Replace (or append) our section of BENCHMARKS.md, leaving the rest of the file as it is."""
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    BENCHMARKS_MD.write_text(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes (one request each per round)")
+    parser.add_argument("--devices", type=int, default=8, help="GPUs per node")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    print(f"building {ROUNDS} rounds of {args.nodes} agents' requests...", file=sys.stderr)
+    rounds = make_rounds(args.nodes, args.devices)
+    build_s = time.perf_counter() - t0
+    points = count_points(rounds[1])
+    size = sum(len(r) for r in rounds[1])
+
+    fast = ours(args.nodes, args.devices)
+    results = {"ours": timed(fast, rounds)}
+    decoder: OtlpProtoDecoder = fast.decoder  # type: ignore[attr-defined]
+    results["batched"] = timed(ours_batched(args.nodes, args.devices), rounds)
+    results["decode"] = timed(ours_decode_only(args.nodes, args.devices), rounds)
+    print("timing the plain path and the baseline (slow)...", file=sys.stderr)
+    results["plain"] = timed(ours(args.nodes, args.devices, fast=False), rounds)
+    results["baseline"] = timed(baseline(args.nodes, args.devices), rounds)
+
+    best = {name: min(times) for name, times in results.items()}
+    pps = {name: points / t for name, t in best.items()}
+    ratio = pps["ours"] / pps["baseline"]
+    met = pps["ours"] >= TARGET_POINTS_PER_S
+    ingest_s = best["ours"] - best["decode"]
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    fmt = ", ".join
+
+    def row(what: str, name: str, target: str = "—", verdict: str = "—") -> str:
+        per_req = best[name] / args.nodes * 1e6
+        return f"| {what} | {best[name]:.3f} s | {per_req:,.0f} µs | {pps[name]:,.0f} points/s | {target} | {verdict} |"
+
+    lines = [
+        START,
+        "## OTLP receiver: protobuf requests into the window store (`bench/bench_receiver.py`)",
+        "",
+        f"Measured {now} on {machine()}; one core (decode and ingest are single-threaded).",
+        f"Input: {args.nodes:,} nodes x {args.devices} simulated GPUs, one request per node per round as the "
+        f"agent's SDK pipeline serializes it ({points / args.nodes:,.0f} points, {size / args.nodes / 1e3:,.0f} kB "
+        f"per request; {points:,} points, {size / 1e6:,.1f} MB per round). Round 0 warms up; rounds 1-3 are "
+        "timed, best of 3.",
+        "",
+        "| what | best round | per request | throughput | target | verdict |",
+        "|---|---|---|---|---|---|",
+        row(
+            "**Ours**: `OtlpProtoDecoder.decode` + `Classifier.ingest_many` per request (as `on_frames` gets them)",
+            "ours",
+            f">= {TARGET_POINTS_PER_S:,} points/s",
+            "✅ met" if met else "❌ missed",
+        ),
+        row("Ours, frames of the whole round in one `ingest_many`", "batched"),
+        row("Ours, decode alone", "decode"),
+        row("Ours, plain path only (`fast=False`: upb parse, a walk over its messages)", "plain"),
+        row(
+            "**Baseline**: `FromString` + `MessageToDict` + the replay decoder's walk + `ingest_many` per request",
+            "baseline",
+        ),
+        "",
+        f"**Ours vs baseline: x{ratio:,.0f}** ({pps['ours']:,.0f} vs {pps['baseline']:,.0f} points/s, the same "
+        "requests, the same classifier work).",
+        "",
+        f"- Runs (s): ours {fmt(f'{t:.3f}' for t in results['ours'])}; batched "
+        f"{fmt(f'{t:.3f}' for t in results['batched'])}; decode alone {fmt(f'{t:.3f}' for t in results['decode'])}; "
+        f"plain path {fmt(f'{t:.3f}' for t in results['plain'])}; baseline "
+        f"{fmt(f'{t:.3f}' for t in results['baseline'])}.",
+        f"- Where our time goes: decoding {best['decode'] / best['ours']:.0%}, `ingest_many` of one node's frame "
+        f"{ingest_s / best['ours']:.0%} (about {ingest_s / args.nodes * 1e6:,.0f} µs per call, mostly fixed cost: "
+        "batching several requests per `ingest_many` is the next lever, see the batched row).",
+        f"- Why decoding is fast: an agent's request repeats its previous one byte for byte except the 8-byte "
+        "payloads of times and values, so after a node's first request each `ResourceMetrics` is checked against "
+        "a template (payloads gathered and zeroed with one numpy fancy index, the rest hashed with SHA-256 and "
+        "compared with the template's digest) and its values scattered into the frame with one numpy write. "
+        f"`ResourceMetrics` sections read from templates over the 4 rounds: {decoder.sections_fast:,}; the plain "
+        f"way: {decoder.sections_plain:,} (round 0, each node's first request). Templates held: "
+        f"{decoder.template_bytes / 1e6:,.1f} MB for {args.nodes:,} nodes.",
+        "",
+        f"Reproduce: `.venv/bin/python bench/bench_receiver.py` (about {time.perf_counter() - t0 + 10:,.0f} s, "
+        f"of which {build_s:,.0f} s builds the requests through the SDK and most of the rest is the baseline; "
+        "`--nodes N` for another fleet size).",
+        END,
+        "",
+    ]
+    section = "\n".join(lines)
+    print(section)
+    if not args.no_write:
+        write_section(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

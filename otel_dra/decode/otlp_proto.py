@@ -1,0 +1,877 @@
+"""Fleet input: OTLP ``ExportMetricsServiceRequest`` protobuf straight into Frames.
+
+Same model and rules as the replay decoder (:mod:`otel_dra.decode.otlp_json`): one
+:class:`~otel_dra.frame.Frame` per (``k8s.node.name``, ``time_unix_nano``), devices as
+rows, the shared :class:`~otel_dra.frame.Schema`'s columns as columns, NaN = absent,
+sensors folded into their parent, descriptive attributes into the device table. Bad
+input is counted, never raised, except bytes that are not a request at all
+(:class:`MalformedRequest`, OTLP's INVALID_ARGUMENT / HTTP 400).
+
+Why it is built the way it is: an agent sends the same series in every export, so a
+node's ``ResourceMetrics`` is byte-for-byte the previous one except for the 8-byte
+payloads of ``start_time_unix_nano``, ``time_unix_nano`` and ``as_double``/``as_int``
+(``fixed64``/``double``/``sfixed64``: fixed width, so they never move anything). The
+first time a node's section is seen it is decoded the plain way (upb parses it; every
+point's attributes become a (device, column) entry) and a *template* is kept: the
+SHA-256 of the section with those payloads zeroed, their offsets, and each point's
+entry. The next time, the section is copied, its payloads gathered and zeroed with one
+numpy fancy index, and hashed. Equal means the bytes are those already decoded but for
+the payloads, so the structure is the same and only the gathered values and times are new: they
+are checked (finite, counters non-negative, time order) as arrays and written into the
+frame with one numpy scatter. No per-point Python object is made.
+
+Anything else (first sight, a changed series set or attribute, a histogram, unusual
+encodings such as repeated singular fields) takes the plain path: upb's parse and a
+walk over its messages, obviously the reading the OTLP spec gives. Both paths share
+the entry, time-order and frame code, and the tests check they agree point for point.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, ResourceMetrics
+
+from otel_dra import conventions as cv
+from otel_dra.decode.otlp_json import DESCRIPTIVE, NOT_COLUMN_ATTRS, _name, _one_line, _short
+from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.vocabulary import SENSOR_TYPES
+
+#: Problems quoted per request (the rest are counted): what goes into partial success's message.
+MAX_PROBLEMS_PER_REQUEST: Final = 5
+#: Series (metric, attribute set) whose device and column are cached for the plain path (a cache only: at
+#: this size it is emptied and refilled; templates make it unneeded for steady traffic).
+MAX_CACHED_SERIES: Final = 20_000
+#: Device names and descriptive attribute sets (one per device) kept before all of them, and the templates
+#: that refer to them, are dropped and relearned: a bound for churn over a long run, above a fleet's needs.
+MAX_INTERNED: Final = 250_000
+#: Distinct device tables kept so that equal tables are one object (one per node, more while devices come
+#: and go); past it they are forgotten, which only costs consumers a fresh look at each node's devices.
+MAX_TABLES: Final = 50_000
+#: Bytes of templates kept (about 20 kB per node of 8 GPUs: some 25,000 nodes); the least recently used go first.
+MAX_TEMPLATE_BYTES: Final = 512 << 20
+#: Templates kept per (resource, section length): a node alternating between a few shapes.
+MAX_TEMPLATES_PER_KEY: Final = 2
+#: After this many misses in a row for one key, stop building templates for it (a section whose bytes change
+#: in more than values, e.g. a histogram) and only retry every ``_RETRY_EVERY`` requests.
+_MISS_STREAK: Final = 3
+_RETRY_EVERY: Final = 64
+
+_NODE: Final = cv.K8S_NODE_NAME_ATTR
+_DELTA: Final = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+_NUMBER_KINDS: Final = ("gauge", "sum")
+# Wire field numbers (opentelemetry/proto/metrics/v1/metrics.proto).
+_METRIC_KIND_FIELDS: Final = {5: "gauge", 7: "sum", 9: "histogram", 10: "exponential_histogram", 11: "summary"}
+_P_START, _P_TIME, _P_DOUBLE, _P_INT = 2, 3, 4, 6
+_NONE, _DOUBLE, _INT = 0, 1, 2  # a point's value kind
+_AR8: Final = np.arange(8, dtype=np.intp)
+
+
+class MalformedRequest(ValueError):
+    """Bytes that are not an ``ExportMetricsServiceRequest`` (OTLP: INVALID_ARGUMENT, HTTP 400).
+    Its message is one line."""
+
+
+@dataclass(frozen=True)
+class ProtoDecodeResult:
+    """One request's frames and what was wrong with it, for OTLP partial success."""
+
+    frames: list[Frame]
+    points: int  # data points in the request, of any metric
+    rejected: int  # of those, points not taken (bad, unknown metric, wrong kind, no node, out of order)
+    problems: tuple[str, ...] = ()  # the first few problems, one line each, in request order
+    problem_count: int = 0  # problems in all (one per bad point, one per skipped metric)
+
+    @property
+    def accepted(self) -> int:
+        return self.points - self.rejected
+
+    @property
+    def message(self) -> str:
+        """One line for ``partial_success.error_message``; empty when nothing was rejected."""
+        if not self.rejected:
+            return ""
+        more = self.problem_count - len(self.problems)
+        tail = f"; and {more:,} more" if more > 0 else ""
+        shown = ": " + "; ".join(self.problems) if self.problems else ""
+        return _one_line(f"{self.rejected:,} of {self.points:,} data points rejected{shown}{tail}")
+
+
+class _Bail(Exception):
+    """Internal: the wire walker met something it does not handle; the plain path decides."""
+
+
+def _first(item: tuple[int, str]) -> int:
+    return item[0]
+
+
+# -- attributes ------------------------------------------------------------------------------
+def _value_str(value: AnyValue) -> str:
+    """An attribute's value as the string the columnar model keeps (as the replay decoder reads
+    the JSON mapping of the same value: bytes as base64, arrays and maps as compact JSON)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return ""
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return "true" if value.bool_value else "false"
+    if kind == "int_value":
+        return str(value.int_value)
+    if kind == "double_value":
+        return repr(value.double_value)
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode("ascii")
+    return json.dumps(MessageToDict(getattr(value, kind)), sort_keys=True, separators=(",", ":"))
+
+
+def _kv_dict(items: Any) -> dict[str, str]:
+    """A repeated ``KeyValue`` as a dict; the last of a repeated key wins."""
+    out: dict[str, str] = {}
+    kv: KeyValue
+    for kv in items:
+        out[kv.key] = _value_str(kv.value)
+    return out
+
+
+# -- the wire walker (template building only) --------------------------------------------------
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise _Bail
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(data: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, payload start, payload end) of each field in ``data[pos:end]``."""
+    while pos < end:
+        key, pos = _varint(data, pos, end)
+        number, wire = key >> 3, key & 7
+        if number == 0 or key >= 1 << 32:
+            raise _Bail
+        if wire == 0:
+            _, stop = _varint(data, pos, end)
+        elif wire == 1:
+            stop = pos + 8
+        elif wire == 2:
+            length, pos = _varint(data, pos, end)
+            stop = pos + length
+        elif wire == 5:
+            stop = pos + 4
+        else:  # groups and invalid wire types
+            raise _Bail
+        if stop > end:
+            raise _Bail
+        yield number, wire, pos, stop
+        pos = stop
+
+
+def _walk_point(data: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
+    """Offsets of a NumberDataPoint's start time, time, as_double, as_int payloads (-1: absent)."""
+    offs = {_P_START: -1, _P_TIME: -1, _P_DOUBLE: -1, _P_INT: -1}
+    for number, wire, a, _ in _fields(data, pos, end):
+        if number in offs:
+            if wire != 1 or offs[number] >= 0:
+                raise _Bail  # repeated or mistyped: protobuf's merge rules, left to upb
+            offs[number] = a
+    if offs[_P_DOUBLE] >= 0 and offs[_P_INT] >= 0:
+        raise _Bail
+    return offs[_P_START], offs[_P_TIME], offs[_P_DOUBLE], offs[_P_INT]
+
+
+def _walk_section(data: bytes, pos: int, end: int) -> list[tuple[str | None, list[tuple[int, int, int, int]]]]:
+    """Each metric of a ResourceMetrics in order: its kind and, for gauges and sums, its points' offsets."""
+    metrics: list[tuple[str | None, list[tuple[int, int, int, int]]]] = []
+    for number, wire, a, b in _fields(data, pos, end):
+        if number != 2:
+            continue
+        if wire != 2:
+            raise _Bail
+        for number2, wire2, a2, b2 in _fields(data, a, b):
+            if number2 != 2:
+                continue
+            if wire2 != 2:
+                raise _Bail
+            kind: str | None = None
+            body = (0, 0)
+            for number3, wire3, a3, b3 in _fields(data, a2, b2):
+                if number3 in _METRIC_KIND_FIELDS:
+                    if wire3 != 2 or kind is not None:
+                        raise _Bail
+                    kind, body = _METRIC_KIND_FIELDS[number3], (a3, b3)
+            points: list[tuple[int, int, int, int]] = []
+            if kind in _NUMBER_KINDS:
+                for number4, wire4, a4, b4 in _fields(data, *body):
+                    if number4 == 1:
+                        if wire4 != 2:
+                            raise _Bail
+                        points.append(_walk_point(data, a4, b4))
+            metrics.append((kind, points))
+    return metrics
+
+
+def _sections(data: bytes) -> list[tuple[int, int]] | None:
+    """(start, end) of each ResourceMetrics of a request, or None for anything but a plain list of them."""
+    out: list[tuple[int, int]] = []
+    pos, end = 0, len(data)
+    try:
+        while pos < end:
+            if data[pos] != 0x0A:  # field 1, length-delimited
+                return None
+            length, pos = _varint(data, pos + 1, end)
+            if pos + length > end:
+                return None
+            out.append((pos, pos + length))
+            pos += length
+    except _Bail:
+        return None
+    return out
+
+
+def _template_key(data: bytes, start: int, end: int) -> tuple[bytes, int]:
+    """Where to look for a section's template: its resource's bytes and its length (cheap, not a proof)."""
+    if end > start and data[start] == 0x0A:
+        try:
+            length, pos = _varint(data, start + 1, end)
+        except _Bail:
+            return b"", end - start
+        if pos + length <= end:
+            return data[pos : pos + length], end - start
+    return b"", end - start
+
+
+# -- scratch -------------------------------------------------------------------------------
+@dataclass
+class _Candidate:
+    """A point whose metric and attributes are usable; its time and value are still to be checked."""
+
+    ordinal: int  # within its section, counting every data point
+    metric: str
+    index: int  # 0-based within its metric
+    dev: int
+    col: int
+    descr: int  # index into the decoder's descriptive attribute sets, -1: none
+    counter: bool
+    point: Any  # the upb NumberDataPoint
+
+
+@dataclass
+class _Scan:
+    """What a section's structure says, before looking at times and values."""
+
+    node: str | None
+    points: int = 0
+    rejected: int = 0
+    problems: list[tuple[int, str]] = field(default_factory=list)  # (ordinal, text), in order
+    unknown: list[tuple[int, str, int]] = field(default_factory=list)  # (first ordinal, metric, points)
+    candidates: list[_Candidate] = field(default_factory=list)
+    shape: list[tuple[str | None, int, bool]] = field(default_factory=list)  # (kind, points, ignored) per metric
+
+
+@dataclass
+class _Points:
+    """Good points of one node at one time, in request order: device, column, descriptive set, value."""
+
+    dev: np.ndarray
+    col: np.ndarray
+    descr: np.ndarray
+    values: np.ndarray
+    layout: _Layout | None = None  # precomputed (a template's): where these points land
+
+
+@dataclass
+class _Layout:
+    """Where a list of points lands in a frame: the device table, row and column of each kept point."""
+
+    table: DeviceTable
+    rows: np.ndarray
+    cols: np.ndarray
+    keep: np.ndarray | None  # indices of the points kept (duplicates: the last wins); None = all, in order
+    flat: np.ndarray | None = None
+    ncols: int = -1
+
+    def fill(self, values: np.ndarray, ncols: int) -> np.ndarray:
+        if self.ncols != ncols or self.flat is None:
+            self.flat, self.ncols = self.rows.astype(np.intp) * ncols + self.cols, ncols
+        matrix = np.full(len(self.table) * ncols, np.nan)
+        matrix[self.flat] = values if self.keep is None else values[self.keep]
+        return matrix.reshape(len(self.table), ncols)
+
+
+@dataclass
+class _Template:
+    """A section already decoded: the digest of its bytes with the value payloads zeroed, and where
+    each point goes. A digest rather than the bytes themselves: a fleet's templates would otherwise
+    hold a copy of every node's last request (100 kB for 8 GPUs); SHA-256 makes a false match as
+    unlikely as a hardware error, and costs about 0.5 ns a byte (about 50 µs for such a request)."""
+
+    digest: bytes
+    holes: np.ndarray  # start of every 8-byte payload zeroed (start time, time, value of each point)
+    node: str | None
+    points: int
+    rejected: int
+    problems: list[tuple[int, str]]
+    unknown: list[tuple[int, str, int]]
+    # Candidates, as arrays: where each one goes and what it reads from the gathered payloads.
+    dev: np.ndarray
+    col: np.ndarray
+    descr: np.ndarray
+    counter: np.ndarray
+    any_counter: bool
+    time_hole: np.ndarray  # index into holes, -1: no time field (zero)
+    value_hole: np.ndarray  # index into holes, -1: no value
+    kind: np.ndarray  # _NONE, _DOUBLE, _INT
+    simple: bool  # every candidate has a time and a double value
+    layout: _Layout | None  # where the candidates land when all of them are good and share one time
+    # For messages only: each candidate's position in the section and in its metric.
+    ordinal: np.ndarray
+    names: tuple[str, ...]
+    metric: np.ndarray  # index into names
+    index: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.holes, self.dev, self.col, self.descr, self.counter, self.time_hole, self.value_hole)
+        more = (self.kind, self.ordinal, self.metric, self.index)
+        layout = 0 if self.layout is None else 3 * self.layout.rows.nbytes
+        return sum(a.nbytes for a in (*arrays, *more)) + layout + 100 * (len(self.problems) + len(self.names)) + 1024
+
+
+@dataclass
+class _Request:
+    """Per-request scratch."""
+
+    points: int = 0
+    rejected: int = 0
+    problems: list[tuple[int, str]] = field(default_factory=list)  # the first few, by ordinal
+    problem_count: int = 0
+    unknown: dict[str, list[int]] = field(default_factory=dict)  # metric -> [first ordinal, points]
+    slots: dict[tuple[str, int], list[_Points]] = field(default_factory=dict)  # (node, time) -> parts
+
+    def problem(self, ordinal: int, text: str) -> None:
+        """Note a problem; only the first few by position in the request are kept (whatever the
+        order they are found in: a section's structural problems come before its points')."""
+        self.problem_count += 1
+        self.problems.append((ordinal, text))
+        if len(self.problems) > 4 * MAX_PROBLEMS_PER_REQUEST:
+            self.problems.sort(key=_first)
+            del self.problems[MAX_PROBLEMS_PER_REQUEST:]
+
+
+# -- the decoder -----------------------------------------------------------------------------
+class OtlpProtoDecoder:
+    """Decodes OTLP metrics requests (protobuf) into Frames over a shared Schema.
+
+    Keeps, per instance, the newest time decoded per node (older points are rejected, as in
+    replay) and templates of the requests seen, so one decoder should read one stream of
+    requests (a receiver's). Not thread-safe: the receiver serialises calls.
+    ``fast=False`` keeps only the plain path (the reference the tests compare with).
+
+    Memory is bounded: templates by ``max_template_bytes`` (least recently used dropped first),
+    the per-series lookup cache by :data:`MAX_CACHED_SERIES`, device tables by :data:`MAX_TABLES`,
+    device names and descriptive attribute sets by :data:`MAX_INTERNED` (past it everything is
+    dropped and relearned).
+    """
+
+    def __init__(self, schema: Schema, *, fast: bool = True, max_template_bytes: int = MAX_TEMPLATE_BYTES) -> None:
+        self.schema = schema
+        self.fast = fast
+        self.max_template_bytes = max_template_bytes
+        self.requests = 0
+        self.requests_invalid = 0
+        self.points = 0
+        self.points_rejected = 0
+        self.sections_fast = 0  # ResourceMetrics read from a template
+        self.sections_plain = 0  # ... read the plain way
+        self._newest: dict[str, int] = {}
+        self._reset()
+
+    @property
+    def template_bytes(self) -> int:
+        """Memory held by templates (about 20 kB per node of 8 GPUs), bounded by ``max_template_bytes``."""
+        return self._template_bytes
+
+    def _reset(self) -> None:
+        """Drop what indexes devices (templates and tables refer to those indices, so they go too)."""
+        self._series: dict[tuple[str, Attrs], tuple[int, int, int] | str] = {}  # a cache only
+        self._dev_index: dict[str, int] = {}
+        self._dev_names: list[str] = []
+        self._descr_index: dict[tuple[tuple[str, str], ...], int] = {}
+        self._descrs: list[tuple[tuple[str, str], ...]] = []
+        self._tables: dict[tuple[str, tuple[str, ...], tuple[Attrs, ...]], DeviceTable] = {}
+        self._templates: dict[tuple[bytes, int], list[_Template]] = {}
+        self._template_bytes = 0
+        self._streak: dict[tuple[bytes, int], int] = {}
+
+    # -- series: (metric, attribute set) -> device, column, descriptive attributes ------------------
+    def _target(self, metric: str, attrs: dict[str, str]) -> tuple[int, int, int] | str:
+        """Where a point of ``metric`` with ``attrs`` goes: (device, column, descriptive set index,
+        -1 for none); or why it can't go anywhere."""
+        key = (metric, attrs_of(attrs))
+        found = self._series.get(key)
+        if found is None:
+            if len(self._series) >= MAX_CACHED_SERIES:
+                self._series.clear()
+            found = self._series[key] = self._make_target(metric, attrs)
+        return found
+
+    def _make_target(self, metric: str, attrs: dict[str, str]) -> tuple[int, int, int] | str:
+        """The replay decoder's identity rules (telemetry.md section 1)."""
+        hw_id = attrs.get(cv.HW_ID)
+        if not hw_id:
+            return f"has no {cv.HW_ID}"
+        parent = attrs.get(cv.HW_PARENT)
+        hw_type = attrs.get(cv.HW_TYPE)
+        rest = attrs_of({k: v for k, v in attrs.items() if k not in NOT_COLUMN_ATTRS and k != cv.HW_TYPE})
+        descr = -1
+        if parent:
+            if not hw_type:
+                return f"({_name(hw_id)}) has {cv.HW_PARENT} but no {cv.HW_TYPE}"
+            prefix = parent + "/"
+            sensor = hw_id[len(prefix) :] if hw_id.startswith(prefix) and len(hw_id) > len(prefix) else hw_id
+            column = Column(metric, rest, sensor, hw_type)
+            device = parent
+        else:
+            if hw_type in SENSOR_TYPES:
+                return f"({_name(hw_id)}) is a {hw_type} sensor without {cv.HW_PARENT}"
+            column = Column(metric, rest)
+            device = hw_id
+            pairs = tuple((k, attrs[k]) for k in DESCRIPTIVE if k in attrs)
+            if pairs:
+                descr = self._descr_index.get(pairs, -1)
+                if descr < 0:
+                    descr = self._descr_index[pairs] = len(self._descrs)
+                    self._descrs.append(pairs)
+        dev = self._dev_index.get(device)
+        if dev is None:
+            dev = self._dev_index[device] = len(self._dev_names)
+            self._dev_names.append(device)
+        return dev, self.schema.index(column), descr
+
+    def _point_problem(self, dev: int, t: int, kind: int, value: float, counter: bool, floor: int, node: str) -> str:
+        """Why a point with a good target is not taken ("" when it is): the same checks, in the same
+        order, as the replay decoder; the fast path calls it for the points its arrays rejected."""
+        device = _name(self._dev_names[dev])
+        if t == 0:
+            return f"({device}) has no time_unix_nano"
+        if kind == _NONE:
+            return f"({device}) has no value (as_double or as_int)"
+        if math.isnan(value):
+            return f"({device}) has as_double NaN"
+        if math.isinf(value):
+            return f"({device}) has as_double {'Infinity' if value > 0 else '-Infinity'}"
+        if counter and value < 0.0:
+            return f"({device}) is {value:g} on a counter (cumulative, monotonic)"
+        if floor >= 0 and t < floor:
+            return f"on node {_name(node)} is at {t}, older than {floor} already read for that node"
+        return ""
+
+    # -- the request ------------------------------------------------------------------------------
+    def decode(self, request: bytes | bytearray | memoryview | ExportMetricsServiceRequest) -> ProtoDecodeResult:
+        """One request into its frames (one per node and time, in time order) and its problems.
+
+        Raises :class:`MalformedRequest` when the bytes are not a request; nothing else escapes."""
+        self.requests += 1
+        data = request.SerializeToString() if isinstance(request, ExportMetricsServiceRequest) else bytes(request)
+        if max(len(self._dev_names), len(self._descrs)) > MAX_INTERNED:
+            self._reset()
+        elif len(self._tables) > MAX_TABLES:
+            self._tables.clear()
+        req = _Request()
+        sections = _sections(data) if self.fast else None
+        parsed: ExportMetricsServiceRequest | None = None
+        if sections is None:
+            parsed = self._parse(data)
+            sections = [(-1, -1)] * len(parsed.resource_metrics)
+        for i, (start, end) in enumerate(sections):
+            if start >= 0 and self._fast_section(data, start, end, req):
+                self.sections_fast += 1
+                continue
+            if parsed is None:
+                parsed = self._parse(data)
+            rm = parsed.resource_metrics[i]
+            scan = self._scan(rm)
+            if start >= 0:
+                self._remember(data, start, end, scan)
+            self._plain_section(scan, req)
+            self.sections_plain += 1
+        frames = self._frames(req)
+        for name, (ordinal, n) in req.unknown.items():
+            req.problem_count += 1
+            req.problems.append((ordinal, f"unknown metric {_short(name)} ({n:,} points) skipped"))
+        req.problems.sort(key=_first)
+        self.points += req.points
+        self.points_rejected += req.rejected
+        problems = tuple(_one_line(text) for _, text in req.problems[:MAX_PROBLEMS_PER_REQUEST])
+        return ProtoDecodeResult(frames, req.points, req.rejected, problems, req.problem_count)
+
+    def _parse(self, data: bytes) -> ExportMetricsServiceRequest:
+        try:
+            return ExportMetricsServiceRequest.FromString(data)
+        except (ProtobufDecodeError, RecursionError, ValueError) as exc:
+            self.requests_invalid += 1
+            reason = str(exc) or type(exc).__name__
+            message = f"not an ExportMetricsServiceRequest ({len(data):,} bytes): {reason}"
+            raise MalformedRequest(_one_line(message)) from None
+
+    # -- the plain path ----------------------------------------------------------------------------
+    def _scan(self, rm: ResourceMetrics) -> _Scan:
+        """A section's structure: its node, metrics and each point's target (or why it has none)."""
+        node = _kv_dict(rm.resource.attributes).get(_NODE) or None
+        scan = _Scan(node)
+        ordinal = 0
+        for sm in rm.scope_metrics:
+            from_agent = sm.scope.name == cv.AGENT_SCOPE
+            for metric in sm.metrics:
+                kind = metric.WhichOneof("data")
+                body = getattr(metric, kind) if kind is not None else None
+                points = body.data_points if body is not None else ()
+                n = len(points)
+                # An otel-dra agent's hw.status is its verdict, not the device's own report: not input,
+                # not counted (as in replay).
+                ignored = from_agent and metric.name == cv.HW_STATUS.name
+                scan.shape.append((kind, n, ignored))
+                if ignored:
+                    continue
+                first, ordinal = ordinal, ordinal + n
+                if node is None or n == 0:
+                    continue
+                name = metric.name
+                if not name:
+                    scan.rejected += n
+                    scan.problems.append((first, f"a metric of node {_name(node)} has no name ({n:,} points skipped)"))
+                    continue
+                if name not in cv.METRICS:
+                    scan.rejected += n
+                    scan.unknown.append((first, name, n))
+                    continue
+                if kind not in _NUMBER_KINDS:
+                    scan.rejected += n
+                    scan.problems.append((first, f"{name} is a {kind}, not a gauge or sum ({n:,} points skipped)"))
+                    continue
+                counter = False
+                if kind == "sum":
+                    if body.aggregation_temporality == _DELTA:
+                        scan.rejected += n
+                        scan.problems.append(
+                            (first, f"{name} is a delta sum; only cumulative sums are read ({n:,} points skipped)")
+                        )
+                        continue
+                    counter = bool(body.is_monotonic)
+                for k, point in enumerate(points):
+                    target = self._target(name, _kv_dict(point.attributes))
+                    if isinstance(target, str):
+                        scan.rejected += 1
+                        scan.problems.append((first + k, f"point {k + 1} of {name} {target}"))
+                    else:
+                        scan.candidates.append(_Candidate(first + k, name, k, *target, counter, point))
+        scan.points = ordinal
+        if node is None:
+            scan.rejected = ordinal
+            if ordinal:
+                scan.problems.append((0, f"a resource without {_NODE}: its {ordinal:,} points rejected"))
+        return scan
+
+    def _plain_section(self, scan: _Scan, req: _Request) -> None:
+        """Times and values of a scanned section, read from upb's messages one point at a time."""
+        base = req.points
+        self._static(scan.points, scan.rejected, scan.problems, scan.unknown, base, req)
+        node = scan.node
+        if node is None or not scan.candidates:
+            return
+        floor = self._newest.get(node, -1)
+        good: list[tuple[int, int, int, int, float]] = []
+        for c in scan.candidates:
+            point = c.point
+            which = point.WhichOneof("value")
+            kind = _NONE if which is None else _DOUBLE if which == "as_double" else _INT
+            value = point.as_double if kind == _DOUBLE else float(point.as_int) if kind == _INT else math.nan
+            t = point.time_unix_nano
+            problem = self._point_problem(c.dev, t, kind, value, c.counter, floor, node)
+            if problem:
+                req.rejected += 1
+                req.problem(base + c.ordinal, f"point {c.index + 1} of {c.metric} {problem}")
+            else:
+                good.append((c.dev, c.col, c.descr, t, value))
+        if good:
+            dev, col, descr, times, values = zip(*good, strict=True)
+            self._add_points(
+                node,
+                np.asarray(dev, np.int32),
+                np.asarray(col, np.int32),
+                np.asarray(descr, np.int32),
+                np.asarray(times, np.uint64),
+                np.asarray(values, np.float64),
+                req,
+            )
+
+    @staticmethod
+    def _static(
+        points: int,
+        rejected: int,
+        problems: list[tuple[int, str]],
+        unknown: list[tuple[int, str, int]],
+        base: int,
+        req: _Request,
+    ) -> None:
+        """A section's counts and structural problems into the request."""
+        req.points += points
+        req.rejected += rejected
+        for ordinal, text in problems:
+            req.problem(base + ordinal, text)
+        for ordinal, name, n in unknown:
+            seen = req.unknown.get(name)
+            if seen is None:
+                req.unknown[name] = [base + ordinal, n]
+            else:
+                seen[1] += n
+
+    @staticmethod
+    def _add_points(
+        node: str,
+        dev: np.ndarray,
+        col: np.ndarray,
+        descr: np.ndarray,
+        times: np.ndarray,
+        values: np.ndarray,
+        req: _Request,
+        layout: _Layout | None = None,
+    ) -> None:
+        """Good points of one section, split by time (in order of first appearance)."""
+        if not len(dev):
+            return
+        if (times == times[0]).all():
+            req.slots.setdefault((node, int(times[0])), []).append(_Points(dev, col, descr, values, layout))
+            return
+        uniq, index = np.unique(times, return_index=True)
+        for t in uniq[np.argsort(index, kind="stable")].tolist():
+            mask = times == t
+            req.slots.setdefault((node, int(t)), []).append(_Points(dev[mask], col[mask], descr[mask], values[mask]))
+
+    # -- the fast path -----------------------------------------------------------------------------
+    def _fast_section(self, data: bytes, start: int, end: int, req: _Request) -> bool:
+        """Read a section from a matching template; False when none matches (the caller goes plain)."""
+        key = _template_key(data, start, end)
+        candidates = self._templates.get(key)
+        if candidates is None:
+            return False
+        section = memoryview(data)[start:end]
+        for tmpl in candidates:
+            copy = bytearray(section)
+            buf = np.frombuffer(copy, np.uint8)
+            index = (tmpl.holes[:, None] + _AR8).ravel()
+            raw = buf[index]
+            buf[index] = 0
+            if hashlib.sha256(copy).digest() == tmpl.digest:
+                self._templates[key] = self._templates.pop(key)  # most recently used last
+                self._streak.pop(key, None)
+                self._apply(tmpl, raw.view("<u8"), req)
+                return True
+        return False
+
+    def _apply(self, tmpl: _Template, words: np.ndarray, req: _Request) -> None:
+        """A template's points with this request's times and values."""
+        base = req.points
+        self._static(tmpl.points, tmpl.rejected, tmpl.problems, tmpl.unknown, base, req)
+        node = tmpl.node
+        if node is None or not len(tmpl.dev):
+            return
+        if tmpl.simple:
+            times = words[tmpl.time_hole]
+            values = words[tmpl.value_hole].view("<f8")
+        else:  # index -1 (no such field) reads the zero word appended
+            words = np.concatenate([words, np.zeros(1, "<u8")])
+            times = words[tmpl.time_hole]
+            gathered = words[tmpl.value_hole]
+            values = np.where(
+                tmpl.kind == _DOUBLE,
+                gathered.view("<f8"),
+                np.where(tmpl.kind == _INT, gathered.view("<i8").astype(np.float64), np.nan),
+            )
+        ok = np.isfinite(values)
+        if tmpl.any_counter:
+            ok &= ~(tmpl.counter & (values < 0.0))
+        ok &= times != 0
+        floor = self._newest.get(node, -1)
+        if floor >= 0:
+            ok &= times >= np.uint64(floor)
+        if ok.all():
+            layout = tmpl.layout if (times == times[0]).all() else None
+            self._add_points(node, tmpl.dev, tmpl.col, tmpl.descr, times, values, req, layout)
+            return
+        bad = np.flatnonzero(~ok)
+        req.rejected += len(bad)
+        for i in bad[:MAX_PROBLEMS_PER_REQUEST].tolist():
+            problem = self._point_problem(
+                int(tmpl.dev[i]), int(times[i]), int(tmpl.kind[i]), float(values[i]), bool(tmpl.counter[i]), floor, node
+            )
+            where = f"point {tmpl.index[i] + 1} of {tmpl.names[tmpl.metric[i]]}"
+            req.problem(base + int(tmpl.ordinal[i]), f"{where} {problem}")
+        req.problem_count += max(0, len(bad) - MAX_PROBLEMS_PER_REQUEST)
+        self._add_points(node, tmpl.dev[ok], tmpl.col[ok], tmpl.descr[ok], times[ok], values[ok], req)
+
+    def _remember(self, data: bytes, start: int, end: int, scan: _Scan) -> None:
+        """Keep a template of a section just scanned, unless its bytes can't be trusted to repeat."""
+        key = _template_key(data, start, end)
+        streak = self._streak.get(key, 0)
+        if key in self._templates or streak:
+            self._streak[key] = streak + 1
+            if streak + 1 >= _MISS_STREAK and (streak + 1) % _RETRY_EVERY:
+                return
+        try:
+            tmpl = self._build(data, start, end, scan)
+        except _Bail:
+            return
+        kept = self._templates.pop(key, [])
+        kept.insert(0, tmpl)
+        self._template_bytes += tmpl.nbytes
+        for old in kept[MAX_TEMPLATES_PER_KEY:]:
+            self._template_bytes -= old.nbytes
+        self._templates[key] = kept[:MAX_TEMPLATES_PER_KEY]
+        while self._template_bytes > self.max_template_bytes and self._templates:
+            oldest = next(iter(self._templates))
+            self._template_bytes -= sum(t.nbytes for t in self._templates.pop(oldest))
+            self._streak.pop(oldest, None)
+
+    def _build(self, data: bytes, start: int, end: int, scan: _Scan) -> _Template:
+        """The template of a section: the walker's offsets matched with upb's reading of the same bytes."""
+        walked = _walk_section(data, start, end)
+        if [(kind, len(points)) if kind in _NUMBER_KINDS else kind for kind, points in walked] != [
+            (kind, n) if kind in _NUMBER_KINDS else kind for kind, n, _ in scan.shape
+        ]:
+            raise _Bail
+        holes: list[int] = []
+        at: dict[int, tuple[int, int, int]] = {}  # ordinal -> (time hole, value hole, kind)
+        ordinal = 0
+        for (kind, points), (_, n, ignored) in zip(walked, scan.shape, strict=True):
+            if kind not in _NUMBER_KINDS:
+                ordinal += 0 if ignored else n
+                continue
+            for start_off, time_off, double_off, int_off in points:
+                if start_off >= 0:
+                    holes.append(start_off - start)
+                time_hole = value_hole = -1
+                if time_off >= 0:
+                    time_hole = len(holes)
+                    holes.append(time_off - start)
+                value_kind = _DOUBLE if double_off >= 0 else _INT if int_off >= 0 else _NONE
+                if value_kind != _NONE:
+                    value_hole = len(holes)
+                    holes.append((double_off if value_kind == _DOUBLE else int_off) - start)
+                if not ignored:  # an ignored metric's payloads vary too: zeroed, never read
+                    at[ordinal] = (time_hole, value_hole, value_kind)
+                    ordinal += 1
+        cands = scan.candidates
+        wheres = [at[c.ordinal] for c in cands]
+        for c, (_, _, value_kind) in zip(cands, wheres, strict=True):
+            which = c.point.WhichOneof("value")
+            if value_kind != (_NONE if which is None else _DOUBLE if which == "as_double" else _INT):
+                raise _Bail
+        hole_arr = np.asarray(holes, np.int32)
+        masked = bytearray(memoryview(data)[start:end])
+        np.frombuffer(masked, np.uint8)[(hole_arr[:, None] + _AR8).ravel()] = 0
+        dev = np.asarray([c.dev for c in cands], np.int32)
+        col = np.asarray([c.col for c in cands], np.int32)
+        descr = np.asarray([c.descr for c in cands], np.int32)
+        time_hole = np.asarray([w[0] for w in wheres], np.int32)
+        value_hole = np.asarray([w[1] for w in wheres], np.int32)
+        kinds = np.asarray([w[2] for w in wheres], np.int8)
+        counter = np.asarray([c.counter for c in cands], bool)
+        simple = bool(len(cands)) and bool((time_hole >= 0).all() and (kinds == _DOUBLE).all())
+        layout = self._layout(scan.node, dev, col, descr) if scan.node is not None and len(cands) else None
+        names = tuple(dict.fromkeys(c.metric for c in cands))
+        name_id = {name: i for i, name in enumerate(names)}
+        return _Template(
+            digest=hashlib.sha256(masked).digest(),
+            holes=hole_arr,
+            node=scan.node,
+            points=scan.points,
+            rejected=scan.rejected,
+            problems=list(scan.problems),
+            unknown=list(scan.unknown),
+            dev=dev,
+            col=col,
+            descr=descr,
+            counter=counter,
+            any_counter=bool(counter.any()),
+            time_hole=time_hole,
+            value_hole=value_hole,
+            kind=kinds,
+            simple=simple,
+            layout=layout,
+            ordinal=np.asarray([c.ordinal for c in cands], np.int32),
+            names=names,
+            metric=np.asarray([name_id[c.metric] for c in cands], np.int32),
+            index=np.asarray([c.index for c in cands], np.int32),
+        )
+
+    # -- frames -----------------------------------------------------------------------------------
+    def _frames(self, req: _Request) -> list[Frame]:
+        """The request's points as frames, one per (node, time), in time order."""
+        ncols = len(self.schema)
+        frames: list[Frame] = []
+        for node, t in sorted(req.slots, key=_time_of):
+            parts = req.slots[(node, t)]
+            layout = parts[0].layout if len(parts) == 1 else None
+            if layout is not None:
+                values = parts[0].values
+            else:
+                dev = np.concatenate([p.dev for p in parts])
+                col = np.concatenate([p.col for p in parts])
+                descr = np.concatenate([p.descr for p in parts])
+                values = np.concatenate([p.values for p in parts])
+                layout = self._layout(node, dev, col, descr)
+            frames.append(Frame(t, layout.table, layout.fill(values, ncols)))
+            if t > self._newest.get(node, -1):
+                self._newest[node] = t
+        return frames
+
+    def _layout(self, node: str, dev: np.ndarray, col: np.ndarray, descr: np.ndarray) -> _Layout:
+        """Where points land: the device table of the devices they name (ids in first-seen order,
+        descriptive attributes merged in point order, the later winning), rows and columns; of
+        points naming the same cell, the last one wins (as in replay)."""
+        devs = np.unique(dev)
+        rows = np.searchsorted(devs, dev).astype(np.int32)
+        keep = None
+        cell = rows.astype(np.int64) * (int(col.max()) + 1) + col
+        uniq, last_rev = np.unique(cell[::-1], return_index=True)
+        if len(uniq) != len(cell):
+            keep = np.sort(len(cell) - 1 - last_rev)
+            rows, col = rows[keep], col[keep]
+        attrs: list[dict[str, str]] = [{} for _ in range(len(devs))]
+        with_descr = np.flatnonzero(descr >= 0)
+        if len(with_descr):
+            # Each distinct (device, set) once, at its last occurrence, in point order: the same
+            # result as updating point by point.
+            owner = np.searchsorted(devs, dev[with_descr]).astype(np.int64)
+            pair = owner * (len(self._descrs) + 1) + descr[with_descr]
+            _, last_rev = np.unique(pair[::-1], return_index=True)
+            for p in np.sort(len(pair) - 1 - last_rev).tolist():
+                attrs[int(owner[p])].update(self._descrs[int(descr[with_descr[p]])])
+        ids = tuple(self._dev_names[d] for d in devs.tolist())
+        key = (node, ids, tuple(attrs_of(a) for a in attrs))
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = DeviceTable(node, ids, tuple(attrs))
+        return _Layout(table, rows, col.astype(np.int32), keep)
+
+
+def _time_of(key: tuple[str, int]) -> int:
+    return key[1]

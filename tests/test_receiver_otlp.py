@@ -1,0 +1,744 @@
+"""The fleet's OTLP metrics receiver: real gRPC and HTTP on loopback, requests made by the real
+OpenTelemetry SDK exporters (fed by the agent's own metric sink) or forwarded by a real collector
+(rotel), and the protobuf decoder's fast path checked against its plain path."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf.json_format import MessageToJson
+from google.rpc import code_pb2, status_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult, MetricsData
+
+from otel_dra import __version__
+from otel_dra import conventions as cv
+from otel_dra.decode import OtlpJsonDecoder
+from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder, ProtoDecodeResult
+from otel_dra.frame import Column, Frame, Schema, attrs_of
+from otel_dra.receivers import OtlpReceiver
+from otel_dra.receivers.otlp import GRPC_METHOD, GRPC_SERVICE, POINTS, REQUESTS
+from otel_dra.sinks import provider
+from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sinks.verdicts import VERDICT_METRICS
+from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
+from otel_dra.store import FrameStore
+from tests.conftest import free_port, rotel_binary, wait_for
+
+S = 10**9
+T0 = 1_795_000_000 * S
+CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+EXPORT = f"/{GRPC_SERVICE}/{GRPC_METHOD}"
+
+
+# -- the agent side: the project's sink on the real SDK, one pipeline per simulated node ----------
+class Agent:
+    """One node's agent pipeline (``MetricsSink`` over a ``FrameStore`` on the real SDK), sampled
+    on demand: what ``otel-dra run`` exports."""
+
+    def __init__(self, node: str, devices: int = 3, seed: int = 0) -> None:
+        self.node = node
+        self.schema = Schema()
+        self.src = SimulatedSource(SimulatorConfig(node, devices=devices, seed=seed, start_unix_nano=T0), self.schema)
+        self.store = FrameStore()
+        self.reader = InMemoryMetricReader()
+        self.mp = provider.build_meter_provider(node, [self.reader], 5000)
+        # As the agent has it: hw.status is the verdict's (another sink's), not the source's column.
+        meter = self.mp.get_meter(cv.AGENT_SCOPE, __version__)
+        MetricsSink(self.store, self.schema, meter, max_age_s=3600.0, exclude=VERDICT_METRICS)
+
+    def sample(self, t: int) -> tuple[Frame, MetricsData]:
+        frame = self.src.read(t)
+        self.store.put(frame, time.monotonic_ns())
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        return frame, data
+
+    def close(self) -> None:
+        self.mp.shutdown()
+
+
+def cells(frame: Frame, schema: Schema) -> dict[tuple[str, str, Column], float]:
+    """Every value of a frame, keyed by (node, device, column)."""
+    rows, cols = np.nonzero(~np.isnan(frame.values))
+    node = frame.devices.node
+    return {
+        (node, frame.devices.ids[r], schema.columns[c]): float(frame.values[r, c])
+        for r, c in zip(rows.tolist(), cols.tolist(), strict=True)
+    }
+
+
+def exported(frame: Frame, schema: Schema) -> dict[tuple[str, str, Column], float]:
+    """The cells of a source frame the agent exports (its hw.status is the verdict's, not these)."""
+    return {key: v for key, v in cells(frame, schema).items() if key[2].metric not in VERDICT_METRICS}
+
+
+def assert_same_frame(got: Frame, got_schema: Schema, sent: Frame, sent_schema: Schema) -> None:
+    assert got.devices.node == sent.devices.node
+    assert cells(got, got_schema) == exported(sent, sent_schema)
+    for i, device in enumerate(sent.devices.ids):
+        assert got.devices.attrs[got.devices.ids.index(device)] == sent.devices.attrs[i]
+
+
+class Inbox:
+    """``on_frames``: what the receiver handed on, per call."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Frame]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, frames: list[Frame]) -> None:
+        with self.lock:
+            self.calls.append(frames)
+
+    def frames(self, node: str | None = None) -> list[Frame]:
+        with self.lock:
+            return [f for call in self.calls for f in call if node is None or f.devices.node == node]
+
+
+@pytest.fixture
+def start_receiver() -> Iterator:
+    running: list[OtlpReceiver] = []
+
+    def start(**kwargs) -> tuple[OtlpReceiver, Inbox]:
+        inbox = Inbox()
+        receiver = OtlpReceiver(
+            kwargs.pop("schema", Schema()),
+            kwargs.pop("on_frames", inbox),
+            grpc_endpoint=kwargs.pop("grpc_endpoint", "127.0.0.1:0"),
+            http_endpoint=kwargs.pop("http_endpoint", "127.0.0.1:0"),
+            **kwargs,
+        )
+        receiver.start()
+        running.append(receiver)
+        return receiver, inbox
+
+    yield start
+    for receiver in running:
+        receiver.stop(0.5)
+
+
+# -- requests by hand ----------------------------------------------------------------------------
+def kvs(attrs: dict[str, str]) -> list[KeyValue]:
+    return [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attrs.items()]
+
+
+def pt(attrs: dict, value: float | int | None, t: int = T0, as_int: bool = False) -> NumberDataPoint:
+    point = NumberDataPoint(attributes=kvs(attrs), time_unix_nano=t, start_time_unix_nano=T0)
+    if value is not None:
+        if as_int:
+            point.as_int = int(value)
+        else:
+            point.as_double = float(value)
+    return point
+
+
+def gauge(name: str, *points: NumberDataPoint) -> Metric:
+    return Metric(name=name, unit="1", gauge=Gauge(data_points=points))
+
+
+def counter(name: str, *points: NumberDataPoint, temporality: int = CUMULATIVE, monotonic: bool = True) -> Metric:
+    return Metric(
+        name=name, unit="1", sum=Sum(data_points=points, aggregation_temporality=temporality, is_monotonic=monotonic)
+    )
+
+
+def resource(node: str | None, *metrics: Metric, scope: str = "gpu-exporter") -> ResourceMetrics:
+    attrs = {"service.name": "otel-dra"} | ({"k8s.node.name": node} if node is not None else {})
+    scopes = [ScopeMetrics(scope=InstrumentationScope(name=scope), metrics=metrics)]
+    return ResourceMetrics(resource=Resource(attributes=kvs(attrs)), scope_metrics=scopes)
+
+
+def req(*resources: ResourceMetrics) -> ExportMetricsServiceRequest:
+    return ExportMetricsServiceRequest(resource_metrics=resources)
+
+
+def gpu(device: str = "gpu-0", **extra: str) -> dict[str, str]:
+    return {"hw.id": device, "hw.type": "gpu", "hw.name": f"GPU {device}", **extra}
+
+
+def temp_sensor(device: str = "gpu-0") -> dict[str, str]:
+    return {"hw.id": f"{device}/temp/gpu", "hw.type": "temperature", "hw.parent": device, "hw.sensor_location": "gpu"}
+
+
+POWER = Column("hw.power")
+TEMP = Column("hw.temperature", attrs_of({"hw.sensor_location": "gpu"}), "temp/gpu", "temperature")
+UNCORRECTED = Column("hw.errors", attrs_of({"error.type": "uncorrected"}))
+
+
+def mixed_request(t: int = T0) -> tuple[ExportMetricsServiceRequest, int]:
+    """A request with good points and one of each kind of bad one; returns it and how many are bad."""
+    request = req(
+        resource(
+            "node-1",
+            gauge("hw.power", pt(gpu("gpu-0"), 300.0, t), pt(gpu("gpu-1"), math.nan, t), pt({"hw.type": "gpu"}, 1, t)),
+            gauge("hw.temperature", pt(temp_sensor("gpu-0"), 55.0, t)),
+            counter("hw.errors", pt(gpu("gpu-0", **{"error.type": "uncorrected"}), -1.0, t)),
+            counter("hw.energy", pt(gpu("gpu-0"), 5.0, t), temporality=DELTA),
+            gauge("made.up.metric", pt(gpu("gpu-0"), 1.0, t), pt(gpu("gpu-1"), 1.0, t)),
+        ),
+        resource(None, gauge("hw.power", pt(gpu("gpu-9"), 1.0, t))),
+    )
+    return request, 1 + 1 + 1 + 1 + 2 + 1  # NaN, no hw.id, negative counter, delta, unknown x2, no node
+
+
+# -- round trips: the SDK's exporters into the receiver --------------------------------------------
+def test_grpc_round_trip_from_the_sdk_exporter(start_receiver):
+    receiver, inbox = start_receiver()
+    exporter = GrpcExporter(endpoint=f"127.0.0.1:{receiver.grpc_port}", insecure=True, timeout=5)
+    agents = [Agent("node-a", devices=3, seed=1), Agent("node-b", devices=2, seed=2)]
+    sent: dict[str, list[Frame]] = {"node-a": [], "node-b": []}
+    for k in range(3):
+        for agent in agents:
+            frame, data = agent.sample(T0 + k * 10 * S)
+            sent[agent.node].append(frame)
+            assert exporter.export(data) is MetricExportResult.SUCCESS
+    exporter.shutdown()
+    for agent in agents:
+        node = agent.node
+        got = inbox.frames(node)
+        assert len(got) == 3
+        assert [f.time_unix_nano for f in got] == sorted(f.time_unix_nano for f in got)
+        for frame_got, frame_sent in zip(got, sent[node], strict=True):
+            assert_same_frame(frame_got, receiver.schema, frame_sent, agent.schema)
+        agent.close()
+    stats = receiver.stats()
+    assert stats["requests"][("grpc", "ok")] == 6
+    assert stats["points"]["rejected"] == 0
+    assert stats["points"]["accepted"] == sum(len(exported(f, a.schema)) for a in agents for f in sent[a.node])
+    assert receiver._decoder.sections_fast == 4  # every node's second and third request took the fast path
+
+
+@pytest.mark.parametrize("compression", [Compression.NoCompression, Compression.Gzip])
+def test_http_round_trip_from_the_sdk_exporter(start_receiver, compression):
+    receiver, inbox = start_receiver()
+    url = f"http://127.0.0.1:{receiver.http_port}/v1/metrics"
+    exporter = HttpExporter(endpoint=url, compression=compression, timeout=5)
+    agent = Agent("node-h", devices=4, seed=4)
+    sent = []
+    for k in range(2):
+        frame, data = agent.sample(T0 + k * 10 * S)
+        sent.append(frame)
+        assert exporter.export(data) is MetricExportResult.SUCCESS
+    exporter.shutdown()
+    agent.close()
+    got = inbox.frames("node-h")
+    assert len(got) == 2
+    for frame_got, frame_sent in zip(got, sent, strict=True):
+        assert_same_frame(frame_got, receiver.schema, frame_sent, agent.schema)
+    assert receiver.stats()["requests"][("http", "ok")] == 2
+
+
+def test_a_real_collector_forwards_into_the_receiver(start_receiver, tmp_path: Path):
+    """rotel receives the agent's export and forwards it over OTLP/gRPC to the receiver."""
+    receiver, inbox = start_receiver()
+    grpc_in = f"127.0.0.1:{free_port()}"
+    log = tmp_path / "rotel.out"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                rotel_binary(),
+                "start",
+                "--exporter",
+                "otlp",
+                "--otlp-exporter-endpoint",
+                f"http://127.0.0.1:{receiver.grpc_port}",
+                "--otlp-grpc-endpoint",
+                grpc_in,
+                "--otlp-http-endpoint",
+                f"127.0.0.1:{free_port()}",
+                "--batch-timeout",
+                "100ms",
+                "--log-file",
+                str(tmp_path / "rotel.log"),
+                "--pid-file",
+                str(tmp_path / "rotel.pid"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    try:
+        wait_for(lambda: "Starting Rotel" in log.read_text(errors="replace"), 20, "rotel to start")
+        exporter = GrpcExporter(endpoint=grpc_in, insecure=True, timeout=5)
+        agent = Agent("node-r", devices=2, seed=5)
+        sent = []
+        for k in range(2):
+            frame, data = agent.sample(T0 + k * 10 * S)
+            sent.append(frame)
+            assert exporter.export(data) is MetricExportResult.SUCCESS
+            wait_for(lambda k=k: len(inbox.frames("node-r")) > k, 15, "rotel to forward the export")
+        exporter.shutdown()
+        agent.close()
+        got = inbox.frames("node-r")
+        for frame_got, frame_sent in zip(got, sent, strict=True):
+            assert_same_frame(frame_got, receiver.schema, frame_sent, agent.schema)
+        assert receiver.stats()["requests"][("grpc", "ok")] >= 2
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# -- errors and partial success ----------------------------------------------------------------------
+def raw_grpc(port: int, body: bytes) -> tuple[grpc.StatusCode, bytes | str]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(EXPORT)
+        try:
+            return grpc.StatusCode.OK, call(body, timeout=5)
+        except grpc.RpcError as err:
+            return err.code(), err.details()
+
+
+def post(port: int, body: bytes, content_type: str = "application/x-protobuf", **headers: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/metrics", data=body, headers={"Content-Type": content_type, **headers}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+GOOD = req(resource("node-1", gauge("hw.power", pt(gpu(), 250.0))))
+
+
+def test_malformed_bytes_are_invalid_argument_and_the_next_request_works(start_receiver):
+    receiver, inbox = start_receiver()
+    for garbage in (b"\x0a\xff\xff\xff\xff\x0f", b"\xff" * 20, b"\x0a\x05\x0a\x03\x0a\x01"):
+        code, details = raw_grpc(receiver.grpc_port, garbage)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, (garbage, code, details)
+        assert "not an ExportMetricsServiceRequest" in str(details)
+        status, body = post(receiver.http_port, garbage)
+        assert status == 400
+        parsed = status_pb2.Status.FromString(body)
+        assert parsed.code == code_pb2.INVALID_ARGUMENT and "not an ExportMetricsServiceRequest" in parsed.message
+    status, body = post(receiver.http_port, b"{not json", "application/json")
+    assert status == 400 and json.loads(body)["code"] == code_pb2.INVALID_ARGUMENT
+    code, body = raw_grpc(receiver.grpc_port, GOOD.SerializeToString())
+    assert code is grpc.StatusCode.OK
+    assert ExportMetricsServiceResponse.FromString(body) == ExportMetricsServiceResponse()
+    status, body = post(receiver.http_port, GOOD.SerializeToString())
+    assert status == 200 and ExportMetricsServiceResponse.FromString(body) == ExportMetricsServiceResponse()
+    assert len(inbox.frames("node-1")) == 2  # the same time twice is a resend, not out of order
+    requests = receiver.stats()["requests"]
+    assert requests[("grpc", "invalid")] == 3 and requests[("http", "invalid")] == 4
+    assert requests[("grpc", "ok")] == 1 and requests[("http", "ok")] == 1
+
+
+def test_oversized_requests_are_refused_and_counted(start_receiver):
+    receiver, inbox = start_receiver(max_request_bytes=4096)
+    small = GOOD.SerializeToString()
+    big = req(resource("node-1", gauge("hw.power", *[pt(gpu(f"gpu-{i}"), 1.0) for i in range(60)])))
+    body = big.SerializeToString()
+    assert 4096 < len(body) <= 2 * 4096
+    code, details = raw_grpc(receiver.grpc_port, body)
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "over the limit" in str(details)
+    code, _ = raw_grpc(receiver.grpc_port, b"\x0a" + b"x" * 100_000)  # past gRPC's own hard limit
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert post(receiver.http_port, body)[0] == 413
+    bomb = gzip.compress(small + b"\x00" * 50_000)  # small on the wire, large inflated
+    assert len(bomb) < 4096
+    status, reply = post(receiver.http_port, bomb, **{"Content-Encoding": "gzip"})
+    assert status == 413 and status_pb2.Status.FromString(reply).code == code_pb2.RESOURCE_EXHAUSTED
+    assert raw_grpc(receiver.grpc_port, small)[0] is grpc.StatusCode.OK
+    assert post(receiver.http_port, small)[0] == 200
+    requests = receiver.stats()["requests"]
+    assert requests[("grpc", "too_large")] == 1  # the one past the hard limit is gRPC's own refusal
+    assert requests[("http", "too_large")] == 2
+    assert len(inbox.frames()) == 2
+
+
+def test_bad_points_are_a_partial_success_with_the_count_and_one_line(start_receiver):
+    receiver, inbox = start_receiver()
+    request, bad = mixed_request()
+    with grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as channel:
+        response = MetricsServiceStub(channel).Export(request, timeout=5)
+    partial = response.partial_success
+    assert partial.rejected_data_points == bad
+    message = partial.error_message
+    assert "\n" not in message and message.startswith(f"{bad} of 9 data points rejected: ")
+    for words in ("NaN", "has no hw.id", "on a counter", "delta sum", "made.up.metric", "; and 1 more"):
+        assert words in message, words  # the first five problems in request order, the rest counted
+    (frame,) = inbox.frames()
+    values = cells(frame, receiver.schema)
+    assert values == {("node-1", "gpu-0", POWER): 300.0, ("node-1", "gpu-0", TEMP): 55.0}
+    # The same over HTTP, protobuf and JSON (the replay decoder's reading of the JSON mapping).
+    later, _ = mixed_request(T0 + S)
+    status, body = post(receiver.http_port, later.SerializeToString())
+    assert status == 200
+    assert ExportMetricsServiceResponse.FromString(body).partial_success.rejected_data_points == bad
+    json_request = req(*later.resource_metrics[:1])  # the JSON decoder refuses a line with a node-less resource
+    status, body = post(receiver.http_port, MessageToJson(json_request).encode(), "application/json")
+    assert status == 200
+    answer = json.loads(body)["partialSuccess"]
+    assert int(answer["rejectedDataPoints"]) == bad - 1 and "NaN" in answer["errorMessage"]
+    assert receiver.stats()["points"] == {"accepted": 2 + 2 + 2, "rejected": bad * 2 + bad - 1}
+
+
+def test_json_and_gzip_bodies_over_http(start_receiver):
+    receiver, inbox = start_receiver()
+    agent = Agent("node-j", devices=2, seed=7)
+    frame, data = agent.sample(T0)
+    agent.close()
+    text = MessageToJson(encode_metrics(data)).encode()
+    status, body = post(receiver.http_port, gzip.compress(text), "application/json", **{"Content-Encoding": "gzip"})
+    assert status == 200 and json.loads(body) == {}
+    (got,) = inbox.frames("node-j")
+    assert_same_frame(got, receiver.schema, frame, agent.schema)
+    assert post(receiver.http_port, b"x", "text/plain")[0] == 415
+    assert post(receiver.http_port, text, "application/json", **{"Content-Encoding": "br"})[0] == 415
+    assert post(receiver.http_port, b"\x1f\x8b not gzip", **{"Content-Encoding": "gzip"})[0] == 400
+
+
+def test_receiver_metrics_through_the_meter(start_receiver):
+    reader = InMemoryMetricReader()
+    mp = provider.build_meter_provider("fleet", [reader], 5000)
+    receiver, _ = start_receiver(meter=mp.get_meter("otel_dra", __version__))
+    request, bad = mixed_request()
+    raw_grpc(receiver.grpc_port, request.SerializeToString())
+    raw_grpc(receiver.grpc_port, b"\xff")
+    post(receiver.http_port, GOOD.SerializeToString())
+    data = reader.get_metrics_data()
+    mp.shutdown()
+    seen = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                assert m.data.is_monotonic, m.name
+                for p in m.data.data_points:
+                    seen[(m.name, m.unit, *sorted(p.attributes.items()))] = p.value
+    requests = (REQUESTS.name, REQUESTS.unit)
+    assert seen[(*requests, ("outcome", "partial"), ("transport", "grpc"))] == 1
+    assert seen[(*requests, ("outcome", "invalid"), ("transport", "grpc"))] == 1
+    assert seen[(*requests, ("outcome", "ok"), ("transport", "http"))] == 1
+    assert seen[(*requests, ("outcome", "too_large"), ("transport", "http"))] == 0
+    assert seen[(POINTS.name, POINTS.unit, ("outcome", "rejected"))] == bad
+    assert seen[(POINTS.name, POINTS.unit, ("outcome", "accepted"))] == 3
+
+
+def test_a_failing_consumer_is_internal_and_the_receiver_keeps_serving(start_receiver):
+    calls = []
+
+    def broken(frames):
+        calls.append(frames)
+        if len(calls) == 1:
+            raise RuntimeError("consumer bug")
+
+    receiver, _ = start_receiver(on_frames=broken)
+    assert raw_grpc(receiver.grpc_port, GOOD.SerializeToString())[0] is grpc.StatusCode.INTERNAL
+    later = req(resource("node-1", gauge("hw.power", pt(gpu(), 250.0, T0 + S))))
+    assert post(receiver.http_port, later.SerializeToString())[0] == 200
+    assert receiver.stats()["requests"][("grpc", "error")] == 1
+
+
+def test_endpoints_and_ports():
+    receiver = OtlpReceiver(Schema(), lambda frames: None, grpc_endpoint=None, http_endpoint="127.0.0.1:0")
+    receiver.start()
+    try:
+        assert receiver.grpc_port is None and receiver.http_port
+        busy = OtlpReceiver(Schema(), lambda frames: None, None, f"127.0.0.1:{receiver.http_port}")
+        with pytest.raises(OSError, match="cannot listen for OTLP/HTTP"):
+            busy.start()
+    finally:
+        receiver.stop()
+    assert receiver.http_port is None
+    for bad in ("4317", "host:", "host:99999"):
+        with pytest.raises(ValueError, match="not host:port"):
+            OtlpReceiver(Schema(), lambda frames: None, grpc_endpoint=bad)
+    with pytest.raises(ValueError, match="at least one"):
+        OtlpReceiver(Schema(), lambda frames: None, None, None)
+
+
+# -- the decoder: semantics ----------------------------------------------------------------------
+def decode(*requests: ExportMetricsServiceRequest | bytes, fast: bool = True) -> tuple[OtlpProtoDecoder, list]:
+    decoder = OtlpProtoDecoder(Schema(), fast=fast)
+    return decoder, [decoder.decode(r) for r in requests]
+
+
+def test_same_frames_as_the_replay_decoder_reads_from_the_json_mapping():
+    agent = Agent("node-1", devices=3, seed=3)
+    requests = [encode_metrics(agent.sample(T0 + k * 10 * S)[1]) for k in range(3)]
+    agent.close()
+    proto, results = decode(*requests)
+    replay = OtlpJsonDecoder(Schema())
+    for request, result in zip(requests, results, strict=True):
+        frames, errors = replay.decode_line(MessageToJson(request), 1)
+        assert not errors and result.rejected == 0
+        assert [f.time_unix_nano for f in result.frames] == [f.time_unix_nano for f in frames]
+        for a, b in zip(result.frames, frames, strict=True):
+            assert_same_frame(a, proto.schema, b, replay.schema)
+    assert proto.sections_fast == 2 and proto.sections_plain == 1
+
+
+def test_a_changed_attribute_of_the_same_length_is_seen():
+    """The template compares every byte but the values: a firmware update that keeps the string's
+    length changes nothing else in the request, and must still reach the device table."""
+    before = req(resource("node-1", gauge("hw.power", pt(gpu(**{"hw.firmware_version": "96.00.99"}), 1.0))))
+    after = req(resource("node-1", gauge("hw.power", pt(gpu(**{"hw.firmware_version": "96.00.30"}), 2.0, T0 + S))))
+    decoder, (r1, r2) = decode(before, after)
+    assert r1.frames[0].devices.attrs[0]["hw.firmware_version"] == "96.00.99"
+    assert r2.frames[0].devices.attrs[0]["hw.firmware_version"] == "96.00.30"
+    assert decoder.sections_fast == 0
+
+
+def test_an_agents_own_hw_status_is_its_verdict_not_an_input():
+    """As in replay: hw.status from scope otel_dra is an agent's verdict, neither read nor counted;
+    another producer's hw.status is the device's own report. Same on the fast path."""
+    status = counter("hw.status", pt(gpu(**{"hw.state": "failed"}), 1, as_int=True), monotonic=False)
+    for scope, kept in ((cv.AGENT_SCOPE, False), ("gpu-exporter", True)):
+        first = req(resource("node-1", status, gauge("hw.power", pt(gpu(), 300.0)), scope=scope))
+        later = ExportMetricsServiceRequest()
+        later.CopyFrom(first)
+        for m in later.resource_metrics[0].scope_metrics[0].metrics:
+            for p in getattr(m, m.WhichOneof("data")).data_points:
+                p.time_unix_nano = T0 + S
+        decoder, results = decode(first, later)
+        assert decoder.sections_fast == 1
+        for result in results:
+            assert (result.points, result.rejected) == ((2, 0) if kept else (1, 0))
+            got = {key[2].metric for key in cells(result.frames[0], decoder.schema)}
+            assert got == ({"hw.status", "hw.power"} if kept else {"hw.power"})
+
+
+def test_backwards_time_is_rejected_per_node_and_int_values_read():
+    newer = req(resource("node-1", gauge("hw.power", pt(gpu(), 7, T0 + S, as_int=True))))
+    older = req(resource("node-1", gauge("hw.power", pt(gpu(), 8, T0, as_int=True))))
+    other = req(resource("node-2", gauge("hw.power", pt(gpu(), 9, T0, as_int=True))))
+    _, (r1, r2, r3) = decode(newer, older, other)
+    assert r1.frames[0].values[0, 0] == 7.0 and r2.frames == [] and r2.rejected == 1
+    assert "older than" in r2.message and r3.frames[0].values[0, 0] == 9.0
+
+
+def test_one_frame_per_node_and_time_sensors_fold_into_their_device():
+    request = req(
+        resource(
+            "node-1",
+            gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + S), pt(gpu("gpu-0"), 2.0, T0)),
+            gauge("hw.temperature", pt(temp_sensor("gpu-0"), 40.0, T0)),
+        ),
+        resource("node-2", gauge("hw.power", pt(gpu("gpu-0"), 3.0, T0))),
+    )
+    decoder, (result,) = decode(request)
+    keys = [(f.devices.node, f.time_unix_nano) for f in result.frames]
+    assert keys == [("node-1", T0), ("node-2", T0), ("node-1", T0 + S)]
+    first = cells(result.frames[0], decoder.schema)
+    assert first == {("node-1", "gpu-0", POWER): 2.0, ("node-1", "gpu-0", TEMP): 40.0}
+
+
+# -- the decoder: fast and plain paths agree ---------------------------------------------------------
+def summary(result: ProtoDecodeResult | str, schema: Schema) -> object:
+    if isinstance(result, str):
+        return result
+    frames = [
+        (f.time_unix_nano, f.devices.node, f.devices.ids, f.devices.attrs, cells(f, schema)) for f in result.frames
+    ]
+    return (result.points, result.rejected, result.problems, result.problem_count, result.message, frames)
+
+
+def run_both(requests: list[bytes]) -> OtlpProtoDecoder:
+    """Both paths over the same requests, in order (so templates are built, then hit); the fast decoder."""
+    fast, plain = OtlpProtoDecoder(Schema()), OtlpProtoDecoder(Schema(), fast=False)
+    for data in requests:
+        outcomes = []
+        for decoder in (fast, plain):
+            try:
+                outcomes.append(summary(decoder.decode(data), decoder.schema))
+            except MalformedRequest as exc:
+                assert "\n" not in str(exc)
+                outcomes.append("malformed")
+        assert outcomes[0] == outcomes[1]
+    return fast
+
+
+NAMES = ["hw.power", "hw.errors", "hw.temperature", "hw.energy", "hw.status", "not.a.metric"]
+DEVICES = ["gpu-0", "gpu-1"]
+VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.sampled_from([0.0, -1.0, 1.0, math.nan, math.inf]),
+    st.integers(-(2**63), 2**63 - 1),
+    st.none(),
+)
+TIMES = st.sampled_from([0, T0, T0 + S, T0 - S, 2**64 - 1])
+
+
+@st.composite
+def attribute_sets(draw) -> dict[str, str]:
+    device = draw(st.sampled_from(DEVICES))
+    choice = draw(st.sampled_from(["device", "sensor", "no-id", "sensor-no-type", "orphan-sensor", "extra"]))
+    if choice == "device":
+        return gpu(device, **{"hw.firmware_version": draw(st.sampled_from(["1.0", "2.0"]))})
+    if choice == "sensor":
+        return temp_sensor(device)
+    if choice == "no-id":
+        return {"hw.type": "gpu"}
+    if choice == "sensor-no-type":
+        return {"hw.id": f"{device}/temp", "hw.parent": device}
+    if choice == "orphan-sensor":
+        return {"hw.id": f"{device}/fan", "hw.type": "fan"}
+    return gpu(device, **{"error.type": draw(st.sampled_from(["corrected", "uncorrected"]))})
+
+
+@st.composite
+def points(draw) -> NumberDataPoint:
+    value = draw(VALUES)
+    return pt(draw(attribute_sets()), value, draw(TIMES), as_int=isinstance(value, int))
+
+
+@st.composite
+def metrics(draw) -> Metric:
+    name = draw(st.sampled_from(NAMES))
+    pts = draw(st.lists(points(), max_size=4))
+    kind = draw(st.sampled_from(["gauge", "sum", "delta", "updown", "histogram"]))
+    if kind == "gauge":
+        return gauge(name, *pts)
+    if kind == "histogram":
+        hist = Histogram(data_points=[HistogramDataPoint(time_unix_nano=T0, count=1, sum=2.0)] * len(pts))
+        return Metric(name=name, histogram=hist)
+    return counter(name, *pts, temporality=DELTA if kind == "delta" else CUMULATIVE, monotonic=kind != "updown")
+
+
+@st.composite
+def requests(draw) -> ExportMetricsServiceRequest:
+    resources = draw(
+        st.lists(
+            st.builds(
+                lambda node, ms, scope: resource(node, *ms, scope=scope),
+                st.sampled_from(["node-1", "node-2", None]),
+                st.lists(metrics(), max_size=4),
+                st.sampled_from([cv.AGENT_SCOPE, "gpu-exporter"]),
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    )
+    return req(*resources)
+
+
+def with_new_values(request: ExportMetricsServiceRequest, draw) -> bytes:
+    """The same request with other times and values in place: what an agent's next export is."""
+    copy = ExportMetricsServiceRequest()
+    copy.CopyFrom(request)
+    for rm in copy.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.WhichOneof("data") in ("gauge", "sum"):
+                    for p in getattr(m, m.WhichOneof("data")).data_points:
+                        if p.time_unix_nano:
+                            p.time_unix_nano = draw(st.sampled_from([T0, T0 + S, T0 + 2 * S, T0 - S, 2**64 - 1]))
+                        kind = p.WhichOneof("value")
+                        if kind == "as_double":
+                            p.as_double = draw(st.floats(width=64))
+                        elif kind == "as_int":
+                            p.as_int = draw(st.integers(-(2**63), 2**63 - 1))
+    return copy.SerializeToString()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fast_and_plain_paths_agree(data):
+    base = data.draw(requests())
+    sequence = [base.SerializeToString()] + [with_new_values(base, data.draw) for _ in range(3)]
+    fast = run_both(sequence)
+    assert fast.sections_fast > 0  # the later requests (same shape, new values) were read from templates
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_garbage_mutations_never_raise_and_paths_agree(data):
+    base = data.draw(requests()).SerializeToString()
+    sequence = [base]
+    for _ in range(3):
+        mutated = bytearray(base)
+        for _ in range(data.draw(st.integers(1, 4))):
+            op = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+            at = data.draw(st.integers(0, max(0, len(mutated) - 1)))
+            if op == "flip" and mutated:
+                mutated[at] = data.draw(st.integers(0, 255))
+            elif op == "cut":
+                del mutated[at : at + data.draw(st.integers(1, 8))]
+            else:
+                mutated[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+        sequence += [bytes(mutated), base]
+    run_both(sequence)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_raise(blob):
+    run_both([blob, blob])
+
+
+def test_bounded_templates_and_sections_that_never_repeat_fall_back_to_the_plain_path():
+    """With no room for templates, or a section whose bytes change in more than values (a histogram's
+    sum), every request is read the plain way, with the same results; a key that keeps missing stops
+    being rebuilt."""
+    agent = Agent("node-1", devices=2, seed=1)
+    requests = [encode_metrics(agent.sample(T0 + k * 10 * S)[1]).SerializeToString() for k in range(3)]
+    agent.close()
+    tiny = OtlpProtoDecoder(Schema(), max_template_bytes=1)
+    plain = OtlpProtoDecoder(Schema(), fast=False)
+    for data in requests:
+        assert summary(tiny.decode(data), tiny.schema) == summary(plain.decode(data), plain.schema)
+    assert tiny.sections_fast == 0 and tiny.template_bytes == 0
+
+    def with_histogram(k: int) -> ExportMetricsServiceRequest:
+        hist = Metric(name="http.duration", histogram=Histogram(data_points=[HistogramDataPoint(sum=float(k))]))
+        return req(resource("node-1", gauge("hw.power", pt(gpu(), 1.0, T0 + k * S)), hist))
+
+    decoder = OtlpProtoDecoder(Schema())
+    builds = []
+    build = decoder._build
+    decoder._build = lambda *args: builds.append(1) or build(*args)  # type: ignore[method-assign]
+    for k in range(10):
+        result = decoder.decode(with_histogram(k))
+        assert (result.points, result.rejected, len(result.frames)) == (2, 1, 1)
+    assert decoder.sections_fast == 0 and len(decoder._templates) == 1
+    assert len(builds) == 3  # the first sight and two retries; then the plain path alone
+
+
+def test_message_input_and_bytes_input_agree():
+    request, _ = mixed_request()
+    _, (a,) = decode(request)
+    _, (b,) = decode(request.SerializeToString())
+    assert a.points == b.points == 9 and a.rejected == b.rejected == 7 and a.message == b.message
