@@ -527,3 +527,15 @@ def test_prometheus_evaluates_every_rule_without_errors(fleet):
     # Their `for` has not passed yet: pending; the agents are up: inactive.
     assert state["OtelDraDeviceUnhealthy"] == state["OtelDraNodeStale"] == "pending"
     assert state["OtelDraAgentDown"] == state["OtelDraAgentAbsent"] == "inactive"
+
+
+def test_the_readme_prometheus_config_is_valid():
+    """prometheus/prometheus.yml (the README's try-it-locally config) loads the rules and scrapes the fleet."""
+    from tests.conftest import ensure_binary
+
+    promtool = ensure_binary("promtool", "prometheus")
+    result = subprocess.run(
+        [promtool, "check", "config", str(REPO / "prometheus" / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "16 rules found" in result.stdout or "rules found" in result.stdout
