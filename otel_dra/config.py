@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from otel_dra.faults import Fault
@@ -77,7 +77,6 @@ class AgentConfig:
     k8s_api_version: str = "v1beta2"
     k8s_driver: str | None = None
     k8s_apply: bool = False
-    extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

@@ -128,7 +128,6 @@ class _Plan:
     gen_cols: np.ndarray
     gen_max: np.ndarray
     status: list[tuple[int, int]]  # (column, state code)
-    throttle: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _attr(column: Column, key: str) -> str | None:
@@ -157,7 +156,6 @@ def build_plan(columns: tuple[Column, ...]) -> _Plan:
     volts: list[tuple[int, int, int]] = []
     simple: dict[str, list[int]] = {}
     status: list[tuple[int, int]] = []
-    throttle: dict[str, list[int]] = {}
     for i, col in enumerate(columns):
         m = col.metric
         if m == cv.HW_ERRORS.name:
@@ -232,7 +230,6 @@ def build_plan(columns: tuple[Column, ...]) -> _Plan:
         gen_cols=ix(simple.get("gen", [])),
         gen_max=ix(simple.get("gen_max", [])),
         status=status,
-        throttle={k: ix(v) for k, v in throttle.items()},
     )
 
 
