@@ -74,8 +74,10 @@ def test_exposition_passes_promtool(start_agent):
 def test_defaults_serve_every_contract_signal_within_two_intervals(start_agent):
     """`otel-dra run` with its defaults (8 devices, 5 s interval): all signals, all devices, in < 2 intervals."""
     port = free_port()
-    t0 = time.monotonic()
     agent = start_agent(env={"OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}, wait=False)
+    # The agent has started once it says so (Python's imports before that are not the agent's doing).
+    wait_for(lambda: "starting: node=" in agent.logs(), 30, "the agent to start", every=0.05)
+    t0 = time.monotonic()
 
     def complete() -> bool:
         status, body = http_get(agent.url + "/metrics", 1)
