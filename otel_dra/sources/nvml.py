@@ -1,0 +1,440 @@
+"""NVIDIA GPUs read through NVML (``pynvml``, from the ``nvidia-ml-py`` package).
+
+Produces the same contract columns as the simulator, one row per GPU, keyed by the
+GPU's UUID. Robustness rules, because this runs unattended on production nodes:
+
+* a call that says a field is unsupported (``NOT_SUPPORTED``, ``NO_PERMISSION``, ...)
+  leaves that column NaN for that GPU and is not asked again;
+* any other NVML error (``GPU_IS_LOST``, ``UNKNOWN``, ...) makes the whole row NaN for
+  this pass: the classifier turns a GPU that stays silent into ``device_lost``;
+* XID events come from an NVML event set polled on a background thread with a short
+  timeout, so a slow or wedged event wait never delays sampling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.sources.simulated import driver_error_column
+
+log = logging.getLogger(__name__)
+
+#: The DRA driver name NVIDIA's k8s-dra-driver-gpu publishes GPUs under.
+DRA_DRIVER = "gpu.nvidia.com"
+#: How long one event-set wait blocks (ms); close() waits about this long for the thread.
+EVENT_WAIT_MS = 200
+#: NVML's "unsupported field" answers: the column stays NaN, the device is fine.
+_FIELD_ERROR_NAMES = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_NOT_FOUND",
+    "NVML_ERROR_INVALID_ARGUMENT",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_NO_DATA",
+    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+    "NVML_ERROR_DEPRECATED",
+)
+#: Of those, the ones that never change for a device: skip the call on later passes.
+_PERMANENT_ERROR_NAMES = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_DEPRECATED")
+#: Violation-time policies summed into ``hw.throttle.reason=other`` (low utilization is idling, not throttling).
+_OTHER_POLICY_NAMES = ("NVML_PERF_POLICY_SYNC_BOOST", "NVML_PERF_POLICY_BOARD_LIMIT", "NVML_PERF_POLICY_RELIABILITY")
+_FIELD_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _import_pynvml() -> Any:
+    import pynvml  # optional dependency: otel-dra[nvidia]
+
+    return pynvml
+
+
+def _text(value: str | bytes) -> str:
+    """pynvml returns str in current releases and bytes in old ones."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def nvml_available(nvml: Any = None) -> tuple[bool, str]:
+    """Whether NVML loads and sees at least one GPU, and why not; for ``--source auto``."""
+    if nvml is None:
+        try:
+            nvml = _import_pynvml()
+        except ImportError:
+            return False, "pynvml is not installed (pip install 'otel-dra[nvidia]')"
+    try:
+        nvml.nvmlInit()
+    except Exception as err:  # NVMLError (library or driver missing), OSError from the loader
+        return False, f"NVML did not load: {err}"
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+    except Exception as err:
+        return False, f"NVML loaded but could not list GPUs: {err}"
+    finally:
+        with contextlib.suppress(Exception):  # nothing to do about a failed shutdown of a probe
+            nvml.nvmlShutdown()
+    if count < 1:
+        return False, "NVML loaded but found no GPU"
+    return True, f"{count} NVIDIA GPU(s), driver {driver}"
+
+
+class _DeviceLost(Exception):
+    """One device failed as a whole this pass; its row is NaN."""
+
+
+def _gpu_columns() -> dict[str, Column]:
+    """The fixed columns of an NVML GPU, by a short local key (fans and XIDs are added as found)."""
+    t, m = "temp/gpu", "temp/memory"
+    errors = cv.HW_ERRORS.name
+    cols: dict[str, Column] = {
+        "temp.gpu": Column(cv.HW_TEMPERATURE.name, attrs_of({cv.HW_SENSOR_LOCATION: "gpu"}), t, "temperature"),
+        "temp.memory": Column(cv.HW_TEMPERATURE.name, attrs_of({cv.HW_SENSOR_LOCATION: "memory"}), m, "temperature"),
+        "power": Column(cv.HW_POWER.name),
+        "power.limit.max": Column(cv.HW_POWER_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "max"})),
+        "energy": Column(cv.HW_ENERGY.name),
+        "util": Column(cv.HW_GPU_UTILIZATION.name, attrs_of({cv.HW_GPU_TASK: "general"})),
+        "mem.usage": Column(cv.HW_GPU_MEMORY_USAGE.name),
+        "mem.limit": Column(cv.HW_GPU_MEMORY_LIMIT.name),
+        "mem.util": Column(cv.HW_GPU_MEMORY_UTILIZATION.name),
+        "errors.corrected": Column(errors, attrs_of({cv.ERROR_TYPE_ATTR: "corrected"})),
+        "errors.uncorrected": Column(errors, attrs_of({cv.ERROR_TYPE_ATTR: "uncorrected"})),
+        "errors.retired_page": Column(errors, attrs_of({cv.ERROR_TYPE_ATTR: "retired_page"})),
+        "errors.link.pcie": Column(errors, attrs_of({cv.ERROR_TYPE_ATTR: "link", cv.HW_LINK_TYPE: "pcie"})),
+        "pcie.width": Column(cv.HW_PCIE_LINK_WIDTH.name),
+        "pcie.width.limit": Column(cv.HW_PCIE_LINK_WIDTH_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "max"})),
+        "pcie.gen": Column(cv.HW_PCIE_LINK_GENERATION.name),
+        "pcie.gen.limit": Column(cv.HW_PCIE_LINK_GENERATION_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "max"})),
+    }
+    for sensor, location, limits in ((t, "gpu", ("high.degraded", "high.critical")), (m, "memory", ("high.degraded",))):
+        for limit in limits:
+            cols[f"temp.{location}.limit.{limit}"] = Column(
+                cv.HW_TEMPERATURE_LIMIT.name,
+                attrs_of({cv.HW_SENSOR_LOCATION: location, cv.HW_LIMIT_TYPE: limit}),
+                sensor,
+                "temperature",
+            )
+    for reason in ("thermal", "power", "other"):
+        cols[f"throttle.{reason}"] = Column(cv.HW_THROTTLE_TIME.name, attrs_of({cv.HW_THROTTLE_REASON: reason}))
+    return cols
+
+
+def fan_column(fan: int) -> Column:
+    """``hw.fan.speed_ratio`` of fan sensor ``fan/<i>``."""
+    return Column(cv.HW_FAN_SPEED_RATIO.name, (), f"fan/{fan}", "fan")
+
+
+class NvmlSource:
+    """The node's NVIDIA GPUs, sampled through NVML; XIDs counted on a background thread."""
+
+    name = "nvml"
+
+    def __init__(self, node_name: str, schema: Schema | None = None, nvml: Any = None) -> None:
+        self.node_name = node_name
+        self.schema = schema if schema is not None else Schema()
+        self.nvml = nvml if nvml is not None else _import_pynvml()
+        nv = self.nvml
+        self._field_errors = {getattr(nv, n) for n in _FIELD_ERROR_NAMES if hasattr(nv, n)}
+        self._permanent_errors = {getattr(nv, n) for n in _PERMANENT_ERROR_NAMES if hasattr(nv, n)}
+        self._other_policies = [getattr(nv, n) for n in _OTHER_POLICY_NAMES if hasattr(nv, n)]
+        self._cols = {key: self.schema.index(col) for key, col in _gpu_columns().items()}
+        nv.nvmlInit()
+        self._closed = False
+        try:
+            self._driver_version = _text(nv.nvmlSystemGetDriverVersion())
+        except nv.NVMLError as err:
+            log.warning("nvml: driver version unavailable: %s", err)
+            self._driver_version = ""
+        self._count = int(nv.nvmlDeviceGetCount())
+        self._handles: list[Any] = [None] * self._count
+        self._identity: list[dict[str, str] | None] = [None] * self._count
+        self._unsupported: list[set[str]] = [set() for _ in range(self._count)]
+        self._fans: list[list[int] | None] = [None] * self._count
+        self._table: DeviceTable | None = None
+        for i in range(self._count):
+            self._identify(i)
+        # XID counts: code -> per-GPU cumulative count, written by the event thread.
+        self._xid_lock = threading.Lock()
+        self._xids: dict[str, np.ndarray] = {}
+        self._by_handle: dict[Any, int] = {}
+        self._by_uuid: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._event_set: Any = None
+        self._thread: threading.Thread | None = None
+        self._start_events()
+
+    # -- identity ------------------------------------------------------------------------------
+    def _identify(self, i: int) -> bool:
+        """Read GPU ``i``'s handle and identity once; a GPU that fails is retried on later passes."""
+        nv = self.nvml
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            name = _text(nv.nvmlDeviceGetName(handle))
+        except nv.NVMLError as err:
+            log.warning("nvml: GPU %d not identified (%s); retrying on the next pass", i, err)
+            return False
+        attrs = {
+            cv.HW_ID: uuid,
+            cv.HW_TYPE: "gpu",
+            cv.HW_NAME: name,
+            cv.HW_VENDOR: "NVIDIA",
+            cv.HW_MODEL: name,
+            cv.DRA_DRIVER_NAME: DRA_DRIVER,
+            cv.DRA_POOL_NAME: self.node_name,
+            cv.DRA_DEVICE_NAME: f"gpu-{i}",
+        }
+        if self._driver_version:
+            attrs[cv.HW_DRIVER_VERSION] = self._driver_version
+        for attr, getter in (
+            (cv.HW_SERIAL_NUMBER, "nvmlDeviceGetSerial"),
+            (cv.HW_FIRMWARE_VERSION, "nvmlDeviceGetVbiosVersion"),
+        ):
+            with contextlib.suppress(nv.NVMLError):  # descriptive only: a GeForce has no serial
+                attrs[attr] = _text(getattr(nv, getter)(handle))
+        self._handles[i] = handle
+        self._identity[i] = attrs
+        self._table = None
+        return True
+
+    def _device_table(self) -> tuple[DeviceTable, list[int]]:
+        """The table of identified GPUs and their NVML indices (rebuilt only when one is identified)."""
+        known = [i for i in range(self._count) if self._identity[i] is not None]
+        if self._table is None:
+            ids = tuple(self._identity[i][cv.HW_ID] for i in known)  # type: ignore[index]
+            attrs = tuple({k: v for k, v in self._identity[i].items() if k != cv.HW_ID} for i in known)  # type: ignore[union-attr]
+            self._table = DeviceTable(node=self.node_name, ids=ids, attrs=attrs)
+        return self._table, known
+
+    # -- XID events ----------------------------------------------------------------------------
+    @staticmethod
+    def _handle_key(handle: Any) -> Any:
+        """A hashable key for a handle: the pointer value for ctypes handles, else the object."""
+        try:
+            address = ctypes.cast(handle, ctypes.c_void_p).value
+        except (ctypes.ArgumentError, TypeError):
+            return handle
+        return handle if address is None else address
+
+    def _start_events(self) -> None:
+        nv = self.nvml
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as err:
+            log.warning("nvml: no event set, XIDs will not be counted: %s", err)
+            return
+        registered = 0
+        for i, handle in enumerate(self._handles):
+            if handle is None:
+                continue
+            self._by_handle[self._handle_key(handle)] = i
+            self._by_uuid[self._identity[i][cv.HW_ID]] = i  # type: ignore[index]
+            try:
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, self._event_set)
+                registered += 1
+            except nv.NVMLError as err:
+                log.warning("nvml: GPU %d: XID events unavailable: %s", i, err)
+        if not registered:
+            self._free_event_set()
+            return
+        self._thread = threading.Thread(target=self._event_loop, name="nvml-xid-events", daemon=True)
+        self._thread.start()
+
+    def _event_loop(self) -> None:
+        nv = self.nvml
+        timeout = getattr(nv, "NVML_ERROR_TIMEOUT", 10)
+        while not self._stop.is_set():
+            try:
+                event = nv.nvmlEventSetWait_v2(self._event_set, EVENT_WAIT_MS)
+            except nv.NVMLError as err:
+                if getattr(err, "value", None) != timeout:
+                    log.warning("nvml: event wait failed: %s", err)
+                    self._stop.wait(1.0)  # don't spin on a broken event set
+                continue
+            except Exception:
+                log.exception("nvml: event wait crashed")
+                self._stop.wait(1.0)
+                continue
+            if int(event.eventType) & int(nv.nvmlEventTypeXidCriticalError):
+                self._count_xid(event)
+
+    def _count_xid(self, event: Any) -> None:
+        row = self._by_handle.get(self._handle_key(event.device))
+        if row is None:
+            try:
+                row = self._by_uuid.get(_text(self.nvml.nvmlDeviceGetUUID(event.device)))
+            except self.nvml.NVMLError:
+                row = None
+        code = str(int(event.eventData))
+        if row is None:
+            log.warning("nvml: XID %s from an unknown GPU, not counted", code)
+            return
+        log.warning("nvml: GPU %d (%s): XID %s", row, self._identity[row][cv.HW_ID], code)  # type: ignore[index]
+        with self._xid_lock:
+            self._xids.setdefault(code, np.zeros(self._count))[row] += 1.0
+
+    def _free_event_set(self) -> None:
+        if self._event_set is not None:
+            try:
+                self.nvml.nvmlEventSetFree(self._event_set)
+            except self.nvml.NVMLError as err:
+                log.warning("nvml: event set free failed: %s", err)
+            self._event_set = None
+
+    # -- sampling ------------------------------------------------------------------------------
+    def _call(self, i: int, what: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, or None when the field is unsupported; raises _DeviceLost on any other NVML error."""
+        if what in self._unsupported[i]:
+            return None
+        try:
+            return fn()
+        except self.nvml.NVMLError as err:
+            code = getattr(err, "value", None)
+            if code in self._field_errors:
+                if code in self._permanent_errors:
+                    self._unsupported[i].add(what)
+                return None
+            raise _DeviceLost(f"{what}: {err}") from err
+
+    def _read_device(self, i: int, row: dict[int, float]) -> None:
+        """Fill one GPU's row (column index -> value); unsupported fields stay out (NaN)."""
+        nv, h, k = self.nvml, self._handles[i], self._cols
+
+        def put(key: str, value: float | None, scale: float = 1.0) -> None:
+            if value is not None:
+                row[k[key]] = float(value) * scale
+
+        call = lambda what, fn: self._call(i, what, fn)  # noqa: E731
+        put("temp.gpu", call("temp", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
+        th = nv.nvmlDeviceGetTemperatureThreshold
+        put("temp.gpu.limit.high.degraded", call("t.slow", lambda: th(h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)))
+        put("temp.gpu.limit.high.critical", call("t.shut", lambda: th(h, nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)))
+        put("temp.memory", call("temp.mem", lambda: self._field_value(h, nv.NVML_FI_DEV_MEMORY_TEMP)))
+        put("temp.memory.limit.high.degraded", call("t.mem", lambda: th(h, nv.NVML_TEMPERATURE_THRESHOLD_MEM_MAX)))
+        put("power", call("power", lambda: nv.nvmlDeviceGetPowerUsage(h)), 1e-3)  # mW
+        put("power.limit.max", call("power.limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h)), 1e-3)
+        put("energy", call("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)), 1e-3)  # mJ
+        util = call("util", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        put("util", None if util is None else util.gpu, 0.01)  # percent
+        mem = call("mem", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        if mem is not None:
+            put("mem.usage", mem.used)
+            put("mem.limit", mem.total)
+            put("mem.util", mem.used / mem.total if mem.total else None)
+        ecc = nv.nvmlDeviceGetTotalEccErrors
+        put(
+            "errors.corrected", call("ecc.c", lambda: ecc(h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC))
+        )
+        put(
+            "errors.uncorrected",
+            call("ecc.u", lambda: ecc(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)),
+        )
+        put("errors.retired_page", self._retired(i, h))
+        put("errors.link.pcie", call("replay", lambda: nv.nvmlDeviceGetPcieReplayCounter(h)))
+        put("pcie.width", call("pcie.w", lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h)))
+        put("pcie.width.limit", call("pcie.wmax", lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h)))
+        put("pcie.gen", call("pcie.g", lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h)))
+        put("pcie.gen.limit", call("pcie.gmax", lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h)))
+        viol = nv.nvmlDeviceGetViolationStatus
+        put("throttle.thermal", self._violation(i, "v.thermal", lambda: viol(h, nv.NVML_PERF_POLICY_THERMAL)), 1e-9)
+        put("throttle.power", self._violation(i, "v.power", lambda: viol(h, nv.NVML_PERF_POLICY_POWER)), 1e-9)
+        other = [self._violation(i, f"v.{p}", lambda p=p: viol(h, p)) for p in self._other_policies]
+        known = [v for v in other if v is not None]
+        put("throttle.other", sum(known) if known else None, 1e-9)
+        for fan, speed in self._fan_speeds(i, h):
+            row[self.schema.index(fan_column(fan))] = speed / 100.0
+
+    def _field_value(self, handle: Any, field_id: int) -> float:
+        """One NVML field value; raises NOT_SUPPORTED (as NVML would) when the field has none."""
+        nv = self.nvml
+        fv = nv.nvmlDeviceGetFieldValues(handle, [field_id])[0]
+        if int(fv.nvmlReturn) != 0:
+            raise nv.NVMLError(int(fv.nvmlReturn))
+        return float(getattr(fv.value, _FIELD_VALUE_MEMBERS[int(fv.valueType)]))
+
+    def _violation(self, i: int, what: str, fn: Callable[[], Any]) -> float | None:
+        result = self._call(i, what, fn)
+        return None if result is None else float(result.violationTime)  # ns
+
+    def _retired(self, i: int, h: Any) -> float | None:
+        """Retired pages (pre-Ampere) plus remapped rows (Ampere and later): whichever the GPU has."""
+        nv = self.nvml
+        total: float | None = None
+        for cause in (
+            nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        ):
+            pages = self._call(i, f"retired.{cause}", lambda c=cause: nv.nvmlDeviceGetRetiredPages(h, c))
+            if pages is not None:
+                total = (total or 0.0) + len(pages)
+        rows = self._call(i, "remapped", lambda: nv.nvmlDeviceGetRemappedRows(h))
+        if rows is not None:
+            corrected, uncorrected = rows[0], rows[1]
+            total = (total or 0.0) + corrected + uncorrected
+        return total
+
+    def _fan_speeds(self, i: int, h: Any) -> list[tuple[int, float]]:
+        """(fan, percent) of each fan that answers; passively cooled GPUs have none."""
+        nv = self.nvml
+        if self._fans[i] is None:
+            count = self._call(i, "fans", lambda: nv.nvmlDeviceGetNumFans(h))
+            self._fans[i] = list(range(int(count or 0)))
+        out = []
+        for fan in self._fans[i] or ():
+            speed = self._call(i, f"fan.{fan}", lambda f=fan: nv.nvmlDeviceGetFanSpeed_v2(h, f))
+            if speed is not None:
+                out.append((fan, float(speed)))
+        return out
+
+    def read(self, now_unix_nano: int) -> Frame:
+        """One pass over every GPU; a GPU that fails as a whole gets a NaN row, the rest report."""
+        for i in range(self._count):
+            if self._identity[i] is None:
+                self._identify(i)
+        table, known = self._device_table()
+        with self._xid_lock:
+            xids = {code: counts.copy() for code, counts in self._xids.items()}
+        xid_cols = {code: self.schema.index(driver_error_column(code)) for code in xids}
+        rows: list[dict[int, float]] = []
+        for r, i in enumerate(known):
+            row: dict[int, float] = {}
+            try:
+                self._read_device(i, row)
+            except _DeviceLost as err:
+                log.warning("nvml: GPU %d (%s) not read: %s", i, table.ids[r], err)
+                row = {}
+            except Exception:  # a bug or an odd binding must not stop the other GPUs or the loop
+                log.exception("nvml: GPU %d (%s) read failed", i, table.ids[r])
+                row = {}
+            else:
+                for code, counts in xids.items():
+                    row[xid_cols[code]] = float(counts[i])
+            rows.append(row)
+        values = np.full((len(known), len(self.schema)), np.nan)  # after the pass: fans add columns
+        for r, row in enumerate(rows):
+            if row:
+                values[r, list(row)] = list(row.values())
+        return Frame(now_unix_nano, table, values)
+
+    def close(self) -> None:
+        """Stop the event thread, free the event set and shut NVML down; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0 + EVENT_WAIT_MS / 1000.0)
+            if self._thread.is_alive():
+                log.warning("nvml: event thread still waiting; leaving the event set allocated")
+                self._event_set = None
+        self._free_event_set()
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as err:
+            log.warning("nvml: shutdown failed: %s", err)

@@ -1,0 +1,275 @@
+"""A fake ``pynvml`` for tests: the functions NvmlSource calls, over per-GPU state a test sets.
+
+Errors are the real ``pynvml.NVMLError`` classes with the real codes, so the source's error
+handling is exercised exactly as on a node. Units are NVML's (mW, mJ, percent, ns).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+from pynvml import (  # noqa: F401 - re-exported: the source reads them off the module it is given
+    NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NO_DATA,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    NVML_ERROR_UNKNOWN,
+    NVML_FI_DEV_MEMORY_TEMP,
+    NVML_MEMORY_ERROR_TYPE_CORRECTED,
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+    NVML_PERF_POLICY_BOARD_LIMIT,
+    NVML_PERF_POLICY_POWER,
+    NVML_PERF_POLICY_RELIABILITY,
+    NVML_PERF_POLICY_SYNC_BOOST,
+    NVML_PERF_POLICY_THERMAL,
+    NVML_TEMPERATURE_GPU,
+    NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
+    NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+    NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+    NVML_VALUE_TYPE_UNSIGNED_INT,
+    NVML_VOLATILE_ECC,
+    NVMLError,
+    nvmlEventTypeXidCriticalError,
+)
+
+
+@dataclass
+class FakeGpu:
+    """One GPU's state, in NVML units. ``fail`` raises that NVML code from every call;
+    ``unsupported`` names functions (``nvmlDeviceGet...``) that answer NOT_SUPPORTED."""
+
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    serial: str = "1654123456789"
+    vbios: str = "96.00.99.00.01"
+    temp: int = 45
+    mem_temp: int = 50
+    slowdown: int = 87
+    shutdown: int = 92
+    mem_max: int = 95
+    power_mw: int = 350_000
+    power_limit_mw: int = 700_000
+    energy_mj: int = 5_000_000_000
+    util_pct: int = 60
+    mem_used: int = 20 << 30
+    mem_total: int = 80 << 30
+    ecc_corrected: int = 3
+    ecc_uncorrected: int = 0
+    retired: tuple[int, int] = (0, 0)  # pages by cause (single-bit, double-bit)
+    remapped: tuple[int, int, int, int] = (1, 0, 0, 0)  # corrected, uncorrected, pending, failure
+    replays: int = 2
+    width: tuple[int, int] = (16, 16)  # current, max
+    gen: tuple[int, int] = (5, 5)
+    violation_ns: dict[int, int] = field(
+        default_factory=lambda: {
+            NVML_PERF_POLICY_THERMAL: 2_000_000_000,
+            NVML_PERF_POLICY_POWER: 5_000_000_000,
+            NVML_PERF_POLICY_SYNC_BOOST: 0,
+            NVML_PERF_POLICY_BOARD_LIMIT: 1_000_000_000,
+            NVML_PERF_POLICY_RELIABILITY: 500_000_000,
+        }
+    )
+    fans_pct: list[int] = field(default_factory=list)
+    fail: int | None = None
+    unsupported: set[str] = field(default_factory=set)
+    calls: int = 0
+
+
+class FakeHandle:
+    """An opaque device handle, like pynvml's pointer (hashable by identity)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class FakeNvml:
+    """Module-like stand-in for ``pynvml``: constants as attributes, functions as methods."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, gpus: list[FakeGpu], driver: str = "580.95.05") -> None:
+        self.gpus = gpus
+        self.driver = driver
+        self.init_count = 0
+        self.shutdowns = 0
+        self.init_error: int | None = None
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.registered: set[int] = set()
+        self.waits = 0
+        self.freed = False
+        self._lock = threading.Lock()
+        self.handles = [FakeHandle(i) for i in range(len(gpus))]
+        for name in dir(pynvml):  # every constant, as the real module has them
+            if name.startswith(("NVML_", "nvmlEventType")) and not hasattr(self, name):
+                setattr(self, name, getattr(pynvml, name))
+
+    # -- test controls -----------------------------------------------------------------------
+    def emit_xid(self, index: int, code: int, by_uuid: bool = False) -> None:
+        """Deliver an XID critical-error event for GPU ``index``, as the driver would."""
+        self.events.put(
+            SimpleNamespace(
+                device=FakeHandle(index) if by_uuid else self.handles[index],
+                eventType=nvmlEventTypeXidCriticalError,
+                eventData=code,
+            )
+        )
+
+    def _gpu(self, handle: FakeHandle, fn: str) -> FakeGpu:
+        gpu = self.gpus[handle.index]
+        with self._lock:
+            gpu.calls += 1
+        if gpu.fail is not None:
+            raise NVMLError(gpu.fail)
+        if fn in gpu.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    # -- library -----------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+        self.init_count += 1
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._gpu(self.handles[index], "nvmlDeviceGetHandleByIndex")
+        return self.handles[index]
+
+    # -- identity ----------------------------------------------------------------------------
+    def nvmlDeviceGetUUID(self, h: FakeHandle) -> str:
+        return self._gpu(h, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, h: FakeHandle) -> str:
+        return self._gpu(h, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetSerial(self, h: FakeHandle) -> str:
+        return self._gpu(h, "nvmlDeviceGetSerial").serial
+
+    def nvmlDeviceGetVbiosVersion(self, h: FakeHandle) -> str:
+        return self._gpu(h, "nvmlDeviceGetVbiosVersion").vbios
+
+    # -- readings ----------------------------------------------------------------------------
+    def nvmlDeviceGetTemperature(self, h: FakeHandle, sensor: int) -> int:
+        assert sensor == NVML_TEMPERATURE_GPU
+        return self._gpu(h, "nvmlDeviceGetTemperature").temp
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: FakeHandle, threshold: int) -> int:
+        gpu = self._gpu(h, "nvmlDeviceGetTemperatureThreshold")
+        by = {
+            NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: gpu.slowdown,
+            NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: gpu.shutdown,
+            NVML_TEMPERATURE_THRESHOLD_MEM_MAX: gpu.mem_max,
+        }
+        if threshold not in by:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return by[threshold]
+
+    def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: list[int]) -> list[Any]:
+        gpu = self._gpu(h, "nvmlDeviceGetFieldValues")
+        out = []
+        for fid in field_ids:
+            ok = fid == NVML_FI_DEV_MEMORY_TEMP and "memory_temp" not in gpu.unsupported
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    nvmlReturn=0 if ok else NVML_ERROR_NOT_SUPPORTED,
+                    valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                    value=SimpleNamespace(uiVal=gpu.mem_temp if ok else 0),
+                )
+            )
+        return out
+
+    def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeHandle) -> Any:
+        return SimpleNamespace(gpu=self._gpu(h, "nvmlDeviceGetUtilizationRates").util_pct, memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeHandle) -> Any:
+        gpu = self._gpu(h, "nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(total=gpu.mem_total, used=gpu.mem_used, free=gpu.mem_total - gpu.mem_used)
+
+    def nvmlDeviceGetTotalEccErrors(self, h: FakeHandle, error_type: int, counter_type: int) -> int:
+        gpu = self._gpu(h, "nvmlDeviceGetTotalEccErrors")
+        assert counter_type == NVML_VOLATILE_ECC
+        return gpu.ecc_corrected if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED else gpu.ecc_uncorrected
+
+    def nvmlDeviceGetRetiredPages(self, h: FakeHandle, cause: int) -> list[int]:
+        gpu = self._gpu(h, "nvmlDeviceGetRetiredPages")
+        n = gpu.retired[0 if cause == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS else 1]
+        return [0x1000 * k for k in range(n)]
+
+    def nvmlDeviceGetRemappedRows(self, h: FakeHandle) -> tuple[int, int, int, int]:
+        return self._gpu(h, "nvmlDeviceGetRemappedRows").remapped
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetPcieReplayCounter").replays
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrPcieLinkWidth").width[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetMaxPcieLinkWidth").width[1]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrPcieLinkGeneration").gen[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetMaxPcieLinkGeneration").gen[1]
+
+    def nvmlDeviceGetViolationStatus(self, h: FakeHandle, policy: int) -> Any:
+        gpu = self._gpu(h, "nvmlDeviceGetViolationStatus")
+        if policy not in gpu.violation_ns:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(referenceTime=0, violationTime=gpu.violation_ns[policy])
+
+    def nvmlDeviceGetNumFans(self, h: FakeHandle) -> int:
+        return len(self._gpu(h, "nvmlDeviceGetNumFans").fans_pct)
+
+    def nvmlDeviceGetFanSpeed_v2(self, h: FakeHandle, fan: int) -> int:
+        return self._gpu(h, "nvmlDeviceGetFanSpeed_v2").fans_pct[fan]
+
+    # -- events ------------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> str:
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, h: FakeHandle, event_types: int, event_set: Any) -> None:
+        self._gpu(h, "nvmlDeviceRegisterEvents")
+        assert event_types & nvmlEventTypeXidCriticalError
+        self.registered.add(h.index)
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        self.waits += 1
+        try:
+            return self.events.get(timeout=timeout_ms / 1000.0)
+        except queue.Empty:
+            raise NVMLError(NVML_ERROR_TIMEOUT) from None
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self.freed = True
