@@ -1,0 +1,367 @@
+"""A Linux sysfs source: GPUs, accelerators and NICs read from the kernel's files, no libraries.
+
+Why: every Linux node has sysfs, so a node without NVML, amdsmi or a vendor exporter still gets
+temperatures, fans, power, PCIe link state and error counters for its devices. Everything is read
+relative to ``root`` (``/sys`` by default) with the kernel's layout, so tests point it at a fake tree.
+
+Mapping decisions (contract: telemetry.md sections 1-2; only metrics in ``otel_dra.conventions``):
+
+- PCIe AER ``aer_dev_correctable`` TOTAL → ``hw.errors{error.type=link, hw.link.type=pcie}``
+  (replays, bad TLP/DLLP: the contract's "link errors"). ``aer_dev_nonfatal`` / ``aer_dev_fatal``
+  TOTALs → the same ``error.type=link, hw.link.type=pcie`` with ``hw.error.code`` =
+  ``TOTAL_ERR_NONFATAL`` / ``TOTAL_ERR_FATAL`` (the kernel's own names), so severity is kept apart
+  without leaving the vocabulary; the classifier counts all three as link errors.
+- hwmon ``temp*_max`` → ``high.degraded``; ``temp*_crit`` → ``high.critical``, falling back to
+  ``temp*_emergency`` only when there is no ``_crit`` (on amdgpu "emergency" lies above "crit").
+- amdgpu RAS ``ras/*_err_count`` ``ue``/``ce`` summed → ``error.type=uncorrected``/``corrected``,
+  except ``xgmi_wafl`` (the XGMI link) → ``error.type=link, hw.link.type=xgmi``.
+- NIC ``carrier`` is *not* mapped to ``hw.status``: a pulled cable or an unused port is not a failed
+  device, and the classifier would make it Unhealthy. ``rx_errors + tx_errors`` →
+  ``hw.errors{error.type=link, hw.link.type=other}``. Byte counters are left out: ``hw.gpu.io`` is
+  GPU I/O and the conventions have no network I/O metric.
+- ``dra.driver.name`` is left out: sysfs does not know which DRA driver publishes a device.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+
+VENDORS: dict[str, str] = {"0x1002": "AMD", "0x10de": "NVIDIA", "0x8086": "Intel"}
+#: PCI base classes of accelerators: 0x03 display (only for the GPU vendors above, so a BMC's VGA
+#: is not taken for one), 0x12 processing accelerators (any vendor).
+DISPLAY_CLASS, ACCELERATOR_CLASS = 0x03, 0x12
+#: "16.0 GT/s PCIe" → generation.
+GENERATIONS: dict[float, int] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+#: errnos that mean "this file is simply not there" (an optional signal), not "the device failed".
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR})
+_TEMP_LIMITS = (("max", "high.degraded"), ("crit", "high.critical"), ("emergency", "high.critical"))
+_AER = (
+    ("aer_dev_correctable", "TOTAL_ERR_COR", None),
+    ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", "TOTAL_ERR_NONFATAL"),
+    ("aer_dev_fatal", "TOTAL_ERR_FATAL", "TOTAL_ERR_FATAL"),
+)
+
+
+class DeviceUnreadable(Exception):
+    """The device's files exist but cannot be read (EIO, ENODEV, removed mid-pass)."""
+
+
+def dns_label(text: str) -> str:
+    """A DNS-label-safe form of a device id (``0000:03:00.0`` → ``0000-03-00-0``), for dra.device.name."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].strip("-")
+    return label or "device"
+
+
+def _read(path: Path) -> str | None:
+    """A sysfs file's text; None when it does not exist. Other errors mean the device is in trouble."""
+    try:
+        return path.read_text().strip()
+    except OSError as err:
+        if err.errno in _ABSENT:
+            return None
+        if err.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA, errno.EAGAIN):
+            return None  # the attribute does not apply now (e.g. carrier of a down interface)
+        raise DeviceUnreadable(f"{path}: {err}") from err
+
+
+def _number(path: Path, scale: float = 1.0) -> float:
+    """A numeric sysfs file times ``scale``; NaN when absent or not a number."""
+    text = _read(path)
+    if text is None:
+        return math.nan
+    try:
+        return float(text.split()[0]) * scale
+    except (ValueError, IndexError):
+        return math.nan
+
+
+def _total(path: Path, key: str) -> float:
+    """The ``KEY count`` line of an AER counter file; NaN when absent."""
+    text = _read(path)
+    if text is None:
+        return math.nan
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            return float(parts[1])
+    return math.nan
+
+
+def link_generation(speed: str | None) -> float:
+    """PCIe generation from ``current_link_speed`` text ("16.0 GT/s PCIe" → 4); NaN if unknown."""
+    if not speed:
+        return math.nan
+    try:
+        return float(GENERATIONS.get(float(speed.split()[0]), math.nan))
+    except ValueError:
+        return math.nan
+
+
+def _pci_class(dev: Path) -> int | None:
+    text = _read(dev / "class")
+    try:
+        return int(text, 16) >> 16 if text else None
+    except ValueError:
+        return None
+
+
+def _is_accelerator(dev: Path) -> bool:
+    try:
+        base = _pci_class(dev)
+        vendor = _read(dev / "vendor")
+    except DeviceUnreadable:
+        return False
+    return base == ACCELERATOR_CLASS or (base == DISPLAY_CLASS and vendor in VENDORS)
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _discover(root: Path) -> list[tuple[str, str, Path]]:
+    """(hw.id, hw.type, directory) of every device under ``root``, in a stable order."""
+    found: list[tuple[str, str, Path]] = []
+    pci = root / "bus" / "pci" / "devices"
+    for bdf in _listdir(pci):
+        if _is_accelerator(pci / bdf):
+            found.append((bdf, "gpu", pci / bdf))
+    net = root / "class" / "net"
+    for iface in _listdir(net):
+        if iface != "lo" and (net / iface / "device").exists():  # virtual interfaces have no device
+            found.append((iface, "network", net / iface))
+    return found
+
+
+def sysfs_devices(root: str = "/sys") -> tuple[int, str]:
+    """How many devices a :class:`SysfsSource` on ``root`` would report, and why, for ``--source auto``."""
+    devices = _discover(Path(root))
+    gpus = [d for d, kind, _ in devices if kind == "gpu"]
+    nics = [d for d, kind, _ in devices if kind == "network"]
+    if not devices:
+        return 0, f"no PCI display/accelerator devices of a known GPU vendor and no physical NICs under {root}"
+    return len(devices), (f"{len(gpus)} PCI accelerator(s) {gpus} and {len(nics)} physical NIC(s) {nics} under {root}")
+
+
+@dataclass
+class _Reading:
+    """One device's pass: column index → value, and its descriptive attributes."""
+
+    values: dict[int, float] = field(default_factory=dict)
+    attrs: dict[str, str] = field(default_factory=dict)
+
+
+class SysfsSource:
+    """The node's accelerators and NICs, read from sysfs each pass."""
+
+    name = "sysfs"
+
+    def __init__(self, node_name: str, root: str = "/sys", schema: Schema | None = None) -> None:
+        self.node_name = node_name
+        self.root = Path(root)
+        self.schema = schema if schema is not None else Schema()
+        self._dirs: dict[str, tuple[str, Path]] = {}  # hw.id → (hw.type, directory), in first-seen order
+        self._attrs: dict[str, dict[str, str]] = {}  # last known attributes, kept while unreadable
+        self._table: DeviceTable | None = None
+
+    # -- columns --------------------------------------------------------------------------------
+    def _col(self, metric: str, attrs: dict[str, str] | None = None, sensor: str | None = None, kind: str = "") -> int:
+        return self.schema.index(Column(metric, attrs_of(attrs or {}), sensor, kind or None))
+
+    def _put(self, r: _Reading, value: float, metric: str, attrs: dict[str, str] | None = None, **kw: str) -> None:
+        if not math.isnan(value):
+            r.values[self._col(metric, attrs, kw.get("sensor"), kw.get("kind", ""))] = value
+
+    # -- readers --------------------------------------------------------------------------------
+    def _read_pci(self, dev: Path, r: _Reading) -> None:
+        """PCI identity, AER counters and link width/generation."""
+        vendor = _read(dev / "vendor")
+        if vendor in VENDORS:
+            r.attrs[cv.HW_VENDOR] = VENDORS[vendor]
+        model = _read(dev / "device")
+        if model:
+            r.attrs[cv.HW_MODEL] = model
+        for fname, key, code in _AER:
+            attrs = {cv.ERROR_TYPE_ATTR: "link", cv.HW_LINK_TYPE: "pcie"}
+            if code is not None:
+                attrs[cv.HW_ERROR_CODE] = code
+            self._put(r, _total(dev / fname, key), cv.HW_ERRORS.name, attrs)
+        self._put(r, _number(dev / "current_link_width"), cv.HW_PCIE_LINK_WIDTH.name)
+        self._put(r, _number(dev / "max_link_width"), cv.HW_PCIE_LINK_WIDTH_LIMIT.name, {cv.HW_LIMIT_TYPE: "max"})
+        self._put(r, link_generation(_read(dev / "current_link_speed")), cv.HW_PCIE_LINK_GENERATION.name)
+        self._put(
+            r,
+            link_generation(_read(dev / "max_link_speed")),
+            cv.HW_PCIE_LINK_GENERATION_LIMIT.name,
+            {cv.HW_LIMIT_TYPE: "max"},
+        )
+
+    def _channels(self, hwmon: Path, prefix: str) -> Iterator[tuple[str, str]]:
+        """(n, sensor name) of each ``<prefix><n>_input`` channel; the name is its label, else n."""
+        for fname in _listdir(hwmon):
+            m = re.fullmatch(rf"{prefix}(\d+)_(input|average)", fname)
+            if m and (prefix != "power" or m.group(2) == "average" or not (hwmon / f"power{m[1]}_average").exists()):
+                label = _read(hwmon / f"{prefix}{m[1]}_label")
+                yield m[1], (label.strip().lower().replace(" ", "_") if label else m[1])
+
+    def _read_hwmon(self, dev: Path, r: _Reading) -> None:
+        """Temperatures, fans, power, energy and voltages from every ``hwmon*`` under the device."""
+        for hw in _listdir(dev / "hwmon"):
+            h = dev / "hwmon" / hw
+            for n, label in self._channels(h, "temp"):
+                sensor = f"temp/{label}"
+                loc = {cv.HW_SENSOR_LOCATION: label} if label != n else {}
+                value = _number(h / f"temp{n}_input", 1e-3)
+                self._put(r, value, cv.HW_TEMPERATURE.name, loc, sensor=sensor, kind="temperature")
+                done: set[str] = set()
+                for suffix, limit in _TEMP_LIMITS:
+                    v = _number(h / f"temp{n}_{suffix}", 1e-3)
+                    if limit not in done and not math.isnan(v):
+                        done.add(limit)
+                        attrs = {**loc, cv.HW_LIMIT_TYPE: limit}
+                        self._put(r, v, cv.HW_TEMPERATURE_LIMIT.name, attrs, sensor=sensor, kind="temperature")
+            for n, label in self._channels(h, "fan"):
+                sensor = f"fan/{label}"
+                rpm, top = _number(h / f"fan{n}_input"), _number(h / f"fan{n}_max")
+                self._put(r, rpm, cv.HW_FAN_SPEED.name, sensor=sensor, kind="fan")
+                if top > 0:
+                    self._put(r, rpm / top, cv.HW_FAN_SPEED_RATIO.name, sensor=sensor, kind="fan")
+                    self._put(r, top, cv.HW_FAN_SPEED_LIMIT.name, {cv.HW_LIMIT_TYPE: "max"}, sensor=sensor, kind="fan")
+                low = {cv.HW_LIMIT_TYPE: "low.critical"}
+                self._put(r, _number(h / f"fan{n}_min"), cv.HW_FAN_SPEED_LIMIT.name, low, sensor=sensor, kind="fan")
+            for n, label in self._channels(h, "in"):
+                sensor = f"volt/{label}"
+                self._put(r, _number(h / f"in{n}_input", 1e-3), cv.HW_VOLTAGE.name, sensor=sensor, kind="voltage")
+                for suffix, limit in (("min", "low.critical"), ("max", "high.critical")):
+                    v = _number(h / f"in{n}_{suffix}", 1e-3)
+                    attrs = {cv.HW_LIMIT_TYPE: limit}
+                    self._put(r, v, cv.HW_VOLTAGE_LIMIT.name, attrs, sensor=sensor, kind="voltage")
+            # One power and one energy per device (the device has no sensor children for them): the first channel.
+            for n, _ in self._channels(h, "power"):
+                watts = _number(h / f"power{n}_average", 1e-6)
+                if math.isnan(watts):
+                    watts = _number(h / f"power{n}_input", 1e-6)
+                self._put(r, watts, cv.HW_POWER.name)
+                self._put(r, _number(h / f"power{n}_cap", 1e-6), cv.HW_POWER_LIMIT.name, {cv.HW_LIMIT_TYPE: "max"})
+                break
+            for n, _ in self._channels(h, "energy"):
+                self._put(r, _number(h / f"energy{n}_input", 1e-6), cv.HW_ENERGY.name)
+                break
+
+    def _read_amdgpu(self, dev: Path, r: _Reading) -> None:
+        """amdgpu's own files: busy percent, VRAM, RAS error counts, VBIOS and serial."""
+        busy = _number(dev / "gpu_busy_percent", 0.01)
+        self._put(r, busy, cv.HW_GPU_UTILIZATION.name, {cv.HW_GPU_TASK: "general"})
+        used, total = _number(dev / "mem_info_vram_used"), _number(dev / "mem_info_vram_total")
+        self._put(r, used, cv.HW_GPU_MEMORY_USAGE.name)
+        self._put(r, total, cv.HW_GPU_MEMORY_LIMIT.name)
+        if total > 0:
+            self._put(r, used / total, cv.HW_GPU_MEMORY_UTILIZATION.name)
+        counts: dict[tuple[str, str], float] = {}
+        for fname in _listdir(dev / "ras"):
+            if not fname.endswith("_err_count"):
+                continue
+            text = _read(dev / "ras" / fname) or ""
+            link = fname.startswith("xgmi")
+            for line in text.splitlines():
+                key, _, num = line.partition(":")
+                etype = {"ue": "uncorrected", "ce": "corrected"}.get(key.strip())
+                if etype is None or not num.strip().isdigit():
+                    continue
+                slot = ("link", "xgmi") if link else (etype, "")
+                counts[slot] = counts.get(slot, 0.0) + float(num)
+        for (etype, link_type), count in counts.items():
+            attrs = {cv.ERROR_TYPE_ATTR: etype}
+            if link_type:
+                attrs[cv.HW_LINK_TYPE] = link_type
+            self._put(r, count, cv.HW_ERRORS.name, attrs)
+        for fname, attr in (("vbios_version", cv.HW_FIRMWARE_VERSION), ("serial_number", cv.HW_SERIAL_NUMBER)):
+            text = _read(dev / fname)
+            if text:
+                r.attrs[attr] = text
+
+    def _read_nic(self, iface: Path, r: _Reading) -> None:
+        """A NIC's error counters, plus its PCI function's AER and link state when it has one."""
+        stats = iface / "statistics"
+        errors = _number(stats / "rx_errors") + _number(stats / "tx_errors")
+        self._put(r, errors, cv.HW_ERRORS.name, {cv.ERROR_TYPE_ATTR: "link", cv.HW_LINK_TYPE: "other"})
+        pci = iface / "device"
+        if (pci / "class").exists():
+            self._read_pci(pci, r)
+        else:
+            vendor = _read(pci / "vendor")
+            if vendor in VENDORS:
+                r.attrs[cv.HW_VENDOR] = VENDORS[vendor]
+
+    def _read_device(self, hw_id: str, kind: str, path: Path) -> _Reading:
+        r = _Reading(attrs={cv.HW_TYPE: kind, cv.HW_NAME: hw_id})
+        if not path.is_dir():
+            raise DeviceUnreadable(f"{path}: gone")
+        if kind == "gpu":
+            self._read_pci(path, r)
+            self._read_hwmon(path, r)
+            if (path / "gpu_busy_percent").exists() or (path / "mem_info_vram_total").exists():
+                self._read_amdgpu(path, r)
+        else:
+            self._read_nic(path, r)
+        driver = path / "device" / "driver" if kind == "network" else path / "driver"
+        version = _read(driver / "module" / "version") if driver.is_symlink() else None
+        if version:
+            r.attrs[cv.HW_DRIVER_VERSION] = version
+        if not path.is_dir():  # removed while we read it: what we got may be half a device
+            raise DeviceUnreadable(f"{path}: removed during the pass")
+        r.attrs[cv.DRA_POOL_NAME] = self.node_name
+        r.attrs[cv.DRA_DEVICE_NAME] = dns_label(hw_id)
+        return r
+
+    # -- the source protocol --------------------------------------------------------------------
+    def read(self, now_unix_nano: int) -> Frame:
+        """One pass over every device seen so far (new ones join); an unreadable device gets a NaN row."""
+        for hw_id, kind, path in _discover(self.root):
+            self._dirs.setdefault(hw_id, (kind, path))
+        ids = tuple(self._dirs)
+        readings: list[_Reading | None] = []
+        for hw_id in ids:
+            kind, path = self._dirs[hw_id]
+            try:
+                reading: _Reading | None = self._read_device(hw_id, kind, path)
+            except (DeviceUnreadable, OSError):
+                reading = None
+            readings.append(reading)
+            if reading is not None:
+                self._attrs[hw_id] = reading.attrs
+            else:
+                self._attrs.setdefault(
+                    hw_id,
+                    {
+                        cv.HW_TYPE: kind,
+                        cv.HW_NAME: hw_id,
+                        cv.DRA_POOL_NAME: self.node_name,
+                        cv.DRA_DEVICE_NAME: dns_label(hw_id),
+                    },
+                )
+        values = np.full((len(ids), len(self.schema)), np.nan)
+        for row, reading in enumerate(readings):
+            if reading is not None and reading.values:
+                cols = np.fromiter(reading.values.keys(), dtype=np.intp, count=len(reading.values))
+                values[row, cols] = np.fromiter(reading.values.values(), dtype=float, count=len(reading.values))
+        attrs = tuple(self._attrs[i] for i in ids)
+        if self._table is None or self._table.ids != ids or self._table.attrs != attrs:
+            self._table = DeviceTable(self.node_name, ids, tuple(dict(a) for a in attrs))
+        return Frame(now_unix_nano, self._table, values)
+
+    def close(self) -> None:
+        """Nothing to release: every file is opened and closed within a pass."""
