@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.metrics import Meter
@@ -42,10 +43,49 @@ log = logging.getLogger(__name__)
 SHUTDOWN_BUDGET_S = 4.0
 
 
-def build_source(config: AgentConfig, schema: Schema) -> Source:
-    """The source named by ``--source``."""
+def choose_source(config: AgentConfig) -> tuple[str, str]:
+    """``--source auto``'s choice and why: NVML if it loads and finds GPUs, else sysfs if it finds
+    devices, else the simulator."""
+    if config.source != "auto":
+        return config.source, "chosen with --source"
+    from otel_dra.sources.nvml import nvml_available
+
+    ok, why_nvml = nvml_available()
+    if ok:
+        return "nvml", why_nvml
+    accelerators = pci_accelerators(config.sysfs_root)
+    if accelerators:
+        return "sysfs", f"{why_nvml}; sysfs shows {len(accelerators)} PCI accelerator(s): {', '.join(accelerators[:4])}"
+    return "simulated", f"{why_nvml}; no PCI display or processing accelerator under {config.sysfs_root}/bus/pci"
+
+
+def pci_accelerators(sysfs_root: str) -> list[str]:
+    """PCI addresses of display (class 0x03) and processing-accelerator (0x12) devices: what makes
+    ``auto`` read sysfs. A node with only NICs does not: its agent is for accelerators."""
+    found = []
+    for device in sorted(Path(sysfs_root, "bus", "pci", "devices").glob("*")):
+        try:
+            klass = (device / "class").read_text().strip()
+        except OSError:
+            continue
+        if klass.startswith(("0x03", "0x12")):
+            found.append(device.name)
+    return found
+
+
+def build_source(config: AgentConfig, schema: Schema) -> tuple[Source, str]:
+    """The source ``--source`` names (``auto`` picks one), and why it was chosen."""
+    name, why = choose_source(config)
+    if name == "nvml":
+        from otel_dra.sources.nvml import NvmlSource
+
+        return NvmlSource(config.node_name, schema), why
+    if name == "sysfs":
+        from otel_dra.sources.sysfs import SysfsSource
+
+        return SysfsSource(config.node_name, config.sysfs_root, schema), why
     sim = SimulatorConfig(node_name=config.node_name, devices=config.devices, faults=config.faults, seed=config.seed)
-    return SimulatedSource(sim, schema)
+    return SimulatedSource(sim, schema), why
 
 
 def series_limit(schema: Schema, devices: int) -> int:
@@ -71,7 +111,7 @@ class Agent:
         self.config = config
         self.schema = Schema()
         self.store = FrameStore()
-        self.source = build_source(config, self.schema)
+        self.source, self.source_reason = build_source(config, self.schema)
         self.policy = load_policy(config.policy_path)
         self.classifier = Classifier(self.policy, self.schema, interval_s=config.interval_s)
         self.board = VerdictBoard()
@@ -132,8 +172,6 @@ class Agent:
                 sinks.registration = RegistrationServer(cfg.plugin_registry, cfg.register_with_kubelet, endpoint)
                 sinks.registration.start()
         if cfg.k8s_output:
-            from pathlib import Path
-
             from otel_dra.k8s.sink import K8sOutputSink
 
             sinks.k8s = K8sOutputSink(
@@ -169,17 +207,18 @@ class Agent:
         """Sample every ``interval`` seconds until :meth:`stop`; then flush and close."""
         cfg = self.config
         log.info(
-            "otel-dra %s starting: node=%s source=%s devices=%d interval=%gs",
+            "otel-dra %s starting: node=%s source=%s interval=%gs",
             __version__,
             cfg.node_name,
             self.source.name,
-            cfg.devices,
             cfg.interval_s,
         )
+        log.info("source %s: %s", self.source.name, self.source_reason)
         for fault in cfg.faults:
             log.info("fault injection scheduled: %s", fault)
         try:
             first = self.sample_once()
+            log.info("first sample: %d devices", len(first.devices))
             self._sinks = self._start_sinks(len(first.devices))
             next_at = time.monotonic() + cfg.interval_s
             while not self._stop.wait(max(0.0, next_at - time.monotonic())):

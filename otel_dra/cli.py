@@ -78,9 +78,17 @@ def cli() -> None:
 @click.option(
     "--source",
     type=click.Choice(SOURCES),
-    default="simulated",
+    default="auto",
     show_default=True,
-    help="Where samples come from. 'simulated' is a node of GPUs that behave like real ones.",
+    help="Where samples come from: 'nvml' (NVIDIA GPUs, needs otel-dra[nvidia]), 'sysfs' (Linux hwmon, PCIe "
+    "AER, amdgpu, NICs), 'simulated' (GPUs that behave like real ones; --fault works here), or 'auto': NVML "
+    "if it finds GPUs, else sysfs if it finds devices, else the simulator (logged). --fault implies simulated.",
+)
+@click.option(
+    "--sysfs-root",
+    default="/sys",
+    show_default=True,
+    help="Where sysfs is mounted (a fake tree for tests, /host/sys in a container).",
 )
 @click.option("--devices", type=click.IntRange(min=1), default=8, show_default=True, help="Simulated devices.")
 @click.option(
@@ -216,6 +224,7 @@ def cli() -> None:
 )
 def run(
     source: str,
+    sysfs_root: str,
     devices: int,
     faults: tuple[Fault, ...],
     interval: float,
@@ -255,7 +264,8 @@ def run(
     try:
         config = AgentConfig(
             node_name=resolve_node_name(node_name),
-            source=source,
+            source="simulated" if faults and source == "auto" else source,
+            sysfs_root=sysfs_root,
             devices=devices,
             faults=faults,
             interval_s=interval,

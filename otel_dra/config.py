@@ -57,7 +57,7 @@ class AgentConfig:
     """Everything ``otel-dra run`` needs; invalid values raise :class:`ConfigError`."""
 
     node_name: str
-    source: str = "simulated"
+    source: str = "auto"
     devices: int = 8
     faults: tuple[Fault, ...] = ()
     interval_s: float = 5.0
@@ -67,6 +67,7 @@ class AgentConfig:
     otlp_protocol: str = "grpc"
     otlp_export_interval_s: float | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL, else the sampling interval
     seed: int | None = None
+    sysfs_root: str = "/sys"
     policy_path: str | None = None
     health_attribute: str = "metric"  # metric: dra.device.health only; all: also on every hw.* series
     kubelet_socket: str | None = None  # serve DRAResourceHealth here
@@ -81,6 +82,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ConfigError(f"--source {self.source!r} is not known; use one of: {', '.join(SOURCES)}")
+        if self.faults and self.source not in ("simulated", "auto"):
+            raise ConfigError("--fault injects into the simulated source only; use --source simulated")
         if self.devices < 1:
             raise ConfigError(f"--devices must be at least 1, got {self.devices}")
         if not (self.interval_s > 0):

@@ -91,13 +91,21 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
 
     def start(
-        *args: str, env: dict[str, str] | None = None, port: int | None = None, wait: bool = True
+        *args: str,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        wait: bool = True,
+        pick_source: bool = False,
     ) -> AgentProcess:
+        """``pick_source``: leave ``--source`` to the agent (``auto``); otherwise the simulated fleet,
+        whatever hardware the machine running the tests has."""
         port = port or free_port()
         log = tmp_path / f"agent-{len(started)}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         full_env.update(env or {})
         argv = [sys.executable, "-m", "otel_dra", "run", "--prometheus-host", "127.0.0.1", *args]
+        if not pick_source and "--source" not in args:
+            argv += ["--source", "simulated"]
         if "OTEL_EXPORTER_PROMETHEUS_PORT" not in full_env:
             argv += ["--prometheus-port", str(port)]
         else:

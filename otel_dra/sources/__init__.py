@@ -24,4 +24,6 @@ class Source(Protocol):
         ...
 
 
-SOURCES: tuple[str, ...] = ("simulated",)
+#: ``--source`` choices. ``auto``: NVML when the library loads and finds GPUs, else sysfs when it
+#: finds devices, else the simulator.
+SOURCES: tuple[str, ...] = ("auto", "simulated", "nvml", "sysfs")
