@@ -27,7 +27,6 @@ import gc
 import os
 import platform
 import pstats
-import re
 import signal
 import socket
 import statistics
@@ -64,6 +63,9 @@ from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.store import FrameStore
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import _report  # noqa: E402
+
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 START, END = "<!-- bench_agent:start -->", "<!-- bench_agent:end -->"
 
@@ -515,14 +517,8 @@ def markdown(fp: Footprint, sc: ScrapeCost, quick: bool) -> str:
 
 
 def write_section(section: str) -> None:
-    """Replace the bench_agent section of BENCHMARKS.md, keeping everything else."""
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    BENCHMARKS_MD.write_text(text)
+    """Replace (or append) our section of BENCHMARKS.md, leaving the rest of the file as it is."""
+    _report.write_section(START, END, section, BENCHMARKS_MD)
 
 
 def main() -> None:

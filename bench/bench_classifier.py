@@ -22,7 +22,6 @@ import datetime as dt
 import gc
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench import _report  # noqa: E402
 from otel_dra import policy as policy_mod  # noqa: E402
 from otel_dra.classifier import Classifier  # noqa: E402
 from otel_dra.frame import Frame, Schema  # noqa: E402
@@ -258,10 +257,8 @@ def markdown(tick: dict[str, float], twin: dict[str, float], quick: bool) -> str
 
 
 def write_section(section: str) -> None:
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    text = pattern.sub(lambda _: section, text, count=1) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    BENCHMARKS_MD.write_text(text)
+    """Replace (or append) our section of BENCHMARKS.md, leaving the rest of the file as it is."""
+    _report.write_section(START, END, section, BENCHMARKS_MD)
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ import gzip
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -43,6 +42,9 @@ from otel_dra.decode import OtlpJsonDecoder, read_lines
 from otel_dra.frame import Schema
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import _report  # noqa: E402
+
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 DEFAULT_FILE = ROOT.parent / "shared" / "examples" / "fleet-sample.jsonl.gz"
 START, END = "<!-- bench_decode:start -->", "<!-- bench_decode:end -->"
@@ -129,14 +131,7 @@ def synthetic_file(directory: Path, nodes: int = 6, devices: int = 4, samples: i
 
 
 def machine() -> str:
-    cpu = ""
-    try:
-        for row in Path("/proc/cpuinfo").read_text().splitlines():
-            if row.startswith("model name"):
-                cpu = row.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = _report.cpu_model()
     return (
         f"{cpu or platform.processor() or 'unknown CPU'}, {os.cpu_count()} CPUs (nproc), "
         f"Python {platform.python_version()}, numpy {np.__version__}, protobuf {google.protobuf.__version__} "
@@ -154,13 +149,7 @@ def orjson_note() -> str:
 
 def write_section(section: str) -> None:
     """Replace (or append) our section of BENCHMARKS.md, leaving the rest of the file as it is."""
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    BENCHMARKS_MD.write_text(text)
+    _report.write_section(START, END, section, BENCHMARKS_MD)
 
 
 def main() -> int:

@@ -20,7 +20,6 @@ import functools
 import gc
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -31,6 +30,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parent.parent
+from bench import _report  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_classifier import INTERVAL_S, Fleet, rss_mb  # noqa: E402
@@ -146,10 +147,7 @@ def main() -> None:
     )
     for r in rows:
         console.print(" | ".join(r))
-    md = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    md = pattern.sub(lambda _: section, md, count=1) if pattern.search(md) else md.rstrip() + "\n\n" + section
-    BENCHMARKS_MD.write_text(md)
+    _report.write_section(START, END, section, BENCHMARKS_MD)
     del fleet, after
 
 

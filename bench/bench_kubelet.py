@@ -54,6 +54,9 @@ from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.vocabulary import REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import _report  # noqa: E402
+
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 START, END = "<!-- bench_kubelet:start -->", "<!-- bench_kubelet:end -->"
 TARGET_P99_MS = 100.0
@@ -284,14 +287,7 @@ def measure_encode(devices: int = 128) -> dict:
 
 # -- the report ----------------------------------------------------------------------------
 def machine() -> str:
-    cpu = ""
-    try:
-        for row in Path("/proc/cpuinfo").read_text().splitlines():
-            if row.startswith("model name"):
-                cpu = row.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = _report.cpu_model()
     return (
         f"{cpu or platform.processor() or 'unknown CPU'}, {os.cpu_count()} CPUs (nproc), "
         f"Python {platform.python_version()}, grpcio {grpc.__version__}, protobuf {google.protobuf.__version__} "
@@ -301,13 +297,7 @@ def machine() -> str:
 
 def write_section(section: str) -> None:
     """Replace (or append) our section of BENCHMARKS.md, leaving the rest of the file as it is."""
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    BENCHMARKS_MD.write_text(text)
+    _report.write_section(START, END, section, BENCHMARKS_MD)
 
 
 def render(lat: list[dict], enc: dict, argv: str) -> str:

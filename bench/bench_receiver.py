@@ -26,7 +26,6 @@ import datetime as dt
 import gc
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -55,6 +54,9 @@ from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.store import FrameStore
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import _report  # noqa: E402
+
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 START, END = "<!-- bench_receiver:start -->", "<!-- bench_receiver:end -->"
 TARGET_POINTS_PER_S = 500_000
@@ -187,14 +189,7 @@ def timed(side: Side, rounds: list[list[bytes]]) -> list[float]:
 
 # -- the report -------------------------------------------------------------------------------
 def machine() -> str:
-    cpu = ""
-    try:
-        for row in Path("/proc/cpuinfo").read_text().splitlines():
-            if row.startswith("model name"):
-                cpu = row.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = _report.cpu_model()
     return (
         f"{cpu or platform.processor() or 'unknown CPU'}, {os.cpu_count()} CPUs (nproc), "
         f"Python {platform.python_version()}, numpy {np.__version__}, protobuf {google.protobuf.__version__} "
@@ -204,13 +199,7 @@ def machine() -> str:
 
 def write_section(section: str) -> None:
     """Replace (or append) our section of BENCHMARKS.md, leaving the rest of the file as it is."""
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    BENCHMARKS_MD.write_text(text)
+    _report.write_section(START, END, section, BENCHMARKS_MD)
 
 
 def main() -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
-import re
 import shutil
 import statistics
 import sys
@@ -21,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+from bench import _report  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 
 from otel_dra.sources.nvml import NvmlSource  # noqa: E402
@@ -97,10 +98,7 @@ def main() -> None:
         + "\n"
     )
     print("\n".join(rows))
-    md = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
-    md = pattern.sub(lambda _: section, md, count=1) if pattern.search(md) else md.rstrip() + "\n\n" + section
-    BENCHMARKS_MD.write_text(md)
+    _report.write_section(START, END, section, BENCHMARKS_MD)
 
 
 if __name__ == "__main__":
