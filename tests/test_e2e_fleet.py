@@ -123,3 +123,28 @@ def test_agents_through_a_collector_to_the_fleet_and_prometheus(
     first = devices()[0]
     assert (first["k8s.node.name"], first["hw.id"], first["health"]) == ("node-2", "gpu-4", "Unhealthy")
     assert first["reasons"] == ["memory_ecc"]
+
+
+def test_alerts_stay_quiet_when_only_the_collector_fails(tmp_path, start_agent, forwarding_collector, fleet_process):
+    """The collector between the agents and the fleet dies: telemetry stops arriving from the agents'
+    side, and every device must read Unknown (stale), none Unhealthy (issue #7's collector check)."""
+    _, fleet_url, _ = fleet_process
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{forwarding_collector}", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
+    start_agent("--interval", "1", "--node-name", "node-1", env=env, wait=False)
+    start_agent("--interval", "1", "--node-name", "node-2", env=env, wait=False)
+
+    def devices() -> list[dict]:
+        return json.loads(http_get(fleet_url + "/v1/devices")[1])["devices"]
+
+    wait_for(lambda: len(devices()) == 16 and all(d["health"] == "Healthy" for d in devices()), 40, "a healthy fleet")
+    subprocess.run(["pkill", "-f", f"otlp-grpc-endpoint {forwarding_collector}"], check=False)  # the collector dies
+    # The fleet's stale timeout is the policy's 60 s, or twice the sampling interval, whichever is longer.
+    unknown = wait_for(lambda: [d for d in devices() if d["health"] == "Unknown"], 90, "the fleet to see silence")
+    final = wait_for(
+        lambda: (lambda ds: ds if all(d["health"] == "Unknown" for d in ds) else None)(devices()),
+        30,
+        "every device Unknown",
+    )
+    assert unknown and len(final) == 16
+    assert all(d["reasons"] == ["stale"] and d["hw.state"] is None for d in final)
+    assert "Unhealthy" not in http_get(fleet_url + "/v1/devices")[1].decode()
