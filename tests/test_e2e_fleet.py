@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,31 @@ def test_alerts_stay_quiet_when_only_the_collector_fails(tmp_path, start_agent, 
     assert unknown and len(final) == 16
     assert all(d["reasons"] == ["stale"] and d["hw.state"] is None for d in final)
     assert "Unhealthy" not in http_get(fleet_url + "/v1/devices")[1].decode()
+
+
+def test_an_agent_restart_raises_no_false_alarm(start_agent, fleet_process):
+    """An agent killed and restarted: its counters restart (not errors), and the short gap is neither a
+    lost device nor a fault; the fleet's verdicts stay Healthy throughout (issue #7's restart check)."""
+    ports, fleet_url, _ = fleet_process
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports['grpc']}", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
+    args = ("--interval", "1", "--node-name", "node-r", "--seed", "7")
+
+    def devices() -> list[dict]:
+        return json.loads(http_get(fleet_url + "/v1/devices")[1])["devices"]
+
+    first = start_agent(*args, env=env)
+    wait_for(lambda: len(devices()) == 8, 30, "the agent's devices at the fleet")
+    time.sleep(5)  # windows with some history, so a counter going down is judged against it
+    first.stop(signal.SIGKILL)  # no flush, no goodbye
+    time.sleep(3)
+    start_agent(*args, env=env)
+    seen: list[dict] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        seen.extend(devices())
+        time.sleep(0.5)
+    assert len({d["hw.id"] for d in seen}) == 8
+    bad = [
+        (d["hw.id"], d["health"], d["hw.state"], d["reasons"]) for d in seen if d["health"] != "Healthy" or d["reasons"]
+    ]
+    assert not bad, bad
