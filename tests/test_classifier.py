@@ -251,3 +251,18 @@ def test_a_first_batch_larger_than_the_initial_capacity_is_registered():
     classifier.ingest(Frame(T0, DeviceTable("n1", ids, tuple(dict(GPU) for _ in ids)), values))
     assert len(classifier.registry) == 100
     assert len(classifier.evaluate(T0)) == 100
+
+
+def test_the_clock_jumping_raises_no_false_alarm():
+    """The node's clock steps back an hour, then forward two: no device is lost, stale or faulted."""
+    feed = Feed(policy_mod.load())
+    for _ in range(10):
+        feed.step(TEMP=[60.0, 61.0], UNCORRECTED=[0.0, 0.0])
+    feed.t -= 3600  # NTP steps the clock back
+    for _ in range(10):
+        feed.step(TEMP=[60.0, 61.0], UNCORRECTED=[0.0, 0.0])
+    feed.t += 7200  # ...and forward
+    for _ in range(10):
+        feed.step(TEMP=[60.0, 61.0], UNCORRECTED=[0.0, 0.0])
+    for device, seq in feed.verdicts.items():
+        assert all((v.health, v.state, v.reasons) == ("Healthy", "ok", ()) for v in seq), (device, seq)
