@@ -40,6 +40,12 @@ DRIVER_CLASSES: tuple[str, ...] = ("ignore", "application", "reset_device", "reb
 RULE_STATES: tuple[str, ...] = ("degraded", "predicted_failure", "failed")
 
 
+def _show(value: object, limit: int = 60) -> str:
+    """A value as it appears in an error: its repr, shortened so a message stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + "…" + text[-4:]
+
+
 class PolicyError(ValueError):
     """A policy file a user must fix; ``str()`` is one line: ``FILE:LINE:COL: KEY: problem``."""
 
@@ -63,10 +69,10 @@ def number(lo: float | None = None, hi: float | None = None, integer: bool = Fal
         value = _scalar(node, key, where)
         kind = "a whole number" if integer else "a number"
         if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
-            raise where(node, f"{key}: expected {kind}, got {value!r}")
+            raise where(node, f"{key}: expected {kind}, got {_show(value)}")
         if value != value or (lo is not None and value < lo) or (hi is not None and value > hi):
             bounds = f"between {lo:g} and {hi:g}" if lo is not None and hi is not None else f"at least {lo:g}"
-            raise where(node, f"{key}: {value!r} is out of range; use {kind} {bounds}")
+            raise where(node, f"{key}: {_show(value)} is out of range; use {kind} {bounds}")
         return value
 
     return check
@@ -79,7 +85,7 @@ def duration(node: yaml.Node, key: str, where: Where) -> float:
         return float(value)
     match = _DURATION.match(str(value)) if isinstance(value, str) else None
     if match is None:
-        raise where(node, f"{key}: {value!r} is not a duration; write e.g. 30s, 5m, 1h or a number of seconds")
+        raise where(node, f"{key}: {_show(value)} is not a duration; write e.g. 30s, 5m, 1h or a number of seconds")
     return float(match[1]) * _UNITS[match[2]]
 
 
@@ -87,7 +93,7 @@ def one_of(choices: tuple[str, ...]) -> Validator:
     def check(node: yaml.Node, key: str, where: Where) -> str:
         value = _scalar(node, key, where)
         if value not in choices:
-            raise where(node, f"{key}: {value!r} is not one of: {', '.join(choices)}")
+            raise where(node, f"{key}: {_show(value)} is not one of: {', '.join(choices)}")
         return str(value)
 
     return check
@@ -96,14 +102,14 @@ def one_of(choices: tuple[str, ...]) -> Validator:
 def string(node: yaml.Node, key: str, where: Where) -> str:
     value = _scalar(node, key, where)
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):
-        raise where(node, f"{key}: expected a string, got {value!r}")
+        raise where(node, f"{key}: expected a string, got {_show(value)}")
     return str(value)
 
 
 def boolean(node: yaml.Node, key: str, where: Where) -> bool:
     value = _scalar(node, key, where)
     if not isinstance(value, bool):
-        raise where(node, f"{key}: expected true or false, got {value!r}")
+        raise where(node, f"{key}: expected true or false, got {_show(value)}")
     return value
 
 
@@ -249,7 +255,7 @@ def _k8s_domain(node: yaml.Node, key: str, where: Where) -> str:
     value = string(node, key, where)
     problem = k8s.dns1123_subdomain_problem(value, k8s.ATTRIBUTE_DOMAIN_MAX)
     if problem:
-        raise where(node, f"{key}: {value!r} {problem}")
+        raise where(node, f"{key}: {_show(value)} {problem}")
     return value
 
 
@@ -259,7 +265,7 @@ def _expansions(
     try:
         return list(k8s.expansions(template, fields))
     except ValueError as exc:
-        raise where(node, f"{key}: {shown!r}: {exc}") from None
+        raise where(node, f"{key}: {_show(shown)}: {exc}") from None
 
 
 def _taint_key(node: yaml.Node, key: str, where: Where) -> str:
@@ -267,12 +273,12 @@ def _taint_key(node: yaml.Node, key: str, where: Where) -> str:
     value = string(node, key, where)
     prefix, slash, name = value.rpartition("/")
     if "{" in prefix and prefix != "{domain}":
-        raise where(node, f"{key}: {value!r}: the part before '/' is a DNS subdomain or exactly {{domain}}")
+        raise where(node, f"{key}: {_show(value)}: the part before '/' is a DNS subdomain or exactly {{domain}}")
     head = ("example.com" if prefix == "{domain}" else prefix) + slash
     for filled in _expansions(node, key, where, name, TAINT_FIELDS, value):
         problem = k8s.label_name_problem(head + filled)
         if problem:
-            raise where(node, f"{key}: {value!r} can become {head + filled!r}, not a label name: {problem}")
+            raise where(node, f"{key}: {_show(value)} can become {_show(head + filled)}, not a label name: {problem}")
     return value
 
 
@@ -282,7 +288,7 @@ def _taint_value(node: yaml.Node, key: str, where: Where) -> str:
     for filled in _expansions(node, key, where, value, TAINT_FIELDS, value):
         problem = k8s.label_value_problem(filled)
         if problem:
-            raise where(node, f"{key}: {value!r} can become {filled!r}, not a label value: {problem}")
+            raise where(node, f"{key}: {_show(value)} can become {_show(filled)}, not a label value: {problem}")
     return value
 
 
@@ -290,7 +296,7 @@ def _attribute_name(node: yaml.Node, key: str, where: Where) -> str:
     value = string(node, key, where)
     problem = k8s.c_identifier_problem(value)
     if problem:
-        raise where(node, f"{key}: {value!r} is not an attribute name (after '<domain>/'): {problem}")
+        raise where(node, f"{key}: {_show(value)} is not an attribute name (after '<domain>/'): {problem}")
     return value
 
 
@@ -300,7 +306,7 @@ def _attribute_value(node: yaml.Node, key: str, where: Where) -> str:
     for filled in _expansions(node, key, where, value, ATTRIBUTE_FIELDS, value):
         problem = k8s.attribute_string_problem(filled)
         if problem:
-            raise where(node, f"{key}: {value!r} can become {filled!r}, which {problem}")
+            raise where(node, f"{key}: {_show(value)} can become {_show(filled)}, which {problem}")
     return value
 
 
@@ -369,6 +375,10 @@ def parse(text: str, source: str) -> dict[str, Any]:
     """Validate one policy document; returns the keys it sets (not merged)."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise PolicyError(
+            f"{source}: nested too deeply to be a policy (a policy is a few levels of mappings)"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         pos = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else ""
@@ -405,9 +415,11 @@ def load(path: Path | str | None = None) -> Policy:
     if path is not None:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise PolicyError(f"{path}: cannot read the policy file: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise PolicyError(f"{path}: not a text file (byte {exc.start} is not UTF-8); a policy is YAML") from None
         data = merge(data, parse(text, str(path)))
         source = str(path)
     _check_consistency(data, source)
@@ -432,8 +444,8 @@ def _check_consistency(data: Mapping[str, Any], source: str) -> None:
     taints = data["kubernetes"]["taints"]
     if "{reason}" not in taints["key"] + taints["value"]:
         raise PolicyError(
-            f"{source}: kubernetes.taints: key {taints['key']!r} or value {taints['value']!r} must contain {{reason}} "
-            "(one taint per reason, or they would collide)"
+            f"{source}: kubernetes.taints: key {_show(taints['key'])} or value {_show(taints['value'])} "
+            "must contain {reason} (one taint per reason, or they would collide)"
         )
 
 

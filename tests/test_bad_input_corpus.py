@@ -1,0 +1,522 @@
+"""One corpus of bad inputs (issue #7) through every door: the replay decoder (a JSON line), the
+protobuf decoder (the same request built with ``ParseDict``, or the raw bytes where there is no
+request) and the real OTLP/HTTP receiver (both content types); then a corpus of policy files.
+
+For each case: nothing but the documented exceptions escapes (none from the JSON decoder,
+``MalformedRequest`` from the protobuf one, HTTP 200/400 from the receiver); the outcome is what
+the case says (accepted, a point skipped and counted, or the whole request refused) with every
+message on one line; a valid point beside the bad one in the same request arrives in a frame; and
+for the big cases ``tracemalloc``'s peak around the decode stays under a stated multiple of the
+request's size.
+
+Timestamps follow the decoders' documented rule (module docstrings of ``otlp_json`` and
+``otlp_proto``): per node, a point older than the newest time already decoded is rejected; nothing
+bounds a time from above (only 0 and >= 2**64 are out of range), so a point a year in the future
+is accepted (and from then on it is the node's newest: see
+``test_a_point_from_the_future_makes_the_present_old``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tracemalloc
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import ParseDict
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+from otel_dra import policy
+from otel_dra.decode import OtlpJsonDecoder
+from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
+from otel_dra.frame import Column, Frame, Schema
+from otel_dra.receivers import OtlpReceiver
+
+S = 10**9
+T0 = 1_795_000_000 * S
+YEAR = 365 * 86400 * S
+NODE = "node-1"
+GOOD_ID = "gpu-good"
+GOOD_VALUE = 123.25
+POWER = Column("hw.power")
+MB = 1 << 20
+N_DEVICES = 100_000
+
+
+# -- building requests (the protobuf JSON mapping) ---------------------------------------------
+def kv(attrs: dict[str, str]) -> list[dict]:
+    return [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]
+
+
+def pt(attrs: dict[str, str] | list, value: Any = 1.0, t: Any = T0, field: str = "asDouble") -> dict:
+    return {"attributes": kv(attrs) if isinstance(attrs, dict) else attrs, "timeUnixNano": str(t), field: value}
+
+
+def gpu(device: str, **extra: str) -> dict[str, str]:
+    return {"hw.id": device, "hw.type": "gpu", **extra}
+
+
+def good(t: int = T0) -> dict:
+    return pt(gpu(GOOD_ID), GOOD_VALUE, t)
+
+
+def gauge(name: str, *points: dict) -> dict:
+    return {"name": name, "unit": "1", "gauge": {"dataPoints": list(points)}}
+
+
+def counter(name: str, *points: dict, temporality: int = 2) -> dict:
+    return {
+        "name": name,
+        "unit": "J",
+        "sum": {"aggregationTemporality": temporality, "isMonotonic": True, "dataPoints": list(points)},
+    }
+
+
+def resource(node: str | None, *metrics: dict) -> dict:
+    attrs = {"service.name": "x"} | ({"k8s.node.name": node} if node is not None else {})
+    return {"resource": {"attributes": kv(attrs)}, "scopeMetrics": [{"metrics": list(metrics)}]}
+
+
+def request(*metrics: dict, node: str = NODE) -> dict:
+    return {"resourceMetrics": [resource(node, *metrics)]}
+
+
+def beside(*bad_metrics: dict, t: int = T0) -> dict:
+    """The bad metrics, then a valid hw.power point of GOOD_ID in the same request."""
+    return request(*bad_metrics, gauge("hw.power", good(t)))
+
+
+def dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def valid_line() -> bytes:
+    return dumps(beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0))))
+
+
+# -- the corpus ----------------------------------------------------------------------------------
+# Outcomes: "accept" (nothing rejected), "point" (points skipped, counted, the rest kept),
+# "request" (JSON: line skipped / HTTP 400; protobuf: MalformedRequest), "any" (garbage bytes given
+# to the protobuf decoder: MalformedRequest, or whatever a lucky parse makes of them, counted),
+# "note" (JSON only: an error reported, nothing to count as skipped).
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[], dict | bytes]  # a request in the JSON mapping, or raw bytes
+    json: str  # outcome for the JSON decoder
+    proto: str | None  # outcome for the protobuf decoder; None: ParseDict can't build it (JSON-only)
+    good_json: bool = True  # the valid point beside it arrives through the JSON decoder
+    good_proto: bool = True
+    prior: dict | None = None  # decoded first, on the same decoder
+    peak_factor: float | None = None  # tracemalloc peak <= factor * request size (both encodings)
+    value: float = GOOD_VALUE  # the GOOD_ID value expected in a frame
+
+
+BIG = "x" * MB
+RAW_GARBAGE = random.Random(7).randbytes(4096)
+
+CASES: list[Case] = [
+    # -- not a request at all
+    Case("truncated_json", lambda: valid_line()[: len(valid_line()) // 2], "request", "any", False, False),
+    Case("invalid_json", lambda: b'{"resourceMetrics": [}', "request", "any", False, False),
+    Case("binary_garbage", lambda: RAW_GARBAGE, "request", "any", False, False),
+    Case("not_utf8", lambda: b'{"resourceMetrics": ["\xff\xfe"]}', "request", "any", False, False),
+    Case("deeply_nested_json", lambda: b"[" * 100_000 + b"]" * 100_000, "request", "any", False, False),
+    Case("empty", lambda: b"", "request", "accept", False, False),
+    Case("json_array", lambda: b"[1, 2, 3]", "request", "any", False, False),
+    Case("resource_metrics_not_a_list", lambda: {"resourceMetrics": {"a": 1}}, "request", None, False, False),
+    # -- wrong types (the JSON mapping can't carry them into protobuf: JSON only)
+    Case("value_is_object", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), {"x": 1}))), "point", None),
+    Case("value_is_word", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), "abc"))), "point", None),
+    Case("time_is_float", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, 1.5))), "point", None),
+    Case("time_past_2_64", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, 10**22))), "point", None),
+    Case("attributes_not_a_list", lambda: beside(gauge("hw.power", pt("x", 1.0))), "point", None),
+    Case(
+        "attribute_two_values",
+        lambda: beside(gauge("hw.power", pt([{"key": "hw.id", "value": {"stringValue": "a", "intValue": "1"}}]))),
+        "point",
+        None,
+    ),
+    # A metric that is not an object has no points to count: one error ("note"), nothing else lost.
+    Case("metric_not_object", lambda: beside("hw.power"), "note", None),  # type: ignore[arg-type]
+    # -- missing identity
+    Case("no_hw_id", lambda: beside(gauge("hw.power", pt({"hw.type": "gpu"}, 1.0))), "point", "point"),
+    Case(
+        "sensor_without_parent",
+        lambda: beside(gauge("hw.temperature", pt({"hw.id": "t0", "hw.type": "temperature"}, 40.0))),
+        "point",
+        "point",
+    ),
+    # JSON: a resource without k8s.node.name skips the whole line (documented in otlp_json._walk and
+    # OtlpReceiver.export_json); protobuf: only that resource's points are rejected.
+    Case(
+        "no_node_name",
+        lambda: {
+            "resourceMetrics": [
+                resource(None, gauge("hw.power", pt(gpu("gpu-0")))),
+                resource(NODE, gauge("hw.power", good())),
+            ]
+        },
+        "request",
+        "point",
+        good_json=False,
+    ),
+    # -- values
+    Case("nan", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), "NaN"))), "point", "point"),
+    Case("infinity", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), "Infinity"))), "point", "point"),
+    Case("minus_infinity", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), "-Infinity"))), "point", "point"),
+    Case(
+        "no_value",
+        lambda: beside(gauge("hw.power", {"attributes": kv(gpu("gpu-0")), "timeUnixNano": str(T0)})),
+        "point",
+        "point",
+    ),
+    Case("negative_counter", lambda: beside(counter("hw.energy", pt(gpu("gpu-0"), -5.0))), "point", "point"),
+    Case("delta_counter", lambda: beside(counter("hw.energy", pt(gpu("gpu-0"), 5.0), temporality=1)), "point", "point"),
+    # A decrease of a cumulative counter is a reset, which OTLP allows: accepted (only < 0 is refused).
+    Case(
+        "decreasing_counter",
+        lambda: beside(counter("hw.energy", pt(gpu("gpu-0"), 10.0, T0 + S)), t=T0 + S),
+        "accept",
+        "accept",
+        prior=request(counter("hw.energy", pt(gpu("gpu-0"), 1000.0))),
+    ),
+    # -- time
+    Case("time_zero", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, 0))), "point", "point"),
+    Case(
+        "no_time",
+        lambda: beside(gauge("hw.power", {"attributes": kv(gpu("gpu-0")), "asDouble": 1.0})),
+        "point",
+        "point",
+    ),
+    Case("time_a_year_ahead", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + YEAR))), "accept", "accept"),
+    Case(
+        "time_before_node_newest",
+        lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0)), t=T0 + 20 * S),
+        "point",
+        "point",
+        prior=request(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + 10 * S))),
+    ),
+    # -- duplicates: accepted, the last one wins
+    Case("duplicate_points", lambda: request(gauge("hw.power", pt(gpu(GOOD_ID), 1.0), good())), "accept", "accept"),
+    # -- unknown metrics and kinds
+    Case("unknown_metric", lambda: beside(gauge("vendor.bogus", pt(gpu("gpu-0")))), "point", "point"),
+    Case(
+        "newline_in_names",
+        lambda: beside(
+            gauge("bogus\nmetric", pt(gpu("gpu-0"))),
+            gauge("hw.temperature", pt({"hw.id": "t\n0", "hw.type": "temperature"}, 40.0)),
+        ),
+        "point",
+        "point",
+    ),
+    Case(
+        "histogram_of_known_metric",
+        lambda: beside(
+            {
+                "name": "hw.power",
+                "histogram": {"aggregationTemporality": 2, "dataPoints": [{"timeUnixNano": str(T0), "count": "1"}]},
+            }
+        ),
+        "point",
+        "point",
+    ),
+    # -- big
+    Case(
+        "attribute_1mb",
+        lambda: beside(gauge("hw.power", pt(gpu("gpu-0", **{"hw.model": BIG}), 1.0))),
+        "accept",
+        "accept",
+        peak_factor=8,
+    ),
+    Case(
+        "attribute_1mb_in_error",
+        lambda: beside(gauge("hw.temperature", pt({"hw.id": BIG, "hw.type": "temperature"}, 40.0))),
+        "point",
+        "point",
+        peak_factor=8,
+    ),
+    # The 1 MB node name is shared by 1,000 points: it must not be copied per point (that is 1 GB).
+    Case(
+        "node_name_1mb_1000_points",
+        lambda: {
+            "resourceMetrics": [
+                resource(BIG, gauge("hw.power", *(pt(gpu(f"gpu-{i}"), 1.0) for i in range(1000)))),
+                resource(NODE, gauge("hw.power", good())),
+            ]
+        },
+        "accept",
+        "accept",
+        peak_factor=8,
+    ),
+    Case(
+        "devices_100k",
+        lambda: beside(gauge("hw.power", *(pt(gpu(f"gpu-{i}"), float(i)) for i in range(N_DEVICES)))),
+        "accept",
+        "accept",
+        peak_factor=None,
+    ),
+]
+# Bounds for the 100,000-device request (measured: JSON decoder 12x its line, protobuf decoder 25x its wire
+# size, about 1.5 kB per device: one Python entry per distinct series); the bound leaves ~30% headroom.
+PEAK_FACTOR_100K = {"json": 16, "proto": 32}
+
+
+def pb(doc: dict) -> bytes:
+    return ParseDict(doc, ExportMetricsServiceRequest()).SerializeToString()
+
+
+def good_values(frames: list[Frame], schema: Schema) -> list[float]:
+    col = schema.index(POWER)
+    return [float(f.values[f.devices.ids.index(GOOD_ID), col]) for f in frames if GOOD_ID in f.devices.ids]
+
+
+def one_line(text: str) -> None:
+    assert "\n" not in text and "\r" not in text, text[:200]
+    assert len(text) < 2000, f"message of {len(text):,} characters: {text[:200]}"
+
+
+def traced(fn: Callable[[], Any]) -> tuple[Any, int]:
+    tracemalloc.start()
+    try:
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def peak_bound(case: Case, decoder: str, size: int) -> int | None:
+    factor = PEAK_FACTOR_100K[decoder] if case.name == "devices_100k" else case.peak_factor
+    return None if factor is None else int(factor * size)
+
+
+_BUILT: dict[str, tuple[bytes, bytes | None]] = {}
+
+
+def built(case: Case) -> tuple[bytes, bytes | None]:
+    """(JSON body, protobuf body or None), built once per case."""
+    if case.name not in _BUILT:
+        doc = case.build()
+        if isinstance(doc, bytes):
+            _BUILT[case.name] = (doc, doc)
+        else:
+            _BUILT[case.name] = (dumps(doc), pb(doc) if case.proto is not None else None)
+    return _BUILT[case.name]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_json_decoder(case: Case) -> None:
+    body, _ = built(case)
+    decoder = OtlpJsonDecoder(Schema())
+    if case.prior is not None:
+        decoder.decode_line(dumps(case.prior), 1)
+    before = (decoder.lines_skipped, decoder.points_skipped)
+    (frames, errors), peak = traced(lambda: decoder.decode_line(body, 2))
+    for e in errors:
+        one_line(str(e))
+    skipped = (decoder.lines_skipped - before[0], decoder.points_skipped - before[1])
+    if case.json == "request":
+        assert skipped[0] == 1 and len(errors) == 1 and not frames
+    elif case.json == "point":
+        assert skipped[0] == 0 and skipped[1] >= 1 and errors
+    elif case.json == "note":
+        assert skipped == (0, 0) and errors
+    else:
+        assert skipped == (0, 0) and not errors, errors
+    assert good_values(frames, decoder.schema) == ([case.value] if case.good_json else [])
+    bound = peak_bound(case, "json", len(body))
+    if bound is not None:
+        assert peak <= bound, f"peak {peak:,} B over {bound:,} B for a {len(body):,} B line"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.proto is not None], ids=lambda c: c.name)
+def test_proto_decoder(case: Case) -> None:
+    _, body = built(case)
+    assert body is not None
+    decoder = OtlpProtoDecoder(Schema())
+    if case.prior is not None:
+        decoder.decode(pb(case.prior))
+    try:
+        result, peak = traced(lambda: decoder.decode(body))
+    except MalformedRequest as exc:
+        one_line(str(exc))
+        assert case.proto in ("request", "any"), str(exc)
+        return
+    one_line(result.message)
+    for p in result.problems:
+        one_line(p)
+    assert case.proto != "request"
+    if case.proto == "point":
+        assert result.rejected >= 1 and result.message
+    elif case.proto == "accept":
+        assert result.rejected == 0 and not result.message, result.message
+    if case.proto != "any":
+        assert good_values(result.frames, decoder.schema) == ([case.value] if case.good_proto else [])
+    bound = peak_bound(case, "proto", len(body))
+    if bound is not None:
+        assert peak <= bound, f"peak {peak:,} B over {bound:,} B for a {len(body):,} B request"
+
+
+# -- the real OTLP/HTTP receiver ------------------------------------------------------------------
+@dataclass
+class Live:
+    receiver: OtlpReceiver
+    schema: Schema
+    got: list[Frame]
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[Live]:
+    """One receiver for the whole corpus (stopping one takes half a second); each case has its own node."""
+    schema, got = Schema(), []
+    rec = OtlpReceiver(schema, got.extend, grpc_endpoint=None, http_endpoint="127.0.0.1:0", max_request_bytes=64 * MB)
+    rec.start()
+    try:
+        yield Live(rec, schema, got)
+    finally:
+        rec.stop()
+
+
+def renode(doc: dict, node: str) -> dict:
+    """The request with NODE renamed (the receiver's decoders keep each node's newest time)."""
+    for rm in doc["resourceMetrics"] if isinstance(doc["resourceMetrics"], list) else ():
+        for attr in rm["resource"]["attributes"]:
+            if attr["key"] == "k8s.node.name" and attr["value"]["stringValue"] == NODE:
+                attr["value"]["stringValue"] = node
+    return doc
+
+
+def post(rec: OtlpReceiver, body: bytes, ctype: str) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{rec.http_port}/v1/metrics", data=body, headers={"Content-Type": ctype}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def check_http(status: int, reply: bytes, ctype: str, outcome: str) -> None:
+    if status == 400:
+        assert outcome in ("request", "any")
+        message = json.loads(reply)["message"] if ctype == "application/json" else reply.decode("utf-8", "replace")
+        one_line(message)
+        return
+    assert status == 200, (status, reply[:200])
+    if outcome == "note":
+        return
+    if ctype == "application/json":
+        partial = json.loads(reply or b"{}").get("partialSuccess", {})
+        rejected, message = int(partial.get("rejectedDataPoints", 0)), partial.get("errorMessage", "")
+    else:
+        resp = ExportMetricsServiceResponse.FromString(reply)
+        rejected, message = resp.partial_success.rejected_data_points, resp.partial_success.error_message
+    one_line(message)
+    assert outcome != "request"
+    if outcome == "point":
+        assert rejected >= 1 and message
+    elif outcome == "accept":
+        assert rejected == 0 and not message
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_http_receiver(case: Case, live: Live) -> None:
+    node = f"node-{case.name}"
+    doc = case.build()
+    prior = None if case.prior is None else renode(json.loads(dumps(case.prior)), node)
+    if isinstance(doc, bytes):
+        json_body, proto_body = built(case)
+    else:
+        doc = renode(doc, node)
+        json_body, proto_body = dumps(doc), pb(doc) if case.proto is not None else None
+
+    def values(start: int) -> list[float]:
+        return good_values([f for f in live.got[start:] if f.devices.node == node], live.schema)
+
+    if prior is not None:
+        assert post(live.receiver, dumps(prior), "application/json")[0] == 200
+    start = len(live.got)
+    status, reply = post(live.receiver, json_body, "application/json")
+    check_http(status, reply, "application/json", case.json)
+    assert values(start) == ([case.value] if case.good_json else [])
+    if proto_body is not None:
+        if prior is not None:
+            assert post(live.receiver, pb(prior), "application/x-protobuf")[0] == 200
+        start = len(live.got)
+        status, reply = post(live.receiver, proto_body, "application/x-protobuf")
+        check_http(status, reply, "application/x-protobuf", case.proto or "any")
+        if case.proto != "any":
+            assert values(start) == ([case.value] if case.good_proto else [])
+    assert live.receiver.stats()["requests"].get(("http", "error"), 0) == 0
+
+
+def test_a_point_from_the_future_makes_the_present_old() -> None:
+    """The documented rule, followed to its end: after a point a year ahead, the node's points of
+    the present are older than its newest and rejected (counted), in both decoders."""
+    ahead = request(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + YEAR)))
+    now = request(gauge("hw.power", good(T0 + S)))
+    jd = OtlpJsonDecoder(Schema())
+    jd.decode_line(dumps(ahead), 1)
+    frames, errors = jd.decode_line(dumps(now), 2)
+    assert not frames and jd.points_skipped == 1 and "older than" in errors[0].message
+    pd = OtlpProtoDecoder(Schema())
+    pd.decode(pb(ahead))
+    result = pd.decode(pb(now))
+    assert not result.frames and result.rejected == 1 and "older than" in result.message
+
+
+# -- policy files ---------------------------------------------------------------------------------
+LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+# The same bomb where the schema reads it: anchors in a valid key, the aliases in another.
+LAUGHS_IN_SCHEMA = (
+    "unhealthy_states: &a [failed, failed, failed, failed, failed, failed, failed, failed, failed]\n"
+    "rules: {firmware: {deny: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]}}\n"
+    "overrides: [{rules: {firmware: {deny: [*b, *b, *b, *b, *b, *b, *b, *b, *b]}}}]\n"
+)
+POLICY_CASES: list[tuple[str, bytes]] = [
+    ("binary_garbage", RAW_GARBAGE),
+    ("nul_byte", b"window: 5s\x00\n"),
+    ("string_1mb", b'window: "' + b"x" * MB + b'"\n'),
+    ("deeply_nested_lists", b"rules: " + b"[" * 5_000 + b"]" * 5_000 + b"\n"),
+    ("deeply_nested_maps", b"rules: " + b"{a: " * 5_000 + b"1" + b"}" * 5_000 + b"\n"),
+    ("billion_laughs", LAUGHS.encode()),
+    ("billion_laughs_in_schema", LAUGHS_IN_SCHEMA.encode()),
+    ("unknown_key", b"bogus: 1\n"),
+    ("unknown_nested_key", b"rules: {thermal: {bogus: 1}}\n"),
+    ("list_for_a_duration", b"window: [1, 2]\n"),
+    ("bool_for_a_count", b"min_samples: yes\n"),
+    ("string_for_a_number", b"rules: {thermal: {min_fraction: lots}}\n"),
+    ("top_level_list", b"- 1\n- 2\n"),
+    ("python_tag", b"window: !!python/object/apply:os.system [echo hi]\n"),
+]
+# The anchor bombs (9**9 "lol"s if expanded) must be refused without expanding: measured peak 0.2 MB.
+BOMB_PEAK = 2 * MB
+
+
+@pytest.mark.parametrize(("name", "text"), POLICY_CASES, ids=[n for n, _ in POLICY_CASES])
+def test_policy_file(tmp_path: Path, name: str, text: bytes) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(text)
+
+    def load() -> None:
+        with pytest.raises(policy.PolicyError) as info:
+            policy.load(path)
+        one_line(str(info.value))
+
+    if "laughs" not in name:
+        load()  # (tracemalloc would make PyYAML's pure-Python scanner of 1 MB take 20 s)
+        return
+    _, peak = traced(load)
+    assert peak <= BOMB_PEAK, f"peak {peak:,} B"
