@@ -271,47 +271,57 @@ def rotel_binary() -> str:
     return str(path)
 
 
+#: rotel as a test sink: drops what it receives, prints every point (parse_rotel_debug reads it).
+DEBUG_SINK = ("--exporter", "blackhole", "--debug-log", "metrics", "--debug-log-verbosity", "detailed")
+
+
+def spawn_rotel(
+    tmp_path: Path, tag: str, exporter_args: tuple[str, ...] = DEBUG_SINK, grpc_port: int | None = None
+) -> Collector:
+    """A rotel collector on loopback (``grpc_port``, or a free one), started and ready."""
+    grpc_port, http_port = grpc_port or free_port(), free_port()
+    out = tmp_path / f"rotel-{tag}.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            [
+                rotel_binary(),
+                "start",
+                *exporter_args,
+                "--otlp-grpc-endpoint",
+                f"127.0.0.1:{grpc_port}",
+                "--otlp-http-endpoint",
+                f"127.0.0.1:{http_port}",
+                "--log-file",
+                str(tmp_path / f"rotel-{tag}.log"),
+                "--pid-file",
+                str(tmp_path / f"rotel-{tag}.pid"),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    collector = Collector(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", proc, out)
+    wait_for(lambda: "Starting Rotel" in out.read_text(errors="replace"), 20, "rotel to start")
+    return collector
+
+
+def stop_rotel(collector: Collector) -> None:
+    collector.proc.terminate()
+    try:
+        collector.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        collector.proc.kill()
+
+
 @pytest.fixture
 def start_collector(tmp_path: Path) -> Iterator[Callable[[], Collector]]:
-    binary = rotel_binary()
     running: list[Collector] = []
 
     def start() -> Collector:
-        grpc_port, http_port = free_port(), free_port()
-        out = tmp_path / f"rotel-{len(running)}.out"
-        with out.open("wb") as sink:
-            proc = subprocess.Popen(
-                [
-                    binary,
-                    "start",
-                    "--exporter",
-                    "blackhole",
-                    "--debug-log",
-                    "metrics",
-                    "--debug-log-verbosity",
-                    "detailed",
-                    "--otlp-grpc-endpoint",
-                    f"127.0.0.1:{grpc_port}",
-                    "--otlp-http-endpoint",
-                    f"127.0.0.1:{http_port}",
-                    "--log-file",
-                    str(tmp_path / "rotel.log"),
-                    "--pid-file",
-                    str(tmp_path / f"rotel-{len(running)}.pid"),
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "NO_COLOR": "1"},
-            )
-        collector = Collector(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", proc, out)
+        collector = spawn_rotel(tmp_path, str(len(running)))
         running.append(collector)
-        wait_for(lambda: "Starting Rotel" in out.read_text(errors="replace"), 20, "rotel to start")
         return collector
 
     yield start
     for collector in running:
-        collector.proc.terminate()
-        try:
-            collector.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            collector.proc.kill()
+        stop_rotel(collector)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, http_get, rotel_binary, wait_for
+from tests.conftest import free_port, http_get, spawn_rotel, stop_rotel, wait_for
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
@@ -63,36 +63,19 @@ def fleet_process(tmp_path):
 def forwarding_collector(tmp_path, fleet_process):
     """rotel receiving OTLP from the agents and exporting it over OTLP/gRPC to the fleet."""
     ports, _, _ = fleet_process
-    grpc_port, http_port = free_port(), free_port()
-    out = (tmp_path / "rotel.out").open("wb")
-    proc = subprocess.Popen(
-        [
-            rotel_binary(),
-            "start",
-            "--exporter",
-            "otlp",
-            "--otlp-exporter-endpoint",
-            f"http://127.0.0.1:{ports['grpc']}",
-            "--otlp-exporter-protocol",
-            "grpc",
-            "--otlp-grpc-endpoint",
-            f"127.0.0.1:{grpc_port}",
-            "--otlp-http-endpoint",
-            f"127.0.0.1:{http_port}",
-            "--log-file",
-            str(tmp_path / "rotel.log"),
-            "--pid-file",
-            str(tmp_path / "rotel.pid"),
-            "--batch-timeout",
-            "100ms",
-        ],
-        stdout=out,
-        stderr=subprocess.STDOUT,
+    exporter = (
+        "--exporter",
+        "otlp",
+        "--otlp-exporter-endpoint",
+        f"http://127.0.0.1:{ports['grpc']}",
+        "--otlp-exporter-protocol",
+        "grpc",
+        "--batch-timeout",
+        "100ms",
     )
-    wait_for(lambda: "Starting Rotel" in (tmp_path / "rotel.out").read_text(errors="replace"), 20, "rotel")
-    yield f"127.0.0.1:{grpc_port}"
-    proc.terminate()
-    proc.wait(10)
+    collector = spawn_rotel(tmp_path, "forward", exporter)
+    yield collector.grpc_endpoint
+    stop_rotel(collector)
 
 
 def test_agents_through_a_collector_to_the_fleet_and_prometheus(

@@ -3,44 +3,14 @@ its push resumes on its own (issue #7's collector fault, first slice)."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, http_get, parse_rotel_debug, rotel_binary, wait_for
+from tests.conftest import free_port, http_get, parse_rotel_debug, spawn_rotel, stop_rotel, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def start_rotel(tmp_path: Path, grpc_port: int, tag: str) -> tuple[subprocess.Popen, Path]:
-    out = tmp_path / f"rotel-{tag}.out"
-    with out.open("wb") as sink:
-        proc = subprocess.Popen(
-            [
-                rotel_binary(),
-                "start",
-                "--exporter",
-                "blackhole",
-                "--debug-log",
-                "metrics",
-                "--debug-log-verbosity",
-                "detailed",
-                "--otlp-grpc-endpoint",
-                f"127.0.0.1:{grpc_port}",
-                "--otlp-http-endpoint",
-                f"127.0.0.1:{free_port()}",
-                "--log-file",
-                str(tmp_path / f"rotel-{tag}.log"),
-                "--pid-file",
-                str(tmp_path / f"rotel-{tag}.pid"),
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    wait_for(lambda: "Starting Rotel" in out.read_text(errors="replace"), 20, "rotel to start")
-    return proc, out
 
 
 def rss_kb(pid: int) -> int:
@@ -52,7 +22,8 @@ def rss_kb(pid: int) -> int:
 
 def test_push_survives_a_collector_outage(start_agent, tmp_path):
     grpc_port = free_port()
-    collector, out = start_rotel(tmp_path, grpc_port, "before")
+    collector = spawn_rotel(tmp_path, "before", grpc_port=grpc_port)
+    out = collector.out
     agent = start_agent(
         "--interval",
         "1",
@@ -64,8 +35,7 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
         "node-o",
     )
     wait_for(lambda: any(p.metric == "hw.power" for p in parse_rotel_debug(out.read_text())), 20, "the first push")
-    collector.terminate()
-    collector.wait(10)
+    stop_rotel(collector)
     # The collector is gone for a while: the agent keeps serving its own endpoint and verdicts...
     time.sleep(3)
     before = rss_kb(agent.proc.pid)
@@ -79,12 +49,12 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
     assert grown_kb < 8 * 1024, f"RSS grew {grown_kb} kB during an 8 s outage"
     assert agent.proc.poll() is None
     # ...and its push resumes on its own once a collector listens there again.
-    collector, out = start_rotel(tmp_path, grpc_port, "after")
+    collector = spawn_rotel(tmp_path, "after", grpc_port=grpc_port)
+    out = collector.out
     try:
         wait_for(lambda: any(p.metric == "hw.power" for p in parse_rotel_debug(out.read_text())), 40, "push to resume")
         points = parse_rotel_debug(out.read_text())
         assert {p.resource["k8s.node.name"] for p in points} == {"node-o"}
         assert "Traceback" not in agent.logs()
     finally:
-        collector.terminate()
-        collector.wait(10)
+        stop_rotel(collector)
