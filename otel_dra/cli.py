@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from otel_dra import __version__
+from otel_dra.cli_options import log_level_option, policy_option
 from otel_dra.config import (
     DEFAULT_PROMETHEUS_PORT,
     HEALTH_ATTRIBUTE_MODES,
@@ -149,13 +150,7 @@ def cli() -> None:
     "else NODE_NAME, else the host name.",
 )
 @click.option("--seed", type=int, default=None, help="Seed the simulator for a repeatable run.")
-@click.option(
-    "--policy",
-    "policy_file",
-    default=None,
-    envvar="OTEL_DRA_POLICY",
-    help="Health policy YAML merged over the default (see 'otel-dra policy check'). [env: OTEL_DRA_POLICY]",
-)
+@policy_option("Health policy YAML merged over the default (see 'otel-dra policy check').")
 @click.option(
     "--health-attribute",
     type=click.Choice(HEALTH_ATTRIBUTE_MODES),
@@ -215,13 +210,7 @@ def cli() -> None:
     is_flag=True,
     help="Also create, update and delete the DeviceTaintRules in the cluster (needs --k8s-output and RBAC).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-    envvar="OTEL_DRA_LOG_LEVEL",
-)
+@log_level_option
 def run(
     source: str,
     sysfs_root: str,
@@ -345,13 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     show_default=True,
     help="Port for /metrics (the fleet's verdicts), /v1/devices and /healthz (0: off).",
 )
-@click.option(
-    "--policy",
-    "policy_file",
-    default=None,
-    envvar="OTEL_DRA_POLICY",
-    help="Health policy YAML merged over the default. [env: OTEL_DRA_POLICY]",
-)
+@policy_option("Health policy YAML merged over the default.")
 @click.option(
     "--sample-interval",
     type=click.FloatRange(min=0, min_open=True),
@@ -373,13 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     show_default=True,
     help="Largest OTLP request accepted (bigger ones get RESOURCE_EXHAUSTED / 413).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-    envvar="OTEL_DRA_LOG_LEVEL",
-)
+@log_level_option
 def fleet(
     host: str,
     otlp_grpc_port: int,

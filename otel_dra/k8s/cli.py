@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from otel_dra.cli_options import policy_option
+
 #: Kept here (not imported from render) so ``otel-dra --help`` does not import the classifier.
 API_VERSION_CHOICES = ("v1beta2", "v1alpha3")
 DEFAULT_API_VERSION = "v1beta2"
@@ -69,13 +71,7 @@ def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]
     default=None,
     help="Read the current verdicts from a running agent or fleet (URL/v1/devices), e.g. http://localhost:9464.",
 )
-@click.option(
-    "--policy",
-    "policy_file",
-    default=None,
-    envvar="OTEL_DRA_POLICY",
-    help="Policy YAML merged over the default; its `kubernetes` section shapes the output. [env: OTEL_DRA_POLICY]",
-)
+@policy_option("Policy YAML merged over the default; its `kubernetes` section shapes the output.")
 @click.option(
     "--api-version",
     type=click.Choice(API_VERSION_CHOICES),
