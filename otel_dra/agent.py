@@ -32,6 +32,7 @@ from otel_dra.sinks._mapping import series_per_device
 from otel_dra.sinks.exposition import ExpositionCache, Renderer
 from otel_dra.sinks.http import HttpEndpoint
 from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sinks.sending_queue import SendingQueue
 from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
 from otel_dra.sources import Source
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
@@ -123,6 +124,7 @@ class Agent:
     def _start_sinks(self, devices: int) -> _Sinks:
         cfg = self.config
         readers: list[MetricReader] = []
+        queue: SendingQueue | None = None
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)  # the agent's own CPU and memory, next to what it reports
         if cfg.prometheus_port:
@@ -131,10 +133,18 @@ class Agent:
             export_s = cfg.otlp_export_interval_s
             if export_s is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
                 export_s = cfg.interval_s  # push every sample unless the user chose a cadence
-            readers.append(provider.otlp_reader(cfg.otlp_endpoint, cfg.otlp_protocol, export_s))
-            log.info("pushing OTLP (%s) to %s", cfg.otlp_protocol, cfg.otlp_endpoint)
+            reader, queue = provider.otlp_reader(
+                cfg.otlp_endpoint, cfg.otlp_protocol, export_s, cfg.otlp_queue_max_age_s, cfg.otlp_queue_max_points
+            )
+            readers.append(reader)
+            kept = "no queue"
+            if queue is not None:
+                kept = f"queue: {cfg.otlp_queue_max_age_s:g}s, {cfg.otlp_queue_max_points:,} points"
+            log.info("pushing OTLP (%s) to %s (%s)", cfg.otlp_protocol, cfg.otlp_endpoint, kept)
         meter_provider = provider.build_meter_provider(cfg.node_name, readers, series_limit(self.schema, devices))
         meter = meter_provider.get_meter(cv.AGENT_SCOPE, __version__)
+        if queue is not None:
+            queue.register_metrics(meter)
         health = self.board if cfg.health_attribute == "all" else None
         MetricsSink(self.store, self.schema, meter, cfg.stale_after_s, exclude=VERDICT_METRICS, health=health)
         combine_mode = self.policy.data["shared_devices"]["combine"]

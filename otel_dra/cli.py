@@ -144,6 +144,25 @@ def cli() -> None:
     help="Seconds between OTLP pushes. Default: OTEL_METRIC_EXPORT_INTERVAL (ms) if set, else --interval.",
 )
 @click.option(
+    "--otlp-queue-max-age",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    envvar="OTEL_DRA_OTLP_QUEUE_MAX_AGE",
+    help="Seconds a push the collector could not take is kept and retried, oldest first, so an outage "
+    "leaves no gap once it ends (the Collector's retry_on_failure.max_elapsed_time); 0: no queue, one try. "
+    "[env: OTEL_DRA_OTLP_QUEUE_MAX_AGE]",
+)
+@click.option(
+    "--otlp-queue-max-points",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    envvar="OTEL_DRA_OTLP_QUEUE_MAX_POINTS",
+    help="Data points the push queue holds at most (about 210 bytes each); past it the oldest are dropped "
+    "and counted in otel_dra.push.points{outcome=dropped}. [env: OTEL_DRA_OTLP_QUEUE_MAX_POINTS]",
+)
+@click.option(
     "--node-name",
     default=None,
     help="Node the devices belong to (k8s.node.name). Default: k8s.node.name in OTEL_RESOURCE_ATTRIBUTES, "
@@ -222,6 +241,8 @@ def run(
     otlp_endpoint: str | None,
     otlp_protocol: str | None,
     otlp_interval: float | None,
+    otlp_queue_max_age: float,
+    otlp_queue_max_points: int,
     node_name: str | None,
     seed: int | None,
     policy_file: str | None,
@@ -263,6 +284,8 @@ def run(
             otlp_endpoint=resolve_otlp_endpoint(otlp_endpoint),
             otlp_protocol=resolve_otlp_protocol(otlp_protocol),
             otlp_export_interval_s=otlp_interval,
+            otlp_queue_max_age_s=otlp_queue_max_age,
+            otlp_queue_max_points=otlp_queue_max_points,
             seed=seed,
             policy_path=policy_file,
             health_attribute=health_attribute,

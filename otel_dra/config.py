@@ -66,6 +66,8 @@ class AgentConfig:
     otlp_endpoint: str | None = None
     otlp_protocol: str = "grpc"
     otlp_export_interval_s: float | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL, else the sampling interval
+    otlp_queue_max_age_s: float = 300.0  # pushes the collector could not take are retried this long (0: not at all)
+    otlp_queue_max_points: int = 100_000  # ... and this many data points at most
     seed: int | None = None
     sysfs_root: str = "/sys"
     policy_path: str | None = None
@@ -96,6 +98,12 @@ class AgentConfig:
             parts = urlsplit(self.otlp_endpoint if "//" in self.otlp_endpoint else f"//{self.otlp_endpoint}")
             if not parts.hostname:
                 raise ConfigError(f"OTLP endpoint {self.otlp_endpoint!r} has no host; give e.g. http://localhost:4317")
+        if not self.otlp_queue_max_age_s >= 0:
+            raise ConfigError(
+                f"--otlp-queue-max-age must be 0 (no queue) or a number of seconds, got {self.otlp_queue_max_age_s}"
+            )
+        if self.otlp_queue_max_points < 1:
+            raise ConfigError(f"--otlp-queue-max-points must be at least 1, got {self.otlp_queue_max_points}")
         if self.health_attribute not in HEALTH_ATTRIBUTE_MODES:
             raise ConfigError(f"--health-attribute must be one of {', '.join(HEALTH_ATTRIBUTE_MODES)}")
         if self.k8s_apply and not self.k8s_output:

@@ -219,6 +219,24 @@ OTEL_DRA_RECEIVER_POINTS = _extension(
 #: Metrics only `otel-dra fleet` emits, by name.
 FLEET_METRICS: dict[str, MetricSpec] = {s.name: s for s in (OTEL_DRA_RECEIVER_REQUESTS, OTEL_DRA_RECEIVER_POINTS)}
 
+# The agent's OTLP push (its sending queue: otel_dra/sinks/sending_queue.py).
+PUSH_OUTCOME: Final = "outcome"
+OTEL_DRA_PUSH_QUEUE_SIZE = _extension(
+    "otel_dra.push.queue.size",
+    "{point}",
+    GAUGE,
+    "Data points waiting in the OTLP push's sending queue (collections the collector has not taken yet).",
+)
+OTEL_DRA_PUSH_POINTS = _extension(
+    "otel_dra.push.points",
+    "{point}",
+    COUNTER,
+    "Data points the OTLP push has handled, by outcome (sent: the collector took them; dropped: older than "
+    "the queue's max age, or past its size, while the collector was unreachable).",
+)
+#: Metrics of the agent's OTLP push, by name (only while a push endpoint is set).
+PUSH_METRICS: dict[str, MetricSpec] = {s.name: s for s in (OTEL_DRA_PUSH_QUEUE_SIZE, OTEL_DRA_PUSH_POINTS)}
+
 #: Metrics sampled from devices (what sources and decoders carry, as frame columns); the rest are derived
 #: by the agent (verdicts, views, the kubelet stream).
 SAMPLED_METRICS: frozenset[str] = frozenset(name for name in METRICS if name.startswith("hw."))

@@ -208,6 +208,7 @@ class CollectorPoint:
     monotonic: bool | None
     attrs: dict[str, str]
     value: float
+    time_unix_nano: int = 0
 
 
 def parse_rotel_debug(text: str) -> list[CollectorPoint]:
@@ -219,6 +220,7 @@ def parse_rotel_debug(text: str) -> list[CollectorPoint]:
     monotonic: bool | None = None
     attrs: dict[str, str] = {}
     section = ""
+    stamp = 0
     for raw in text.splitlines():
         line = raw.strip()
         if line.startswith("ResourceMetrics #"):
@@ -228,7 +230,9 @@ def parse_rotel_debug(text: str) -> list[CollectorPoint]:
         elif line.startswith("Metric #"):
             section, monotonic = "descriptor", None
         elif line.startswith("NumberDataPoints #"):
-            attrs, section = {}, "point"
+            attrs, section, stamp = {}, "point", 0
+        elif line.startswith("Timestamp: ") and section == "point":
+            stamp = int(line[11:])
         elif line.startswith("-> "):
             key, _, val = line[3:].partition(": ")
             if section == "descriptor":
@@ -245,7 +249,7 @@ def parse_rotel_debug(text: str) -> list[CollectorPoint]:
                 (resource if section == "resource" else attrs)[key] = inner
         elif line.startswith("Value: ") and section == "point":
             points.append(
-                CollectorPoint(dict(resource), metric, unit, data_type, monotonic, dict(attrs), float(line[7:]))
+                CollectorPoint(dict(resource), metric, unit, data_type, monotonic, dict(attrs), float(line[7:]), stamp)
             )
     return points
 

@@ -132,6 +132,23 @@ def test_alerts_stay_quiet_when_only_the_collector_fails(tmp_path, start_agent, 
     assert unknown and len(final) == 16
     assert all(d["reasons"] == ["stale"] and d["hw.state"] is None for d in final)
     assert "Unhealthy" not in http_get(fleet_url + "/v1/devices")[1].decode()
+    # A collector comes back on the same address: the agents' queues deliver the outage's samples, oldest
+    # first, and the Unknown clears by itself: no alarm stays, none is raised on the way.
+    ports, _, _ = fleet_process
+    forward = ("--exporter", "otlp", "--otlp-exporter-endpoint", f"http://127.0.0.1:{ports['grpc']}", "--batch-timeout")
+    back = spawn_rotel(tmp_path, "back", (*forward, "100ms"), int(forwarding_collector.split(":")[1]))
+    try:
+        seen: list[dict] = []
+
+        def all_healthy() -> bool:
+            now = devices()
+            seen.extend(now)
+            return len(now) == 16 and all(d["health"] == "Healthy" and not d["reasons"] for d in now)
+
+        wait_for(all_healthy, 90, "the fleet to see every device Healthy again")
+        assert not [d for d in seen if d["health"] == "Unhealthy"]
+    finally:
+        stop_rotel(back)
 
 
 def test_an_agent_restart_raises_no_false_alarm(start_agent, fleet_process):

@@ -1,8 +1,10 @@
-"""The collector goes away and comes back: the agent keeps serving, holds no growing backlog, and
-its push resumes on its own (issue #7's collector fault, first slice)."""
+"""The collector goes away and comes back: the agent keeps serving, queues what it could not push
+within its stated bound, and once a collector listens again sends it, oldest first, so the
+collector sees the outage's samples too (issue #7's collector fault)."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -36,6 +38,7 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
     )
     wait_for(lambda: any(p.metric == "hw.power" for p in parse_rotel_debug(out.read_text())), 20, "the first push")
     stop_rotel(collector)
+    down_from = time.time_ns()
     # The collector is gone for a while: the agent keeps serving its own endpoint and verdicts...
     time.sleep(3)
     before = rss_kb(agent.proc.pid)
@@ -44,17 +47,28 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
         assert status == 200 and b"hw_power_watts{" in body
         assert http_get(agent.url + "/healthz")[0] == 200
         time.sleep(1)
-    # ...holds no growing backlog (cumulative metrics: each push carries the newest totals, nothing queues)...
+    # ...queues the pushes it could not make, within the bound (8 GPUs: ~300 points a push, ~210 bytes each)...
+    queued = re.search(rb"^otel_dra_push_queue_size(?:\{[^}]*\})? (\S+)$", http_get(agent.url + "/metrics")[1], re.M)
+    assert queued and float(queued.group(1)) > 0
     grown_kb = rss_kb(agent.proc.pid) - before
     assert grown_kb < 8 * 1024, f"RSS grew {grown_kb} kB during an 8 s outage"
     assert agent.proc.poll() is None
-    # ...and its push resumes on its own once a collector listens there again.
+    # ...and once a collector listens there again, its push resumes by itself and the queue goes out,
+    # oldest first: the collector gets the samples taken while it was away.
+    up_at = time.time_ns()
     collector = spawn_rotel(tmp_path, "after", grpc_port=grpc_port)
     out = collector.out
+
+    def outage_samples() -> set[int]:
+        points = parse_rotel_debug(out.read_text())
+        return {p.time_unix_nano for p in points if p.metric == "hw.power" and down_from < p.time_unix_nano < up_at}
+
     try:
-        wait_for(lambda: any(p.metric == "hw.power" for p in parse_rotel_debug(out.read_text())), 40, "push to resume")
+        wait_for(lambda: len(outage_samples()) >= 8, 60, "the outage's samples at the new collector")
         points = parse_rotel_debug(out.read_text())
         assert {p.resource["k8s.node.name"] for p in points} == {"node-o"}
+        stamps = [p.time_unix_nano for p in points if p.metric == "hw.power" and p.attrs["hw.id"] == "gpu-0"]
+        assert stamps == sorted(stamps), "queued pushes go out oldest first"
         assert "Traceback" not in agent.logs()
     finally:
         stop_rotel(collector)

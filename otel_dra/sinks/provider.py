@@ -2,9 +2,9 @@
 
 Readers: the Prometheus reader (pull, served by :mod:`otel_dra.sinks.http`) and,
 when an endpoint is configured, a periodic OTLP exporter (push, gRPC or
-HTTP/protobuf). A view sizes the cardinality limit to the fleet, because the
-SDK otherwise folds every series past 2,000 per instrument into one overflow
-series without a word.
+HTTP/protobuf) behind a bounded sending queue (:mod:`otel_dra.sinks.sending_queue`).
+A view sizes the cardinality limit to the fleet, because the SDK otherwise folds
+every series past 2,000 per instrument into one overflow series without a word.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from otel_dra import __version__
 from otel_dra import conventions as cv
+from otel_dra.sinks.sending_queue import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, SendingQueue
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +41,37 @@ def cardinality_limit(devices: int, series_per_device: int) -> int:
     return max(SDK_DEFAULT_CARDINALITY_LIMIT, devices * series_per_device)
 
 
-def otlp_reader(endpoint: str, protocol: str, interval_s: float | None) -> MetricReader:
-    """A periodic OTLP push to ``endpoint`` every ``interval_s`` (None: ``OTEL_METRIC_EXPORT_INTERVAL``).
+def otlp_exporter(endpoint: str, protocol: str) -> MetricExporter:
+    """The SDK's OTLP exporter for ``endpoint`` over ``protocol`` (``grpc`` or ``http/protobuf``).
 
     An endpoint without a scheme is plaintext (``http://``); give ``https://`` for TLS.
     The exporter reads the rest of ``OTEL_EXPORTER_OTLP_*`` itself (headers,
-    certificates, compression, timeout).
+    certificates, client certificates, compression, timeout).
     """
     url = endpoint if "://" in endpoint else f"http://{endpoint}"
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as Grpc
 
-        exporter: MetricExporter = Grpc(endpoint=url)
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
+        return Grpc(endpoint=url)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
 
-        exporter = Http(endpoint=_http_metrics_url(url))
+    return Http(endpoint=_http_metrics_url(url))
+
+
+def otlp_reader(
+    endpoint: str,
+    protocol: str,
+    interval_s: float | None,
+    queue_max_age_s: float = DEFAULT_MAX_AGE_S,
+    queue_max_points: int = DEFAULT_MAX_POINTS,
+) -> tuple[MetricReader, SendingQueue | None]:
+    """A periodic OTLP push to ``endpoint`` every ``interval_s`` (None: ``OTEL_METRIC_EXPORT_INTERVAL``),
+    through a :class:`SendingQueue` keeping what the collector could not take for up to
+    ``queue_max_age_s`` seconds and ``queue_max_points`` points (age 0: no queue, the SDK's one try)."""
+    exporter = otlp_exporter(endpoint, protocol)
+    queue = SendingQueue(exporter, queue_max_age_s, queue_max_points) if queue_max_age_s > 0 else None
     millis = None if interval_s is None else interval_s * 1000.0
-    return PeriodicExportingMetricReader(exporter, export_interval_millis=millis)
+    return PeriodicExportingMetricReader(queue or exporter, export_interval_millis=millis), queue
 
 
 def _http_metrics_url(endpoint: str) -> str:
