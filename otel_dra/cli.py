@@ -379,6 +379,27 @@ def main(argv: list[str] | None = None) -> None:
     show_default=True,
     help="Largest OTLP request accepted (bigger ones get RESOURCE_EXHAUSTED / 413).",
 )
+@click.option(
+    "--tls-cert-file",
+    default=None,
+    envvar="OTEL_DRA_TLS_CERT_FILE",
+    help="Serve both OTLP receivers over TLS with this PEM certificate (chain); needs --tls-key-file. "
+    "Agents then push to https://HOST:PORT with OTEL_EXPORTER_OTLP_CERTIFICATE set to its CA. "
+    "[env: OTEL_DRA_TLS_CERT_FILE]",
+)
+@click.option(
+    "--tls-key-file",
+    default=None,
+    envvar="OTEL_DRA_TLS_KEY_FILE",
+    help="The PEM private key of --tls-cert-file. [env: OTEL_DRA_TLS_KEY_FILE]",
+)
+@click.option(
+    "--tls-client-ca-file",
+    default=None,
+    envvar="OTEL_DRA_TLS_CLIENT_CA_FILE",
+    help="Mutual TLS: refuse OTLP clients without a certificate from this PEM CA (agents set "
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY). [env: OTEL_DRA_TLS_CLIENT_CA_FILE]",
+)
 @log_level_option
 def fleet(
     host: str,
@@ -389,6 +410,9 @@ def fleet(
     sample_interval: float,
     evaluate_every: float,
     max_request_bytes: int,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    tls_client_ca_file: str | None,
     log_level: str,
 ) -> None:
     """Classify a whole fleet: receive every node's hw.* telemetry over OTLP (from the agents,
@@ -398,12 +422,24 @@ def fleet(
     HTTP port; scrape /metrics for hw_status and dra_device_health of every device.
     """
     from otel_dra.fleet import Fleet, FleetConfig
+    from otel_dra.receivers.tls import TlsConfigError, TlsSettings
 
     setup_logging(log_level)
     policy = _load_policy(policy_file)
     try:
+        tls = TlsSettings.load(tls_cert_file, tls_key_file, tls_client_ca_file)
+    except TlsConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
         config = FleetConfig(
-            host, otlp_grpc_port, otlp_http_port, prometheus_port, sample_interval, evaluate_every, max_request_bytes
+            host,
+            otlp_grpc_port,
+            otlp_http_port,
+            prometheus_port,
+            sample_interval,
+            evaluate_every,
+            max_request_bytes,
+            tls=tls,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -21,6 +21,7 @@ from otel_dra import __version__
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
+from otel_dra.receivers.tls import TlsSettings
 from otel_dra.sinks import provider
 from otel_dra.sinks.exposition import ExpositionCache, Renderer
 from otel_dra.sinks.http import HttpEndpoint
@@ -45,6 +46,7 @@ class FleetConfig:
     evaluate_every_s: float = 5.0
     max_request_bytes: int = 16 << 20
     node_name: str = ""
+    tls: TlsSettings | None = None  # the OTLP receiver's TLS (both transports); None: plaintext
 
     def __post_init__(self) -> None:
         for name in ("otlp_grpc_port", "otlp_http_port", "prometheus_port"):
@@ -117,7 +119,9 @@ class Fleet:
         verdict_text = VerdictText()
         grpc_at = f"{cfg.host}:{cfg.otlp_grpc_port}" if cfg.otlp_grpc_port else None
         http_at = f"{cfg.host}:{cfg.otlp_http_port}" if cfg.otlp_http_port else None
-        self.receiver = OtlpReceiver(self.schema, self.on_frames, grpc_at, http_at, cfg.max_request_bytes, meter)
+        self.receiver = OtlpReceiver(
+            self.schema, self.on_frames, grpc_at, http_at, cfg.max_request_bytes, meter, tls=cfg.tls
+        )
         self.receiver.start()
         self._last_tick = time.monotonic()
         if cfg.prometheus_port:
@@ -130,10 +134,11 @@ class Fleet:
             self.renderer.start()
             self.http.start()
         log.info(
-            "otel-dra %s fleet: OTLP gRPC %s, OTLP/HTTP %s, verdicts every %gs",
+            "otel-dra %s fleet: OTLP gRPC %s, OTLP/HTTP %s (%s), verdicts every %gs",
             __version__,
             grpc_at or "off",
             http_at or "off",
+            "plaintext" if cfg.tls is None else "TLS" + (" with client certificates" if cfg.tls.mutual else ""),
             cfg.evaluate_every_s,
         )
 

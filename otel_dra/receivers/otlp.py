@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -44,6 +45,7 @@ from otel_dra import conventions as cv
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MAX_PROBLEMS_PER_REQUEST, MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
+from otel_dra.receivers.tls import TlsSettings
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,7 @@ class OtlpReceiver:
         meter: Meter | None = None,
         *,
         max_workers: int = 8,
+        tls: TlsSettings | None = None,
     ) -> None:
         if grpc_endpoint is None and http_endpoint is None:
             raise ValueError("OtlpReceiver needs at least one of grpc_endpoint and http_endpoint")
@@ -147,6 +150,7 @@ class OtlpReceiver:
         self.schema = schema
         self.max_request_bytes = max_request_bytes
         self.max_workers = max_workers
+        self.tls = tls
         self._on_frames = on_frames
         self._decoder = OtlpProtoDecoder(schema)
         self._json_decoder = OtlpJsonDecoder(schema)
@@ -183,7 +187,15 @@ class OtlpReceiver:
         where = [f"gRPC on {self._grpc_addr[0]}:{self._grpc_port}"] if self._grpc_addr else []
         if self._http_addr:
             where.append(f"HTTP on {self._http_addr[0]}:{self.http_port}{HTTP_PATH}")
-        log.info("receiving OTLP metrics: %s (requests up to %d bytes)", " and ".join(where), self.max_request_bytes)
+        security = "plaintext"
+        if self.tls is not None:
+            security = "TLS, client certificates required" if self.tls.mutual else "TLS"
+        log.info(
+            "receiving OTLP metrics: %s (%s; requests up to %d bytes)",
+            " and ".join(where),
+            security,
+            self.max_request_bytes,
+        )
 
     def _start_grpc(self, host: str, port: int) -> None:
         limit = self.max_request_bytes * GRPC_HARD_LIMIT_FACTOR
@@ -196,7 +208,10 @@ class OtlpReceiver:
         )
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            bound = server.add_insecure_port(address)
+            if self.tls is not None:
+                bound = server.add_secure_port(address, self.tls.grpc_credentials())
+            else:
+                bound = server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"cannot listen for OTLP/gRPC on {address}: {exc}") from None
         if not bound:
@@ -211,6 +226,12 @@ class OtlpReceiver:
             server = server_class((host, port), handler)
         except OSError as exc:
             raise OSError(f"cannot listen for OTLP/HTTP on {host}:{port}: {exc.strerror or exc}") from None
+        if self.tls is not None:
+            # The handshake happens on the connection's own thread (at its first read), never in accept():
+            # a client that stalls it holds only its own thread, for the handler's timeout at most.
+            server.socket = self.tls.ssl_context().wrap_socket(
+                server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._http_server = server
         self._http_thread = threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True)
         self._http_thread.start()
@@ -415,6 +436,10 @@ class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that broke in a way the handler didn't expect: one debug line, not a traceback."""
+        log.debug("OTLP/http: connection from %s ended with an error", client_address, exc_info=True)
+
 
 class _HttpServer6(_HttpServer):
     address_family = socket.AF_INET6
@@ -425,7 +450,29 @@ class _HttpHandler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "otel-dra"
+    #: Seconds a connection may stall (in the TLS handshake, between requests, mid-body) before it is dropped.
+    timeout = 30.0
     receiver: OtlpReceiver
+
+    def setup(self) -> None:
+        super().setup()  # applies ``timeout`` to the connection, the handshake included
+        self.tls_failed = False
+        if isinstance(self.connection, ssl.SSLSocket):
+            try:
+                self.connection.do_handshake()
+            except (OSError, ssl.SSLError) as exc:  # plaintext, no client certificate, a stalled client
+                self.tls_failed = True
+                self.receiver._warn.warning(
+                    "tls", "OTLP/http: TLS handshake with %s failed: %s", self.client_address[0], exc
+                )
+
+    def handle(self) -> None:
+        if self.tls_failed:
+            return
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError, ssl.SSLError):
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         return

@@ -10,6 +10,8 @@ every series past 2,000 per instrument into one overflow series without a word.
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -55,7 +57,31 @@ def otlp_exporter(endpoint: str, protocol: str) -> MetricExporter:
         return Grpc(endpoint=url)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
 
-    return Http(endpoint=_http_metrics_url(url))
+    session = None if os.environ.get(_HTTP_SESSION_PROVIDER) else _certificate_first_session()
+    return Http(endpoint=_http_metrics_url(url), session=session)
+
+
+#: The SDK's (experimental) variable naming a requests.Session provider: when set, its session is used as is.
+_HTTP_SESSION_PROVIDER = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_METRICS_CREDENTIAL_PROVIDER"
+
+
+def _certificate_first_session() -> Any:
+    """A requests session for the OTLP/HTTP exporter in which the CA it was given
+    (``OTEL_EXPORTER_OTLP_CERTIFICATE``) wins over ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``.
+
+    requests lets those variables override a session's ``verify`` (psf/requests#3829), so on a
+    machine that sets them the exporter silently verified the collector against the wrong CA and
+    every TLS push failed. Proxies and the rest of the environment still apply.
+    """
+    import requests
+
+    class CertificateFirstSession(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+            if verify is None and isinstance(self.verify, str):
+                verify = self.verify
+            return super().merge_environment_settings(url, proxies, stream, verify, cert)
+
+    return CertificateFirstSession()
 
 
 def otlp_reader(

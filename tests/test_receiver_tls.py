@@ -1,0 +1,297 @@
+"""TLS for the fleet's OTLP receiver, and for the agent's push into it: real certificates (a CA made
+by trustme for the test), real gRPC and HTTP on loopback, the SDK's exporters reading the standard
+``OTEL_EXPORTER_OTLP_*CERTIFICATE`` variables; then both real processes, agent and fleet, over TLS."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+import trustme
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
+from opentelemetry.sdk.metrics.export import MetricExportResult
+
+from otel_dra.frame import Frame, Schema
+from otel_dra.receivers import OtlpReceiver
+from otel_dra.receivers.tls import TlsConfigError, TlsSettings
+from otel_dra.sinks import provider
+from tests.conftest import REPO, free_port, http_get, wait_for
+from tests.test_receiver_otlp import T0, Agent
+
+S = 10**9
+
+
+class Pki:
+    """A CA, a server certificate for 127.0.0.1/localhost, and a client certificate, as PEM files."""
+
+    def __init__(self, where: Path) -> None:
+        self.ca = trustme.CA()
+        server = self.ca.issue_cert("127.0.0.1", "localhost")
+        client = self.ca.issue_cert("node-agent.example")
+        self.ca_file = where / "ca.pem"
+        self.cert_file, self.key_file = where / "server.pem", where / "server.key"
+        self.client_cert_file, self.client_key_file = where / "client.pem", where / "client.key"
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+        server.private_key_pem.write_to_path(str(self.key_file))
+        self.cert_file.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
+        client.private_key_pem.write_to_path(str(self.client_key_file))
+        self.client_cert_file.write_bytes(b"".join(blob.bytes() for blob in client.cert_chain_pems))
+
+    def settings(self, mutual: bool = False) -> TlsSettings:
+        tls = TlsSettings.load(str(self.cert_file), str(self.key_file), str(self.ca_file) if mutual else None)
+        assert tls is not None
+        return tls
+
+    def exporter_env(self, client: bool = False) -> dict[str, str]:
+        env = {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(self.ca_file)}
+        if client:
+            env |= {
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(self.client_cert_file),
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(self.client_key_file),
+            }
+        return env
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+class Inbox(list):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def __call__(self, frames: list[Frame]) -> None:
+        with self.lock:
+            self.extend(frames)
+
+
+@pytest.fixture
+def tls_receiver(pki):
+    running: list[OtlpReceiver] = []
+
+    def start(mutual: bool = False) -> tuple[OtlpReceiver, Inbox]:
+        inbox = Inbox()
+        receiver = OtlpReceiver(Schema(), inbox, "127.0.0.1:0", "127.0.0.1:0", tls=pki.settings(mutual))
+        receiver.start()
+        running.append(receiver)
+        return receiver, inbox
+
+    yield start
+    for r in running:
+        r.stop(0.2)
+
+
+def push(monkeypatch, pki: Pki, env: dict[str, str], endpoint: str, protocol: str) -> MetricExportResult:
+    """One export of an agent pipeline's metrics through the SDK exporter the agent uses, on a machine
+    whose REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE name another CA: the OTEL_ certificate must still win."""
+    for key in [k for k in os.environ if k.startswith("OTEL_")]:
+        monkeypatch.delenv(key)
+    unrelated = pki.ca_file.parent / "unrelated-ca.pem"
+    if not unrelated.exists():
+        trustme.CA().cert_pem.write_to_path(str(unrelated))
+    for key, value in {"REQUESTS_CA_BUNDLE": str(unrelated), "CURL_CA_BUNDLE": str(unrelated), **env}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")
+    agent = Agent("node-tls", devices=2)
+    try:
+        _, data = agent.sample(T0)
+        exporter = provider.otlp_exporter(endpoint, protocol)
+        try:
+            return exporter.export(data)
+        finally:
+            exporter.shutdown()
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_sdk_exporter_pushes_over_tls_with_the_standard_variables(monkeypatch, pki, tls_receiver, protocol):
+    receiver, inbox = tls_receiver()
+    port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+    ok = MetricExportResult.SUCCESS
+    assert push(monkeypatch, pki, pki.exporter_env(), f"https://127.0.0.1:{port}", protocol) is ok
+    assert {f.devices.node for f in inbox} == {"node-tls"}
+    # Plaintext to the TLS port is refused; so is a client that does not trust the server's CA.
+    assert push(monkeypatch, pki, {}, f"http://127.0.0.1:{port}", protocol) is MetricExportResult.FAILURE
+    other_ca = pki.ca_file.parent / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    env = {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(other_ca)}
+    assert push(monkeypatch, pki, env, f"https://127.0.0.1:{port}", protocol) is MetricExportResult.FAILURE
+    # The receiver kept serving through all of it.
+    before = len(inbox)
+    assert push(monkeypatch, pki, pki.exporter_env(), f"https://127.0.0.1:{port}", protocol) is ok
+    assert len(inbox) > before
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_refuses_clients_without_a_certificate(monkeypatch, pki, tls_receiver, protocol):
+    receiver, inbox = tls_receiver(mutual=True)
+    port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+    url = f"https://127.0.0.1:{port}"
+    assert push(monkeypatch, pki, pki.exporter_env(client=False), url, protocol) is MetricExportResult.FAILURE
+    assert not inbox
+    assert push(monkeypatch, pki, pki.exporter_env(client=True), url, protocol) is MetricExportResult.SUCCESS
+    assert {f.devices.node for f in inbox} == {"node-tls"}
+
+
+def test_a_raw_grpc_client_and_a_stalled_https_client(pki, tls_receiver):
+    """The same server seen without the SDK: gRPC with ssl_channel_credentials works; a TCP client that
+    opens the HTTPS port and never speaks holds one thread, not the receiver."""
+    receiver, inbox = tls_receiver()
+    stalled = __import__("socket").create_connection(("127.0.0.1", receiver.http_port))
+    try:
+        agent = Agent("node-raw", devices=1)
+        _, data = agent.sample(T0)
+        agent.close()
+        creds = grpc.ssl_channel_credentials(pki.ca_file.read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{receiver.grpc_port}", creds) as channel:
+            MetricsServiceStub(channel).Export(encode_metrics(data), timeout=5)
+        ctx = ssl.create_default_context(cafile=str(pki.ca_file))
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{receiver.http_port}/v1/metrics",
+            data=encode_metrics(data).SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+            assert resp.status == 200
+        assert {f.devices.node for f in inbox} == {"node-raw"} and len(inbox) == 2
+    finally:
+        stalled.close()
+
+
+def test_bad_tls_files_are_one_line_errors_naming_the_flag(pki, tmp_path):
+    def error(*args) -> str:
+        with pytest.raises(TlsConfigError) as err:
+            TlsSettings.load(*args)
+        assert "\n" not in str(err.value)
+        return str(err.value)
+
+    cert, key, ca = str(pki.cert_file), str(pki.key_file), str(pki.ca_file)
+    assert TlsSettings.load(None, None) is None
+    assert "--tls-key-file is missing" in error(cert, None)
+    assert "--tls-cert-file is missing" in error(None, key)
+    assert "--tls-client-ca-file needs" in error(None, None, ca)
+    assert "No such file" in error(str(tmp_path / "nope.pem"), key) and "--tls-cert-file" in error(
+        str(tmp_path / "nope.pem"), key
+    )
+    (tmp_path / "junk.pem").write_text("hello")
+    assert "not a PEM file" in error(str(tmp_path / "junk.pem"), key)
+    other = trustme.CA().issue_cert("127.0.0.1")
+    other.private_key_pem.write_to_path(str(tmp_path / "other.key"))
+    assert "private key that belongs to it" in error(cert, str(tmp_path / "other.key"))
+    assert "--tls-client-ca-file" in error(cert, key, str(tmp_path / "junk.pem"))
+
+
+def test_fleet_cli_with_bad_tls_files_is_exit_2_before_binding(tmp_path):
+    missing = str(tmp_path / "missing.pem")
+    proc = subprocess.run(
+        [sys.executable, "-m", "otel_dra", "fleet", "--tls-cert-file", missing, "--tls-key-file", missing],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--tls-cert-file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.e2e
+def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_path):
+    """`otel-dra fleet --tls-*` and two `otel-dra run` agents pushing to it over https (one per transport)
+    with the standard OTEL_EXPORTER_OTLP_* certificate variables: every device arrives; an agent
+    without a client certificate gets nothing in, and the fleet keeps serving."""
+    grpc_port, http_port, prom_port = free_port(), free_port(), free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    fleet_log = (tmp_path / "fleet.log").open("wb")
+    fleet = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_dra",
+            "fleet",
+            "--host",
+            "127.0.0.1",
+            "--otlp-grpc-port",
+            str(grpc_port),
+            "--otlp-http-port",
+            str(http_port),
+            "--prometheus-port",
+            str(prom_port),
+            "--sample-interval",
+            "1",
+            "--evaluate-every",
+            "1",
+        ],
+        stdout=fleet_log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env={
+            **clean,
+            "OTEL_DRA_TLS_CERT_FILE": str(pki.cert_file),
+            "OTEL_DRA_TLS_KEY_FILE": str(pki.key_file),
+            "OTEL_DRA_TLS_CLIENT_CA_FILE": str(pki.ca_file),
+        },
+    )
+    agents: list[subprocess.Popen] = []
+
+    def agent(node: str, protocol: str, port: int, client: bool) -> None:
+        env = {**clean, **pki.exporter_env(client=client), "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+        argv = [sys.executable, "-m", "otel_dra", "run", "--source", "simulated", "--prometheus-port", "0"]
+        argv += ["--interval", "1", "--node-name", node, "--otlp-protocol", protocol]
+        argv += ["--otlp-endpoint", f"https://127.0.0.1:{port}"]
+        with (tmp_path / f"{node}.log").open("wb") as log:
+            agents.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env))
+
+    url = f"http://127.0.0.1:{prom_port}"
+    try:
+        wait_for(lambda: http_get(url + "/healthz", 1)[0] == 200 or fleet.poll() is not None, 30, "the fleet")
+        assert fleet.poll() is None, (tmp_path / "fleet.log").read_text()
+        agent("node-g", "grpc", grpc_port, client=True)
+        agent("node-h", "http/protobuf", http_port, client=True)
+        agent("node-x", "grpc", grpc_port, client=False)
+
+        def nodes() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for d in json.loads(http_get(url + "/v1/devices")[1])["devices"]:
+                counts[d["k8s.node.name"]] = counts.get(d["k8s.node.name"], 0) + 1
+            return counts
+
+        wait_for(lambda: nodes() == {"node-g": 8, "node-h": 8}, 60, "both TLS agents' devices at the fleet")
+        time.sleep(3)
+        assert nodes() == {"node-g": 8, "node-h": 8}, "the agent without a client certificate got in"
+        assert "TLS with client certificates" in (tmp_path / "fleet.log").read_text()
+        assert all(a.poll() is None for a in agents) and fleet.poll() is None
+    finally:
+        for p in (*agents, fleet):
+            p.send_signal(signal.SIGTERM)
+        for p in (*agents, fleet):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    assert "Traceback" not in (tmp_path / "fleet.log").read_text()
+
+
+def test_http_error_pages_of_the_tls_endpoint_say_where_to_go(pki, tls_receiver):
+    receiver, _ = tls_receiver()
+    ctx = ssl.create_default_context(cafile=str(pki.ca_file))
+    try:
+        urllib.request.urlopen(f"https://127.0.0.1:{receiver.http_port}/", context=ctx, timeout=5)
+    except urllib.error.HTTPError as err:
+        assert err.code == 405
+    else:
+        pytest.fail("GET / should be refused")
