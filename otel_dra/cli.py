@@ -380,6 +380,14 @@ def main(argv: list[str] | None = None) -> None:
     help="Largest OTLP request accepted (bigger ones get RESOURCE_EXHAUSTED / 413).",
 )
 @click.option(
+    "--max-future",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Reject data points more than this many seconds ahead of the fleet's clock (counted, reported as "
+    "partial success): a node with a wrong clock can't push its own later points out of order. 0: no bound.",
+)
+@click.option(
     "--tls-cert-file",
     default=None,
     envvar="OTEL_DRA_TLS_CERT_FILE",
@@ -410,6 +418,7 @@ def fleet(
     sample_interval: float,
     evaluate_every: float,
     max_request_bytes: int,
+    max_future: float,
     tls_cert_file: str | None,
     tls_key_file: str | None,
     tls_client_ca_file: str | None,
@@ -440,6 +449,7 @@ def fleet(
             evaluate_every,
             max_request_bytes,
             tls=tls,
+            max_future_s=max_future,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -47,6 +47,7 @@ class FleetConfig:
     max_request_bytes: int = 16 << 20
     node_name: str = ""
     tls: TlsSettings | None = None  # the OTLP receiver's TLS (both transports); None: plaintext
+    max_future_s: float = 600.0  # points further ahead of the fleet's clock are rejected (0: no bound)
 
     def __post_init__(self) -> None:
         for name in ("otlp_grpc_port", "otlp_http_port", "prometheus_port"):
@@ -55,6 +56,8 @@ class FleetConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be a TCP port (0 turns it off), got {port}")
         if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:
             raise ValueError("--sample-interval and --evaluate-every must be positive numbers of seconds")
+        if not self.max_future_s >= 0:
+            raise ValueError(f"--max-future must be 0 (no bound) or a number of seconds, got {self.max_future_s}")
 
 
 class Fleet:
@@ -120,7 +123,14 @@ class Fleet:
         grpc_at = f"{cfg.host}:{cfg.otlp_grpc_port}" if cfg.otlp_grpc_port else None
         http_at = f"{cfg.host}:{cfg.otlp_http_port}" if cfg.otlp_http_port else None
         self.receiver = OtlpReceiver(
-            self.schema, self.on_frames, grpc_at, http_at, cfg.max_request_bytes, meter, tls=cfg.tls
+            self.schema,
+            self.on_frames,
+            grpc_at,
+            http_at,
+            cfg.max_request_bytes,
+            meter,
+            tls=cfg.tls,
+            max_future_s=cfg.max_future_s or None,
         )
         self.receiver.start()
         self._last_tick = time.monotonic()

@@ -10,10 +10,11 @@ for the big cases ``tracemalloc``'s peak around the decode stays under a stated 
 request's size.
 
 Timestamps follow the decoders' documented rule (module docstrings of ``otlp_json`` and
-``otlp_proto``): per node, a point older than the newest time already decoded is rejected; nothing
-bounds a time from above (only 0 and >= 2**64 are out of range), so a point a year in the future
-is accepted (and from then on it is the node's newest: see
-``test_a_point_from_the_future_makes_the_present_old``).
+``otlp_proto``): per node, a point older than the newest time already decoded is rejected. In
+replay nothing bounds a time from above (only 0 and >= 2**64 are out of range), so a point a year
+in the future is accepted (and from then on it is the node's newest: see
+``test_a_point_from_the_future_makes_the_present_old``); the live receiver rejects points more
+than ``--max-future`` (10 minutes) ahead of its clock, so there the same point is a counted skip.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class Case:
     prior: dict | None = None  # decoded first, on the same decoder
     peak_factor: float | None = None  # tracemalloc peak <= factor * request size (both encodings)
     value: float = GOOD_VALUE  # the GOOD_ID value expected in a frame
+    live: str | None = None  # outcome at the live receiver (both encodings) where it differs from replay's
 
 
 BIG = "x" * MB
@@ -198,7 +200,13 @@ CASES: list[Case] = [
         "point",
         "point",
     ),
-    Case("time_a_year_ahead", lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + YEAR))), "accept", "accept"),
+    Case(
+        "time_a_year_ahead",
+        lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + YEAR))),
+        "accept",
+        "accept",
+        live="point",
+    ),
     Case(
         "time_before_node_newest",
         lambda: beside(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0)), t=T0 + 20 * S),
@@ -447,14 +455,14 @@ def test_http_receiver(case: Case, live: Live) -> None:
         assert post(live.receiver, dumps(prior), "application/json")[0] == 200
     start = len(live.got)
     status, reply = post(live.receiver, json_body, "application/json")
-    check_http(status, reply, "application/json", case.json)
+    check_http(status, reply, "application/json", case.live or case.json)
     assert values(start) == ([case.value] if case.good_json else [])
     if proto_body is not None:
         if prior is not None:
             assert post(live.receiver, pb(prior), "application/x-protobuf")[0] == 200
         start = len(live.got)
         status, reply = post(live.receiver, proto_body, "application/x-protobuf")
-        check_http(status, reply, "application/x-protobuf", case.proto or "any")
+        check_http(status, reply, "application/x-protobuf", case.live or case.proto or "any")
         if case.proto != "any":
             assert values(start) == ([case.value] if case.good_proto else [])
     assert live.receiver.stats()["requests"].get(("http", "error"), 0) == 0
@@ -473,6 +481,32 @@ def test_a_point_from_the_future_makes_the_present_old() -> None:
     pd.decode(pb(ahead))
     result = pd.decode(pb(now))
     assert not result.frames and result.rejected == 1 and "older than" in result.message
+
+
+def test_the_live_receivers_future_bound_keeps_the_present() -> None:
+    """With the receiver's bound (``max_future_ns``), the point a year ahead is the one rejected, with
+    a line that says to check the node's clock, and the node's present points keep arriving."""
+    ahead = request(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + YEAR)))
+    now = request(gauge("hw.power", good(T0 + S)))
+    bound = 600 * S
+    clock = lambda: T0 + 2 * S  # noqa: E731
+    jd = OtlpJsonDecoder(Schema(), max_future_ns=bound, clock=clock)
+    frames, errors = jd.decode_line(dumps(ahead), 1)
+    assert not frames and jd.points_skipped == 1
+    one_line(errors[0].message)
+    assert "ahead of this receiver's clock" in errors[0].message and "check that node's clock" in errors[0].message
+    frames, errors = jd.decode_line(dumps(now), 2)
+    assert not errors and good_values(frames, jd.schema) == [GOOD_VALUE]
+    pd = OtlpProtoDecoder(Schema(), max_future_ns=bound, clock=clock)
+    for fast in range(3):  # the plain path, then the template's (the same bytes but for the payloads)
+        result = pd.decode(pb(request(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + YEAR + fast * S)))))
+        assert not result.frames and result.rejected == 1 and "ahead of this receiver's clock" in result.message
+    result = pd.decode(pb(now))
+    assert result.rejected == 0 and good_values(result.frames, pd.schema) == [GOOD_VALUE]
+    assert pd.sections_fast >= 1
+    # Just inside the bound is accepted: the bound is the clock plus the tolerance, not the clock.
+    inside = pd.decode(pb(request(gauge("hw.power", good(T0 + 2 * S + bound)))))
+    assert inside.rejected == 0 and good_values(inside.frames, pd.schema) == [GOOD_VALUE]
 
 
 # -- policy files ---------------------------------------------------------------------------------

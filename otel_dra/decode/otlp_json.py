@@ -27,8 +27,9 @@ import gzip
 import json
 import math
 import re
+import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -208,6 +209,15 @@ def _to_value(point: dict[str, Any]) -> float:
     return value
 
 
+def future_problem(node: str, t: int, ceiling: int, max_future_ns: int) -> str:
+    """Why a point too far ahead of the receiver's clock is rejected (both decoders word it so)."""
+    ahead_s = (t - ceiling + max_future_ns) / 1e9
+    return (
+        f"on node {_name(node)} is at {t}, {ahead_s:,.0f} s ahead of this receiver's clock (more than "
+        f"{max_future_ns / 1e9:g} s): check that node's clock"
+    )
+
+
 def _name(text: str, limit: int = 60) -> str:
     """A name from the input (node, device, key) as it goes into a one-line message."""
     return text if len(text) <= limit and text.isprintable() else _short(text, limit)
@@ -253,11 +263,17 @@ class OtlpJsonDecoder:
 
     Keeps, per instance, the newest time decoded per node (older points are rejected:
     replay input is in time order per node) and caches keyed by attribute list, so
-    one decoder should read one replay stream.
+    one decoder should read one replay stream. ``max_future_ns`` (live input only: the
+    receiver's JSON bodies) also rejects points further than that ahead of ``clock``.
     """
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(
+        self, schema: Schema, *, max_future_ns: int | None = None, clock: Callable[[], int] = time.time_ns
+    ) -> None:
         self.schema = schema
+        self.max_future_ns = max_future_ns
+        self._clock = clock
+        self._ceiling: int | None = None  # this line's latest acceptable time (None: no bound, as in replay)
         self.lines = 0
         self.lines_skipped = 0
         self.points = 0
@@ -395,6 +411,7 @@ class OtlpJsonDecoder:
     def decode_line(self, text: str | bytes, lineno: int) -> tuple[list[Frame], list[DecodeError]]:
         """One request line into its frames (one per node and time) and its problems."""
         self.lines += 1
+        self._ceiling = None if self.max_future_ns is None else self._clock() + self.max_future_ns
         if max(len(self._attrs_of_token), len(self._token_of_text)) > MAX_CACHED_ATTRIBUTE_SETS:
             self._reset_caches()
         log = _LineLog(lineno)
@@ -590,6 +607,10 @@ class OtlpJsonDecoder:
             device = _name(self._dev_names[self._entry_dev[entry]])
             return f"({device}) is {value:g} on a counter (cumulative, monotonic)"
         ts = point.get("timeUnixNano")
+        if self._ceiling is not None and t > self._ceiling:
+            if type(ts) is str:
+                times[ts] = -1
+            return future_problem(node, t, self._ceiling, self.max_future_ns or 0)
         if t < floor:
             if type(ts) is str:
                 times[ts] = -1

@@ -32,7 +32,8 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -44,7 +45,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, ResourceMetrics
 
 from otel_dra import conventions as cv
-from otel_dra.decode.otlp_json import DESCRIPTIVE, NOT_COLUMN_ATTRS, _name, _one_line, _short
+from otel_dra.decode.otlp_json import DESCRIPTIVE, NOT_COLUMN_ATTRS, _name, _one_line, _short, future_problem
 from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.vocabulary import SENSOR_TYPES
 
@@ -380,8 +381,10 @@ class OtlpProtoDecoder:
     """Decodes OTLP metrics requests (protobuf) into Frames over a shared Schema.
 
     Keeps, per instance, the newest time decoded per node (older points are rejected, as in
-    replay) and templates of the requests seen, so one decoder should read one stream of
-    requests (a receiver's). Not thread-safe: the receiver serialises calls.
+    replay; with ``max_future_ns``, so are points further than that ahead of ``clock``, which would
+    otherwise make every present point of their node "older") and templates of the requests
+    seen, so one decoder should read one stream of requests (a receiver's). Not thread-safe: the
+    receiver serialises calls.
     ``fast=False`` keeps only the plain path (the reference the tests compare with).
 
     Memory is bounded: templates by ``max_template_bytes`` (least recently used dropped first),
@@ -390,9 +393,20 @@ class OtlpProtoDecoder:
     dropped and relearned).
     """
 
-    def __init__(self, schema: Schema, *, fast: bool = True, max_template_bytes: int = MAX_TEMPLATE_BYTES) -> None:
+    def __init__(
+        self,
+        schema: Schema,
+        *,
+        fast: bool = True,
+        max_template_bytes: int = MAX_TEMPLATE_BYTES,
+        max_future_ns: int | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         self.schema = schema
         self.fast = fast
+        self.max_future_ns = max_future_ns
+        self._clock = clock
+        self._ceiling: int | None = None  # this request's latest acceptable time (None: no bound)
         self.max_template_bytes = max_template_bytes
         self.requests = 0
         self.requests_invalid = 0
@@ -479,6 +493,8 @@ class OtlpProtoDecoder:
             return f"({device}) has as_double {'Infinity' if value > 0 else '-Infinity'}"
         if counter and value < 0.0:
             return f"({device}) is {value:g} on a counter (cumulative, monotonic)"
+        if self._ceiling is not None and t > self._ceiling:
+            return future_problem(node, t, self._ceiling, self.max_future_ns or 0)
         if floor >= 0 and t < floor:
             return f"on node {_name(node)} is at {t}, older than {floor} already read for that node"
         return ""
@@ -489,6 +505,7 @@ class OtlpProtoDecoder:
 
         Raises :class:`MalformedRequest` when the bytes are not a request; nothing else escapes."""
         self.requests += 1
+        self._ceiling = None if self.max_future_ns is None else self._clock() + self.max_future_ns
         data = request.SerializeToString() if isinstance(request, ExportMetricsServiceRequest) else bytes(request)
         if max(len(self._dev_names), len(self._descrs)) > MAX_INTERNED:
             self._reset()
@@ -712,6 +729,8 @@ class OtlpProtoDecoder:
         floor = self._newest.get(node, -1)
         if floor >= 0:
             ok &= times >= np.uint64(floor)
+        if self._ceiling is not None:
+            ok &= times <= np.uint64(self._ceiling)
         if ok.all():
             layout = tmpl.layout if (times == times[0]).all() else None
             self._add_points(node, tmpl.dev, tmpl.col, tmpl.descr, times, values, req, layout)

@@ -60,6 +60,9 @@ POINT_OUTCOMES: Final = ("accepted", "rejected")
 DEFAULT_GRPC_ENDPOINT: Final = "0.0.0.0:4317"
 DEFAULT_HTTP_ENDPOINT: Final = "0.0.0.0:4318"
 DEFAULT_MAX_REQUEST_BYTES: Final = 16 << 20
+#: Points further than this ahead of the receiver's clock are rejected (a node whose clock runs a year
+#: ahead would otherwise make its later, correct points "older" than what was read and so rejected).
+DEFAULT_MAX_FUTURE_S: Final = 600.0
 HTTP_PATH: Final = "/v1/metrics"
 #: gRPC refuses, by itself and uncounted, messages over this many times ``max_request_bytes``; between
 #: the two the receiver refuses them itself, counted (gRPC gives the application no word of its own refusals).
@@ -125,6 +128,7 @@ class OtlpReceiver:
 
     ``grpc_endpoint`` / ``http_endpoint``: ``host:port`` to listen on, port 0 for any free one,
     None to leave that transport off. ``meter``: where the request and point counters go.
+    ``tls``: serve both over TLS. ``max_future_s``: reject points further ahead of this clock.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class OtlpReceiver:
         *,
         max_workers: int = 8,
         tls: TlsSettings | None = None,
+        max_future_s: float | None = DEFAULT_MAX_FUTURE_S,
     ) -> None:
         if grpc_endpoint is None and http_endpoint is None:
             raise ValueError("OtlpReceiver needs at least one of grpc_endpoint and http_endpoint")
@@ -152,8 +157,11 @@ class OtlpReceiver:
         self.max_workers = max_workers
         self.tls = tls
         self._on_frames = on_frames
-        self._decoder = OtlpProtoDecoder(schema)
-        self._json_decoder = OtlpJsonDecoder(schema)
+        if max_future_s is not None and not max_future_s > 0:
+            raise ValueError(f"max_future_s must be positive (or None: no bound), got {max_future_s}")
+        future_ns = None if max_future_s is None else int(max_future_s * 1e9)
+        self._decoder = OtlpProtoDecoder(schema, max_future_ns=future_ns)
+        self._json_decoder = OtlpJsonDecoder(schema, max_future_ns=future_ns)
         self._lock = threading.Lock()  # one request decoded and handed on at a time (see the module docstring)
         self._stats_lock = threading.Lock()
         self._requests = {(t, o): 0 for t in TRANSPORTS for o in OUTCOMES}
