@@ -7,6 +7,7 @@ stderr naming what is wrong and how to fix it, with exit code 2; never a traceba
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from otel_dra import __version__
-from otel_dra.cli_options import log_level_option, policy_option
+from otel_dra.cli_options import Seconds, log_level_option, policy_option
 from otel_dra.config import (
     DEFAULT_PROMETHEUS_PORT,
     HEALTH_ATTRIBUTE_MODES,
@@ -30,7 +31,7 @@ from otel_dra.config import (
 )
 from otel_dra.faults import Fault, FaultSpecError, parse_fault
 from otel_dra.logs import setup_logging
-from otel_dra.sources import SOURCES
+from otel_dra.sources import SOURCES, SourceUnavailable
 
 if TYPE_CHECKING:
     from otel_dra.policy import Policy
@@ -104,7 +105,7 @@ def cli() -> None:
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=5.0,
     show_default=True,
     help="Seconds between sampling passes.",
@@ -139,13 +140,13 @@ def cli() -> None:
 )
 @click.option(
     "--otlp-interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=None,
     help="Seconds between OTLP pushes. Default: OTEL_METRIC_EXPORT_INTERVAL (ms) if set, else --interval.",
 )
 @click.option(
     "--otlp-queue-max-age",
-    type=click.FloatRange(min=0),
+    type=Seconds(zero_ok=True),
     default=300.0,
     show_default=True,
     envvar="OTEL_DRA_OTLP_QUEUE_MAX_AGE",
@@ -186,7 +187,7 @@ def cli() -> None:
 )
 @click.option(
     "--kubelet-health-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=30.0,
     show_default=True,
     help="health_check_timeout_seconds sent to the kubelet; the full list is resent every third of it.",
@@ -299,7 +300,7 @@ def run(
             k8s_apply=k8s_apply,
         )
         agent = Agent(config)
-    except PolicyError as exc:
+    except (PolicyError, SourceUnavailable) as exc:
         raise click.ClickException(str(exc)) from exc
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
@@ -360,14 +361,14 @@ def main(argv: list[str] | None = None) -> None:
 @policy_option("Health policy YAML merged over the default.")
 @click.option(
     "--sample-interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=10.0,
     show_default=True,
     help="How often the agents push (their OTEL_METRIC_EXPORT_INTERVAL): sizes each device's window.",
 )
 @click.option(
     "--evaluate-every",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=5.0,
     show_default=True,
     help="Seconds between evaluations of the whole fleet.",
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
 )
 @click.option(
     "--max-future",
-    type=click.FloatRange(min=0),
+    type=Seconds(zero_ok=True),
     default=600.0,
     show_default=True,
     help="Reject data points more than this many seconds ahead of the fleet's clock (counted, reported as "
@@ -507,7 +508,10 @@ def replay(files: tuple[Path, ...], output: str, policy_file: str | None, strict
             import matplotlib  # noqa: F401
         except ImportError:
             raise click.ClickException("--plot needs matplotlib: pip install 'otel-dra[plot]'") from None
-    total = sum(p.stat().st_size for p in files if p.exists())
+        folder = plot.parent if str(plot.parent) else Path(".")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise click.ClickException(f"cannot write --plot {plot}: {folder} is not a folder this user can write to")
+    total = sum(map(_size_or_zero, files))
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -552,12 +556,23 @@ def replay(files: tuple[Path, ...], output: str, policy_file: str | None, strict
         highlight=False,
     )
     if plot is not None and result.usable:
-        plot_timeline(result, plot)
+        try:
+            plot_timeline(result, plot)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write --plot {plot}: {exc.strerror or exc}") from exc
         err.print(f"timeline: {plot}", highlight=False)
     if not result.usable:
         raise click.ClickException(f"nothing in {', '.join(map(str, files))} could be used (see the warnings above)")
     if strict and result.error_count:
         raise click.ClickException(f"--strict: {result.error_count} bad input problems (see the warnings above)")
+
+
+def _size_or_zero(path: Path) -> int:
+    """For the progress bar only: a file that can't be read is reported, with its reason, by the decoder."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 @cli.group()
@@ -578,7 +593,7 @@ def policy_check(file: str | None) -> None:
 
 @cli.command()
 @click.argument("url", default="http://localhost:9464", required=False)
-@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to wait for the agent.")
+@click.option("--timeout", type=Seconds(), default=5.0, show_default=True, help="Seconds to wait for the agent.")
 def status(url: str, timeout: float) -> None:
     """Show every device's verdict from a running agent or fleet (URL/v1/devices).
 

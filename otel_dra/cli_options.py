@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,3 +25,27 @@ def policy_option(help_text: str) -> Callable[[Any], Any]:
     return click.option(
         "--policy", "policy_file", default=None, envvar="OTEL_DRA_POLICY", help=f"{help_text} [env: OTEL_DRA_POLICY]"
     )
+
+
+class Seconds(click.ParamType):
+    """A duration in seconds: a finite number, positive (or, with ``zero_ok``, 0 meaning "off"), at
+    most a year. ``nan`` and ``inf`` pass click's FloatRange but stall or break whatever sleeps on them."""
+
+    name = "SECONDS"
+    MAX_S = 366 * 86400.0
+
+    def __init__(self, zero_ok: bool = False) -> None:
+        self.zero_ok = zero_ok
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            try:
+                seconds = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        low = "0 (off) or more" if self.zero_ok else "more than 0"
+        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not self.zero_ok) or seconds > self.MAX_S:
+            self.fail(f"{value!r} is not a number of seconds {low}, up to a year", param, ctx)
+        return seconds

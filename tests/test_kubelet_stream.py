@@ -22,6 +22,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -612,3 +614,67 @@ def test_resends_pause_while_the_verdicts_are_stale_but_changes_still_go_out(ser
     t0, _ = w.next(1.0)
     t1, _ = w.next(1.0)
     assert t1 - t0 < 0.2 + 0.15
+
+
+# -- faults and bad input (issue #7) ----------------------------------------------------------
+HEALTH_METHODS = [
+    f"/{mod.DESCRIPTOR.services_by_name['DRAResourceHealth'].full_name}/NodeWatchResources" for mod, _ in API.values()
+]
+
+
+def test_any_request_bytes_on_the_stream_are_answered_and_the_server_keeps_serving(serve, watches):
+    """Hypothesis feeds arbitrary bytes as the request of both versions' NodeWatchResources over the
+    real socket: each call either streams the device list (bytes that parse as the empty request)
+    or ends with a gRPC status; the server never dies, keeps no stream behind, and the next
+    kubelet is served."""
+    server = serve(healthy_board(2), health_check_timeout_s=30.0)
+    channel = grpc.insecure_channel(f"unix://{server.socket_path}")
+    calls = {m: channel.unary_stream(m) for m in HEALTH_METHODS}  # no serializers: raw bytes both ways
+    outcomes: set[str] = set()
+
+    @settings(max_examples=80, deadline=None)
+    @given(st.sampled_from(HEALTH_METHODS), st.binary(max_size=64))
+    def one(method: str, blob: bytes) -> None:
+        call = calls[method](blob, timeout=5)
+        try:
+            msg = pb.NodeWatchResourcesResponse.FromString(next(call))
+            assert sorted(d.device.device_name for d in msg.devices) == ["gpu-0", "gpu-1"]
+            outcomes.add("streamed")
+        except grpc.RpcError as exc:
+            assert exc.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT), exc
+            outcomes.add("refused")
+        finally:
+            call.cancel()
+
+    try:
+        one()
+    finally:
+        channel.close()
+    assert outcomes == {"streamed", "refused"}, outcomes  # both kinds of input were seen
+    wait_until(lambda: server.watchers == 0, 5.0)
+    w = Watch(server.socket_path)
+    watches.append(w)
+    assert len(w.next()[1].devices) == 2
+
+
+def test_a_kubelet_that_keeps_reconnecting_starts_from_the_current_list_and_leaves_nothing(serve, watches):
+    """The kubelet drops its stream (restart, network blip) while verdicts change, many times: every
+    new stream's first message is the list as it is now, and no stream or thread stays behind."""
+    board = healthy_board(3)
+    server = serve(board, health_check_timeout_s=30.0)
+    w = Watch(server.socket_path)
+    w.next()
+    w.close()
+    wait_until(lambda: server.watchers == 0, 3.0)
+    threads = threading.active_count()
+    for i in range(20):
+        sick = f"gpu-{i % 3}"
+        publish(board, *(verdict(f"gpu-{j}") for j in range(3) if f"gpu-{j}" != sick))
+        publish(board, verdict(sick, "Unhealthy", state="failed", reasons=("device_lost",)))
+        again = Watch(server.socket_path)  # what the kubelet sees after it reconnects
+        _, msg = again.next()
+        expected = {f"gpu-{j}": pb.HEALTHY for j in range(3)} | {sick: pb.UNHEALTHY}
+        assert health_of(msg) == expected, (i, health_of(msg))
+        again.close()
+    wait_until(lambda: server.watchers == 0, 3.0)
+    wait_until(lambda: threading.active_count() <= threads + 2, 5.0)

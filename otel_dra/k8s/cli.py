@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from otel_dra.cli_options import policy_option
+from otel_dra.cli_options import Seconds, policy_option
 
 #: Kept here (not imported from render) so ``otel-dra --help`` does not import the classifier.
 API_VERSION_CHOICES = ("v1beta2", "v1alpha3")
@@ -105,7 +105,7 @@ def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]
     "idempotently; rules for devices healthy again are deleted. Attributes are never applied: slices belong "
     "to the DRA driver.",
 )
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds per agent or API request.")
+@click.option("--timeout", type=Seconds(), default=10.0, show_default=True, help="Seconds per agent or API request.")
 def render_command(
     file: str | None,
     from_url: str | None,

@@ -8,6 +8,11 @@ from typing import Protocol
 from otel_dra.frame import Frame, Schema
 
 
+class SourceUnavailable(RuntimeError):
+    """The chosen source can't run on this machine (a library or its driver is missing); the message
+    says what is missing and what to choose instead."""
+
+
 class Source(Protocol):
     """A sampler of one node's devices."""
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.sources import SourceUnavailable
 from otel_dra.sources.simulated import driver_error_column
 
 log = logging.getLogger(__name__)
@@ -138,13 +139,25 @@ class NvmlSource:
     def __init__(self, node_name: str, schema: Schema | None = None, nvml: Any = None) -> None:
         self.node_name = node_name
         self.schema = schema if schema is not None else Schema()
-        self.nvml = nvml if nvml is not None else _import_pynvml()
-        nv = self.nvml
+        if nvml is None:
+            try:
+                nvml = _import_pynvml()
+            except ImportError:
+                raise SourceUnavailable(
+                    "--source nvml needs pynvml: pip install 'otel-dra[nvidia]' (or use --source auto)"
+                ) from None
+        self.nvml = nv = nvml
         self._field_errors = {getattr(nv, n) for n in _FIELD_ERROR_NAMES if hasattr(nv, n)}
         self._permanent_errors = {getattr(nv, n) for n in _PERMANENT_ERROR_NAMES if hasattr(nv, n)}
         self._other_policies = [getattr(nv, n) for n in _OTHER_POLICY_NAMES if hasattr(nv, n)]
         self._cols = {key: self.schema.index(col) for key, col in _gpu_columns().items()}
-        nv.nvmlInit()
+        try:
+            nv.nvmlInit()
+        except Exception as err:  # NVMLError (library or driver missing), OSError from the loader
+            raise SourceUnavailable(
+                f"--source nvml: NVML did not load ({err}); is the NVIDIA driver installed? "
+                "--source auto falls back to sysfs or the simulator"
+            ) from None
         self._closed = False
         try:
             self._driver_version = _text(nv.nvmlSystemGetDriverVersion())
