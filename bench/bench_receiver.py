@@ -67,13 +67,17 @@ ROUNDS = 4  # round 0 warms up; 1..3 are timed
 
 # -- the agents' requests ---------------------------------------------------------------------
 def node_requests(args: tuple[int, int, int]) -> list[bytes]:
+    """Node ``index``'s requests (``agent_requests`` for a process pool)."""
+    index, devices, rounds = args
+    return agent_requests(f"node-{index:04d}", devices, rounds, seed=index)
+
+
+def agent_requests(node: str, devices: int, rounds: int, seed: int = 0) -> list[bytes]:
     """One node's agent pipeline, sampled ``rounds`` times: each collection serialized as the OTLP
     exporter sends it. Wired as ``otel-dra run`` wires it: the data sink, and the verdicts (``hw.status``,
     ``dra.device.health``) of the node's own classifier."""
-    index, devices, rounds = args
-    node = f"node-{index:04d}"
     schema = Schema()
-    src = SimulatedSource(SimulatorConfig(node, devices=devices, seed=index, start_unix_nano=T0), schema)
+    src = SimulatedSource(SimulatorConfig(node, devices=devices, seed=seed, start_unix_nano=T0), schema)
     store = FrameStore()
     reader = InMemoryMetricReader()
     mp = provider.build_meter_provider(node, [reader], 5000)

@@ -5,12 +5,15 @@ collector sees the outage's samples too (issue #7's collector fault)."""
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port, http_get, parse_rotel_debug, spawn_rotel, stop_rotel, wait_for
+from tests.test_kubelet_stream import Watch, health_of, pb
 
 pytestmark = pytest.mark.e2e
 
@@ -26,6 +29,8 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
     grpc_port = free_port()
     collector = spawn_rotel(tmp_path, "before", grpc_port=grpc_port)
     out = collector.out
+    sock_dir = Path(tempfile.mkdtemp(prefix="oto-"))  # unix socket paths are limited to 107 bytes
+    socket_path = sock_dir / "dra.sock"
     agent = start_agent(
         "--interval",
         "1",
@@ -35,6 +40,12 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
         "1",
         "--node-name",
         "node-o",
+        "--kubelet-socket",
+        str(socket_path),
+        "--fault",
+        "gpu-2:memory_ecc@8",
+        "--kubelet-health-timeout",
+        "3",
     )
     wait_for(lambda: any(p.metric == "hw.power" for p in parse_rotel_debug(out.read_text())), 20, "the first push")
     stop_rotel(collector)
@@ -47,6 +58,15 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
         assert status == 200 and b"hw_power_watts{" in body
         assert http_get(agent.url + "/healthz")[0] == 200
         time.sleep(1)
+    # ...and the kubelet's stream: a kubelet connecting now gets the list, and gpu-2's ECC fault reaches it...
+    watch = Watch(str(socket_path))
+    try:
+        _, first = watch.next(5.0)
+        assert len(first.devices) == 8
+        watch.until(lambda m: health_of(m).get("gpu-2") == pb.UNHEALTHY, 30.0)
+    finally:
+        watch.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
     # ...queues the pushes it could not make, within the bound (8 GPUs: ~300 points a push, ~210 bytes each)...
     queued = re.search(rb"^otel_dra_push_queue_size(?:\{[^}]*\})? (\S+)$", http_get(agent.url + "/metrics")[1], re.M)
     assert queued and float(queued.group(1)) > 0

@@ -550,6 +550,44 @@ def test_backwards_time_is_rejected_per_node_and_int_values_read():
     assert "older than" in r2.message and r3.frames[0].values[0, 0] == 9.0
 
 
+def test_what_a_gone_node_leaves_in_the_decoders_is_forgotten_after_it_is_idle():
+    """Node names churn (autoscaled node pools): a node's template goes after 15 idle minutes and its
+    time floor after an idle hour, by the decoder's clock, so the decoder does not grow with every
+    name it ever saw; a node that keeps pushing keeps both."""
+    clock = [T0]
+    decoder = OtlpProtoDecoder(Schema(), clock=lambda: clock[0])
+
+    def send(node: str, t: int) -> ProtoDecodeResult:
+        return decoder.decode(req(resource(node, gauge("hw.power", pt(gpu(), 1.0, t), pt(gpu("gpu-1"), 2.0, t)))))
+
+    send("node-a", T0)
+    send("node-b", T0)
+    both = decoder.template_bytes
+    assert both > 0
+    for k in range(1, 121):  # 20 minutes: node-b pushes every 10 s, node-a is gone
+        clock[0] = T0 + k * 10 * S
+        assert send("node-b", clock[0]).rejected == 0
+    assert decoder.sections_fast >= 119
+    assert 0 < decoder.template_bytes < both, "node-a's template outlived its node"
+    # Within the hour node-a's floor still holds (a point older than its newest is refused)...
+    assert send("node-a", T0 - S).rejected == 2
+    # ...after an idle hour it is forgotten: the node's next points are taken, whatever their time.
+    clock[0] += 2 * 3600 * S
+    send("node-b", clock[0])
+    assert send("node-a", T0 - S).rejected == 0
+    assert send("node-b", clock[0] - 20 * S).rejected == 2, "node-b kept pushing: its floor stays"
+    # The receiver's JSON decoder forgets idle nodes too; replay's (no clock bound) never does.
+    for live, expected in ((True, 0), (False, 1)):
+        clock[0] = T0
+        json_decoder = OtlpJsonDecoder(Schema(), max_future_ns=600 * S if live else None, clock=lambda: clock[0])
+        line = lambda t: MessageToJson(req(resource("node-a", gauge("hw.power", pt(gpu(), 1.0, t)))))  # noqa: E731
+        json_decoder.decode_line(line(T0), 1)
+        clock[0] += 2 * 3600 * S
+        json_decoder.decode_line(line(T0 + 10 * S).replace("node-a", "node-z"), 2)  # another node: the sweep
+        json_decoder.decode_line(line(T0 - S), 3)
+        assert json_decoder.points_skipped == expected, live
+
+
 def test_one_frame_per_node_and_time_sensors_fold_into_their_device():
     request = req(
         resource(

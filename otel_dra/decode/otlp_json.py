@@ -46,6 +46,10 @@ MAX_POINT_ERRORS_PER_LINE: Final = 5
 MAX_METRIC_ERRORS_PER_LINE: Final = 10
 #: Distinct attribute lists cached before the caches are dropped (bounds memory on garbage).
 MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
+#: A node not decoded for this long (by the decoder's clock) loses its time floor: with node names that churn,
+#: the per-node floors would otherwise grow without end on a long-running receiver.
+NODE_IDLE_NS: Final = 60 * 60 * 10**9
+SWEEP_EVERY_NS: Final = 60 * 10**9
 
 #: Descriptive attributes of a device, taken from its own points into ``DeviceTable.attrs``.
 DESCRIPTIVE: Final[tuple[str, ...]] = (
@@ -264,7 +268,8 @@ class OtlpJsonDecoder:
     Keeps, per instance, the newest time decoded per node (older points are rejected:
     replay input is in time order per node) and caches keyed by attribute list, so
     one decoder should read one replay stream. ``max_future_ns`` (live input only: the
-    receiver's JSON bodies) also rejects points further than that ahead of ``clock``.
+    receiver's JSON bodies) also rejects points further than that ahead of ``clock``, and
+    forgets the time floor of nodes not seen for NODE_IDLE_NS.
     """
 
     def __init__(
@@ -274,6 +279,8 @@ class OtlpJsonDecoder:
         self.max_future_ns = max_future_ns
         self._clock = clock
         self._ceiling: int | None = None  # this line's latest acceptable time (None: no bound, as in replay)
+        self._now = self._swept = clock()
+        self._seen: dict[str, int] = {}  # node -> when (clock) it was last decoded
         self.lines = 0
         self.lines_skipped = 0
         self.points = 0
@@ -411,7 +418,14 @@ class OtlpJsonDecoder:
     def decode_line(self, text: str | bytes, lineno: int) -> tuple[list[Frame], list[DecodeError]]:
         """One request line into its frames (one per node and time) and its problems."""
         self.lines += 1
-        self._ceiling = None if self.max_future_ns is None else self._clock() + self.max_future_ns
+        self._now = now = self._clock()
+        live = self.max_future_ns is not None  # replay stays deterministic: it forgets nothing by the clock
+        if live and (now - self._swept > SWEEP_EVERY_NS or now < self._swept):
+            self._swept = now
+            for node in [n for n, seen in self._seen.items() if now - seen > NODE_IDLE_NS]:
+                del self._seen[node]
+                self._newest.pop(node, None)
+        self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
         if max(len(self._attrs_of_token), len(self._token_of_text)) > MAX_CACHED_ATTRIBUTE_SETS:
             self._reset_caches()
         log = _LineLog(lineno)
@@ -661,6 +675,7 @@ class OtlpJsonDecoder:
             matrix = np.full(len(devs) * ncols, np.nan)
             matrix[flat] = v
             frames.append(Frame(t, table, matrix.reshape(len(devs), ncols)))
+            self._seen[node] = self._now
             if t > self._newest.get(node, -1):
                 self._newest[node] = t
         return frames

@@ -45,7 +45,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, ResourceMetrics
 
 from otel_dra import conventions as cv
-from otel_dra.decode.otlp_json import DESCRIPTIVE, NOT_COLUMN_ATTRS, _name, _one_line, _short, future_problem
+from otel_dra.decode.otlp_json import (
+    DESCRIPTIVE,
+    NODE_IDLE_NS,
+    NOT_COLUMN_ATTRS,
+    SWEEP_EVERY_NS,
+    _name,
+    _one_line,
+    _short,
+    future_problem,
+)
 from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.vocabulary import SENSOR_TYPES
 
@@ -64,6 +73,11 @@ MAX_TABLES: Final = 50_000
 MAX_TEMPLATE_BYTES: Final = 512 << 20
 #: Templates kept per (resource, section length): a node alternating between a few shapes.
 MAX_TEMPLATES_PER_KEY: Final = 2
+#: A template unused this long (by the decoder's clock) is dropped: its node is gone, or renamed (node names
+#: churn in autoscaled clusters, and each would otherwise hold its ~20 kB until ``max_template_bytes``).
+TEMPLATE_IDLE_NS: Final = 15 * 60 * 10**9
+#: A node not decoded for NODE_IDLE_NS loses its time floor (the newest time read for it), as in the replay
+#: decoder, which also says how often idle state is looked for (SWEEP_EVERY_NS).
 #: After this many misses in a row for one key, stop building templates for it (a section whose bytes change
 #: in more than values, e.g. a histogram) and only retry every ``_RETRY_EVERY`` requests.
 _MISS_STREAK: Final = 3
@@ -387,7 +401,8 @@ class OtlpProtoDecoder:
     receiver serialises calls.
     ``fast=False`` keeps only the plain path (the reference the tests compare with).
 
-    Memory is bounded: templates by ``max_template_bytes`` (least recently used dropped first),
+    Memory is bounded: templates by ``max_template_bytes`` (least recently used dropped first) and
+    by idleness (TEMPLATE_IDLE_NS; a node's time floor by NODE_IDLE_NS, both by ``clock``),
     the per-series lookup cache by :data:`MAX_CACHED_SERIES`, device tables by :data:`MAX_TABLES`,
     device names and descriptive attribute sets by :data:`MAX_INTERNED` (past it everything is
     dropped and relearned).
@@ -415,6 +430,9 @@ class OtlpProtoDecoder:
         self.sections_fast = 0  # ResourceMetrics read from a template
         self.sections_plain = 0  # ... read the plain way
         self._newest: dict[str, int] = {}
+        self._seen: dict[str, int] = {}  # node -> when (clock) it was last decoded
+        self._now = clock()
+        self._swept = self._now
         self._reset()
 
     @property
@@ -430,9 +448,26 @@ class OtlpProtoDecoder:
         self._descr_index: dict[tuple[tuple[str, str], ...], int] = {}
         self._descrs: list[tuple[tuple[str, str], ...]] = []
         self._tables: dict[tuple[str, tuple[str, ...], tuple[Attrs, ...]], DeviceTable] = {}
-        self._templates: dict[tuple[bytes, int], list[_Template]] = {}
+        self._templates: dict[tuple[bytes, int], list[_Template]] = {}  # least recently used first
+        self._used: dict[tuple[bytes, int], int] = {}  # key -> when (clock) a template of it was last used
         self._template_bytes = 0
         self._streak: dict[tuple[bytes, int], int] = {}
+
+    def _sweep(self) -> None:
+        """Drop templates unused for TEMPLATE_IDLE_NS and the time floors of nodes unseen for NODE_IDLE_NS:
+        what a node leaves behind must not outlive it by more than that, however many nodes come and go."""
+        self._swept = now = self._now
+        while self._templates:
+            oldest = next(iter(self._templates))
+            if now - self._used.get(oldest, now) <= TEMPLATE_IDLE_NS:
+                break
+            self._template_bytes -= sum(t.nbytes for t in self._templates.pop(oldest))
+            self._used.pop(oldest, None)
+        self._streak = {k: n for k, n in self._streak.items() if k in self._templates}
+        gone = [node for node, seen in self._seen.items() if now - seen > NODE_IDLE_NS]
+        for node in gone:
+            del self._seen[node]
+            self._newest.pop(node, None)
 
     # -- series: (metric, attribute set) -> device, column, descriptive attributes ------------------
     def _target(self, metric: str, attrs: dict[str, str]) -> tuple[int, int, int] | str:
@@ -505,7 +540,10 @@ class OtlpProtoDecoder:
 
         Raises :class:`MalformedRequest` when the bytes are not a request; nothing else escapes."""
         self.requests += 1
-        self._ceiling = None if self.max_future_ns is None else self._clock() + self.max_future_ns
+        self._now = now = self._clock()
+        if now - self._swept > SWEEP_EVERY_NS or now < self._swept:
+            self._sweep()
+        self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
         data = request.SerializeToString() if isinstance(request, ExportMetricsServiceRequest) else bytes(request)
         if max(len(self._dev_names), len(self._descrs)) > MAX_INTERNED:
             self._reset()
@@ -698,6 +736,7 @@ class OtlpProtoDecoder:
             buf[index] = 0
             if hashlib.sha256(copy).digest() == tmpl.digest:
                 self._templates[key] = self._templates.pop(key)  # most recently used last
+                self._used[key] = self._now
                 self._streak.pop(key, None)
                 self._apply(tmpl, raw.view("<u8"), req)
                 return True
@@ -764,10 +803,12 @@ class OtlpProtoDecoder:
         for old in kept[MAX_TEMPLATES_PER_KEY:]:
             self._template_bytes -= old.nbytes
         self._templates[key] = kept[:MAX_TEMPLATES_PER_KEY]
+        self._used[key] = self._now
         while self._template_bytes > self.max_template_bytes and self._templates:
             oldest = next(iter(self._templates))
             self._template_bytes -= sum(t.nbytes for t in self._templates.pop(oldest))
             self._streak.pop(oldest, None)
+            self._used.pop(oldest, None)
 
     def _build(self, data: bytes, start: int, end: int, scan: _Scan) -> _Template:
         """The template of a section: the walker's offsets matched with upb's reading of the same bytes."""
@@ -858,6 +899,7 @@ class OtlpProtoDecoder:
                 values = np.concatenate([p.values for p in parts])
                 layout = self._layout(node, dev, col, descr)
             frames.append(Frame(t, layout.table, layout.fill(values, ncols)))
+            self._seen[node] = self._now
             if t > self._newest.get(node, -1):
                 self._newest[node] = t
         return frames
