@@ -20,9 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def fleet_process(tmp_path):
-    """`otel-dra fleet` on free loopback ports."""
+def fleet_process(tmp_path, request):
+    """`otel-dra fleet` on free loopback ports (with the policy text a test passes as the fixture's param)."""
     ports = {"grpc": free_port(), "http": free_port(), "prom": free_port()}
+    policy: list[str] = []
+    if getattr(request, "param", None):
+        (tmp_path / "policy.yaml").write_text(request.param)
+        policy = ["--policy", str(tmp_path / "policy.yaml")]
     log = (tmp_path / "fleet.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -42,6 +46,7 @@ def fleet_process(tmp_path):
             "1",
             "--evaluate-every",
             "1",
+            *policy,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -109,6 +114,7 @@ def test_agents_through_a_collector_to_the_fleet_and_prometheus(
     assert first["reasons"] == ["memory_ecc"]
 
 
+@pytest.mark.parametrize("fleet_process", ["stale_timeout: 10s\n"], indirect=True)  # silence is judged sooner
 def test_alerts_stay_quiet_when_only_the_collector_fails(tmp_path, start_agent, forwarding_collector, fleet_process):
     """The collector between the agents and the fleet dies: telemetry stops arriving from the agents'
     side, and every device must read Unknown (stale), none Unhealthy (issue #7's collector check)."""
@@ -122,8 +128,8 @@ def test_alerts_stay_quiet_when_only_the_collector_fails(tmp_path, start_agent, 
 
     wait_for(lambda: len(devices()) == 16 and all(d["health"] == "Healthy" for d in devices()), 40, "a healthy fleet")
     subprocess.run(["pkill", "-f", f"otlp-grpc-endpoint {forwarding_collector}"], check=False)  # the collector dies
-    # The fleet's stale timeout is the policy's 60 s, or twice the sampling interval, whichever is longer.
-    unknown = wait_for(lambda: [d for d in devices() if d["health"] == "Unknown"], 90, "the fleet to see silence")
+    # The fleet's stale timeout is the policy's (10 s here), or twice the sampling interval, whichever is longer.
+    unknown = wait_for(lambda: [d for d in devices() if d["health"] == "Unknown"], 60, "the fleet to see silence")
     final = wait_for(
         lambda: (lambda ds: ds if all(d["health"] == "Unknown" for d in ds) else None)(devices()),
         30,

@@ -33,12 +33,12 @@ def test_otlp_push_arrives_with_names_units_and_attributes(start_agent, start_co
 
     def all_metrics_arrived() -> bool:
         names = {p.metric for p in collector.points()}
-        return names >= cv.PER_DEVICE_METRICS
+        return names >= cv.PER_DEVICE_METRICS | set(cv.PUSH_METRICS)
 
-    wait_for(all_metrics_arrived, 30, "every metric at the collector")
+    wait_for(all_metrics_arrived, 30, "every metric at the collector (the push's own too)")
     points = collector.points()
     for p in points:
-        spec = cv.METRICS[p.metric]
+        spec = {**cv.METRICS, **cv.PUSH_METRICS}[p.metric]
         assert p.unit == spec.unit, p.metric
         assert p.data_type == DATA_TYPES[spec.instrument], p.metric
         if p.data_type == "Sum":

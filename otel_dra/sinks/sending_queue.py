@@ -7,7 +7,8 @@ the collection is gone, and while it retries the reader's thread, and so the nex
 waits. Behind this queue the reader's ``export`` only enqueues: a sender thread pushes the queue
 oldest first through the real exporter (whose own retries and backoff still apply), backs off
 between failed attempts, and drops what is older than ``max_age_s`` or past ``max_points``
-(oldest first, counted). So a dead or slow collector never delays a collection, memory stays
+(oldest first, counted; the collection in an attempt is judged when the attempt ends, so the age
+bound can be passed by one attempt, at most the exporter's timeout). So a dead or slow collector never delays a collection, memory stays
 bounded (about 210 bytes per queued point), and after an outage shorter than ``max_age_s`` the
 collector receives every collection in time order: the fleet's windows have no gap.
 
