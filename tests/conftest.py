@@ -1,6 +1,7 @@
-"""Real components for end-to-end tests: the agent as a process, a Prometheus server
-(Debian's package, installed when missing) and an OpenTelemetry collector (rotel,
-from PyPI), all on loopback ports picked at run time and stopped afterwards."""
+"""Real components for end-to-end tests: the agent and the fleet as processes, the fleet's OTLP
+receiver in process, a Prometheus server (Debian's package, installed when missing) and an
+OpenTelemetry collector (rotel, from PyPI), all on loopback ports picked at run time and stopped
+afterwards."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from otel_dra.frame import Frame, Schema
+from otel_dra.receivers import OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,6 +127,80 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     yield start
     for agent in started:
         agent.stop(signal.SIGKILL)
+
+
+# -- the fleet ---------------------------------------------------------------------------
+@dataclass
+class FleetProcess:
+    ports: dict[str, int]  # grpc, http, prom
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['prom']}"
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def spawn_fleet(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> FleetProcess:
+    """``otel-dra fleet`` as a user runs it, on free loopback ports, 1 s sampling and evaluation; healthy."""
+    ports = {"grpc": free_port(), "http": free_port(), "prom": free_port()}
+    log = tmp_path / "fleet.log"
+    argv = [sys.executable, "-m", "otel_dra", "fleet", "--host", "127.0.0.1", "--otlp-grpc-port", str(ports["grpc"])]
+    argv += ["--otlp-http-port", str(ports["http"]), "--prometheus-port", str(ports["prom"])]
+    argv += ["--sample-interval", "1", "--evaluate-every", "1", *args]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**clean, **(env or {})})
+    fleet = FleetProcess(ports, proc, log)
+    wait_for(lambda: http_get(fleet.url + "/healthz", 1)[0] == 200 or proc.poll() is not None, 30, "the fleet")
+    assert proc.poll() is None, log.read_text()
+    return fleet
+
+
+# -- the fleet's OTLP receiver, in process ------------------------------------------------
+class Inbox:
+    """``on_frames``: what the receiver handed on, per call."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Frame]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, frames: list[Frame]) -> None:
+        with self.lock:
+            self.calls.append(frames)
+
+    def frames(self, node: str | None = None) -> list[Frame]:
+        with self.lock:
+            return [f for call in self.calls for f in call if node is None or f.devices.node == node]
+
+
+@pytest.fixture
+def start_receiver() -> Iterator:
+    running: list[OtlpReceiver] = []
+
+    def start(**kwargs) -> tuple[OtlpReceiver, Inbox]:
+        inbox = Inbox()
+        receiver = OtlpReceiver(
+            kwargs.pop("schema", Schema()),
+            kwargs.pop("on_frames", inbox),
+            grpc_endpoint=kwargs.pop("grpc_endpoint", "127.0.0.1:0"),
+            http_endpoint=kwargs.pop("http_endpoint", "127.0.0.1:0"),
+            **kwargs,
+        )
+        receiver.start()
+        running.append(receiver)
+        return receiver, inbox
+
+    yield start
+    for receiver in running:
+        receiver.stop(0.5)
 
 
 # -- Prometheus --------------------------------------------------------------------------

@@ -127,21 +127,13 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "verdicts.jsonl").write_text(json.dumps(verdict) + "\n")
     (tmp_path / "out").mkdir()
     (tmp_path / "sysfs").mkdir()
-    return {
-        "ca": str(tmp_path / "ca.pem"),
-        "cert": str(tmp_path / "cert.pem"),
-        "key": str(tmp_path / "key.pem"),
-        "recording": str(tmp_path / "recording.jsonl"),
-        "garbage": str(tmp_path / "garbage.bin"),
-        "empty": str(tmp_path / "empty.jsonl"),
-        "policy": str(tmp_path / "good.yaml"),
-        "bad_policy": str(tmp_path / "bad.yaml"),
-        "verdicts": str(tmp_path / "verdicts.jsonl"),
-        "dir": str(tmp_path / "out"),
-        "out": str(tmp_path / "verdicts-out.jsonl"),
-        "png": str(tmp_path / "timeline.png"),
-        "sysfs": str(tmp_path / "sysfs"),
+    names = {
+        **{"ca": "ca.pem", "cert": "cert.pem", "key": "key.pem", "recording": "recording.jsonl"},
+        **{"garbage": "garbage.bin", "empty": "empty.jsonl", "policy": "good.yaml", "bad_policy": "bad.yaml"},
+        **{"verdicts": "verdicts.jsonl", "dir": "out", "out": "verdicts-out.jsonl", "png": "timeline.png"},
+        "sysfs": "sysfs",
     }
+    return {key: str(tmp_path / name) for key, name in names.items()}
 
 
 @st.composite

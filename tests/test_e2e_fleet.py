@@ -4,64 +4,27 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, http_get, spawn_rotel, stop_rotel, wait_for
+from tests.conftest import http_get, spawn_fleet, spawn_rotel, stop_rotel, wait_for
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def fleet_process(tmp_path, request):
     """`otel-dra fleet` on free loopback ports (with the policy text a test passes as the fixture's param)."""
-    ports = {"grpc": free_port(), "http": free_port(), "prom": free_port()}
     policy: list[str] = []
     if getattr(request, "param", None):
         (tmp_path / "policy.yaml").write_text(request.param)
         policy = ["--policy", str(tmp_path / "policy.yaml")]
-    log = (tmp_path / "fleet.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "otel_dra",
-            "fleet",
-            "--host",
-            "127.0.0.1",
-            "--otlp-grpc-port",
-            str(ports["grpc"]),
-            "--otlp-http-port",
-            str(ports["http"]),
-            "--prometheus-port",
-            str(ports["prom"]),
-            "--sample-interval",
-            "1",
-            "--evaluate-every",
-            "1",
-            *policy,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-    )
-    url = f"http://127.0.0.1:{ports['prom']}"
-    wait_for(lambda: http_get(url + "/healthz", 1)[0] == 200 or proc.poll() is not None, 30, "the fleet")
-    assert proc.poll() is None, (tmp_path / "fleet.log").read_text()
-    yield ports, url, proc
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    fleet = spawn_fleet(tmp_path, *policy)
+    yield fleet.ports, fleet.url, fleet.proc
+    fleet.stop()
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ import json
 import math
 import os
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -115,44 +113,6 @@ def assert_same_frame(got: Frame, got_schema: Schema, sent: Frame, sent_schema: 
     assert cells(got, got_schema) == exported(sent, sent_schema)
     for i, device in enumerate(sent.devices.ids):
         assert got.devices.attrs[got.devices.ids.index(device)] == sent.devices.attrs[i]
-
-
-class Inbox:
-    """``on_frames``: what the receiver handed on, per call."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[Frame]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, frames: list[Frame]) -> None:
-        with self.lock:
-            self.calls.append(frames)
-
-    def frames(self, node: str | None = None) -> list[Frame]:
-        with self.lock:
-            return [f for call in self.calls for f in call if node is None or f.devices.node == node]
-
-
-@pytest.fixture
-def start_receiver() -> Iterator:
-    running: list[OtlpReceiver] = []
-
-    def start(**kwargs) -> tuple[OtlpReceiver, Inbox]:
-        inbox = Inbox()
-        receiver = OtlpReceiver(
-            kwargs.pop("schema", Schema()),
-            kwargs.pop("on_frames", inbox),
-            grpc_endpoint=kwargs.pop("grpc_endpoint", "127.0.0.1:0"),
-            http_endpoint=kwargs.pop("http_endpoint", "127.0.0.1:0"),
-            **kwargs,
-        )
-        receiver.start()
-        running.append(receiver)
-        return receiver, inbox
-
-    yield start
-    for receiver in running:
-        receiver.stop(0.5)
 
 
 # -- requests by hand ----------------------------------------------------------------------------

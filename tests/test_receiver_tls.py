@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,11 +21,10 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
 from opentelemetry.sdk.metrics.export import MetricExportResult
 
-from otel_dra.frame import Frame, Schema
 from otel_dra.receivers import OtlpReceiver
 from otel_dra.receivers.tls import TlsConfigError, TlsSettings
 from otel_dra.sinks import provider
-from tests.conftest import REPO, free_port, http_get, wait_for
+from tests.conftest import REPO, Inbox, http_get, spawn_fleet, wait_for
 from tests.test_receiver_otlp import T0, Agent
 
 S = 10**9
@@ -69,30 +66,16 @@ def pki(tmp_path_factory) -> Pki:
     return Pki(tmp_path_factory.mktemp("pki"))
 
 
-class Inbox(list):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lock = threading.Lock()
-
-    def __call__(self, frames: list[Frame]) -> None:
-        with self.lock:
-            self.extend(frames)
-
-
 @pytest.fixture
-def tls_receiver(pki):
-    running: list[OtlpReceiver] = []
-
+def tls_receiver(pki, start_receiver):
     def start(mutual: bool = False) -> tuple[OtlpReceiver, Inbox]:
-        inbox = Inbox()
-        receiver = OtlpReceiver(Schema(), inbox, "127.0.0.1:0", "127.0.0.1:0", tls=pki.settings(mutual))
-        receiver.start()
-        running.append(receiver)
-        return receiver, inbox
+        return start_receiver(tls=pki.settings(mutual))
 
-    yield start
-    for r in running:
-        r.stop(0.2)
+    return start
+
+
+def nodes_in(inbox: Inbox) -> set[str]:
+    return {f.devices.node for f in inbox.frames()}
 
 
 def push(monkeypatch, pki: Pki, env: dict[str, str], endpoint: str, protocol: str) -> MetricExportResult:
@@ -124,7 +107,7 @@ def test_the_sdk_exporter_pushes_over_tls_with_the_standard_variables(monkeypatc
     port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
     ok = MetricExportResult.SUCCESS
     assert push(monkeypatch, pki, pki.exporter_env(), f"https://127.0.0.1:{port}", protocol) is ok
-    assert {f.devices.node for f in inbox} == {"node-tls"}
+    assert nodes_in(inbox) == {"node-tls"}
     # Plaintext to the TLS port is refused; so is a client that does not trust the server's CA.
     assert push(monkeypatch, pki, {}, f"http://127.0.0.1:{port}", protocol) is MetricExportResult.FAILURE
     other_ca = pki.ca_file.parent / "other-ca.pem"
@@ -132,9 +115,9 @@ def test_the_sdk_exporter_pushes_over_tls_with_the_standard_variables(monkeypatc
     env = {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(other_ca)}
     assert push(monkeypatch, pki, env, f"https://127.0.0.1:{port}", protocol) is MetricExportResult.FAILURE
     # The receiver kept serving through all of it.
-    before = len(inbox)
+    before = len(inbox.frames())
     assert push(monkeypatch, pki, pki.exporter_env(), f"https://127.0.0.1:{port}", protocol) is ok
-    assert len(inbox) > before
+    assert len(inbox.frames()) > before
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -143,9 +126,9 @@ def test_mutual_tls_refuses_clients_without_a_certificate(monkeypatch, pki, tls_
     port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
     url = f"https://127.0.0.1:{port}"
     assert push(monkeypatch, pki, pki.exporter_env(client=False), url, protocol) is MetricExportResult.FAILURE
-    assert not inbox
+    assert not inbox.frames()
     assert push(monkeypatch, pki, pki.exporter_env(client=True), url, protocol) is MetricExportResult.SUCCESS
-    assert {f.devices.node for f in inbox} == {"node-tls"}
+    assert nodes_in(inbox) == {"node-tls"}
 
 
 def test_a_raw_grpc_client_and_a_stalled_https_client(pki, tls_receiver):
@@ -168,7 +151,7 @@ def test_a_raw_grpc_client_and_a_stalled_https_client(pki, tls_receiver):
         )
         with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
             assert resp.status == 200
-        assert {f.devices.node for f in inbox} == {"node-raw"} and len(inbox) == 2
+        assert nodes_in(inbox) == {"node-raw"} and len(inbox.frames()) == 2
     finally:
         stalled.close()
 
@@ -214,38 +197,16 @@ def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_pa
     """`otel-dra fleet --tls-*` and two `otel-dra run` agents pushing to it over https (one per transport)
     with the standard OTEL_EXPORTER_OTLP_* certificate variables: every device arrives; an agent
     without a client certificate gets nothing in, and the fleet keeps serving."""
-    grpc_port, http_port, prom_port = free_port(), free_port(), free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    fleet_log = (tmp_path / "fleet.log").open("wb")
-    fleet = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "otel_dra",
-            "fleet",
-            "--host",
-            "127.0.0.1",
-            "--otlp-grpc-port",
-            str(grpc_port),
-            "--otlp-http-port",
-            str(http_port),
-            "--prometheus-port",
-            str(prom_port),
-            "--sample-interval",
-            "1",
-            "--evaluate-every",
-            "1",
-        ],
-        stdout=fleet_log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
+    fleet = spawn_fleet(
+        tmp_path,
         env={
-            **clean,
             "OTEL_DRA_TLS_CERT_FILE": str(pki.cert_file),
             "OTEL_DRA_TLS_KEY_FILE": str(pki.key_file),
             "OTEL_DRA_TLS_CLIENT_CA_FILE": str(pki.ca_file),
         },
     )
+    grpc_port, http_port = fleet.ports["grpc"], fleet.ports["http"]
     agents: list[subprocess.Popen] = []
 
     def agent(node: str, protocol: str, port: int, client: bool) -> None:
@@ -256,10 +217,8 @@ def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_pa
         with (tmp_path / f"{node}.log").open("wb") as log:
             agents.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env))
 
-    url = f"http://127.0.0.1:{prom_port}"
+    url = fleet.url
     try:
-        wait_for(lambda: http_get(url + "/healthz", 1)[0] == 200 or fleet.poll() is not None, 30, "the fleet")
-        assert fleet.poll() is None, (tmp_path / "fleet.log").read_text()
         agent("node-g", "grpc", grpc_port, client=True)
         agent("node-h", "http/protobuf", http_port, client=True)
         agent("node-x", "grpc", grpc_port, client=False)
@@ -273,17 +232,13 @@ def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_pa
         wait_for(lambda: nodes() == {"node-g": 8, "node-h": 8}, 60, "both TLS agents' devices at the fleet")
         time.sleep(3)
         assert nodes() == {"node-g": 8, "node-h": 8}, "the agent without a client certificate got in"
-        assert "TLS with client certificates" in (tmp_path / "fleet.log").read_text()
-        assert all(a.poll() is None for a in agents) and fleet.poll() is None
+        assert "TLS with client certificates" in fleet.log.read_text()
+        assert all(a.poll() is None for a in agents) and fleet.proc.poll() is None
     finally:
-        for p in (*agents, fleet):
-            p.send_signal(signal.SIGTERM)
-        for p in (*agents, fleet):
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    assert "Traceback" not in (tmp_path / "fleet.log").read_text()
+        for a in agents:
+            a.kill()
+        fleet.stop()
+    assert "Traceback" not in fleet.log.read_text()
 
 
 def test_http_error_pages_of_the_tls_endpoint_say_where_to_go(pki, tls_receiver):
