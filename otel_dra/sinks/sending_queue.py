@@ -8,9 +8,10 @@ waits. Behind this queue the reader's ``export`` only enqueues: a sender thread 
 oldest first through the real exporter (whose own retries and backoff still apply), backs off
 between failed attempts, and drops what is older than ``max_age_s`` or past ``max_points``
 (oldest first, counted; the collection in an attempt is judged when the attempt ends, so the age
-bound can be passed by one attempt, at most the exporter's timeout). So a dead or slow collector never delays a collection, memory stays
-bounded (about 210 bytes per queued point), and after an outage shorter than ``max_age_s`` the
-collector receives every collection in time order: the fleet's windows have no gap.
+bound can be passed by one attempt, at most the exporter's timeout). So a dead or slow collector
+never delays a collection, memory stays bounded (about 210 bytes per queued point), and after an
+outage shorter than ``max_age_s`` the collector receives every collection in time order: the
+fleet's windows have no gap.
 
 With cumulative temporality (the agent's) a dropped collection loses no counter increments
 either: the next one carries the totals.
