@@ -7,7 +7,8 @@ For each case: nothing but the documented exceptions escapes (none from the JSON
 the case says (accepted, a point skipped and counted, or the whole request refused) with every
 message on one line; a valid point beside the bad one in the same request arrives in a frame; and
 for the big cases ``tracemalloc``'s peak around the decode stays under a stated multiple of the
-request's size.
+request's size. A hypothesis property generalises the point cases: any point, any of its fields
+replaced by anything or removed, beside a valid one, costs the valid one nothing.
 
 Timestamps follow the decoders' documented rule (module docstrings of ``otlp_json`` and
 ``otlp_proto``): per node, a point older than the newest time already decoded is rejected. In
@@ -30,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import ParseDict, ParseError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -372,6 +375,80 @@ def test_proto_decoder(case: Case) -> None:
     bound = peak_bound(case, "proto", len(body))
     if bound is not None:
         assert peak <= bound, f"peak {peak:,} B over {bound:,} B for a {len(body):,} B request"
+
+
+# -- a property: one bad point never costs its neighbours -------------------------------------------
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0", "0x10", " 1 "]),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+ANY_TIME = st.one_of(
+    ANY_VALUE,
+    st.integers(-5, 2**65).map(str),
+    st.sampled_from([str(T0 - YEAR), str(T0 + YEAR), "18446744073709551616", "00001"]),
+)
+ANY_ATTRIBUTES = st.one_of(
+    ANY_VALUE,
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "key": st.sampled_from(["hw.id", "hw.parent", "hw.type", "dra.pool.name", "x", ""]),
+                "value": st.one_of(
+                    st.fixed_dictionaries({"stringValue": st.text(max_size=6)}),
+                    st.fixed_dictionaries({"intValue": st.integers(-9, 9).map(str)}),
+                    st.fixed_dictionaries({"boolValue": st.booleans()}),
+                    ANY_VALUE,
+                ),
+            }
+        ),
+        max_size=4,
+    ),
+)
+FIELDS = {"asDouble": ANY_VALUE, "asInt": ANY_VALUE, "timeUnixNano": ANY_TIME, "attributes": ANY_ATTRIBUTES}
+
+
+@st.composite
+def bad_points(draw: st.DrawFn) -> dict:
+    """A point of gpu-0 with some of its fields replaced by anything, or removed."""
+    point = pt(gpu("gpu-0"), 1.0)
+    for name in draw(st.lists(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=3, unique=True)):
+        if draw(st.integers(0, 4)) == 0:
+            point.pop(name, None)
+        else:
+            point[name] = draw(FIELDS[name])
+    return point
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bad_points(), st.sampled_from(["gauge", "counter"]))
+def test_one_bad_point_never_costs_its_neighbours(point: dict, kind: str) -> None:
+    """Hypothesis writes the bad point; beside it in the same request is a valid one. Both decoders
+    keep the valid point, report at most one-line problems (counted skips, never the whole request),
+    and raise nothing."""
+    bad = gauge("hw.power", point) if kind == "gauge" else counter("hw.energy", point)
+    doc = beside(bad)
+    decoder = OtlpJsonDecoder(Schema())
+    frames, errors = decoder.decode_line(dumps(doc), 1)
+    for e in errors:
+        one_line(str(e))
+    assert decoder.lines_skipped == 0 and good_values(frames, decoder.schema) == [GOOD_VALUE]
+    try:
+        body = pb(doc)
+    except (ParseError, ValueError, TypeError, OverflowError, AttributeError):
+        return  # not expressible in protobuf (a wrong JSON type): the JSON decoder's case only
+    proto = OtlpProtoDecoder(Schema())
+    result = proto.decode(body)  # bytes ParseDict built are a request: no MalformedRequest
+    one_line(result.message)
+    for problem in result.problems:
+        one_line(problem)
+    assert good_values(result.frames, proto.schema) == [GOOD_VALUE]
+    assert result.rejected <= result.points
 
 
 # -- the real OTLP/HTTP receiver ------------------------------------------------------------------
