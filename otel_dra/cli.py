@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     default=600.0,
     show_default=True,
     help="Reject data points more than this many seconds ahead of the fleet's clock (counted, reported as "
-    "partial success): a node with a wrong clock can't push its own later points out of order. 0: no bound.",
+    "partial success); a node whose clock ran ahead would otherwise make its later, correct points look old. "
+    "0: no bound.",
 )
 @click.option(
     "--tls-cert-file",

@@ -169,7 +169,7 @@ def test_every_command_line_ends_in_0_or_one_error_line_with_2(files, monkeypatc
     flags = flag_values(files)
     seen_codes: set[int] = set()
 
-    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(command_lines(flags))
     def one(argv: list[str]) -> None:
         capsys.readouterr()
