@@ -81,7 +81,7 @@ def flag_values(files: dict[str, str]) -> dict[str, dict[str, list[str] | None]]
             "-o": [files["out"], "-", "/nonexistent/dir/out.jsonl"],
             "--policy": paths,
             "--strict": None,
-            "--plot": [files["png"], "/nonexistent/dir/x.png"],
+            "--plot": ["/nonexistent/dir/x.png", files["dir"]],  # (a good one draws for seconds: test_replay's)
         },
         "policy check": {"": paths},
         "k8s render": {
