@@ -16,6 +16,7 @@ from otel_dra import conventions as cv
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier
 from otel_dra.frame import Frame
+from otel_dra.sources import SourceUnavailable
 from otel_dra.sources.nvml import DRA_DRIVER, NvmlSource, nvml_available
 from tests.fake_nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
@@ -222,6 +223,16 @@ def test_nvml_available() -> None:
     broken.init_error = NVML_ERROR_DRIVER_NOT_LOADED
     ok, why = nvml_available(broken)
     assert not ok and why.startswith("NVML did not load")
+
+
+def test_nvml_that_does_not_load_is_a_one_line_reason_to_choose_another_source() -> None:
+    """``--source nvml`` on a machine whose driver is missing: SourceUnavailable (the CLI's one line and
+    exit 2), never the library's traceback."""
+    broken = FakeNvml([FakeGpu(uuid="GPU-a")])
+    broken.init_error = NVML_ERROR_DRIVER_NOT_LOADED
+    with pytest.raises(SourceUnavailable) as err:
+        NvmlSource("node-a", nvml=broken)
+    assert "\n" not in str(err.value) and "--source nvml" in str(err.value) and "--source auto" in str(err.value)
 
 
 def test_lost_gpu_becomes_device_lost_while_others_stay_healthy(tmp_path: Path) -> None:

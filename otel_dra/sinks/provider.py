@@ -97,7 +97,7 @@ def otlp_reader(
     exporter = otlp_exporter(endpoint, protocol)
     queue = SendingQueue(exporter, queue_max_age_s, queue_max_points) if queue_max_age_s > 0 else None
     millis = None if interval_s is None else interval_s * 1000.0
-    return PeriodicExportingMetricReader(queue or exporter, export_interval_millis=millis), queue
+    return PeriodicExportingMetricReader(queue if queue is not None else exporter, export_interval_millis=millis), queue
 
 
 def _http_metrics_url(endpoint: str) -> str:
