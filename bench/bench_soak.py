@@ -33,7 +33,6 @@ import logging
 import os
 import platform
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import _report  # noqa: E402
+from bench.bench_agent import free_port  # noqa: E402
 from bench.bench_classifier import rss_mb  # noqa: E402
 from bench.bench_receiver import agent_requests  # noqa: E402
 from otel_dra import policy as policy_mod  # noqa: E402
@@ -83,12 +83,6 @@ def settled_rss_mb() -> float:
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
     return rss_mb()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Requests:

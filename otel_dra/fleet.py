@@ -21,7 +21,7 @@ from otel_dra import __version__
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
-from otel_dra.receivers.tls import TlsSettings
+from otel_dra.receivers.tls import TlsSettings, describe
 from otel_dra.sinks import provider
 from otel_dra.sinks.exposition import ExpositionCache, Renderer
 from otel_dra.sinks.http import HttpEndpoint
@@ -148,7 +148,7 @@ class Fleet:
             __version__,
             grpc_at or "off",
             http_at or "off",
-            "plaintext" if cfg.tls is None else "TLS" + (" with client certificates" if cfg.tls.mutual else ""),
+            describe(cfg.tls),
             cfg.evaluate_every_s,
         )
 

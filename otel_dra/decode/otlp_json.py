@@ -51,6 +51,14 @@ MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
 NODE_IDLE_NS: Final = 60 * 60 * 10**9
 SWEEP_EVERY_NS: Final = 60 * 10**9
 
+
+def forget_idle_nodes(seen: dict[str, int], newest: dict[str, int], now: int) -> None:
+    """Drop the time floor (``newest``) of every node not decoded (``seen``) for NODE_IDLE_NS; both decoders."""
+    for node in [n for n, at in seen.items() if now - at > NODE_IDLE_NS]:
+        del seen[node]
+        newest.pop(node, None)
+
+
 #: Descriptive attributes of a device, taken from its own points into ``DeviceTable.attrs``.
 DESCRIPTIVE: Final[tuple[str, ...]] = (
     cv.HW_TYPE,
@@ -422,9 +430,7 @@ class OtlpJsonDecoder:
         live = self.max_future_ns is not None  # replay stays deterministic: it forgets nothing by the clock
         if live and (now - self._swept > SWEEP_EVERY_NS or now < self._swept):
             self._swept = now
-            for node in [n for n, seen in self._seen.items() if now - seen > NODE_IDLE_NS]:
-                del self._seen[node]
-                self._newest.pop(node, None)
+            forget_idle_nodes(self._seen, self._newest, now)
         self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
         if max(len(self._attrs_of_token), len(self._token_of_text)) > MAX_CACHED_ATTRIBUTE_SETS:
             self._reset_caches()

@@ -47,12 +47,12 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, R
 from otel_dra import conventions as cv
 from otel_dra.decode.otlp_json import (
     DESCRIPTIVE,
-    NODE_IDLE_NS,
     NOT_COLUMN_ATTRS,
     SWEEP_EVERY_NS,
     _name,
     _one_line,
     _short,
+    forget_idle_nodes,
     future_problem,
 )
 from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
@@ -464,10 +464,7 @@ class OtlpProtoDecoder:
             self._template_bytes -= sum(t.nbytes for t in self._templates.pop(oldest))
             self._used.pop(oldest, None)
         self._streak = {k: n for k, n in self._streak.items() if k in self._templates}
-        gone = [node for node, seen in self._seen.items() if now - seen > NODE_IDLE_NS]
-        for node in gone:
-            del self._seen[node]
-            self._newest.pop(node, None)
+        forget_idle_nodes(self._seen, self._newest, now)
 
     # -- series: (metric, attribute set) -> device, column, descriptive attributes ------------------
     def _target(self, metric: str, attrs: dict[str, str]) -> tuple[int, int, int] | str:

@@ -45,7 +45,7 @@ from otel_dra import conventions as cv
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MAX_PROBLEMS_PER_REQUEST, MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
-from otel_dra.receivers.tls import TlsSettings
+from otel_dra.receivers.tls import TlsSettings, describe
 
 log = logging.getLogger(__name__)
 
@@ -195,13 +195,10 @@ class OtlpReceiver:
         where = [f"gRPC on {self._grpc_addr[0]}:{self._grpc_port}"] if self._grpc_addr else []
         if self._http_addr:
             where.append(f"HTTP on {self._http_addr[0]}:{self.http_port}{HTTP_PATH}")
-        security = "plaintext"
-        if self.tls is not None:
-            security = "TLS, client certificates required" if self.tls.mutual else "TLS"
         log.info(
             "receiving OTLP metrics: %s (%s; requests up to %d bytes)",
             " and ".join(where),
-            security,
+            describe(self.tls),
             self.max_request_bytes,
         )
 

@@ -83,6 +83,13 @@ class TlsSettings:
         return ctx
 
 
+def describe(tls: TlsSettings | None) -> str:
+    """How a receiver is secured, in the words its log lines use."""
+    if tls is None:
+        return "plaintext"
+    return "TLS with client certificates" if tls.mutual else "TLS"
+
+
 def _read(flag: str, path: str) -> bytes:
     try:
         data = Path(path).read_bytes()
