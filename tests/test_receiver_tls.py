@@ -193,11 +193,10 @@ def test_fleet_cli_with_bad_tls_files_is_exit_2_before_binding(tmp_path):
 
 
 @pytest.mark.e2e
-def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_path):
+def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_path, start_agent):
     """`otel-dra fleet --tls-*` and two `otel-dra run` agents pushing to it over https (one per transport)
     with the standard OTEL_EXPORTER_OTLP_* certificate variables: every device arrives; an agent
     without a client certificate gets nothing in, and the fleet keeps serving."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     fleet = spawn_fleet(
         tmp_path,
         env={
@@ -206,26 +205,22 @@ def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_pa
             "OTEL_DRA_TLS_CLIENT_CA_FILE": str(pki.ca_file),
         },
     )
-    grpc_port, http_port = fleet.ports["grpc"], fleet.ports["http"]
-    agents: list[subprocess.Popen] = []
+    agents = []
 
-    def agent(node: str, protocol: str, port: int, client: bool) -> None:
-        env = {**clean, **pki.exporter_env(client=client), "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
-        argv = [sys.executable, "-m", "otel_dra", "run", "--source", "simulated", "--prometheus-port", "0"]
-        argv += ["--interval", "1", "--node-name", node, "--otlp-protocol", protocol]
-        argv += ["--otlp-endpoint", f"https://127.0.0.1:{port}"]
-        with (tmp_path / f"{node}.log").open("wb") as log:
-            agents.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env))
+    def agent(node: str, protocol: str, transport: str, client: bool) -> None:
+        env = {**pki.exporter_env(client=client), "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+        endpoint = f"https://127.0.0.1:{fleet.ports[transport]}"
+        args = ("--interval", "1", "--node-name", node, "--otlp-protocol", protocol, "--otlp-endpoint", endpoint)
+        agents.append(start_agent(*args, env=env, wait=False))
 
-    url = fleet.url
     try:
-        agent("node-g", "grpc", grpc_port, client=True)
-        agent("node-h", "http/protobuf", http_port, client=True)
-        agent("node-x", "grpc", grpc_port, client=False)
+        agent("node-g", "grpc", "grpc", client=True)
+        agent("node-h", "http/protobuf", "http", client=True)
+        agent("node-x", "grpc", "grpc", client=False)
 
         def nodes() -> dict[str, int]:
             counts: dict[str, int] = {}
-            for d in json.loads(http_get(url + "/v1/devices")[1])["devices"]:
+            for d in json.loads(http_get(fleet.url + "/v1/devices")[1])["devices"]:
                 counts[d["k8s.node.name"]] = counts.get(d["k8s.node.name"], 0) + 1
             return counts
 
@@ -233,10 +228,8 @@ def test_agents_push_to_the_fleet_over_mutual_tls_on_both_transports(pki, tmp_pa
         time.sleep(3)
         assert nodes() == {"node-g": 8, "node-h": 8}, "the agent without a client certificate got in"
         assert "TLS with client certificates" in fleet.log.read_text()
-        assert all(a.poll() is None for a in agents) and fleet.proc.poll() is None
+        assert all(a.proc.poll() is None for a in agents) and fleet.proc.poll() is None
     finally:
-        for a in agents:
-            a.kill()
         fleet.stop()
     assert "Traceback" not in fleet.log.read_text()
 

@@ -23,40 +23,34 @@ from otel_dra.sinks.sending_queue import SendingQueue
 from otel_dra.sinks.verdicts import VERDICT_METRICS
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.store import FrameStore
-from tests.conftest import free_port, wait_for
+from tests.conftest import Inbox, free_port, wait_for
 
 NODE = "node-q"
 
 
-class Inbox:
-    """The collector's side: every frame the receiver decoded, in arrival order."""
-
-    def __init__(self, block: threading.Event | None = None) -> None:
-        self.frames: list[Frame] = []
-        self.lock = threading.Lock()
-        self.block = block
-
-    def __call__(self, frames: list[Frame]) -> None:
-        if self.block is not None:
-            self.block.wait(30)
-        with self.lock:
-            self.frames.extend(frames)
-
-    def times(self) -> list[int]:
-        with self.lock:
-            return [f.time_unix_nano for f in self.frames]
+def times(inbox: Inbox) -> list[int]:
+    """The times of every frame the collector decoded, in arrival order."""
+    return [f.time_unix_nano for f in inbox.frames()]
 
 
 class Collector:
-    """A real OTLP/gRPC endpoint on a fixed port that can be stopped and started again."""
+    """The fleet's real OTLP/gRPC receiver (``start_receiver``) on one fixed port, stopped and started
+    again; ``block``: it takes each request only once that event is set (a collector too slow to answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, start_receiver) -> None:
         self.port = free_port()
+        self._start = start_receiver
         self.receiver: OtlpReceiver | None = None
 
-    def start(self, inbox: Inbox) -> Inbox:
-        self.receiver = OtlpReceiver(Schema(), inbox, grpc_endpoint=f"127.0.0.1:{self.port}", http_endpoint=None)
-        self.receiver.start()
+    def start(self, block: threading.Event | None = None) -> Inbox:
+        inbox = Inbox()
+
+        def on_frames(frames: list[Frame]) -> None:
+            if block is not None:
+                block.wait(30)
+            inbox(frames)
+
+        self.receiver, _ = self._start(grpc_endpoint=f"127.0.0.1:{self.port}", http_endpoint=None, on_frames=on_frames)
         return inbox
 
     def stop(self) -> None:
@@ -95,10 +89,8 @@ class PushingNode:
 
 
 @pytest.fixture
-def collector():
-    c = Collector()
-    yield c
-    c.stop()
+def collector(start_receiver):
+    return Collector(start_receiver)
 
 
 @pytest.fixture(autouse=True)
@@ -108,11 +100,11 @@ def short_exporter_timeout(monkeypatch):
 
 
 def frame_times(inbox: Inbox) -> list[int]:
-    return sorted(set(inbox.times()))
+    return sorted(set(times(inbox)))
 
 
 def test_an_outage_leaves_no_gap_once_the_collector_is_back(collector):
-    before = collector.start(Inbox())
+    before = collector.start()
     node = PushingNode(collector.port, max_age_s=60.0, backoff_s=(0.05, 0.2))
     try:
         for _ in range(2):
@@ -123,13 +115,13 @@ def test_an_outage_leaves_no_gap_once_the_collector_is_back(collector):
             assert node.sample() < 0.5, "a push must never wait for the collector"
         wait_for(lambda: node.queue.stats()["failures"] >= 1, 10, "a failed attempt")
         assert node.queue.stats()["queued"] > 0
-        after = collector.start(Inbox())
+        after = collector.start()
         node.sample()
         wait_for(lambda: node.queue.stats()["queued"] == 0, 20, "the queue to drain")
         wait_for(lambda: len(frame_times(after)) == 6, 10, "every queued collection at the new collector")
         # Every collection made while it was away arrives, oldest first, then the newest.
-        assert after.times() == sorted(after.times())
-        assert frame_times(after) == [t for t in sorted(set(before.times() + after.times())) if t > before.times()[-1]]
+        assert times(after) == sorted(times(after))
+        assert frame_times(after) == [t for t in sorted(set(times(before) + times(after))) if t > times(before)[-1]]
         stats = node.queue.stats()
         assert stats["dropped"] == 0 and stats["failures"] == 0 and stats["sent"] > 0
     finally:
@@ -148,13 +140,13 @@ def test_what_is_older_than_the_max_age_is_dropped_and_counted(collector):
         wait_for(lambda: node.queue.stats()["batches"] <= 3, 10, "the too-old collections to be dropped")
         stats = node.queue.stats()
         assert stats["batches"] == 3 and stats["dropped"] > 0
-        inbox = collector.start(Inbox())
+        inbox = collector.start()
         wait_for(lambda: node.queue.stats()["queued"] == 0, 20, "the queue to drain")
         # Only the collections within the max age arrive (the newest ones), in time order. (Points carry
         # the collection's time, taken after the sample's.)
         kept = stats["batches"]
         wait_for(lambda: len(frame_times(inbox)) == kept, 10, "the kept collections")
-        assert inbox.times() == sorted(inbox.times()) and min(inbox.times()) > node.sampled[-kept]
+        assert times(inbox) == sorted(times(inbox)) and min(times(inbox)) > node.sampled[-kept]
     finally:
         node.close()
 
@@ -184,7 +176,7 @@ def test_the_point_bound_holds_memory_flat_through_a_long_outage(collector):
 
 def test_a_slow_collector_never_delays_a_collection_and_catches_up(collector):
     block = threading.Event()
-    inbox = collector.start(Inbox(block))  # answers only once unblocked: every attempt times out
+    inbox = collector.start(block)  # answers only once unblocked: every attempt times out
     node = PushingNode(collector.port, max_age_s=60.0, backoff_s=(0.05, 0.2))
     try:
         pushes = [node.sample() for _ in range(4)]
@@ -200,7 +192,7 @@ def test_a_slow_collector_never_delays_a_collection_and_catches_up(collector):
 
 def test_shutdown_sends_what_is_queued_or_gives_up_at_once_when_the_collector_is_down(collector):
     block = threading.Event()
-    inbox = collector.start(Inbox(block))
+    inbox = collector.start(block)
     node = PushingNode(collector.port, backoff_s=(0.05, 0.1))
     node.sample()
     node.sample()
