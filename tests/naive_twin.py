@@ -14,7 +14,7 @@ Semantics, as the contract (``telemetry.md``) and the classifier's docstrings st
   value is the new baseline); an absent value keeps the previous one;
 - every rule reads the last W samples (``fraction``: share of samples with the indicator
   known that are 1, 0 under ``min_samples``; ``share`` / ``per_minute``: counter increase
-  over the window's time, the sum of the samples' ``dt``); rare counters (resets, OOM,
+  over the window's time, the sum of the samples' ``dt``, for ``per_minute`` at least 60 s); rare counters (resets, OOM,
   application driver errors) are judged over their own events window from the last 8 events;
 - fleet outliers: above ``median + k x 1.4826 x MAD`` of the rate over fresh devices;
 - freshness: stale timeout ``max(policy, 2 x the device's last dt)`` (the classifier's
@@ -720,7 +720,7 @@ class Stats:
         return self.increase(f) / self.seconds if self._timed() else 0.0
 
     def per_minute(self, f: str) -> float | None:
-        return 60.0 * self.increase(f) / self.seconds if self._timed() else None
+        return 60.0 * self.increase(f) / max(self.seconds, 60.0) if self._timed() else None
 
     def mean(self, f: str) -> float | None:
         values = self.known(f)

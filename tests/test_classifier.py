@@ -160,6 +160,21 @@ def test_counter_resets_are_not_errors_and_a_first_sample_is_a_baseline():
     assert all(v.state == "ok" for seq in feed.verdicts.values() for v in seq)
 
 
+def test_a_corrected_error_just_after_start_is_no_storm_but_a_storm_is():
+    """Sampled every second, one corrected error in the first seconds once extrapolated to 28/min,
+    over the policy's 6/min: a start-up false alarm (predicted_failure) seen end to end. A rate is
+    judged over at least a minute, so one error is one a minute; twenty in seconds are still a storm."""
+    quiet = [f"gpu-{i}" for i in range(2, 8)]  # the fleet's median rate stays 0, as on a healthy node
+    feed = Feed(policy_mod.load(), devices=("gpu-0", "gpu-1", *quiet), interval=1)
+    for k in range(30):
+        one = 0.0 if k < 2 else 1.0
+        storm = 0.0 if k < 2 else 20.0
+        feed.step(CORRECTED=[one, storm, *[0.0] * len(quiet)])
+    assert all(v.state == "ok" for v in feed.verdicts["gpu-0"]), feed.verdicts["gpu-0"]
+    assert feed.state("gpu-1")[:3] == ("Healthy", "predicted_failure", ("memory_ecc",))
+    assert all(v.state == "ok" for d in quiet for v in feed.verdicts[d])
+
+
 def test_a_new_error_series_counts_its_whole_value():
     feed = Feed(policy_mod.load())
     for _ in range(5):

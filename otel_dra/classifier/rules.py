@@ -9,7 +9,9 @@ starts at. Terms used below, per device over its window (the last ``window`` of 
   window has fewer than ``min_samples`` samples with ``f`` known (one spike is not a trend);
 - ``share(f)``: the increase of a time counter (seconds throttled) over the window's time;
 - ``increase(f)``: the counter's increase over the window;
-- ``per_minute(f)``: ``increase(f)`` per minute of window time;
+- ``per_minute(f)``: ``increase(f)`` per minute of window time, the time taken as at least a
+  minute (``RATE_MIN_SPAN_S``): one corrected error two seconds after a start is one per minute,
+  not thirty (a storm of them still counts at once);
 - ``events(f, w)``: events of a rare counter within the last ``w`` seconds (event log);
 - fleet outlier: above ``median + k x 1.4826 x MAD`` of the same rate over fresh devices.
 
@@ -31,6 +33,8 @@ from otel_dra.store.window import WindowStore
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
 R = {reason: i for i, reason in enumerate(REASONS)}
+#: A rate per minute is judged over at least this much time, however young the window.
+RATE_MIN_SPAN_S = 60.0
 OK, PREDICTED, DEGRADED, FAILED = 0, 1, 2, 3
 EVENT_FEATURES = (F.RESETS, F.OUT_OF_MEMORY, F.DRIVER_APPLICATION)
 
@@ -71,7 +75,7 @@ class Window:
     def per_minute(self, f: F) -> np.ndarray:
         ok = (self.samples >= self.min_samples) & (self.seconds > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(ok, 60.0 * self.sums[:, f] / self.seconds, np.nan)
+            return np.where(ok, 60.0 * self.sums[:, f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
 
     def mean(self, f: F) -> np.ndarray:
         n = self.counts[:, f]
