@@ -5,6 +5,7 @@ afterwards."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -55,6 +57,49 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
             return last
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+#: Modules whose tests run real processes against real clocks (every e2e-marked test's, and the
+#: soak's, which times ticks). Under xdist (pyproject's addopts) they form one work unit: one
+#: worker runs them one after another, so they never race each other for the CPU, while the
+#: other modules, each a unit of its own (its module-scoped fixtures are made once), run beside.
+REALTIME_MODULES = frozenset(
+    {
+        "test_deploy.py",
+        "test_e2e_fleet.py",
+        "test_e2e_kubelet.py",
+        "test_e2e_otlp.py",
+        "test_e2e_outage.py",
+        "test_e2e_prometheus.py",
+        "test_e2e_sources.py",
+        "test_grafana_rules.py",
+        "test_receiver_tls.py",
+        "test_soak.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An e2e test outside REALTIME_MODULES would race the others under xdist: say so, don't run."""
+    stray = sorted({i.path.name for i in items if i.get_closest_marker("e2e") and i.path.name not in REALTIME_MODULES})
+    if stray:
+        raise pytest.UsageError(f"e2e tests in {', '.join(stray)}: add the module to REALTIME_MODULES in conftest.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadscope`` with REALTIME_MODULES as one scope (xdist's ``loadgroup`` would do it by
+    marker, but pytest 9.2 ignores the test ids xdist 3.8 rewrites for it)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealtimeTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "realtime" if Path(module).name in REALTIME_MODULES else module
+
+    return RealtimeTogether(config, log)
 
 
 # -- the agent ---------------------------------------------------------------------------
@@ -210,12 +255,17 @@ def ensure_binary(name: str, debian_package: str) -> str:
     if path:
         return path
     if os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", debian_package]
-        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
-            subprocess.run(install, env=env, capture_output=True, check=False)
-        path = shutil.which(name)
+        # One install at a time across xdist workers (dpkg's own lock would fail the second one).
+        with open(Path(tempfile.gettempdir()) / "otel-dra-tests-apt.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = shutil.which(name)
+            if not path:
+                env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+                install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", debian_package]
+                if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+                    subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+                    subprocess.run(install, env=env, capture_output=True, check=False)
+                path = shutil.which(name)
     if not path:
         pytest.fail(
             f"{name} is needed by this test: install Debian's '{debian_package}' package (apt-get install "
