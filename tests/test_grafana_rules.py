@@ -253,7 +253,7 @@ def test_every_panel_query_and_rule_parses():
 
 def test_queries_name_only_metrics_that_exist():
     p = promql()
-    known = {prom_name(spec) for spec in cv.METRICS.values()} | set(recordings())
+    known = {prom_name(spec) for spec in (*cv.METRICS.values(), *cv.PUSH_METRICS.values())} | set(recordings())
     known |= {
         "up",
         "target_info",
@@ -385,10 +385,13 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
     binary = ensure_binary("prometheus", "prometheus")
     # node-b's devices go Unknown (stale) 2 s after its telemetry stops, not the default 60 s.
     (work / "fast-stale.yaml").write_text("stale_timeout: 2s\n")
+    # node-a pushes OTLP to a collector that is not there, through a queue of one push: it drops.
+    no_collector = f"http://127.0.0.1:{free_port()}"
     agent_args = {
         "node-a": [
             "--fault", "gpu-3:memory_ecc@1", "--fault", "gpu-3:driver_errors@1",
             "--fault", "gpu-5:thermal@1", "--fault", "gpu-6:power_throttling@1",
+            "--otlp-endpoint", no_collector, "--otlp-interval", "1", "--otlp-queue-max-points", "1",
         ],
         "node-b": ["--policy", str(work / "fast-stale.yaml"), "--fault", "*:stale@5"],
     }  # fmt: skip
@@ -430,7 +433,8 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         faults = (
             f'{count}{{k8s_node_name="node-a", dra_device_health_state="Unhealthy"}} >= 1'
             f' and on () {count}{{k8s_node_name="node-b", dra_device_health_state="Unknown"}} == 8'
-            ' and on () count(ALERTS{alertname=~"OtelDraDeviceUnhealthy|OtelDraNodeStale", alertstate="pending"}) == 2'
+            ' and on () count(ALERTS{alertname=~"OtelDraDeviceUnhealthy|OtelDraNodeStale|OtelDraPushDropping",'
+            ' alertstate="pending"}) == 3'
         )
         queries = live_queries()
         deadline = time.monotonic() + 60
@@ -495,7 +499,7 @@ def test_every_recording_rule_returns_data_and_is_recorded(fleet):
 def test_every_alert_expression_evaluates_and_its_parts_return_data(fleet):
     """Each alert's whole expression must evaluate (no error: a many-to-many join would show here);
     its data parts (``data_parts``: the expression without its thresholds) must return data. The
-    simulated faults make two alerts' whole expressions non-empty, and two stay empty."""
+    simulated faults make three alerts' whole expressions non-empty, and the others stay empty."""
     p = promql()
     failures = []
     for name, rule in alerts().items():
@@ -513,6 +517,7 @@ def test_every_alert_expression_evaluates_and_its_parts_return_data(fleet):
 
     assert ("node-a", "gpu-3") in series("OtelDraDeviceUnhealthy")
     assert series("OtelDraNodeStale") == {("node-b", "")}
+    assert series("OtelDraPushDropping") == {("node-a", "")}  # node-b does not push: no series, no alert
     assert series("OtelDraAgentDown") == series("OtelDraAgentAbsent") == set()
     assert series("OtelDraDeviceUnknown") == set()  # node-b's devices are the stale node's alert
 
@@ -525,7 +530,7 @@ def test_prometheus_evaluates_every_rule_without_errors(fleet):
         assert rule["health"] == "ok" and not rule.get("lastError"), rule
     state = {r["name"]: r["state"] for r in loaded if r["type"] == "alerting"}
     # Their `for` has not passed yet: pending; the agents are up: inactive.
-    assert state["OtelDraDeviceUnhealthy"] == state["OtelDraNodeStale"] == "pending"
+    assert state["OtelDraDeviceUnhealthy"] == state["OtelDraNodeStale"] == state["OtelDraPushDropping"] == "pending"
     assert state["OtelDraAgentDown"] == state["OtelDraAgentAbsent"] == "inactive"
 
 
