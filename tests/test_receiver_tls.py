@@ -5,6 +5,7 @@ by trustme for the test), real gRPC and HTTP on loopback, the SDK's exporters re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import ssl
 import subprocess
@@ -22,7 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import Me
 from opentelemetry.sdk.metrics.export import MetricExportResult
 
 from otel_dra.receivers import OtlpReceiver
-from otel_dra.receivers.tls import TlsConfigError, TlsSettings
+from otel_dra.receivers.tls import RELOAD_CHECK_S, TlsConfigError, TlsSettings
 from otel_dra.sinks import provider
 from tests.conftest import REPO, Inbox, http_get, spawn_fleet, wait_for
 from tests.test_receiver_otlp import T0, Agent
@@ -154,6 +155,93 @@ def test_a_raw_grpc_client_and_a_stalled_https_client(pki, tls_receiver):
         assert nodes_in(inbox) == {"node-raw"} and len(inbox.frames()) == 2
     finally:
         stalled.close()
+
+
+def export_trusting(ca_file: Path, receiver: OtlpReceiver, protocol: str, client: Pki | None = None) -> bool:
+    """One export to the receiver from a client that trusts only ``ca_file`` (and shows ``client``'s
+    certificate, if given): did it go through? Raw gRPC and HTTPS clients, each a new connection."""
+    agent = Agent("node-rotate", devices=1)
+    _, data = agent.sample(T0 + time.time_ns() % S)
+    agent.close()
+    request = encode_metrics(data)
+    try:
+        if protocol == "grpc":
+            key, chain = (
+                (client.client_key_file.read_bytes(), client.client_cert_file.read_bytes()) if client else (None, None)
+            )
+            creds = grpc.ssl_channel_credentials(ca_file.read_bytes(), key, chain)
+            with grpc.secure_channel(f"127.0.0.1:{receiver.grpc_port}", creds) as channel:
+                MetricsServiceStub(channel).Export(request, timeout=5)
+            return True
+        ctx = ssl.create_default_context(cafile=str(ca_file))
+        if client is not None:
+            ctx.load_cert_chain(str(client.client_cert_file), str(client.client_key_file))
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{receiver.http_port}/v1/metrics",
+            data=request.SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+            return resp.status == 200
+    except (grpc.RpcError, urllib.error.URLError, ssl.SSLError, ConnectionError):
+        return False
+
+
+def two_cas(tmp_path: Path) -> tuple[Pki, Pki]:
+    """Two independent PKIs (CA, server and client certificates), in folders of their own."""
+    pkis = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        pkis.append(Pki(tmp_path / name))
+    return pkis[0], pkis[1]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_renewed_certificate_reaches_new_connections_without_a_restart(tmp_path, start_receiver, caplog, protocol):
+    """cert-manager renews the certificate in place: new connections get the new one (here from another
+    CA, so each client can tell which one it was served); a broken renewal keeps the last good one."""
+    old, new = two_cas(tmp_path)
+    live = tmp_path / "live"
+    live.mkdir()
+
+    def install(pki: Pki) -> None:
+        for name in ("server.pem", "server.key"):
+            (live / name).write_bytes((pki.cert_file.parent / name).read_bytes())
+
+    install(old)
+    settings = TlsSettings.load(str(live / "server.pem"), str(live / "server.key"))
+    assert settings is not None
+    caplog.set_level(logging.INFO, logger="otel_dra.receivers.tls")
+    receiver, inbox = start_receiver(tls=settings)
+    assert export_trusting(old.ca_file, receiver, protocol)
+    assert not export_trusting(new.ca_file, receiver, protocol)
+    install(new)
+    wait_for(lambda: export_trusting(new.ca_file, receiver, protocol), 10, "the renewed certificate")
+    assert not export_trusting(old.ca_file, receiver, protocol)
+    assert "new connections get the certificate" in caplog.text
+    # A renewal that breaks the files: logged, and the last good certificate is still served.
+    (live / "server.pem").write_bytes(b"-----BEGIN CERTIFICATE-----\ntruncated")
+    time.sleep(RELOAD_CHECK_S * 1.5)
+    assert export_trusting(new.ca_file, receiver, protocol)
+    assert "cannot be used" in caplog.text and "still serving the previous certificate" in caplog.text
+    assert nodes_in(inbox) == {"node-rotate"}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_rotated_client_ca_applies_to_new_connections(tmp_path, start_receiver, protocol):
+    """Mutual TLS with the agents' CA rotated in place: clients with a certificate from the new CA
+    get in, those from the old one no longer do; the server's own certificate stays."""
+    old, new = two_cas(tmp_path)
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(old.ca_file.read_bytes())
+    settings = TlsSettings.load(str(old.cert_file), str(old.key_file), str(client_ca))
+    receiver, _ = start_receiver(tls=settings)
+    assert export_trusting(old.ca_file, receiver, protocol, client=old)
+    assert not export_trusting(old.ca_file, receiver, protocol, client=new)
+    client_ca.write_bytes(new.ca_file.read_bytes())
+    wait_for(lambda: export_trusting(old.ca_file, receiver, protocol, client=new), 10, "the new client CA")
+    assert not export_trusting(old.ca_file, receiver, protocol, client=old)
+    assert not export_trusting(old.ca_file, receiver, protocol)  # and still no client certificate, no entry
 
 
 def test_bad_tls_files_are_one_line_errors_naming_the_flag(pki, tmp_path):

@@ -45,7 +45,7 @@ from otel_dra import conventions as cv
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MAX_PROBLEMS_PER_REQUEST, MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
-from otel_dra.receivers.tls import TlsSettings, describe
+from otel_dra.receivers.tls import CertificateReloader, TlsSettings, describe
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,7 @@ class OtlpReceiver:
         self.max_request_bytes = max_request_bytes
         self.max_workers = max_workers
         self.tls = tls
+        self._certs: CertificateReloader | None = None  # made at start: both transports ask it per connection
         self._on_frames = on_frames
         if max_future_s is not None and not max_future_s > 0:
             raise ValueError(f"max_future_s must be positive (or None: no bound), got {max_future_s}")
@@ -184,6 +185,8 @@ class OtlpReceiver:
         """Listen on the configured endpoints; raises OSError (one line) when one can't be bound."""
         if self._grpc_server is not None or self._http_server is not None:
             raise RuntimeError("OtlpReceiver already started")
+        if self.tls is not None:
+            self._certs = CertificateReloader(self.tls)
         try:
             if self._grpc_addr is not None:
                 self._start_grpc(*self._grpc_addr)
@@ -213,8 +216,8 @@ class OtlpReceiver:
         )
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            if self.tls is not None:
-                bound = server.add_secure_port(address, self.tls.grpc_credentials())
+            if self._certs is not None:
+                bound = server.add_secure_port(address, self._certs.grpc_credentials())
             else:
                 bound = server.add_insecure_port(address)
         except RuntimeError as exc:
@@ -231,10 +234,10 @@ class OtlpReceiver:
             server = server_class((host, port), handler)
         except OSError as exc:
             raise OSError(f"cannot listen for OTLP/HTTP on {host}:{port}: {exc.strerror or exc}") from None
-        if self.tls is not None:
+        if self._certs is not None:
             # The handshake happens on the connection's own thread (at its first read), never in accept():
             # a client that stalls it holds only its own thread, for the handler's timeout at most.
-            server.socket = self.tls.ssl_context().wrap_socket(
+            server.socket = self._certs.ssl_context().wrap_socket(
                 server.socket, server_side=True, do_handshake_on_connect=False
             )
         self._http_server = server
@@ -463,7 +466,10 @@ class _HttpHandler(BaseHTTPRequestHandler):
         super().setup()  # applies ``timeout`` to the connection, the handshake included
         self.tls_failed = False
         if isinstance(self.connection, ssl.SSLSocket):
+            certs = self.receiver._certs
             try:
+                if certs is not None:
+                    self.connection.context = certs.ssl_context()  # the newest certificate (see tls.py)
                 self.connection.do_handshake()
             except (OSError, ssl.SSLError) as exc:  # plaintext, no client certificate, a stalled client
                 self.tls_failed = True

@@ -6,15 +6,30 @@ the same client certificates.
 Everything is read and checked when the settings are loaded (before any port is bound), so a
 wrong path, a key that doesn't match its certificate or a file that isn't PEM is one line naming
 the flag, not a failure at the first client.
+
+Certificates are rotated in place (cert-manager renews them, a Kubernetes Secret volume swaps its
+files): :class:`CertificateReloader` looks at the files again, at most every
+``RELOAD_CHECK_S``, when a connection arrives, and new connections get the new certificate on both
+transports; a changed set that fails the start-up checks is logged and the previous one kept.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import ssl
-from dataclasses import dataclass, field
+import threading
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Final
 
 import grpc
+
+log = logging.getLogger(__name__)
+
+#: Seconds between looks at the TLS files (a stat of each), taken when a connection arrives.
+RELOAD_CHECK_S: Final = 1.0
 
 
 class TlsConfigError(ValueError):
@@ -43,10 +58,14 @@ class TlsSettings:
         if not cert_file or not key_file:
             missing = "--tls-key-file" if cert_file else "--tls-cert-file"
             raise TlsConfigError(f"TLS needs both --tls-cert-file and --tls-key-file; {missing} is missing")
-        cert = _read("--tls-cert-file", cert_file)
-        key = _read("--tls-key-file", key_file)
-        client_ca = _read("--tls-client-ca-file", client_ca_file) if client_ca_file else None
-        settings = cls(cert_file, key_file, client_ca_file, cert, key, client_ca)
+        return cls(cert_file, key_file, client_ca_file or None).read_again()
+
+    def read_again(self) -> TlsSettings:
+        """These files, read and checked (again, when a renewal has replaced them in place)."""
+        cert = _read("--tls-cert-file", self.cert_file)
+        key = _read("--tls-key-file", self.key_file)
+        client_ca = _read("--tls-client-ca-file", self.client_ca_file) if self.client_ca_file else None
+        settings = replace(self, _cert=cert, _key=key, _client_ca=client_ca)
         settings.ssl_context()  # the same checks the HTTP side will make, now
         return settings
 
@@ -54,10 +73,8 @@ class TlsSettings:
     def mutual(self) -> bool:
         return self._client_ca is not None
 
-    def grpc_credentials(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials(
-            [(self._key, self._cert)], root_certificates=self._client_ca, require_client_auth=self.mutual
-        )
+    def grpc_certificate_configuration(self) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(self._key, self._cert)], root_certificates=self._client_ca)
 
     def ssl_context(self) -> ssl.SSLContext:
         """A server context: TLS 1.2 or newer, this certificate, client certificates when mutual."""
@@ -81,6 +98,87 @@ class TlsSettings:
                 ) from None
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
+
+
+class CertificateReloader:
+    """The newest usable version of ``settings``' files, for each new connection.
+
+    :meth:`current` stats the files (at most every ``check_every_s``); when one changed it loads
+    them all again with :meth:`TlsSettings.load`'s checks. A set that fails them (a key not yet
+    written beside its new certificate, a truncated file) is logged once and the previous set kept;
+    the next change is tried again. Thread-safe: connections arrive on many threads.
+    """
+
+    def __init__(self, settings: TlsSettings, check_every_s: float = RELOAD_CHECK_S) -> None:
+        self._settings = settings
+        self._context = settings.ssl_context()
+        self._check_every_s = check_every_s
+        self._lock = threading.Lock()
+        self._stamp = self._stamp_now()
+        self._checked = time.monotonic()
+        self.version = 0  # loads since start: 0 is the start-up set
+        self._grpc_version = 0
+
+    @property
+    def mutual(self) -> bool:
+        return self._settings.mutual
+
+    def current(self) -> tuple[TlsSettings, ssl.SSLContext]:
+        """The settings and server context to use for a connection arriving now."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked >= self._check_every_s:
+                self._checked = now
+                stamp = self._stamp_now()
+                if stamp != self._stamp:
+                    self._stamp = stamp
+                    self._reload()
+            return self._settings, self._context
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return self.current()[1]
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        """Credentials that ask for the current certificate at each new connection."""
+        return grpc.dynamic_ssl_server_credentials(
+            self._settings.grpc_certificate_configuration(),
+            self._grpc_fetch,
+            require_client_authentication=self.mutual,
+        )
+
+    def _grpc_fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """gRPC's per-connection question: a new configuration, or None for "unchanged"."""
+        self.current()  # look at the files
+        with self._lock:
+            if self._grpc_version == self.version:
+                return None
+            self._grpc_version, settings = self.version, self._settings
+        return settings.grpc_certificate_configuration()
+
+    def _reload(self) -> None:
+        """Load the changed files (under the lock); keep the previous set if they can't be used."""
+        old = self._settings
+        try:
+            new = old.read_again()
+            context = new.ssl_context()
+        except TlsConfigError as exc:
+            log.warning("TLS files changed but cannot be used (%s); still serving the previous certificate", exc)
+            return
+        self._settings, self._context = new, context
+        self.version += 1
+        log.info("TLS files changed: new connections get the certificate now in %s", old.cert_file)
+
+    def _stamp_now(self) -> tuple[tuple[int, int, int] | None, ...]:
+        """(inode, size, mtime) of each file, following symlinks (a Secret volume's swap shows)."""
+        paths = [self._settings.cert_file, self._settings.key_file, self._settings.client_ca_file]
+        stamps: list[tuple[int, int, int] | None] = []
+        for path in paths:
+            try:
+                st = os.stat(path) if path else None
+            except OSError:
+                st = None
+            stamps.append(None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(stamps)
 
 
 def describe(tls: TlsSettings | None) -> str:
