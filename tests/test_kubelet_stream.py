@@ -657,6 +657,33 @@ def test_any_request_bytes_on_the_stream_are_answered_and_the_server_keeps_servi
     assert len(w.next()[1].devices) == 2
 
 
+def test_a_stream_opened_right_after_a_change_starts_from_it_even_when_the_follower_lags(serve, watches):
+    """The server's follower thread learns of board changes a moment late (a loaded node; seen in CI
+    as a kubelet reconnecting and being told the list from before the change). A new stream must
+    start from the board as it is, not from what the follower has seen so far."""
+    board = healthy_board(3)
+    woken = board.wait_for_change
+
+    def late(seen: int, timeout_s: float) -> int:
+        version = woken(seen, timeout_s)
+        if version != seen:
+            time.sleep(1.0)  # the follower is slow to pass the change on
+        return version
+
+    board.wait_for_change = late  # type: ignore[method-assign]
+    server = serve(board, health_check_timeout_s=30.0)
+    wait_until(lambda: time.time() % 1.0 < 0.2, 2.0)  # all of it within one second: the encoding cache's key
+    before = Watch(server.socket_path)  # a stream open since before the change, as the kubelet's was
+    watches.append(before)
+    assert set(health_of(before.next()[1]).values()) == {pb.HEALTHY}
+    publish(board, verdict("gpu-1", "Unhealthy", state="failed", reasons=("device_lost",)))
+    w = Watch(server.socket_path)
+    watches.append(w)
+    _, first = w.next()
+    assert health_of(first) == {"gpu-0": pb.HEALTHY, "gpu-1": pb.UNHEALTHY, "gpu-2": pb.HEALTHY}
+    assert health_of(before.next()[1]) == health_of(first)  # the older stream is told once the follower is
+
+
 def test_a_kubelet_that_keeps_reconnecting_starts_from_the_current_list_and_leaves_nothing(serve, watches):
     """The kubelet drops its stream (restart, network blip) while verdicts change, many times: every
     new stream's first message is the list as it is now, and no stream or thread stays behind."""

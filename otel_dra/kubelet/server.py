@@ -262,19 +262,21 @@ class KubeletHealthServer:
             log.info("kubelet health stream opened (%s), %d open", service, count)
             while True:
                 with self._cond:
-                    version = self._version
+                    # The board's own version, not only the follower's: a stream opened just after a
+                    # change must start from it, even before the follower thread has woken up.
+                    version = max(self._version, self.board.version)
                 yield self._encode(version)
                 while True:  # until a change, or a resend tick while the verdicts are live
                     deadline = time.monotonic() + self.resend_s
                     with self._cond:
-                        while not (watcher.ended or self._stopping or self._version != version):
+                        while not (watcher.ended or self._stopping or self._version > version):
                             left = deadline - time.monotonic()
                             if left <= 0:
                                 break
                             self._cond.wait(left)
                         if watcher.ended or self._stopping:
                             return
-                        changed = self._version != version
+                        changed = self._version > version
                     if changed or self._live():
                         break
         finally:
