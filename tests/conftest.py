@@ -24,11 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from otel_dra.frame import Frame, Schema
 from otel_dra.receivers import OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[1]
+
+# No per-example deadline anywhere: beside the real-clock tests on the other worker, a 200 ms
+# deadline measures the machine's load, not the code (hypothesis advises the same for CI).
+hypothesis_settings.register_profile("otel-dra", deadline=None)
+hypothesis_settings.load_profile("otel-dra")
 
 
 def free_port() -> int:
