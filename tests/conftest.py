@@ -65,8 +65,9 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-#: Modules whose tests run real processes against real clocks (every e2e-marked test's, and the
-#: soak's, which times ticks). Under xdist (pyproject's addopts) they form one work unit: one
+#: Modules whose tests run real processes against real clocks (every e2e-marked test's), and those
+#: that time something in process to a fraction of a second (the soak's ticks, the kubelet stream's
+#: resends, the sending queue's pushes). Under xdist (pyproject's addopts) they form one work unit: one
 #: worker runs them one after another, so they never race each other for the CPU, while the
 #: other modules, each a unit of its own (its module-scoped fixtures are made once), run beside.
 REALTIME_MODULES = frozenset(
@@ -79,7 +80,9 @@ REALTIME_MODULES = frozenset(
         "test_e2e_prometheus.py",
         "test_e2e_sources.py",
         "test_grafana_rules.py",
+        "test_kubelet_stream.py",
         "test_receiver_tls.py",
+        "test_sending_queue.py",
         "test_soak.py",
     }
 )
