@@ -183,6 +183,15 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
         agent.stop(signal.SIGKILL)
 
 
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory for unix sockets: their paths are limited to 107 bytes, and pytest's
+    tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="od-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 # -- the fleet ---------------------------------------------------------------------------
 @dataclass
 class FleetProcess:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -71,16 +69,8 @@ class Kubelet:
 
 
 @pytest.fixture
-def short_dir():
-    """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
-    path = Path(tempfile.mkdtemp(prefix="od-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet_dir(short_dir: Path) -> Path:
-    return short_dir / "plugins" / "otel-dra.example.com"
+def kubelet_dir(sock_dir: Path) -> Path:
+    return sock_dir / "plugins" / "otel-dra.example.com"
 
 
 def test_device_lost_turns_unhealthy_after_the_stale_timeout_and_the_rest_stay_healthy(
@@ -144,9 +134,9 @@ def test_the_kubelet_reconnects_after_an_agent_restart(start_agent, tmp_path, ku
         kubelet.close()
 
 
-def test_registration_announces_the_health_socket(start_agent, short_dir):
-    registry = short_dir / "plugins_registry"
-    sock = short_dir / "plugins" / "otel-dra.example.com" / "dra.sock"
+def test_registration_announces_the_health_socket(start_agent, sock_dir):
+    registry = sock_dir / "plugins_registry"
+    sock = sock_dir / "plugins" / "otel-dra.example.com" / "dra.sock"
     start_agent(
         "--interval",
         "1",

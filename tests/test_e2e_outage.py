@@ -5,8 +5,6 @@ collector sees the outage's samples too (issue #7's collector fault)."""
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,11 +23,10 @@ def rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_push_survives_a_collector_outage(start_agent, tmp_path):
+def test_push_survives_a_collector_outage(start_agent, tmp_path, sock_dir):
     grpc_port = free_port()
     collector = spawn_rotel(tmp_path, "before", grpc_port=grpc_port)
     out = collector.out
-    sock_dir = Path(tempfile.mkdtemp(prefix="oto-"))  # unix socket paths are limited to 107 bytes
     socket_path = sock_dir / "dra.sock"
     agent = start_agent(
         "--interval",
@@ -66,7 +63,6 @@ def test_push_survives_a_collector_outage(start_agent, tmp_path):
         watch.until(lambda m: health_of(m).get("gpu-2") == pb.UNHEALTHY, 30.0)
     finally:
         watch.close()
-        shutil.rmtree(sock_dir, ignore_errors=True)
     # ...queues the pushes it could not make, within the bound (8 GPUs: ~300 points a push, ~210 bytes each)...
     queued = re.search(rb"^otel_dra_push_queue_size(?:\{[^}]*\})? (\S+)$", http_get(agent.url + "/metrics")[1], re.M)
     assert queued and float(queued.group(1)) > 0

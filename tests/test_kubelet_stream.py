@@ -9,12 +9,10 @@ import itertools
 import logging
 import os
 import queue
-import shutil
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -159,14 +157,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 2.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A short directory (unix socket paths are limited to 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="otk-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
