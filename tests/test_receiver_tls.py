@@ -4,6 +4,7 @@ by trustme for the test), real gRPC and HTTP on loopback, the SDK's exporters re
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -132,36 +133,17 @@ def test_mutual_tls_refuses_clients_without_a_certificate(monkeypatch, pki, tls_
     assert nodes_in(inbox) == {"node-tls"}
 
 
-def test_a_raw_grpc_client_and_a_stalled_https_client(pki, tls_receiver):
-    """The same server seen without the SDK: gRPC with ssl_channel_credentials works; a TCP client that
-    opens the HTTPS port and never speaks holds one thread, not the receiver."""
-    receiver, inbox = tls_receiver()
-    stalled = __import__("socket").create_connection(("127.0.0.1", receiver.http_port))
-    try:
-        agent = Agent("node-raw", devices=1)
-        _, data = agent.sample(T0)
-        agent.close()
-        creds = grpc.ssl_channel_credentials(pki.ca_file.read_bytes())
-        with grpc.secure_channel(f"127.0.0.1:{receiver.grpc_port}", creds) as channel:
-            MetricsServiceStub(channel).Export(encode_metrics(data), timeout=5)
-        ctx = ssl.create_default_context(cafile=str(pki.ca_file))
-        req = urllib.request.Request(
-            f"https://127.0.0.1:{receiver.http_port}/v1/metrics",
-            data=encode_metrics(data).SerializeToString(),
-            headers={"Content-Type": "application/x-protobuf"},
-        )
-        with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
-            assert resp.status == 200
-        assert nodes_in(inbox) == {"node-raw"} and len(inbox.frames()) == 2
-    finally:
-        stalled.close()
+_EXPORTS = itertools.count(1)  # each export a second after the last: the receiver keeps each node's newest time
 
 
-def export_trusting(ca_file: Path, receiver: OtlpReceiver, protocol: str, client: Pki | None = None) -> bool:
+def export_trusting(
+    ca_file: Path, receiver: OtlpReceiver, protocol: str, client: Pki | None = None, node: str = "node-rotate"
+) -> bool:
     """One export to the receiver from a client that trusts only ``ca_file`` (and shows ``client``'s
-    certificate, if given): did it go through? Raw gRPC and HTTPS clients, each a new connection."""
-    agent = Agent("node-rotate", devices=1)
-    _, data = agent.sample(T0 + time.time_ns() % S)
+    certificate, if given): did it go through? Raw gRPC and HTTPS clients, without the SDK, each a
+    new connection (so each is a new handshake)."""
+    agent = Agent(node, devices=1)
+    _, data = agent.sample(T0 + next(_EXPORTS) * S)
     agent.close()
     request = encode_metrics(data)
     try:
@@ -185,6 +167,19 @@ def export_trusting(ca_file: Path, receiver: OtlpReceiver, protocol: str, client
             return resp.status == 200
     except (grpc.RpcError, urllib.error.URLError, ssl.SSLError, ConnectionError):
         return False
+
+
+def test_a_raw_grpc_client_and_a_stalled_https_client(pki, tls_receiver):
+    """The same server seen without the SDK: gRPC with ssl_channel_credentials works; a TCP client that
+    opens the HTTPS port and never speaks holds one thread, not the receiver."""
+    receiver, inbox = tls_receiver()
+    stalled = __import__("socket").create_connection(("127.0.0.1", receiver.http_port))
+    try:
+        assert export_trusting(pki.ca_file, receiver, "grpc", node="node-raw")
+        assert export_trusting(pki.ca_file, receiver, "http/protobuf", node="node-raw")
+        assert nodes_in(inbox) == {"node-raw"} and len(inbox.frames()) == 2
+    finally:
+        stalled.close()
 
 
 def two_cas(tmp_path: Path) -> tuple[Pki, Pki]:
