@@ -76,8 +76,9 @@ MAX_TEMPLATES_PER_KEY: Final = 2
 #: A template unused this long (by the decoder's clock) is dropped: its node is gone, or renamed (node names
 #: churn in autoscaled clusters, and each would otherwise hold its ~20 kB until ``max_template_bytes``).
 TEMPLATE_IDLE_NS: Final = 15 * 60 * 10**9
-#: A node not decoded for NODE_IDLE_NS loses its time floor (the newest time read for it), as in the replay
-#: decoder, which also says how often idle state is looked for (SWEEP_EVERY_NS).
+# A node not decoded for NODE_IDLE_NS loses its time floor (the newest time read for it), as in the replay
+# decoder, which also says how often idle state is looked for (SWEEP_EVERY_NS).
+
 #: After this many misses in a row for one key, stop building templates for it (a section whose bytes change
 #: in more than values, e.g. a histogram) and only retry every ``_RETRY_EVERY`` requests.
 _MISS_STREAK: Final = 3

@@ -58,16 +58,16 @@ class TlsSettings:
         if not cert_file or not key_file:
             missing = "--tls-key-file" if cert_file else "--tls-cert-file"
             raise TlsConfigError(f"TLS needs both --tls-cert-file and --tls-key-file; {missing} is missing")
-        return cls(cert_file, key_file, client_ca_file or None).read_again()
+        return cls(cert_file, key_file, client_ca_file or None).read_again()[0]
 
-    def read_again(self) -> TlsSettings:
-        """These files, read and checked (again, when a renewal has replaced them in place)."""
+    def read_again(self) -> tuple[TlsSettings, ssl.SSLContext]:
+        """These files, read and checked (again, when a renewal has replaced them in place), and the
+        server context the checks built: the HTTP side's, made once."""
         cert = _read("--tls-cert-file", self.cert_file)
         key = _read("--tls-key-file", self.key_file)
         client_ca = _read("--tls-client-ca-file", self.client_ca_file) if self.client_ca_file else None
         settings = replace(self, _cert=cert, _key=key, _client_ca=client_ca)
-        settings.ssl_context()  # the same checks the HTTP side will make, now
-        return settings
+        return settings, settings.ssl_context()
 
     @property
     def mutual(self) -> bool:
@@ -159,8 +159,7 @@ class CertificateReloader:
         """Load the changed files (under the lock); keep the previous set if they can't be used."""
         old = self._settings
         try:
-            new = old.read_again()
-            context = new.ssl_context()
+            new, context = old.read_again()
         except TlsConfigError as exc:
             log.warning("TLS files changed but cannot be used (%s); still serving the previous certificate", exc)
             return
