@@ -486,13 +486,29 @@ def _load_policy(path: str | None) -> Policy:
     default=None,
     help="Also draw a state timeline per device to this PNG (needs matplotlib: pip install 'otel-dra[plot]').",
 )
-def replay(files: tuple[Path, ...], output: str, policy_file: str | None, strict: bool, plot: Path | None) -> None:
+@click.option(
+    "--evaluate-every",
+    type=Seconds(),
+    default=5.0,
+    show_default=True,
+    help="Judge the fleet every this much of the recording's time (as 'otel-dra fleet' does live).",
+)
+def replay(
+    files: tuple[Path, ...],
+    output: str,
+    policy_file: str | None,
+    strict: bool,
+    plot: Path | None,
+    evaluate_every: float,
+) -> None:
     """Replay recorded telemetry (OTLP JSON lines, gzip too) through the classifier.
 
-    Evaluates at every sample time and writes one verdict line per change (telemetry.md
-    section 3). Bad lines and points are skipped and counted; the first few are shown on
-    stderr with their line numbers. Exit code 0 when valid data was replayed, 2 when nothing
-    could be used (or, with --strict, when any line was bad).
+    Streams the files, judges the fleet every --evaluate-every of the recording's own time
+    (the median of the nodes' clocks, so a node whose clock is off neither looks silent nor
+    makes others look so) and writes one verdict line per change (telemetry.md section 3),
+    stamped with the device's node's time. Bad lines and points are skipped and counted; the
+    first few are shown on stderr with their line numbers. Exit code 0 when valid data was
+    replayed, 2 when nothing could be used (or, with --strict, when any line was bad).
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -529,13 +545,8 @@ def replay(files: tuple[Path, ...], output: str, policy_file: str | None, strict
         raise click.ClickException(f"cannot write {output}: {exc.strerror}") from exc
     try:
         with progress:
-            reading = progress.add_task("decoding", total=total or None)
-            judging = progress.add_task("evaluating", total=None, visible=False)
-
-            def on_eval(done: int, of: int) -> None:
-                progress.update(judging, completed=done, total=of, visible=True)
-
-            result = run_replay(list(files), policy, out, lambda n: progress.advance(reading, n), on_eval)
+            reading = progress.add_task("replaying", total=total or None)
+            result = run_replay(list(files), policy, out, lambda n: progress.advance(reading, n), evaluate_every)
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

@@ -90,9 +90,11 @@ class Fleet:
         """Ingest everything queued since the last tick, judge every device, publish the changes."""
         with self._pending_lock:
             frames, self._pending = self._pending, []
+        now = time.time_ns() if now_unix_nano is None else now_unix_nano
         if frames:
-            self.classifier.ingest_many(frames)
-        changed = self.classifier.evaluate(now_unix_nano)
+            # The fleet's clock is the reference: a node is fresh when it was heard, whatever its own clock says.
+            self.classifier.ingest_many(frames, now)
+        changed = self.classifier.evaluate(now)
         self.board.publish(changed, self.classifier.registry)
         self._last_tick = time.monotonic()
         self.ticks += 1

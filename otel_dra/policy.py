@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ EVENT_THRESHOLDS = (
     ("driver_errors", "application_repeats"),
     ("device_reset", "resets"),
 )
+
+#: Buckets the long horizon keeps per device at most (memory: about 50 bytes a bucket).
+HORIZON_MAX_BUCKETS = 1440
 
 #: Driver error code classes, and the ladder step a fatal class starts at.
 DRIVER_CLASSES: tuple[str, ...] = ("ignore", "application", "reset_device", "reboot_node", "mechanical")
@@ -171,6 +175,7 @@ RULES = struct(
                 "min_fraction": FRACTION,
                 "critical_state": STATE,
                 "throttle_share": FRACTION,
+                "duty": FRACTION,
                 "fallback_limits": struct({"high.degraded": number(), "high.critical": number()}),
                 "remediation": LADDER,
             }
@@ -182,6 +187,7 @@ RULES = struct(
                 "min_ratio": FRACTION,
                 "warm": number(),
                 "min_fraction": FRACTION,
+                "duty": FRACTION,
                 "remediation": LADDER,
             }
         ),
@@ -192,11 +198,13 @@ RULES = struct(
                 "retired_pages_predicted": COUNT,
                 "corrected_per_minute": POSITIVE,
                 "corrected_mad_k": POSITIVE,
+                "corrected_cohort_ratio": number(1.0),
+                "corrected_floor_per_minute": POSITIVE,
                 "remediation": LADDER,
             }
         ),
         "power_delivery": struct(
-            {"state": STATE, "errors": COUNT, "voltage_fraction": FRACTION, "remediation": LADDER}
+            {"state": STATE, "errors": COUNT, "voltage_fraction": FRACTION, "duty": FRACTION, "remediation": LADDER}
         ),
         "power_throttling": struct(
             {
@@ -204,6 +212,7 @@ RULES = struct(
                 "throttle_share": FRACTION,
                 "pinned_ratio": FRACTION,
                 "pinned_fraction": FRACTION,
+                "duty": FRACTION,
                 "remediation": LADDER,
             }
         ),
@@ -212,6 +221,7 @@ RULES = struct(
                 "state": STATE,
                 "utilization": FRACTION,
                 "min_fraction": FRACTION,
+                "duty": FRACTION,
                 "out_of_memory": COUNT,
                 "events_window": duration,
                 "remediation": LADDER,
@@ -224,6 +234,9 @@ RULES = struct(
                 "default_generation": number(1, 16, integer=True),
                 "default_width": number(1, 64, integer=True),
                 "mad_k": POSITIVE,
+                "cohort_ratio": number(1.0),
+                "floor_per_minute": POSITIVE,
+                "duty": FRACTION,
                 "downgrade_fraction": FRACTION,
                 "generation_min_utilization": FRACTION,
                 "remediation": LADDER,
@@ -350,7 +363,12 @@ SCHEMA = struct(
         "window": duration,
         "min_samples": COUNT,
         "stale_timeout": duration,
+        "stale_intervals": number(2.0, 100.0),
         "device_ttl": duration,
+        "horizon": struct(
+            {"bucket": duration, "duty_span": duration, "rate_span": duration, "duty_hold_ratio": FRACTION}
+        ),
+        "cohorts": struct({"by": list_of(string), "min_devices": COUNT, "significance": POSITIVE}),
         "unhealthy_states": list_of(one_of(RULE_STATES), min_len=1),
         "hold": map_of(one_of(("default", *RULES_KEYS)), duration),
         "escalation": struct({"window": duration, "after": COUNT}),
@@ -435,6 +453,17 @@ def _check_consistency(data: Mapping[str, Any], source: str) -> None:
                     f"{source}: rules.{reason}.{key} ({value}) is above the {EVENT_LOG_DEPTH} events kept per "
                     f"device; use at most {EVENT_LOG_DEPTH}"
                 )
+    hz = data["horizon"]
+    if not 1.0 <= hz["bucket"] <= hz["duty_span"] <= hz["rate_span"]:
+        raise PolicyError(
+            f"{source}: horizon: need 1s <= bucket ({hz['bucket']:g}s) <= duty_span ({hz['duty_span']:g}s) "
+            f"<= rate_span ({hz['rate_span']:g}s)"
+        )
+    if hz["rate_span"] / hz["bucket"] > HORIZON_MAX_BUCKETS:
+        raise PolicyError(
+            f"{source}: horizon: rate_span / bucket is {hz['rate_span'] / hz['bucket']:.0f} buckets per device; "
+            f"use at most {HORIZON_MAX_BUCKETS} (a longer bucket or a shorter span)"
+        )
     ecc = data["rules"]["memory_ecc"]
     if ecc["retired_pages_predicted"] > ecc["retired_pages_failed"]:
         raise PolicyError(
@@ -463,6 +492,39 @@ class Policy:
     @property
     def stale_timeout_s(self) -> float:
         return float(self.data["stale_timeout"])
+
+    @property
+    def stale_intervals(self) -> float:
+        return float(self.data["stale_intervals"])
+
+    @property
+    def min_samples(self) -> int:
+        return int(self.data["min_samples"])
+
+    @property
+    def horizon_bucket_s(self) -> float:
+        return float(self.data["horizon"]["bucket"])
+
+    def horizon_buckets(self, span: str) -> int:
+        """A horizon span (``duty_span``, ``rate_span``) in whole buckets, rounded up."""
+        hz = self.data["horizon"]
+        return max(1, math.ceil(float(hz[span]) / float(hz["bucket"]) - 1e-9))
+
+    @property
+    def duty_hold_ratio(self) -> float:
+        return float(self.data["horizon"]["duty_hold_ratio"])
+
+    @property
+    def cohort_keys(self) -> tuple[str, ...]:
+        return tuple(self.data["cohorts"]["by"])
+
+    @property
+    def cohort_min_devices(self) -> int:
+        return int(self.data["cohorts"]["min_devices"])
+
+    @property
+    def cohort_significance(self) -> float:
+        return float(self.data["cohorts"]["significance"])
 
     def hold_s(self, reason: str) -> float:
         hold = self.data["hold"]

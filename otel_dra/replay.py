@@ -1,17 +1,17 @@
 """Replay: recorded OTLP JSON telemetry → the classifier → verdict lines (telemetry.md §3).
 
-Files are decoded into frames (bad lines and points are skipped and counted, never fatal),
-frames are ordered by sample time across nodes (lines are in time order per node only), and
-the classifier evaluates at every sample time, so staleness and windows read exactly as they
-would have live. A verdict line is written whenever a device's verdict changes.
+Files are streamed: each line is decoded into frames (bad lines and points are skipped and
+counted, never fatal) and queued; every few seconds of the recording's own clock (a
+watermark over the nodes' clocks, :class:`TraceClock`), the queue is ingested as one batch
+and the classifier evaluates, as a fleet would have live. A verdict line is written whenever
+a device's verdict changes.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -53,83 +53,110 @@ class ReplayResult:
         return self.frames > 0
 
 
-def estimate_interval(frames: list[Frame]) -> float:
-    """The typical sampling interval: the median step between a node's consecutive samples."""
-    times: dict[str, list[int]] = defaultdict(list)
-    for frame in frames:
-        times[frame.devices.node].append(frame.time_unix_nano)
-    steps = [b - a for ts in times.values() for a, b in zip(sorted(set(ts)), sorted(set(ts))[1:], strict=False)]
-    return statistics.median(steps) / 1e9 if steps else 10.0
+#: The shortest sampling interval a replay judges over a whole window (it sizes the window's
+#: ring); a node sampled faster is judged over its last ``window / RING_INTERVAL_S`` samples.
+RING_INTERVAL_S = 5.0
+#: Nodes not heard for this long no longer move the replay's clock.
+CLOCK_QUORUM_S = 600.0
 
 
-def decode_files(
-    paths: Iterable[Path], schema: Schema, result: ReplayResult, progress: Callable[[int], None] | None = None
-) -> list[Frame]:
-    """Every frame in ``paths``; errors are kept (the first few) and counted (all)."""
-    decoder = OtlpJsonDecoder(schema)
-    frames: list[Frame] = []
-    for _path, lineno, raw in read_lines(paths):
-        decoded, errors = decoder.decode_line(raw, lineno)
-        frames.extend(decoded)
-        if errors:
-            result.error_count += len(errors)
-            room = SHOWN_ERRORS - len(result.errors)
-            if room > 0:
-                result.errors.extend(errors[:room])
-        if progress is not None:
-            progress(len(raw) + 1)
-    result.lines = decoder.lines
-    result.lines_skipped = decoder.lines_skipped
-    result.points = decoder.points
-    result.points_skipped = decoder.points_skipped
-    result.frames = len(frames)
-    return frames
+class TraceClock:
+    """The replay's reference clock, read off the recording itself.
 
+    Lines come in arrival order (a Collector writes what it receives), each node's points
+    stamped by that node's clock, and clocks differ (±90 s is common). The clock is the
+    median of the nodes' newest stamps (nodes heard within ``CLOCK_QUORUM_S``), never going
+    back: one node far ahead or behind moves it by nothing, and a node is judged by how much
+    of this clock has passed since it was last heard, not by how its stamps compare with
+    another node's."""
 
-def by_time(frames: list[Frame]) -> Iterator[tuple[int, list[Frame]]]:
-    """Frames grouped by sample time, oldest first (stable within a time)."""
-    order = sorted(range(len(frames)), key=lambda i: frames[i].time_unix_nano)
-    group: list[Frame] = []
-    current = None
-    for i in order:
-        t = frames[i].time_unix_nano
-        if t != current and group:
-            yield current, group  # type: ignore[misc]
-            group = []
-        current = t
-        group.append(frames[i])
-    if group:
-        yield current, group  # type: ignore[misc]
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._latest = np.zeros(0)
+        self.now_ns = 0
+
+    def heard(self, frames: list[Frame]) -> int:
+        """Note the frames of one line; returns the clock (unix ns) after them."""
+        for frame in frames:
+            i = self._index.get(frame.devices.node)
+            if i is None:
+                i = self._index[frame.devices.node] = len(self._index)
+                self._latest = np.append(self._latest, -np.inf)
+            self._latest[i] = max(self._latest[i], frame.time_unix_nano / 1e9)
+        if frames:
+            latest = self._latest
+            recent = latest[latest >= latest.max() - CLOCK_QUORUM_S]
+            middle = recent.size // 2  # the upper median: one partition, not np.median's sort
+            self.now_ns = max(self.now_ns, round(float(np.partition(recent, middle)[middle]) * 1e9))
+        return self.now_ns
 
 
 def replay(
     paths: list[Path],
     policy: Policy,
     out: IO[str],
-    decode_progress: Callable[[int], None] | None = None,
-    eval_progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+    evaluate_every_s: float = 5.0,
 ) -> ReplayResult:
-    """Decode ``paths``, evaluate at every sample time, write changed verdicts to ``out``."""
+    """Stream ``paths`` through the classifier, evaluating every ``evaluate_every_s`` of the
+    recording's clock (:class:`TraceClock`); write changed verdicts to ``out``.
+
+    Decoded frames are ingested in batches, once per evaluation, and dropped: a replay costs
+    O(samples), and holds the classifier's state, not the recording. Verdict times are each
+    device's own node's time (the input's time base), so they line up with its samples."""
     result = ReplayResult()
     schema = Schema()
-    frames = decode_files(paths, schema, result, decode_progress)
-    if not frames:
-        return result
-    result.interval_s = estimate_interval(frames)
-    classifier = Classifier(policy, schema, interval_s=result.interval_s)
-    groups = list(by_time(frames))
-    result.first_time_ns, result.last_time_ns = groups[0][0], groups[-1][0]
-    for done, (t, group) in enumerate(groups, 1):
-        classifier.ingest_many(group)
-        for verdict in classifier.evaluate(t):
+    decoder = OtlpJsonDecoder(schema)
+    classifier = Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True)
+    clock = TraceClock()
+    pending: list[Frame] = []
+    heard: list[int] = []
+    every_ns = round(evaluate_every_s * 1e9)
+    next_eval: int | None = None
+
+    def judge(now_ns: int) -> None:
+        if pending:
+            classifier.ingest_many(pending, heard)
+            pending.clear()
+            heard.clear()
+        for verdict in classifier.evaluate(now_ns):
             out.write(json.dumps(verdict.to_json(), separators=(", ", ": ")) + "\n")
             key = (verdict.node, verdict.hw_id)
             result.final[key] = verdict
-            result.timeline[key].append((t, verdict.health, verdict.state))
+            result.timeline[key].append((verdict.time_unix_nano, verdict.health, verdict.state))
             result.verdict_lines += 1
+            result.first_time_ns = min(result.first_time_ns or verdict.time_unix_nano, verdict.time_unix_nano)
         result.evaluations += 1
-        if eval_progress is not None:
-            eval_progress(done, len(groups))
+
+    for _path, lineno, raw in read_lines(paths):
+        frames, errors = decoder.decode_line(raw, lineno)
+        if errors:
+            result.error_count += len(errors)
+            room = SHOWN_ERRORS - len(result.errors)
+            if room > 0:
+                result.errors.extend(errors[:room])
+        if frames:
+            now = clock.heard(frames)
+            pending.extend(frames)
+            heard.extend([now] * len(frames))
+            result.frames += len(frames)
+            if next_eval is None:
+                next_eval = now
+            if now >= next_eval:
+                judge(now)
+                next_eval = now + every_ns
+        if progress is not None:
+            progress(len(raw) + 1)
+    if result.frames:
+        judge(clock.now_ns)
+        result.last_time_ns = clock.now_ns
+        intervals = classifier.intervals(np.flatnonzero(classifier.registry.active))
+        intervals = intervals[~np.isnan(intervals)]
+        result.interval_s = float(np.median(intervals)) if intervals.size else evaluate_every_s
+    result.lines = decoder.lines
+    result.lines_skipped = decoder.lines_skipped
+    result.points = decoder.points
+    result.points_skipped = decoder.points_skipped
     return result
 
 

@@ -1,7 +1,7 @@
 """A naive twin of :class:`otel_dra.classifier.Classifier`, for property tests.
 
 The same policy, written the slow and obvious way: one Python object per device, a
-``collections.deque(maxlen=W)`` of per-sample dicts as its window, and explicit loops over
+``collections.deque`` of per-sample dicts as its window, and explicit loops over
 devices, samples, series and reasons. Nothing here is shared with the vectorised code
 except the policy (loaded and merged by :mod:`otel_dra.policy`), the data model
 (:mod:`otel_dra.frame`), the vocabularies and the ring length ``window_samples``.
@@ -12,15 +12,28 @@ Semantics, as the contract (``telemetry.md``) and the classifier's docstrings st
 - counters: a device's first sample is a baseline (increase 0); a series first seen on a
   known device counts its whole value; a value that went down is a reset (increase 0, the
   value is the new baseline); an absent value keeps the previous one;
-- every rule reads the last W samples (``fraction``: share of samples with the indicator
+- every rule reads its window: the samples of the last ``window`` seconds before its newest,
+  at most W of them (``fraction``: share of samples with the indicator
   known that are 1, 0 under ``min_samples``; ``share`` / ``per_minute``: counter increase
   over the window's time, the sum of the samples' ``dt``, for ``per_minute`` at least 60 s); rare counters (resets, OOM,
   application driver errors) are judged over their own events window from the last 8 events;
-- fleet outliers: above ``median + k x 1.4826 x MAD`` of the rate over fresh devices;
-- freshness: stale timeout ``max(policy, 2 x the device's last dt)`` (the classifier's
-  ``interval_s`` when the last dt is unknown); a device past it whose node still reports
-  (judged with the device's timeout) is ``device_lost``, a device whose node is past it is
-  Unknown (``stale``);
+- the long horizon: every sample also goes into its bucket (``floor(t / bucket)``, never
+  before the device's newest bucket); a span is the device's newest ``span`` buckets, covered
+  when it holds ``min_samples`` samples and half its length of time; ``duty``: a rule's
+  indicator share (or time share) over the duty span is at least its ``duty``, or, with the
+  reason already on, at least ``duty x duty_hold_ratio`` over the rate span;
+- rates (corrected ECC, link errors) against centres: the median and MAD of the rate-span
+  rates of the fresh devices of the same cohort (``cohorts.by``) whose span is half covered,
+  the fleet's when the cohort has fewer than ``min_devices``, none when the fleet has too;
+  over the window above ``max(absolute, ratio x median)``, over the covered rate span (own
+  cohort only) above ``max(ratio x median, median + mad_k x 1.4826 x MAD, floor)``, each by more
+  than ``significance`` Poisson deviations of the expected count;
+- freshness, in the reference clock (when each sample was heard): stale timeout
+  ``max(policy, stale_intervals x the device's interval)``, the interval being the mean step
+  between its window's samples (the stale timeout itself while unknown); a device past it
+  whose node still reports (judged with the device's timeout) is ``device_lost``, a device
+  whose node is past it is Unknown (``stale``); event windows end at the device's own
+  present (its newest sample time plus the time since it was heard);
 - hysteresis per reason (on with evidence, off after ``hold`` without), severity hold,
   escalation (``(episodes - 1) // (after - 1)`` steps up the ladder, episodes within the
   escalation window), driver error remediation floors, health by ``unhealthy_states``;
@@ -72,6 +85,21 @@ COUNTER_FEATURES = (
     "throttle_thermal",
     "throttle_power",
     *ERROR_FEATURE.values(),
+)
+#: What the long horizon keeps, per minute-bucket (the classifier's ``HORIZON_FEATURES``).
+HORIZON_FEATURES = (
+    "dt",
+    "ecc_corrected",
+    "link_errors",
+    "throttle_thermal",
+    "throttle_power",
+    "temp_hot",
+    "cooling_bad",
+    "power_pinned",
+    "mem_full",
+    "volt_bad",
+    "width_down",
+    "gen_down",
 )
 
 
@@ -246,6 +274,11 @@ class Device:
     prev: dict[int, float] = field(default_factory=dict)  # counter column -> last value
     prev_time: float | None = None
     last_seen: float = -math.inf
+    last_heard: float = -math.inf  # the reference clock
+    first_in_window: bool = True
+    head: int | None = None  # newest horizon bucket
+    horizon: list[tuple[int, dict[str, float | None]]] = field(default_factory=list)
+    cohort: tuple[str, ...] = ()
     events: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
     reasons: dict[str, ReasonState] = field(default_factory=dict)
     last_key: tuple[Any, ...] | None = None
@@ -259,6 +292,8 @@ class NaiveClassifier:
         self.schema = schema if schema is not None else Schema()
         self.interval_s = interval_s
         self.window_len = window_samples(policy.window_s, interval_s)
+        self.bucket_s = policy.horizon_bucket_s
+        self.spans = {"duty": policy.horizon_buckets("duty_span"), "rate": policy.horizon_buckets("rate_span")}
         self.min_samples = int(policy.data["min_samples"])
         self.devices: dict[tuple[str, str], Device] = {}
         self._columns: Columns | None = None
@@ -271,6 +306,7 @@ class NaiveClassifier:
 
     def _set_attrs(self, dev: Device, attrs: Mapping[str, str]) -> None:
         dev.attrs = dict(attrs)
+        dev.cohort = tuple(attrs.get(key, "") for key in self.policy.cohort_keys)
         dev.vendor = attrs.get(cv.HW_VENDOR, "")
         dev.rules = self.policy.rules_for(dev.vendor, attrs.get(cv.HW_MODEL, ""))
         fw = dev.rules["firmware"]
@@ -284,9 +320,11 @@ class NaiveClassifier:
                 bad = True
         dev.firmware_bad = bad
 
-    def ingest(self, frame: Frame) -> None:
+    def ingest(self, frame: Frame, arrival_unix_nano: int | None = None) -> None:
+        """One frame, heard at ``arrival_unix_nano`` in the reference clock (default: its own time)."""
         cols = self.columns()
         t = frame.time_unix_nano / 1e9
+        heard = t if arrival_unix_nano is None else arrival_unix_nano / 1e9
         table = frame.devices
         for i, hw_id in enumerate(table.ids):
             raw = frame.values[i].tolist()
@@ -299,7 +337,7 @@ class NaiveClassifier:
             dev = self.devices.get(key)
             first = dev is None
             if dev is None:
-                dev = Device(table.node, hw_id, deque(maxlen=self.window_len))
+                dev = Device(table.node, hw_id, deque())
                 dev.events = {kind: deque(maxlen=EVENT_DEPTH) for kind in EVENT_KINDS}
                 dev.reasons = {reason: ReasonState() for reason in REASONS}
                 self._set_attrs(dev, {})
@@ -307,12 +345,29 @@ class NaiveClassifier:
             if dict(table.attrs[i]) != dev.attrs:
                 self._set_attrs(dev, table.attrs[i])
             sample = self._sample(dev, first, t, values, cols)
-            dev.window.append({name: f32(v) for name, v in sample.items()})
+            stored = {name: f32(v) for name, v in sample.items()}
+            stored["t"] = t
+            # The window: at most window_len samples, none window_s older than the newest.
+            dev.window.append(stored)
+            while len(dev.window) > self.window_len or (
+                len(dev.window) > 1 and dev.window[0]["t"] <= t - self.policy.window_s  # type: ignore[operator]
+            ):
+                dev.window.popleft()
+                dev.first_in_window = False
+            # The horizon: per-bucket, a sample older than the newest bucket counts in it.
+            bucket = math.floor(t / self.bucket_s)
+            if dev.head is not None:
+                bucket = max(bucket, dev.head)
+            dev.head = bucket
+            dev.horizon.append((bucket, {name: stored[name] for name in HORIZON_FEATURES}))
+            oldest = bucket - max(self.spans.values())
+            dev.horizon = [(b, h) for b, h in dev.horizon if b > oldest]
             for kind in EVENT_KINDS:
                 amount = sample[kind]
                 if amount is not None and amount > 0:
                     dev.events[kind].append((t, amount))
             dev.last_seen = max(dev.last_seen, t)
+            dev.last_heard = max(dev.last_heard, heard)
 
     def _sample(
         self, dev: Device, first: bool, t: float, values: list[float | None], cols: Columns
@@ -470,23 +525,35 @@ class NaiveClassifier:
         return s
 
     # -- evaluate -------------------------------------------------------------------------------
+    def _interval(self, dev: Device) -> float | None:
+        """The mean step between the window's samples (the first-ever sample's step is none)."""
+        steps = len(dev.window) - (1 if dev.first_in_window else 0)
+        if steps <= 0:
+            return None
+        return sum(s["dt"] for s in dev.window) / steps  # type: ignore[misc]
+
     def _timeout(self, dev: Device) -> float:
-        last_dt = dev.window[-1]["dt"] if dev.window else None
-        interval = self.interval_s if last_dt is None or last_dt <= 0 else last_dt
-        return max(self.policy.stale_timeout_s, 2.0 * interval)
+        base = self.policy.stale_timeout_s
+        interval = self._interval(dev)
+        return max(base, self.policy.stale_intervals * (base if interval is None else interval))
 
     def _freshness(self, dev: Device, now_s: float) -> tuple[bool, bool]:
         """A device is fresh within its own timeout; its node within the longest timeout of the
-        node's devices, judged against the node's newest sample."""
+        node's devices, judged against when the node was last heard."""
         node_last, node_timeout = -math.inf, 0.0
         for other in self.devices.values():
             if other.node == dev.node:
-                node_last = max(node_last, other.last_seen)
+                node_last = max(node_last, other.last_heard)
                 node_timeout = max(node_timeout, self._timeout(other))
-        return now_s - dev.last_seen <= self._timeout(dev), now_s - node_last <= node_timeout
+        return now_s - dev.last_heard <= self._timeout(dev), now_s - node_last <= node_timeout
 
     def _stats(self, dev: Device, now_s: float) -> Stats:
-        return Stats(list(dev.window), self.min_samples, now_s, dev.events)
+        local = dev.last_seen + (now_s - dev.last_heard)  # its node's clock, now
+        spans = {}
+        for name, length in self.spans.items():
+            spans[name] = [h for b, h in dev.horizon if dev.head is not None and b > dev.head - length]
+        span_s = {name: length * self.bucket_s for name, length in self.spans.items()}
+        return Stats(list(dev.window), self.min_samples, local, dev.events, spans, span_s)
 
     def evaluate(self, now_unix_nano: int | None = None) -> list[dict[str, Any]]:
         now_ns = time.time_ns() if now_unix_nano is None else int(now_unix_nano)
@@ -498,25 +565,36 @@ class NaiveClassifier:
         for dev in devices:
             fresh[id(dev)], node_fresh[id(dev)] = self._freshness(dev, now_s)
             stats[id(dev)] = self._stats(dev, now_s)
-        # Fleet pools of rates, over fresh devices that have a rate.
-        corrected_pool: list[float] = []
-        link_pool: list[float] = []
-        for dev in devices:
-            if not fresh[id(dev)]:
-                continue
-            corrected = stats[id(dev)].per_minute("ecc_corrected")
-            if corrected is not None:
-                corrected_pool.append(corrected)
-            link_rate = stats[id(dev)].per_minute("link_errors")
-            if link_rate is not None:
-                link_pool.append(link_rate)
+        # Each rate's centre (median, MAD, source) per device: over its cohort's fresh devices whose
+        # rate span is at least half covered; too few: the fleet's; still too few: none.
+        centres: dict[str, dict[int, tuple[float, float, str]]] = {}
+        for feature in ("ecc_corrected", "link_errors"):
+            pools: dict[tuple[str, ...], list[float]] = {}
+            for dev in devices:
+                w = stats[id(dev)]
+                minutes = w.span_minutes()
+                if fresh[id(dev)] and minutes > 0 and minutes * 60.0 >= 0.5 * w.span_s["rate"]:
+                    pools.setdefault(dev.cohort, []).append(w.span_count(feature) / max(minutes, 1.0))
+            everyone = [rate for pool in pools.values() for rate in pool]
+            least = self.policy.cohort_min_devices
+            centres[feature] = {}
+            for dev in devices:
+                pool = pools.get(dev.cohort, [])
+                if len(pool) >= least:
+                    centres[feature][id(dev)] = (*self._centre(pool), "cohort")
+                elif len(everyone) >= least:
+                    centres[feature][id(dev)] = (*self._centre(everyone), "fleet")
+                else:
+                    centres[feature][id(dev)] = (0.0, 0.0, "none")
 
         out = []
         for dev in devices:
             is_fresh, is_node_fresh = fresh[id(dev)], node_fresh[id(dev)]
             lost = not is_fresh and is_node_fresh
             unknown = not is_node_fresh
-            evidence = self._evidence(dev, stats[id(dev)], is_fresh, lost, corrected_pool, link_pool)
+            evidence = self._evidence(
+                dev, stats[id(dev)], is_fresh, lost, centres["ecc_corrected"][id(dev)], centres["link_errors"][id(dev)]
+            )
             key = self._step(dev, now_s, evidence, unknown)
             if key != dev.last_key:
                 dev.last_key = key
@@ -534,17 +612,49 @@ class NaiveClassifier:
                 )
         ttl = float(self.policy.data["device_ttl"])
         for key_, dev in list(self.devices.items()):
-            if now_s - dev.last_seen > ttl:
+            if now_s - dev.last_heard > ttl:
                 del self.devices[key_]  # forgotten: if it comes back, it is a new device
         return out
 
     @staticmethod
-    def _fleet_bar(pool: list[float], k: float) -> float:
-        if not pool:
-            return math.inf
+    def _centre(pool: list[float]) -> tuple[float, float]:
         median = statistics.median(pool)
-        mad = statistics.median([abs(x - median) for x in pool])
-        return median + k * 1.4826 * mad
+        return median, statistics.median([abs(x - median) for x in pool])
+
+    def _rate(
+        self,
+        dev: Device,
+        w: Stats,
+        feature: str,
+        reason: str,
+        keys: tuple[str, str, str],
+        absolute: float,
+        centre: tuple[float, float, str],
+    ) -> bool:
+        """A rate above its bar beyond counting noise: over the window against max(absolute,
+        ratio x centre); over the rate span against the cohort's own norm (its cohort's only)."""
+        rules = dev.rules[reason]
+        ratio, mad_k, floor = (float(rules[k]) for k in keys)
+        median, mad, source = centre
+        z = self.policy.cohort_significance
+
+        def above(count: float, minutes: float, bar: float) -> bool:
+            expected = bar * minutes
+            return count > expected + z * math.sqrt(max(expected, 0.0))
+
+        window_bar = max(absolute, ratio * median)
+        fast = w._timed() and above(w.increase(feature), max(w.seconds, 60.0) / 60.0, window_bar)
+        own_bar = max(ratio * median, median + mad_k * 1.4826 * mad, floor)
+        span_bar = own_bar if source == "cohort" else window_bar
+        slow = w.covered("rate") and above(w.span_count(feature), max(w.span_minutes(), 1.0), span_bar)
+        return fast or slow
+
+    def _duty(self, dev: Device, w: Stats, feature: str, reason: str, share: bool = False) -> bool:
+        """Present for the rule's duty of the duty span, or (already on) duty x hold ratio of the rate span."""
+        duty = float(dev.rules[reason]["duty"])
+        read = w.span_share if share else w.span_fraction
+        stay = duty * self.policy.duty_hold_ratio
+        return read(feature, "duty") >= duty or (dev.reasons[reason].on and read(feature, "rate") >= stay)
 
     def _evidence(
         self,
@@ -552,8 +662,8 @@ class NaiveClassifier:
         w: Stats,
         fresh: bool,
         lost: bool,
-        corrected_pool: list[float],
-        link_pool: list[float],
+        corrected_centre: tuple[float, float, str],
+        link_centre: tuple[float, float, str],
     ) -> dict[str, tuple[bool, int, int]]:
         """Per reason: (evidence present now, state it implies, least remediation code)."""
         r = dev.rules
@@ -564,44 +674,62 @@ class NaiveClassifier:
         hot = w.fraction("temp_hot") >= th["min_fraction"]
         throttled = w.share("throttle_thermal") >= th["throttle_share"]
         critical = w.fraction("temp_crit") >= th["min_fraction"]
-        ev["thermal"] = (hot or throttled or critical, st[th["critical_state"] if critical else th["state"]], 0)
+        recurring = self._duty(dev, w, "temp_hot", "thermal") or self._duty(
+            dev, w, "throttle_thermal", "thermal", share=True
+        )
+        ev["thermal"] = (
+            hot or throttled or recurring or critical,
+            st[th["critical_state"] if critical else th["state"]],
+            0,
+        )
 
         co = r["cooling"]
-        ev["cooling"] = (w.fraction("cooling_bad") >= co["min_fraction"], st[co["state"]], 0)
+        cooling_bad = w.fraction("cooling_bad") >= co["min_fraction"] or self._duty(dev, w, "cooling_bad", "cooling")
+        ev["cooling"] = (cooling_bad, st[co["state"]], 0)
 
         ecc = r["memory_ecc"]
         uncorrected = w.increase("ecc_uncorrected") >= ecc["uncorrected"]
         retired = w.latest("retired_total") or 0.0
         retired_failed = retired >= ecc["retired_pages_failed"]
         retired_warn = retired >= ecc["retired_pages_predicted"]
-        rate = w.per_minute("ecc_corrected")
-        bar = max(float(ecc["corrected_per_minute"]), self._fleet_bar(corrected_pool, float(ecc["corrected_mad_k"])))
-        storm = (rate or 0.0) > bar
+        storm = self._rate(
+            dev,
+            w,
+            "ecc_corrected",
+            "memory_ecc",
+            ("corrected_cohort_ratio", "corrected_mad_k", "corrected_floor_per_minute"),
+            float(ecc["corrected_per_minute"]),
+            corrected_centre,
+        )
         ecc_state = st["failed"] if uncorrected or retired_failed else st["predicted_failure"]
         ev["memory_ecc"] = (uncorrected or retired_failed or retired_warn or storm, ecc_state, 0)
 
         pd = r["power_delivery"]
         errors = w.increase("power_errors") >= pd["errors"]
-        voltage = w.fraction("volt_bad") >= pd["voltage_fraction"]
+        voltage = w.fraction("volt_bad") >= pd["voltage_fraction"] or self._duty(dev, w, "volt_bad", "power_delivery")
         ev["power_delivery"] = (errors or voltage, st[pd["state"]], 0)
 
         pt = r["power_throttling"]
         share = w.share("throttle_power")
         pinned = w.fraction("power_pinned") >= pt["pinned_fraction"] and share > 0
-        ev["power_throttling"] = (share >= pt["throttle_share"] or pinned, st[pt["state"]], 0)
+        cycling = self._duty(dev, w, "throttle_power", "power_throttling", share=True)
+        ev["power_throttling"] = (share >= pt["throttle_share"] or pinned or cycling, st[pt["state"]], 0)
 
         mp = r["memory_pressure"]
-        full = w.fraction("mem_full") >= mp["min_fraction"]
+        full = w.fraction("mem_full") >= mp["min_fraction"] or self._duty(dev, w, "mem_full", "memory_pressure")
         ooms = w.events_since("out_of_memory", float(mp["events_window"])) >= mp["out_of_memory"]
         ev["memory_pressure"] = (full or ooms, st[mp["state"]], 0)
 
         lk = r["link"]
-        link_rate = w.per_minute("link_errors")
         expected = w.mean("link_expected") or 0.0
-        link_bar = max(expected, self._fleet_bar(link_pool, float(lk["mad_k"])))
-        link_errors = (link_rate or 0.0) > link_bar
+        link_errors = self._rate(
+            dev, w, "link_errors", "link", ("cohort_ratio", "mad_k", "floor_per_minute"), expected, link_centre
+        )
         down = (
-            w.fraction("width_down") >= lk["downgrade_fraction"] or w.fraction("gen_down") >= lk["downgrade_fraction"]
+            w.fraction("width_down") >= lk["downgrade_fraction"]
+            or w.fraction("gen_down") >= lk["downgrade_fraction"]
+            or self._duty(dev, w, "width_down", "link")
+            or self._duty(dev, w, "gen_down", "link")
         )
         ev["link"] = (link_errors or down, st[lk["state"]], 0)
 
@@ -692,14 +820,46 @@ class Stats:
         min_samples: int,
         now_s: float,
         events: dict[str, deque[tuple[float, float]]],
+        spans: dict[str, list[dict[str, float | None]]],
+        span_s: dict[str, float],
     ) -> None:
         self.samples = samples
         self.min_samples = min_samples
         self.now_s = now_s
         self.events = events
+        self.spans = spans
+        self.span_s = span_s
         self.seconds = 0.0
         for sample in samples:
             self.seconds += sample["dt"]  # type: ignore[operator]
+
+    # -- the long horizon: the samples of the span's buckets --------------------------------------
+    def _span_total(self, f: str, span: str) -> tuple[float, int]:
+        total, n = 0.0, 0
+        for sample in self.spans[span]:
+            v = sample[f]
+            if v is not None:
+                total += v
+                n += 1
+        return total, n
+
+    def covered(self, span: str) -> bool:
+        seconds, n = self._span_total("dt", span)
+        return n >= self.min_samples and seconds >= 0.5 * self.span_s[span]
+
+    def span_minutes(self) -> float:
+        return self._span_total("dt", "rate")[0] / 60.0
+
+    def span_count(self, f: str) -> float:
+        return self._span_total(f, "rate")[0]
+
+    def span_fraction(self, f: str, span: str) -> float:
+        total, n = self._span_total(f, span)
+        return total / n if self.covered(span) and n >= self.min_samples else 0.0
+
+    def span_share(self, f: str, span: str) -> float:
+        seconds = self._span_total("dt", span)[0]
+        return self._span_total(f, span)[0] / seconds if self.covered(span) and seconds > 0 else 0.0
 
     def known(self, f: str) -> list[float]:
         return [s[f] for s in self.samples if s[f] is not None]  # type: ignore[misc]

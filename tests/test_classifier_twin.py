@@ -46,12 +46,18 @@ device_ttl: 150s
 unhealthy_states: [failed]
 hold: {{default: 30s, memory_ecc: 60s, driver_errors: 60s, device_reset: 60s, device_lost: 30s, firmware: 0s}}
 escalation: {{window: 5m, after: 2}}
+# A short horizon, so that cohorts and duty cycles matter within a generated fleet's minutes.
+horizon: {{bucket: 20s, duty_span: 1m, rate_span: 2m, duty_hold_ratio: 0.5}}
+cohorts: {{min_devices: 3, significance: 1}}
 rules:
-  memory_ecc: {{corrected_per_minute: 6, corrected_mad_k: 3, retired_pages_failed: 10, retired_pages_predicted: 5}}
+  memory_ecc: {{corrected_per_minute: 6, corrected_mad_k: 3, retired_pages_failed: 10, retired_pages_predicted: 5,
+               corrected_cohort_ratio: 2, corrected_floor_per_minute: 0.5}}
   memory_pressure: {{events_window: 2m, out_of_memory: 3}}
   driver_errors: {{events_window: 2m, application_repeats: 2}}
   device_reset: {{events_window: 2m, resets: 2}}
-  link: {{mad_k: 3}}
+  link: {{mad_k: 3, cohort_ratio: 2, floor_per_minute: 1}}
+  thermal: {{duty: 0.3}}
+  cooling: {{duty: 0.3}}
   firmware: {{deny: ["{DENIED_FW}"], minimum: {{NVIDIA: "96.00.50.00.01"}}}}
 overrides:
   - match: {{hw.model: "A100*"}}
@@ -70,14 +76,17 @@ device_ttl: 1h
 unhealthy_states: [failed, degraded]
 hold: {{default: 20s, memory_ecc: 40s, driver_errors: 40s, vendor_status: 0s, firmware: 0s, thermal: 50s}}
 escalation: {{window: 2m, after: 3}}
+horizon: {{bucket: 15s, duty_span: 45s, rate_span: 90s, duty_hold_ratio: 0.3}}
+cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0}}
+stale_intervals: 3
 rules:
   thermal: {{min_fraction: 0.6, throttle_share: 0.2}}
   memory_ecc: {{corrected_per_minute: 3, corrected_mad_k: 5}}
   # more out-of-memory events than the event log keeps (8) can matter here
-  memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5}}
+  memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5, duty: 0.3}}
   driver_errors: {{events_window: 90s, application_repeats: 2}}
   device_reset: {{events_window: 90s, resets: 1}}
-  power_throttling: {{throttle_share: 0.3, pinned_fraction: 0.5}}
+  power_throttling: {{throttle_share: 0.3, pinned_fraction: 0.5, duty: 0.2}}
   link: {{replays_per_lane_per_minute: {{1: 0.05, 4: 0.1, 5: 0.2}}, mad_k: 2}}
   firmware: {{deny: ["{DENIED_FW}", "{OLD_FW}"]}}
 overrides:
@@ -171,6 +180,7 @@ class DeviceProfile:
 class NodeProfile:
     name: str
     offset: int  # seconds a node's sample precedes the tick
+    every: int  # the node samples every this many ticks (sampling intervals differ by node)
     silences: tuple[tuple[int, int], ...]
     silent_rows: bool  # a silent device is an all-NaN row (True) or missing from the table (False)
     devices: tuple[DeviceProfile, ...]
@@ -295,7 +305,8 @@ def fleets(draw: st.DrawFn) -> Fleet:
         nodes.append(
             NodeProfile(
                 name=f"node-{n}",
-                offset=draw(st.sampled_from([0, 0, 3, 7])),
+                offset=draw(st.sampled_from([0, 0, 3, 7, -95, 95])),
+                every=draw(st.sampled_from([1, 1, 2, 3])),
                 silences=draw(silences(ticks, 12)),
                 silent_rows=draw(st.booleans()),
                 devices=devices,
@@ -439,6 +450,8 @@ def run_fleet(fleet: Fleet, policy: policy_mod.Policy) -> Recorder:
     for tick in range(fleet.ticks):
         now_s = T0_S + tick * INTERVAL_S
         for node in fleet.nodes:
+            if tick % node.every:
+                continue
             node_silent = _silent(tick, node.silences)
             rows: list[tuple[str, dict[str, str], dict[str, float] | None]] = []
             for d in node.devices:
@@ -466,8 +479,9 @@ def run_fleet(fleet: Fleet, policy: policy_mod.Policy) -> Recorder:
                 for key, value in (values or {}).items():
                     matrix[i, index[key]] = value
             frame = Frame((now_s - node.offset) * NS, table, matrix)
-            fast.ingest(frame)
-            naive.ingest(frame)
+            # Heard now in the reference clock, whatever the node's own clock says (as the fleet does).
+            fast.ingest(frame, now_s * NS)
+            naive.ingest(frame, now_s * NS)
         got = fast.evaluate(now_s * NS)
         want = naive.evaluate(now_s * NS)
         for verdict in got:
@@ -592,8 +606,9 @@ def test_single_temperature_spike_is_not_thermal(policies: dict[str, policy_mod.
 def test_sustained_heat_is_thermal_and_repeats_escalate(policies: dict[str, policy_mod.Policy]) -> None:
     pair = Pair(policies["A"])
     remediations = []
-    hot = set(range(0, 6)) | set(range(16, 22))
-    for tick in range(30):
+    # Apart by more than the rate span and the hold (policy A: 2m + 30s): two episodes, not one that recurs.
+    hot = set(range(0, 6)) | set(range(28, 34))
+    for tick in range(40):
         pair.feed(tick, "n", {"gpu-0": {"temp.gpu": 90 if tick in hot else 60}})
         changed = pair.evaluate(tick)
         if ("n", "gpu-0") in changed and changed[("n", "gpu-0")][2]:
@@ -624,11 +639,11 @@ def test_a_gap_widens_the_stale_timeout(policies: dict[str, policy_mod.Policy]) 
     pair = Pair(policies["A"])
     history = []
     for tick in range(15):
-        if tick in (0, 1, 5):  # the last sample came 40 s after the one before: timeout 80 s
+        if tick in (0, 1, 5):  # steps of 10 s and 40 s: a 25 s interval, a timeout of 2.5 x 25 = 62.5 s
             pair.feed(tick, "a", {"gpu-0": {"temp.gpu": 50}})
         pair.evaluate(tick)
         history.append(pair.current()[("a", "gpu-0")][0])
-    assert history == ["Healthy"] * 14 + ["Unknown"]
+    assert history == ["Healthy"] * 12 + ["Unknown"] * 3
 
 
 def test_attributes_that_change_while_a_device_is_not_read_are_noted(policies: dict[str, policy_mod.Policy]) -> None:

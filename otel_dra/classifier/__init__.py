@@ -20,7 +20,7 @@ import numpy as np
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
 from otel_dra.classifier.params import PolicyGroups
-from otel_dra.classifier.rules import EVENT_FEATURES, R, Window, evaluate
+from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, R, Window, evaluate
 from otel_dra.classifier.verdicts import (
     Verdict,
     VerdictEngine,
@@ -35,6 +35,7 @@ from otel_dra.frame import DeviceTable, Frame, Schema
 from otel_dra.policy import Policy
 from otel_dra.store import DeviceRegistry, WindowStore
 from otel_dra.store.events import EventLog
+from otel_dra.store.horizon import HorizonStore
 from otel_dra.vocabulary import REASONS
 
 __all__ = ["Classifier", "Verdict"]
@@ -49,18 +50,38 @@ def window_samples(window_s: float, interval_s: float) -> int:
 
 
 class Classifier:
-    """Ingest frames (or batches), evaluate at a time, get the verdicts that changed."""
+    """Ingest frames (or batches), evaluate at a time, get the verdicts that changed.
+
+    Two clocks: each sample's own time (its node's clock: windows, rates and event times are
+    read in it, so one node's clock never moves another's), and the *reference* clock that
+    ``evaluate`` is given (the agent's or the fleet's wall clock, or a replay's watermark).
+    Freshness is judged in the reference clock, against when each device was last heard
+    (``arrival``), so a node whose clock runs 90 s ahead or behind is neither silent nor
+    early. ``interval_s`` is the shortest sampling interval expected: it sizes the window's
+    ring (a device sampled faster is judged over its last ``window / interval_s`` samples).
+    ``node_time``: verdicts carry each device's node's time (a replay's verdict lines, in the
+    input's own time base) instead of the reference clock's.
+    """
 
     def __init__(
-        self, policy: Policy, schema: Schema | None = None, interval_s: float = 10.0, capacity: int = 64
+        self,
+        policy: Policy,
+        schema: Schema | None = None,
+        interval_s: float = 10.0,
+        capacity: int = 64,
+        node_time: bool = False,
     ) -> None:
         self.policy = policy
         self.schema = schema if schema is not None else Schema()
         self.interval_s = interval_s
+        self.node_time = node_time
         self.registry = DeviceRegistry(capacity)
         cap = self.registry.capacity
         self.window_s = policy.window_s
-        self.store = WindowStore(N_FEATURES, window_samples(policy.window_s, interval_s), cap)
+        self.store = WindowStore(N_FEATURES, window_samples(policy.window_s, interval_s), cap, policy.window_s)
+        spans = (policy.horizon_buckets("duty_span"), policy.horizon_buckets("rate_span"))
+        self.horizon = HorizonStore(len(HORIZON_FEATURES), policy.horizon_bucket_s, spans, cap)
+        self._horizon_cols = np.asarray(HORIZON_FEATURES, dtype=np.intp)
         self.extractor = FeatureExtractor(self.schema, cap)
         self.groups = PolicyGroups(policy, cap)
         self.events = {f: EventLog(cap) for f in EVENT_FEATURES}
@@ -70,7 +91,7 @@ class Classifier:
         self.unhealthy = np.zeros(4, dtype=bool)  # by state code: which states are Unhealthy
         self.unhealthy[[STATE_CODE[s] for s in policy.data["unhealthy_states"]]] = True
         self._ladders: np.ndarray | None = None
-        for part in (self.store, self.extractor, self.groups, self.engine, *self.events.values()):
+        for part in (self.store, self.horizon, self.extractor, self.groups, self.engine, *self.events.values()):
             self.registry.on_resize(part.resize)
             self.registry.on_release(part.clear)
         self.last_now_ns = 0
@@ -84,9 +105,10 @@ class Classifier:
         self._said = {key: text for key, text in self._said.items() if key[0] not in gone}
 
     # -- ingest --------------------------------------------------------------------------------
-    def ingest(self, frame: Frame) -> None:
-        """One node's sample. Devices whose row is all NaN were not read this time: no sample."""
-        self.ingest_many([frame])
+    def ingest(self, frame: Frame, arrival_unix_nano: int | None = None) -> None:
+        """One node's sample. Devices whose row is all NaN were not read this time: no sample.
+        ``arrival_unix_nano``: when it was heard, in the reference clock (default: its own time)."""
+        self.ingest_many([frame], None if arrival_unix_nano is None else [arrival_unix_nano])
 
     def _rows_of(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, new mask, values) of the devices ``frame`` read."""
@@ -110,24 +132,33 @@ class Classifier:
                 self._tables[table.node] = table
         return rows, new, values
 
-    def ingest_many(self, frames: list[Frame]) -> None:
+    def ingest_many(self, frames: list[Frame], arrivals_unix_nano: list[int] | int | None = None) -> None:
         """Samples of many nodes (a tick of a fleet, a batch of OTLP requests), ingested as one
         batch whatever their times: the per-sample work runs once for all their devices. A device
-        sampled more than once in the batch gets its samples in order, one round each."""
-        parts = [(*self._rows_of(frame), frame.time_unix_nano) for frame in frames]
+        sampled more than once in the batch gets its samples in order, one round each.
+        ``arrivals_unix_nano``: when each frame (or all of them) was heard, in the reference clock;
+        default: each frame's own time (an agent reading its own devices)."""
+        if arrivals_unix_nano is None:
+            heard = [frame.time_unix_nano for frame in frames]
+        elif isinstance(arrivals_unix_nano, int):
+            heard = [arrivals_unix_nano] * len(frames)
+        else:
+            heard = list(arrivals_unix_nano)
+        parts = [(*self._rows_of(frame), frame.time_unix_nano, a) for frame, a in zip(frames, heard, strict=True)]
         parts = [p for p in parts if p[0].size]
         if not parts:
             return
         if len(parts) == 1:
-            rows, new, values, t = parts[0]
-            self.ingest_rows(rows, new, np.full(rows.shape, t, dtype=np.int64), values)
+            rows, new, values, t, a = parts[0]
+            self.ingest_rows(rows, new, np.full(rows.shape, t, dtype=np.int64), values, a)
             return
         rows = np.concatenate([p[0] for p in parts])
         new = np.concatenate([p[1] for p in parts])
         times = np.concatenate([np.full(p[0].shape, p[3], dtype=np.int64) for p in parts])
+        arrivals = np.concatenate([np.full(p[0].shape, p[4], dtype=np.int64) for p in parts])
         values = np.full((rows.size, len(self.schema)), np.nan)
         at = 0
-        for _, _, v, _ in parts:
+        for _, _, v, _, _ in parts:
             values[at : at + v.shape[0], : v.shape[1]] = v
             at += v.shape[0]
         # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its
@@ -140,7 +171,7 @@ class Classifier:
         rank[order] = rank_sorted
         for r in range(int(rank.max()) + 1):
             pick = rank == r
-            self.ingest_rows(rows[pick], new[pick], times[pick], values[pick])
+            self.ingest_rows(rows[pick], new[pick], times[pick], values[pick], arrivals[pick])
 
     def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]]) -> None:
         for row, a in zip(rows.tolist(), attrs, strict=True):
@@ -149,46 +180,75 @@ class Classifier:
                 self._ladders = None
 
     def ingest_rows(
-        self, rows: np.ndarray, new: np.ndarray, time_unix_nano: int | np.ndarray, values: np.ndarray
+        self,
+        rows: np.ndarray,
+        new: np.ndarray,
+        time_unix_nano: int | np.ndarray,
+        values: np.ndarray,
+        arrival_unix_nano: int | np.ndarray | None = None,
     ) -> None:
         """One sample for each of ``rows`` (unique), taken at ``time_unix_nano`` (one time, or one per
-        row): ``values`` is ``(rows, schema columns)``."""
+        row) and heard at ``arrival_unix_nano`` (default: its own time): ``values`` is ``(rows, schema
+        columns)``."""
         t = np.broadcast_to(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
+        heard = t if arrival_unix_nano is None else np.asarray(arrival_unix_nano, dtype=np.int64) / 1e9
         feats = self.extractor.extract(rows, new, t, values, self.groups.device_params(rows))
         self.store.append(rows, t, feats)
+        self.horizon.append(rows, t, feats[:, self._horizon_cols])
         for f, log in self.events.items():
             log.record(rows, t, feats[:, f])
         seen = self.registry.last_seen[rows]
         self.registry.last_seen[rows] = np.fmax(seen, t)
+        self.registry.last_heard[rows] = np.fmax(self.registry.last_heard[rows], heard)
         self.registry.first_seen[rows] = np.where(
             np.isnan(self.registry.first_seen[rows]), t, self.registry.first_seen[rows]
         )
         self.ingested_samples += int(rows.size)
 
     # -- evaluate ------------------------------------------------------------------------------
-    def freshness(self, now_s: float, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(device fresh, node fresh, device age s, node age s) for ``rows``.
+    def intervals(self, rows: np.ndarray | slice) -> np.ndarray:
+        """Each row's sampling interval as its window shows it (NaN until it has two samples)."""
+        st = self.store
+        steps = st.counts[rows, F.DT] - st.holds_first(rows)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(steps > 0, st.sums[rows, F.DT] / steps, np.nan)
 
-        A device's stale timeout is the policy's, never under two of its sampling intervals; a
-        node's is the longest of its devices', judged against its newest sample."""
+    def freshness(self, now_s: float, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(device fresh, node fresh, device age s, node age s) for ``rows``, in the reference clock.
+
+        A device's stale timeout is the policy's, never under ``stale_intervals`` of its own
+        sampling interval (until that is known, of the stale timeout itself: a new 60 s node is
+        not stale before its second sample); a node's is the longest of its devices', judged
+        against when it was last heard."""
         reg = self.registry
         active = np.flatnonzero(reg.active)
-        last_dt = self.store.latest(active)[:, F.DT]
-        interval = np.where(np.isnan(last_dt) | (last_dt <= 0), self.interval_s, last_dt)
-        timeout = np.full(reg.capacity, self.policy.stale_timeout_s)
-        timeout[active] = np.maximum(self.policy.stale_timeout_s, 2.0 * interval)
+        base = self.policy.stale_timeout_s
+        interval = self.intervals(active)
+        interval = np.where(np.isnan(interval), base, interval)
+        timeout = np.full(reg.capacity, base)
+        timeout[active] = np.maximum(base, self.policy.stale_intervals * interval)
         nodes = len(reg.nodes)
         node_last = np.full(nodes, -np.inf)
         node_timeout = np.zeros(nodes)
-        np.maximum.at(node_last, reg.node_of[active], reg.last_seen[active])
+        np.maximum.at(node_last, reg.node_of[active], reg.last_heard[active])
         np.maximum.at(node_timeout, reg.node_of[active], timeout[active])
-        age = now_s - reg.last_seen[rows]
+        age = now_s - reg.last_heard[rows]
         node = reg.node_of[rows]
         node_age = now_s - node_last[node]
         return age <= timeout[rows], node_age <= node_timeout[node], age, node_age
 
+    def _window(self, rows: np.ndarray, age: np.ndarray, fresh: np.ndarray) -> Window:
+        """The rows' windows, read at each row's own present: its newest sample time plus the
+        reference time since it was heard."""
+        local = self.registry.last_seen[rows] + age
+        on = self.engine.on[rows]
+        return Window(
+            self.store, self.horizon, self.events, rows, local, self.policy.min_samples, self.groups, fresh, on
+        )
+
     def evaluate(self, now_unix_nano: int | None = None) -> list[Verdict]:
-        """Judge every device at ``now`` (default: the wall clock); return the verdicts that changed."""
+        """Judge every device at ``now`` (the reference clock; default: the wall clock); return the
+        verdicts that changed."""
         now_ns = time.time_ns() if now_unix_nano is None else int(now_unix_nano)
         self.last_now_ns = now_ns
         now_s = now_ns / 1e9
@@ -198,7 +258,7 @@ class Classifier:
         fresh, node_fresh, age, node_age = self.freshness(now_s, rows)
         lost = ~fresh & node_fresh
         unknown = ~node_fresh
-        w = Window(self.store, self.events, rows, now_s, int(self.policy.data["min_samples"]))
+        w = self._window(rows, age, fresh)
         evidence = evaluate(w, self.groups, fresh, lost)
         if self._ladders is None:
             self._ladders = self.groups.ladders()
@@ -208,13 +268,14 @@ class Classifier:
         out = []
         for i in np.flatnonzero(changed).tolist():
             row = int(rows[i])
-            self.engine.transition_ns[row] = now_ns
+            at_ns = self._time_ns(now_ns, w, i)
+            self.engine.transition_ns[row] = at_ns
             out.append(
                 self._verdict(
                     w,
                     i,
                     row,
-                    now_ns,
+                    at_ns,
                     int(health[i]),
                     int(state[i]),
                     int(bits[i]),
@@ -226,6 +287,10 @@ class Classifier:
             )
         self.registry.expire(now_s, float(self.policy.data["device_ttl"]))
         return out
+
+    def _time_ns(self, now_ns: int, w: Window, i: int) -> int:
+        """A verdict's time: the reference clock's, or (``node_time``) the device's node's."""
+        return round(float(w.now_s[i]) * 1e9) if self.node_time else now_ns
 
     def _message(
         self,
@@ -297,8 +362,8 @@ class Classifier:
         if rows.size == 0:
             return []
         now_s = self.last_now_ns / 1e9
-        _, _, age, node_age = self.freshness(now_s, rows)
-        w = Window(self.store, self.events, rows, now_s, int(self.policy.data["min_samples"]))
+        fresh, _, age, node_age = self.freshness(now_s, rows)
+        w = self._window(rows, age, fresh)
         keys = self.engine.key[rows]
         out = []
         for i, row in enumerate(rows.tolist()):
@@ -309,7 +374,7 @@ class Classifier:
                     w,
                     i,
                     row,
-                    self.last_now_ns,
+                    self._time_ns(self.last_now_ns, w, i),
                     health,
                     state,
                     bits,

@@ -50,14 +50,21 @@ class PolicyGroups:
         self.firmware_text: list[str] = [""] * capacity
         self._cache: dict[tuple[str, ...], np.ndarray] = {}
         self._group_for("", "")
+        # Cohorts: devices whose rates are compared (the policy's ``cohorts.by`` attributes).
+        self._cohort_index: dict[tuple[str, ...], int] = {}
+        self.cohort_names: list[str] = []
+        self.cohort = np.zeros(capacity, dtype=np.intp)
+        self._cohort_for(("",) * len(policy.cohort_keys))
 
     def resize(self, capacity: int) -> None:
         self.group = grown(self.group, capacity, 0)
+        self.cohort = grown(self.cohort, capacity, 0)
         self.firmware_bad = grown(self.firmware_bad, capacity, False)
         self.firmware_text += [""] * (capacity - len(self.firmware_text))
 
     def clear(self, rows: np.ndarray) -> None:
         self.group[rows] = 0
+        self.cohort[rows] = 0
         self.firmware_bad[rows] = False
         for row in rows.tolist():
             self.firmware_text[row] = ""
@@ -72,10 +79,18 @@ class PolicyGroups:
             self._cache.clear()
         return group
 
+    def _cohort_for(self, key: tuple[str, ...]) -> int:
+        cohort = self._cohort_index.get(key)
+        if cohort is None:
+            cohort = self._cohort_index[key] = len(self.cohort_names)
+            self.cohort_names.append(" ".join(part for part in key if part) or "(no model)")
+        return cohort
+
     def assign(self, row: int, attrs: Mapping[str, str]) -> None:
         """(Re)classify one device after its attributes changed."""
         group = self._group_for(attrs.get(cv.HW_VENDOR, ""), attrs.get(cv.HW_MODEL, ""))
         self.group[row] = group
+        self.cohort[row] = self._cohort_for(tuple(attrs.get(key, "") for key in self.policy.cohort_keys))
         fw = self.rules[group]["firmware"]
         version = attrs.get(cv.HW_FIRMWARE_VERSION)
         bad, why = False, ""

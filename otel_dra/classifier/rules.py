@@ -13,7 +13,13 @@ starts at. Terms used below, per device over its window (the last ``window`` of 
   minute (``RATE_MIN_SPAN_S``): one corrected error two seconds after a start is one per minute,
   not thirty (a storm of them still counts at once);
 - ``events(f, w)``: events of a rare counter within the last ``w`` seconds (event log);
-- fleet outlier: above ``median + k x 1.4826 x MAD`` of the same rate over fresh devices.
+- ``duty``: the share of a longer *duty span* (the long horizon's per-minute buckets, 15
+  minutes by default) that a condition held: faults that come and go (a fan stalling 2
+  minutes in 6) are never most of a 5-minute window, yet are a fault;
+- ``rate``: a counter's rate judged against its *cohort* (devices of the same vendor and
+  model, by default): over the window against a storm bar, and over the horizon's longer
+  rate span against the cohort's median, so a low rate 5x its peers' is caught and a
+  model that runs a higher background is judged by its own norm (``Window.rate``).
 
 Rules judge only devices whose telemetry is fresh: a silent device's window is frozen, and
 what it means is ``device_lost``'s or ``stale``'s business.
@@ -29,6 +35,7 @@ import numpy as np
 from otel_dra.classifier.features import STATE_CODE, F
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.store.events import EventLog
+from otel_dra.store.horizon import HorizonStore
 from otel_dra.store.window import WindowStore
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
@@ -39,15 +46,115 @@ OK, PREDICTED, DEGRADED, FAILED = 0, 1, 2, 3
 EVENT_FEATURES = (F.RESETS, F.OUT_OF_MEMORY, F.DRIVER_APPLICATION)
 
 
+#: Features the long horizon keeps (per-minute buckets): low rates and sustained conditions.
+HORIZON_FEATURES: tuple[F, ...] = (
+    F.DT,
+    F.ECC_CORRECTED,
+    F.LINK_ERRORS,
+    F.THROTTLE_THERMAL,
+    F.THROTTLE_POWER,
+    F.TEMP_HOT,
+    F.COOLING_BAD,
+    F.POWER_PINNED,
+    F.MEM_FULL,
+    F.VOLT_BAD,
+    F.WIDTH_DOWN,
+    F.GEN_DOWN,
+)
+H = {f: i for i, f in enumerate(HORIZON_FEATURES)}
+#: The horizon's spans, in the order the store keeps them: the duty span, then the rate span.
+DUTY_SPAN, RATE_SPAN = 0, 1
+#: Where a rate's centre came from: the device's cohort, the whole fleet, or nowhere (too few).
+FROM_COHORT, FROM_FLEET, FROM_NONE = 0, 1, 2
+
+
+def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """(median, size) of ``values`` per group id in ``0..n_groups-1`` (NaN median for an empty group)."""
+    order = np.lexsort((values, groups))
+    v, g = values[order], groups[order]
+    size = np.bincount(g, minlength=n_groups)
+    start = np.concatenate(([0], np.cumsum(size)[:-1]))
+    if v.size == 0:
+        return np.full(n_groups, np.nan), size
+    lo = np.minimum(start + (size - 1) // 2, v.size - 1)
+    hi = np.minimum(start + size // 2, v.size - 1)
+    return np.where(size > 0, (v[lo] + v[hi]) / 2.0, np.nan), size
+
+
+@dataclass
+class Centre:
+    """A rate's robust centre for each row: its cohort's, else the fleet's, else none."""
+
+    median: np.ndarray  # per minute; 0 where there is none
+    mad: np.ndarray  # median absolute deviation, per minute
+    source: np.ndarray  # FROM_COHORT, FROM_FLEET or FROM_NONE
+    size: np.ndarray  # devices the centre was taken over
+
+
+def centre(
+    rate: np.ndarray, eligible: np.ndarray, cohort: np.ndarray, n_cohorts: int, min_devices: int
+) -> Centre:
+    """Median and MAD of ``rate`` over the ``eligible`` rows of each cohort; a cohort with fewer than
+    ``min_devices`` eligible rows falls back to the fleet's, and the fleet, when too small, to none."""
+    pick = eligible & ~np.isnan(rate)
+    values, groups = rate[pick], cohort[pick]
+    med, size = group_median(values, groups, n_cohorts)
+    mad, _ = group_median(np.abs(values - med[groups]), groups, n_cohorts)
+    if values.size:
+        fleet_med = float(np.median(values))
+        fleet_mad = float(np.median(np.abs(values - fleet_med)))
+    else:
+        fleet_med = fleet_mad = 0.0
+    own = size[cohort] >= min_devices
+    fleet_ok = values.size >= min_devices
+    source = np.where(own, FROM_COHORT, np.where(fleet_ok, FROM_FLEET, FROM_NONE)).astype(np.int8)
+    return Centre(
+        median=np.where(own, med[cohort], np.where(fleet_ok, fleet_med, 0.0)),
+        mad=np.where(own, mad[cohort], np.where(fleet_ok, fleet_mad, 0.0)),
+        source=source,
+        size=np.where(own, size[cohort], np.where(fleet_ok, values.size, 0)),
+    )
+
+
+def above(count: np.ndarray, minutes: np.ndarray, bar: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Whether ``count`` events in ``minutes`` are a rate above ``bar`` per minute beyond counting
+    noise: more than the expected count plus ``z`` Poisson deviations (so a short window or a
+    low rate needs clearer evidence than a long one)."""
+    expected = bar * minutes
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(count) > expected + z * np.sqrt(np.maximum(expected, 0.0))
+
+
+@dataclass
+class RateVerdict:
+    """A counter rate judged against its bars, with what a message needs to say why."""
+
+    flagged: np.ndarray  # bool: the window's or the span's rate is above its bar
+    window_rate: np.ndarray  # per minute over the window
+    span_rate: np.ndarray  # per minute over the horizon's rate span
+    span_minutes: np.ndarray
+    centre: Centre
+    ratio: np.ndarray  # span rate / its centre (NaN where there is no centre)
+
+
 @dataclass
 class Window:
-    """Read access to the window of every row in ``rows``."""
+    """Read access to the window and the long horizon of every row in ``rows``.
+
+    ``now_s`` is each row's own present (its node's clock); ``fresh`` marks the rows whose
+    telemetry is fresh (rates are compared with fresh devices only); ``on`` is each row's
+    reasons that are on before this evaluation (a sustained condition that is already on
+    stays on at a lower share over a longer span)."""
 
     store: WindowStore
+    horizon: HorizonStore
     events: dict[F, EventLog]
     rows: np.ndarray
-    now_s: float
+    now_s: np.ndarray
     min_samples: int
+    groups: PolicyGroups
+    fresh: np.ndarray
+    on: np.ndarray
 
     def __post_init__(self) -> None:
         n = self.rows.shape[0]
@@ -58,6 +165,9 @@ class Window:
         self.seconds = self.sums[:, F.DT]
         self.samples = self.counts[:, F.DT]
         self.latest = self.store.latest(at)
+        self.span = [self.horizon.span_sums(i, at) for i in range(len(self.horizon.spans))]
+        self.span_s = [self.horizon.spans[i] * self.horizon.bucket_s for i in range(len(self.horizon.spans))]
+        self._rates: dict[F, RateVerdict] = {}
 
     def fraction(self, f: F) -> np.ndarray:
         n = self.counts[:, f]
@@ -85,15 +195,73 @@ class Window:
     def events_since(self, f: F, window_s: np.ndarray) -> np.ndarray:
         return self.events[f].since(self.now_s - window_s, self.rows)
 
+    # -- the long horizon ----------------------------------------------------------------------
+    def covered(self, span: int) -> np.ndarray:
+        """Whether a span holds at least half its length of samples (younger devices: the window only)."""
+        sums, counts = self.span[span]
+        return (counts[:, H[F.DT]] >= self.min_samples) & (sums[:, H[F.DT]] >= 0.5 * self.span_s[span])
 
-def fleet_outlier(rate: np.ndarray, fresh: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Robust fleet bar for a rate: median + k x 1.4826 x MAD over fresh devices with a rate."""
-    pool = rate[fresh & ~np.isnan(rate)]
-    if pool.size == 0:
-        return np.full(rate.shape, np.inf)
-    median = float(np.median(pool))
-    mad = float(np.median(np.abs(pool - median)))
-    return median + k * 1.4826 * mad
+    def span_fraction(self, f: F, span: int) -> np.ndarray:
+        """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
+        sums, counts = self.span[span]
+        n = counts[:, H[f]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.covered(span) & (n >= self.min_samples), sums[:, H[f]] / n, 0.0)
+
+    def span_share(self, f: F, span: int) -> np.ndarray:
+        """A time counter's increase over the span's time (0 while the span is not covered)."""
+        sums, _ = self.span[span]
+        seconds = sums[:, H[F.DT]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.covered(span) & (seconds > 0), sums[:, H[f]] / seconds, 0.0)
+
+    def duty(self, f: F, reason: str, share: bool = False) -> np.ndarray:
+        """A condition that comes and goes: present in at least the rule's ``duty`` of the duty span
+        (15 minutes by default), or, once the reason is on, in ``duty x duty_hold_ratio`` of the longer
+        rate span, so a fault that recurs is one episode, not one per burst."""
+        read = self.span_share if share else self.span_fraction
+        duty = self.groups.param(self.rows, reason, "duty")
+        stay = duty * self.groups.policy.duty_hold_ratio
+        return (read(f, DUTY_SPAN) >= duty) | (self.on[:, R[reason]] & (read(f, RATE_SPAN) >= stay))
+
+    def rate(
+        self, f: F, reason: str, ratio_key: str, mad_key: str, floor_key: str, absolute: np.ndarray
+    ) -> RateVerdict:
+        """A counter's rate judged two ways, each beyond counting noise (:func:`above`):
+
+        - over the window, against ``max(absolute, ratio x centre)``: a storm, at once;
+        - over the rate span (30 minutes by default), against the cohort's own norm:
+          ``max(ratio x median, median + mad_k x 1.4826 x MAD, floor)`` when the device's cohort
+          has enough fresh devices, else the window's bar: a low rate that is far above its peers'.
+        """
+        cached = self._rates.get(f)
+        if cached is not None:
+            return cached
+        p, rows = self.groups.param, self.rows
+        sums, _ = self.span[RATE_SPAN]
+        span_minutes = sums[:, H[F.DT]] / 60.0
+        span_count = sums[:, H[f]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            span_rate = np.where(span_minutes > 0, span_count / np.maximum(span_minutes, 1.0), np.nan)
+        cohorts = self.groups.cohort[rows]
+        eligible = self.fresh & (span_minutes * 60.0 >= 0.5 * self.span_s[RATE_SPAN])
+        c = centre(span_rate, eligible, cohorts, len(self.groups.cohort_names), self.groups.policy.cohort_min_devices)
+        ratio = p(rows, reason, ratio_key)
+        z = np.full(rows.shape, self.groups.policy.cohort_significance)
+        window_bar = np.maximum(absolute, ratio * c.median)
+        ok = (self.samples >= self.min_samples) & (self.seconds > 0)
+        window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
+        fast = ok & above(self.increase(f), window_minutes, window_bar, z)
+        own_bar = np.maximum.reduce(
+            [ratio * c.median, c.median + p(rows, reason, mad_key) * 1.4826 * c.mad, p(rows, reason, floor_key)]
+        )
+        span_bar = np.where(c.source == FROM_COHORT, own_bar, window_bar)
+        slow = self.covered(RATE_SPAN) & above(span_count, np.maximum(span_minutes, 1.0), span_bar, z)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            times = np.where((c.source != FROM_NONE) & (c.median > 0), span_rate / c.median, np.nan)
+        out = RateVerdict(fast | slow, self.per_minute(f), span_rate, span_minutes, c, times)
+        self._rates[f] = out
+        return out
 
 
 @dataclass
@@ -115,76 +283,97 @@ def _state(groups: PolicyGroups, rows: np.ndarray, reason: str, key: str = "stat
 
 def thermal(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sustained temperature above the sensor's high.degraded limit, or thermal throttling a
-    share of the time; sustained above high.critical takes ``critical_state``."""
+    share of the time, in the window or for the rule's duty of the duty span (excursions that
+    come and go); sustained above high.critical takes ``critical_state``."""
     p = g.param
     hot = w.fraction(F.TEMP_HOT) >= p(w.rows, "thermal", "min_fraction")
     throttled = w.share(F.THROTTLE_THERMAL) >= p(w.rows, "thermal", "throttle_share")
+    recurring = w.duty(F.TEMP_HOT, "thermal") | w.duty(F.THROTTLE_THERMAL, "thermal", share=True)
     critical = w.fraction(F.TEMP_CRIT) >= p(w.rows, "thermal", "min_fraction")
     state = np.where(critical, _state(g, w.rows, "thermal", "critical_state"), _state(g, w.rows, "thermal"))
-    return hot | throttled | critical, state
+    return hot | throttled | recurring | critical, state
 
 
 def cooling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A fan near zero (or below its own low limit) while the device is warm, sustained."""
-    return w.fraction(F.COOLING_BAD) >= g.param(w.rows, "cooling", "min_fraction"), _state(g, w.rows, "cooling")
+    """A fan near zero (or below its own low limit) while the device is warm, sustained in the
+    window or recurring for the rule's duty of the duty span (a fan that stalls now and then)."""
+    sustained = w.fraction(F.COOLING_BAD) >= g.param(w.rows, "cooling", "min_fraction")
+    return sustained | w.duty(F.COOLING_BAD, "cooling"), _state(g, w.rows, "cooling")
 
 
 def memory_ecc(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Uncorrected errors in the window or retired pages at the limit fail the device; retired
-    pages near it, or a corrected-error rate that is a fleet outlier, predict failure."""
+    pages near it, or a corrected-error rate far above its cohort's (:meth:`Window.rate`), predict
+    failure."""
     p = g.param
     uncorrected = w.increase(F.ECC_UNCORRECTED) >= p(w.rows, "memory_ecc", "uncorrected")
     retired = np.nan_to_num(w.latest[:, F.RETIRED_TOTAL])
     retired_failed = retired >= p(w.rows, "memory_ecc", "retired_pages_failed")
     retired_warn = retired >= p(w.rows, "memory_ecc", "retired_pages_predicted")
-    rate = w.per_minute(F.ECC_CORRECTED)
-    bar = np.maximum(
-        p(w.rows, "memory_ecc", "corrected_per_minute"),
-        fleet_outlier(rate, fresh, p(w.rows, "memory_ecc", "corrected_mad_k")),
-    )
-    storm = np.nan_to_num(rate) > bar
+    storm = corrected_rate(w).flagged
     state = np.where(uncorrected | retired_failed, FAILED, PREDICTED).astype(np.int8)
     return uncorrected | retired_failed | retired_warn | storm, state
 
 
+def corrected_rate(w: Window) -> RateVerdict:
+    """The corrected-ECC rate against the policy's absolute bar and the device's cohort."""
+    absolute = w.groups.param(w.rows, "memory_ecc", "corrected_per_minute")
+    return w.rate(
+        F.ECC_CORRECTED,
+        "memory_ecc",
+        "corrected_cohort_ratio",
+        "corrected_mad_k",
+        "corrected_floor_per_minute",
+        absolute,
+    )
+
+
 def power_delivery(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Power delivery faults reported in the window, or voltage outside its critical limits."""
+    """Power delivery faults reported in the window, or voltage outside its critical limits
+    (in the window, or recurring)."""
     p = g.param
     errors = w.increase(F.POWER_ERRORS) >= p(w.rows, "power_delivery", "errors")
     voltage = w.fraction(F.VOLT_BAD) >= p(w.rows, "power_delivery", "voltage_fraction")
-    return errors | voltage, _state(g, w.rows, "power_delivery")
+    return errors | voltage | w.duty(F.VOLT_BAD, "power_delivery"), _state(g, w.rows, "power_delivery")
 
 
 def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Power throttling a large share of the time, or power pinned at its cap while throttled.
+    """Power throttling a large share of the time (in the window, or for the rule's duty of the
+    duty span: throttling that cycles), or power pinned at its cap while throttled.
     (A busy GPU at its cap is normal; pinned and held down is the evidence.)"""
     p = g.param
     share = w.share(F.THROTTLE_POWER)
     throttled = share >= p(w.rows, "power_throttling", "throttle_share")
     pinned = (w.fraction(F.POWER_PINNED) >= p(w.rows, "power_throttling", "pinned_fraction")) & (share > 0)
-    return throttled | pinned, _state(g, w.rows, "power_throttling")
+    recurring = w.duty(F.THROTTLE_POWER, "power_throttling", share=True)
+    return throttled | pinned | recurring, _state(g, w.rows, "power_throttling")
 
 
 def memory_pressure(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Memory full for most of the window, or out-of-memory events recurring."""
+    """Memory full for most of the window (or recurring), or out-of-memory events recurring."""
     p = g.param
     full = w.fraction(F.MEM_FULL) >= p(w.rows, "memory_pressure", "min_fraction")
     window = p(w.rows, "memory_pressure", "events_window")
     ooms = w.events_since(F.OUT_OF_MEMORY, window) >= p(w.rows, "memory_pressure", "out_of_memory")
-    return full | ooms, _state(g, w.rows, "memory_pressure")
+    return full | ooms | w.duty(F.MEM_FULL, "memory_pressure"), _state(g, w.rows, "memory_pressure")
 
 
 def link(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Link errors above both DCGM's expected replay rate for the negotiated width and
-    generation and the fleet's norm; or width/generation below the maximum, sustained."""
+    generation and the cohort's norm (:meth:`Window.rate`); or width/generation below the
+    maximum, sustained or recurring."""
     p = g.param
-    rate = w.per_minute(F.LINK_ERRORS)
-    expected = np.nan_to_num(w.mean(F.LINK_EXPECTED))
-    bar = np.maximum(expected, fleet_outlier(rate, fresh, p(w.rows, "link", "mad_k")))
-    errors = np.nan_to_num(rate) > bar
+    errors = link_rate(w).flagged
     fraction = p(w.rows, "link", "downgrade_fraction")
     down = (w.fraction(F.WIDTH_DOWN) >= fraction) | (w.fraction(F.GEN_DOWN) >= fraction)
-    return errors | down, _state(g, w.rows, "link")
+    recurring = w.duty(F.WIDTH_DOWN, "link") | w.duty(F.GEN_DOWN, "link")
+    return errors | down | recurring, _state(g, w.rows, "link")
+
+
+def link_rate(w: Window) -> RateVerdict:
+    """The link error rate against DCGM's expected replays and the device's cohort."""
+    expected = np.nan_to_num(w.mean(F.LINK_EXPECTED))
+    return w.rate(F.LINK_ERRORS, "link", "cohort_ratio", "mad_k", "floor_per_minute", expected)
 
 
 def driver_errors(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,17 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
-from otel_dra.classifier.rules import Evidence, R, Window
+from otel_dra.classifier.rules import (
+    DUTY_SPAN,
+    FROM_COHORT,
+    FROM_NONE,
+    Evidence,
+    R,
+    RateVerdict,
+    Window,
+    corrected_rate,
+    link_rate,
+)
 from otel_dra.store.registry import grown
 from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
 
@@ -245,6 +255,13 @@ def _explain_one(
             items.append(text)
 
     frac = w.fraction
+    duty_span = human_duration(w.span_s[DUTY_SPAN])
+
+    def recurring(f: F, what: str, share: bool = False) -> None:
+        """The duty-cycle evidence, when it is what the window alone does not show."""
+        value = (w.span_share if share else w.span_fraction)(f, DUTY_SPAN)[i]
+        say(value, f"{what} {value:.0%} of the last {duty_span}")
+
     if reason == "stale":
         return (
             f"no telemetry from node {node} for {human_duration(node_age_s)}: the agent or its network, not the devices"
@@ -263,36 +280,40 @@ def _explain_one(
         say(frac(F.TEMP_CRIT)[i], f"above high.critical in {frac(F.TEMP_CRIT)[i]:.0%}")
         share = w.share(F.THROTTLE_THERMAL)[i]
         say(share, f"thermal throttling {share:.0%} of the time")
+        recurring(F.TEMP_HOT, "above high.degraded")
     elif reason == "cooling":
         say(
             frac(F.COOLING_BAD)[i],
             f"fan near zero while the device is warm in {frac(F.COOLING_BAD)[i]:.0%} of samples over {win}",
         )
+        recurring(F.COOLING_BAD, "fan stalled while warm")
     elif reason == "memory_ecc":
         n = w.increase(F.ECC_UNCORRECTED)[i]
         say(n, f"uncorrected ECC errors: {n:g} in {win}")
         retired = w.latest[i, F.RETIRED_TOTAL]
         say(retired, f"retired pages: {retired:g}")
-        rate = w.per_minute(F.ECC_CORRECTED)[i]
-        say(rate, f"corrected ECC errors: {rate:.1f}/min")
+        items.extend(rate_text(corrected_rate(w), i, "corrected ECC", w))
     elif reason == "power_delivery":
         n = w.increase(F.POWER_ERRORS)[i]
         say(n, f"power delivery errors: {n:g} in {win}")
         say(frac(F.VOLT_BAD)[i], f"voltage outside its critical limits in {frac(F.VOLT_BAD)[i]:.0%} of samples")
+        recurring(F.VOLT_BAD, "voltage outside its critical limits")
     elif reason == "power_throttling":
         share = w.share(F.THROTTLE_POWER)[i]
         say(share, f"power throttling {share:.0%} of the time over {win}")
         say(frac(F.POWER_PINNED)[i], f"at its power cap in {frac(F.POWER_PINNED)[i]:.0%} of samples")
+        recurring(F.THROTTLE_POWER, "power throttled", share=True)
     elif reason == "memory_pressure":
         say(frac(F.MEM_FULL)[i], f"memory full in {frac(F.MEM_FULL)[i]:.0%} of samples over {win}")
+        recurring(F.MEM_FULL, "memory full")
         ooms = w.events_since(F.OUT_OF_MEMORY, np.full(w.rows.shape, ew["memory_pressure"]))[i]
         say(ooms, f"out-of-memory errors: {ooms:g} in {human_duration(ew['memory_pressure'])}")
     elif reason == "link":
-        rate = w.per_minute(F.LINK_ERRORS)[i]
         expected = np.nan_to_num(w.mean(F.LINK_EXPECTED)[i])
-        say(rate, f"link errors: {rate:.1f}/min (DCGM's bar for this link: {expected:.1f}/min)")
+        items.extend(rate_text(link_rate(w), i, "link errors", w, f" (DCGM's bar for this link: {expected:.1f}/min)"))
         say(frac(F.WIDTH_DOWN)[i], f"PCIe width below its maximum in {frac(F.WIDTH_DOWN)[i]:.0%} of samples")
         say(frac(F.GEN_DOWN)[i], f"PCIe generation below its maximum under load in {frac(F.GEN_DOWN)[i]:.0%}")
+        recurring(F.WIDTH_DOWN, "PCIe width below its maximum")
     elif reason == "driver_errors":
         fatal = w.increase(F.DRIVER_RESET)[i] + w.increase(F.DRIVER_REBOOT)[i] + w.increase(F.DRIVER_MECHANICAL)[i]
         say(fatal, f"fatal driver errors: {fatal:g} in {win}")
@@ -302,3 +323,24 @@ def _explain_one(
         resets = w.events_since(F.RESETS, np.full(w.rows.shape, ew["device_reset"]))[i]
         say(resets, f"device resets: {resets:g} in {human_duration(ew['device_reset'])}")
     return f"{reason}: " + (", ".join(items) if items else "no evidence in the current window")
+
+
+def rate_text(rate: RateVerdict, i: int, what: str, w: Window, note: str = "") -> list[str]:
+    """A rate's evidence: the window's rate, and the span's against its centre when that is the news
+    ("corrected ECC 3.2/min over 30m, 8x its cohort NVIDIA H100 80GB HBM3 median 0.4/min")."""
+    out = []
+    window_rate = rate.window_rate[i]
+    if not np.isnan(window_rate) and window_rate > 0:
+        out.append(f"{what}: {window_rate:.1f}/min{note}")
+    ratio, c = rate.ratio[i], rate.centre
+    if rate.flagged[i] and not np.isnan(ratio) and c.source[i] != FROM_NONE:
+        row = int(w.rows[i])
+        peers = (
+            f"its cohort {w.groups.cohort_names[w.groups.cohort[row]]}"
+            if c.source[i] == FROM_COHORT
+            else "the fleet"
+        )
+        span = human_duration(rate.span_minutes[i] * 60.0)
+        out.append(f"{what} {rate.span_rate[i]:.1f}/min over {span}, {ratio:.0f}x {peers} median {c.median[i]:.1f}/min")
+    return out
+

@@ -41,7 +41,8 @@ class DeviceRegistry:
         self._node_index: dict[str, int] = {}
         self.node_of = np.full(self.capacity, -1, dtype=np.int32)
         self.active = np.zeros(self.capacity, dtype=bool)
-        self.last_seen = np.full(self.capacity, np.nan)  # unix seconds of the newest sample
+        self.last_seen = np.full(self.capacity, np.nan)  # unix seconds of the newest sample (its node's clock)
+        self.last_heard = np.full(self.capacity, np.nan)  # when it was last heard (the reference clock)
         self.first_seen = np.full(self.capacity, np.nan)
         self.attrs_version = np.zeros(self.capacity, dtype=np.int64)  # bumps when attrs change
         self._resize_hooks: list[ResizeHook] = []
@@ -75,6 +76,7 @@ class DeviceRegistry:
         self.node_of = grown(self.node_of, capacity, -1)
         self.active = grown(self.active, capacity, False)
         self.last_seen = grown(self.last_seen, capacity, np.nan)
+        self.last_heard = grown(self.last_heard, capacity, np.nan)
         self.first_seen = grown(self.first_seen, capacity, np.nan)
         self.attrs_version = grown(self.attrs_version, capacity, 0)
         self.capacity = capacity
@@ -113,8 +115,9 @@ class DeviceRegistry:
         return True
 
     def expire(self, now_s: float, ttl_s: float) -> np.ndarray:
-        """Release devices not seen for ``ttl_s``; returns their (now free) rows."""
-        gone = np.flatnonzero(self.active & (now_s - self.last_seen > ttl_s))
+        """Release devices not heard for ``ttl_s`` (``now_s`` in the reference clock); returns their
+        (now free) rows."""
+        gone = np.flatnonzero(self.active & (now_s - self.last_heard > ttl_s))
         if gone.size:
             for hook in self._release_hooks:
                 hook(gone)
@@ -128,5 +131,6 @@ class DeviceRegistry:
             self.node_of[gone] = -1
             self.active[gone] = False
             self.last_seen[gone] = np.nan
+            self.last_heard[gone] = np.nan
             self.first_seen[gone] = np.nan
         return gone

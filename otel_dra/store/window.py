@@ -1,10 +1,11 @@
-"""The window store: per device, a ring of the last ``W`` samples' features.
+"""The window store: per device, a ring of its samples' features over the last window.
 
 Devices are rows, features are columns, the ring is ``(W, devices, features)`` float32.
-Appending a sample for a device overwrites its oldest slot; running sums and counts of
-valid (non-NaN) values are kept in step (add the new sample, subtract the one it
-replaces), so the sum over a device's window is read in O(1), and a rule tick over a
-whole fleet is O(devices x features), not O(devices x window x features).
+Appending a sample for a device writes its next slot; running sums and counts of valid
+(non-NaN) values are kept in step (add the new sample, subtract each one that leaves the
+window, by age or because the ring is full), so the sum over a device's window is read in
+O(1), and a rule tick over a whole fleet is O(devices x features), not O(devices x window
+x features).
 """
 
 from __future__ import annotations
@@ -15,16 +16,24 @@ from otel_dra.store.registry import grown
 
 
 class WindowStore:
-    """Last ``window`` samples of ``features`` features per device row."""
+    """The samples of the last ``window_s`` seconds (at most ``window`` of them) of ``features``
+    features per device row.
 
-    def __init__(self, features: int, window: int, capacity: int) -> None:
+    The window is time-based: a sample leaves it once it is ``window_s`` older than the row's
+    newest, so a node sampled every 60 s and one sampled every 5 s are judged over the same
+    5 minutes (5 samples and 60). ``window`` bounds the ring: size it for the shortest
+    sampling interval expected (a faster device's window holds its last ``window`` samples)."""
+
+    def __init__(self, features: int, window: int, capacity: int, window_s: float = float("inf")) -> None:
         if window < 1:
             raise ValueError("window must hold at least one sample")
         self.features = features
         self.window = window
+        self.window_s = window_s
         self.ring = np.full((window, capacity, features), np.nan, dtype=np.float32)
         self.times = np.full((window, capacity), np.nan)  # sample time (unix s) of each slot
         self.written = np.zeros(capacity, dtype=np.int64)  # samples ever written per row
+        self.tail = np.zeros(capacity, dtype=np.int64)  # the oldest sample still in the window
         self.sums = np.zeros((capacity, features))  # over the window, NaN counted as absent
         self.counts = np.zeros((capacity, features), dtype=np.int32)
         self.last = np.full((capacity, features), np.nan)  # each row's newest sample
@@ -37,6 +46,7 @@ class WindowStore:
         self.ring = grown(self.ring, capacity, np.nan, axis=1)
         self.times = grown(self.times, capacity, np.nan, axis=1)
         self.written = grown(self.written, capacity, 0)
+        self.tail = grown(self.tail, capacity, 0)
         self.sums = grown(self.sums, capacity, 0.0)
         self.counts = grown(self.counts, capacity, 0)
         self.last = grown(self.last, capacity, np.nan)
@@ -45,26 +55,49 @@ class WindowStore:
         self.ring[:, rows] = np.nan
         self.times[:, rows] = np.nan
         self.written[rows] = 0
+        self.tail[rows] = 0
         self.sums[rows] = 0.0
         self.counts[rows] = 0
         self.last[rows] = np.nan
 
-    def append(self, rows: np.ndarray, time_s: np.ndarray | float, values: np.ndarray) -> None:
-        """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent."""
-        slot = self.written[rows] % self.window
+    def _drop_oldest(self, rows: np.ndarray) -> None:
+        """Take each row's oldest sample out of its window sums (rows unique, each with one)."""
+        slot = self.tail[rows] % self.window
         old = self.ring[slot, rows]
-        old_valid = ~np.isnan(old)
-        new = values.astype(np.float32, copy=False)
-        new_valid = ~np.isnan(new)
-        self.sums[rows] += np.where(new_valid, new, 0.0) - np.where(old_valid, old, 0.0)
-        counts = self.counts[rows] + new_valid.astype(np.int32) - old_valid.astype(np.int32)
+        valid = ~np.isnan(old)
+        counts = self.counts[rows] - valid.astype(np.int32)
         self.counts[rows] = counts
         # A window with no valid value of a feature sums to exactly zero (no float residue).
-        self.sums[rows] = np.where(counts == 0, 0.0, self.sums[rows])
+        self.sums[rows] = np.where(counts == 0, 0.0, self.sums[rows] - np.where(valid, old, 0.0))
+        self.tail[rows] += 1
+
+    def append(self, rows: np.ndarray, time_s: np.ndarray | float, values: np.ndarray) -> None:
+        """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent."""
+        t = np.broadcast_to(np.asarray(time_s, dtype=np.float64), rows.shape)
+        full = self.written[rows] - self.tail[rows] >= self.window
+        if full.any():  # the slot about to be written still holds a sample in the window
+            self._drop_oldest(rows[full])
+        slot = self.written[rows] % self.window
+        new = values.astype(np.float32, copy=False)
+        new_valid = ~np.isnan(new)
+        self.sums[rows] += np.where(new_valid, new, 0.0)
+        self.counts[rows] += new_valid.astype(np.int32)
         self.ring[slot, rows] = new
-        self.times[slot, rows] = time_s
+        self.times[slot, rows] = t
         self.written[rows] += 1
         self.last[rows] = new
+        if self.window_s != float("inf"):
+            cutoff = t - self.window_s
+            while True:  # as many rounds as samples leave one row's window: one, usually
+                live = self.tail[rows] < self.written[rows] - 1  # the newest sample always stays
+                old = live & (self.times[self.tail[rows] % self.window, rows] <= cutoff)
+                if not old.any():
+                    break
+                self._drop_oldest(rows[old])
+
+    def holds_first(self, rows: np.ndarray | slice) -> np.ndarray:
+        """Whether each row's window still holds its first sample (whose time step is 0)."""
+        return (self.tail[rows] == 0) & (self.written[rows] > 0)
 
     def latest(self, rows: np.ndarray | slice | None = None) -> np.ndarray:
         """Each row's newest sample (NaN for rows never written); a view for a slice."""

@@ -1,0 +1,127 @@
+"""The long horizon: per device, coarse buckets (1 minute by default) of a few features.
+
+The window store keeps every sample of the last few minutes, which is right for telling a
+spike from a trend, but too short for low rates (0.4 corrected errors a minute is two in a
+5-minute window) and for faults that come and go (a fan that stalls 2 minutes in every 6 is
+never 50% of a 5-minute window). The horizon keeps, per device and bucket, the sums and
+counts of a few features over the last ``buckets`` buckets, and running totals over each of
+a few *spans* (say the last 15 and 30 buckets), so reading a span is O(devices), like the
+window.
+
+Buckets are numbered by the device's own sample times (``floor(t / bucket_s)``), so one
+node's clock never moves another's buckets. A span ends at the device's newest bucket.
+Running totals are kept in step the way the window's are: when a device moves into a new
+bucket, the buckets that leave each span are subtracted and the slots they free are
+cleared; a device that skipped buckets (a gap) has each skipped one handled the same way,
+a handful of array operations per skipped bucket, never a loop over devices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from otel_dra.store.registry import grown
+
+_NONE = np.iinfo(np.int64).min  # "no bucket yet"
+
+
+class HorizonStore:
+    """Per-row bucket sums and counts of ``features`` features, with totals over ``spans``."""
+
+    def __init__(self, features: int, bucket_s: float, spans: tuple[int, ...], capacity: int) -> None:
+        if bucket_s <= 0:
+            raise ValueError("the horizon's bucket must be a positive number of seconds")
+        if not spans or min(spans) < 1:
+            raise ValueError("the horizon needs at least one span of at least one bucket")
+        self.features = features
+        self.bucket_s = float(bucket_s)
+        self.spans = tuple(int(s) for s in spans)
+        self.buckets = max(self.spans)
+        b = self.buckets
+        self.sums = np.zeros((b, capacity, features), dtype=np.float32)
+        self.counts = np.zeros((b, capacity, features), dtype=np.uint16)
+        self.ids = np.full((b, capacity), _NONE, dtype=np.int64)  # the bucket each slot holds
+        self.head = np.full(capacity, _NONE, dtype=np.int64)  # each row's newest bucket
+        self.total_sums = [np.zeros((capacity, features)) for _ in self.spans]
+        self.total_counts = [np.zeros((capacity, features), dtype=np.int64) for _ in self.spans]
+
+    @property
+    def capacity(self) -> int:
+        return int(self.head.shape[0])
+
+    def resize(self, capacity: int) -> None:
+        self.sums = grown(self.sums, capacity, 0.0, axis=1)
+        self.counts = grown(self.counts, capacity, 0, axis=1)
+        self.ids = grown(self.ids, capacity, _NONE, axis=1)
+        self.head = grown(self.head, capacity, _NONE)
+        self.total_sums = [grown(t, capacity, 0.0) for t in self.total_sums]
+        self.total_counts = [grown(t, capacity, 0) for t in self.total_counts]
+
+    def clear(self, rows: np.ndarray) -> None:
+        self.sums[:, rows] = 0.0
+        self.counts[:, rows] = 0
+        self.ids[:, rows] = _NONE
+        self.head[rows] = _NONE
+        for s, c in zip(self.total_sums, self.total_counts, strict=True):
+            s[rows] = 0.0
+            c[rows] = 0
+
+    def append(self, rows: np.ndarray, time_s: np.ndarray, values: np.ndarray) -> None:
+        """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent.
+        A sample older than its row's newest bucket is counted in that bucket."""
+        bucket = np.floor(np.asarray(time_s, dtype=np.float64) / self.bucket_s).astype(np.int64)
+        head = self.head[rows]
+        started = head != _NONE
+        bucket = np.where(started, np.maximum(bucket, head), bucket)
+        gap = np.where(started, bucket - head, 0)
+        if gap.any():
+            self._advance(rows, head, gap)
+        fresh = ~started
+        if fresh.any():  # a row's first sample: its slot is new
+            r = rows[fresh]
+            slot = bucket[fresh] % self.buckets
+            self.sums[slot, r] = 0.0
+            self.counts[slot, r] = 0
+            self.ids[slot, r] = bucket[fresh]
+        self.head[rows] = bucket
+        valid = ~np.isnan(values)
+        add = np.where(valid, values, 0.0).astype(np.float32)  # totals add what the buckets hold
+        slot = bucket % self.buckets
+        self.sums[slot, rows] += add
+        self.counts[slot, rows] += valid.astype(np.uint16)
+        for s, c in zip(self.total_sums, self.total_counts, strict=True):
+            s[rows] += add
+            c[rows] += valid
+
+    def _advance(self, rows: np.ndarray, head: np.ndarray, gap: np.ndarray) -> None:
+        """Move rows from bucket ``head`` to ``head + gap``: buckets leave each span, slots free up."""
+        moving = gap > 0
+        for span, s, c in zip(self.spans, self.total_sums, self.total_counts, strict=True):
+            # Buckets head-span+1 .. head+gap-span leave the span (at most ``span`` of them).
+            for k in range(int(min(gap.max(), span))):
+                pick = moving & (gap > k)
+                r = rows[pick]
+                leaving = head[pick] - span + 1 + k
+                slot = leaving % self.buckets
+                held = self.ids[slot, r] == leaving
+                if held.any():
+                    r, slot = r[held], slot[held]
+                    s[r] -= self.sums[slot, r]
+                    c[r] -= self.counts[slot, r]
+        # Buckets head+1 .. head+gap enter: the newest ``buckets`` of them get a slot each.
+        for k in range(int(min(gap.max(), self.buckets))):
+            pick = gap > k
+            r = rows[pick]
+            entering = head[pick] + gap[pick] - k
+            slot = entering % self.buckets
+            self.sums[slot, r] = 0.0
+            self.counts[slot, r] = 0
+            self.ids[slot, r] = entering
+        for s, c in zip(self.total_sums, self.total_counts, strict=True):
+            # No float residue where a span now holds nothing.
+            empty = c[rows] == 0
+            s[rows] = np.where(empty, 0.0, s[rows])
+
+    def span_sums(self, span_index: int, rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
+        """(sums, counts) of every feature over span ``span_index`` for ``rows``."""
+        return self.total_sums[span_index][rows], self.total_counts[span_index][rows]
