@@ -23,7 +23,7 @@ Semantics, as the contract (``telemetry.md``) and the classifier's docstrings st
   indicator share (or time share) over the duty span is at least its ``duty``, or, with the
   reason already on, at least ``duty x duty_hold_ratio`` over the rate span;
 - rates (corrected ECC, link errors) against centres: the median and MAD of the rate-span
-  rates of the fresh devices of the same cohort (``cohorts.by``) whose span is half covered,
+  rates of the fresh devices of the same cohort (``cohorts.by``) with ``min_samples`` there,
   the fleet's when the cohort has fewer than ``min_devices``, none when the fleet has too;
   over the window above ``max(absolute, ratio x median)``, over the covered rate span (own
   cohort only) above ``max(ratio x median, median + mad_k x 1.4826 x MAD, floor)``, each by more
@@ -212,7 +212,7 @@ def classify_columns(columns: tuple[Column, ...]) -> Columns:
         elif m == cv.HW_FAN_SPEED.name:
             fan = fans.setdefault(col.sensor, [None, None, None])
             fan[0] = i
-            fan[2] = _sibling_limit(columns, col, m, ("low.critical", "low.degraded"))
+            fan[2] = _sibling_limit(columns, col, m, ("low.degraded", "low.critical"))
         elif m == cv.HW_FAN_SPEED_RATIO.name:
             fans.setdefault(col.sensor, [None, None, None])[1] = i
         elif m == cv.HW_VOLTAGE.name:
@@ -573,7 +573,7 @@ class NaiveClassifier:
             for dev in devices:
                 w = stats[id(dev)]
                 minutes = w.span_minutes()
-                if fresh[id(dev)] and minutes > 0 and minutes * 60.0 >= 0.5 * w.span_s["rate"]:
+                if fresh[id(dev)] and minutes > 0 and w.span_samples() >= self.min_samples:
                     pools.setdefault(dev.cohort, []).append(w.span_count(feature) / max(minutes, 1.0))
             everyone = [rate for pool in pools.values() for rate in pool]
             least = self.policy.cohort_min_devices
@@ -849,6 +849,9 @@ class Stats:
 
     def span_minutes(self) -> float:
         return self._span_total("dt", "rate")[0] / 60.0
+
+    def span_samples(self) -> int:
+        return self._span_total("dt", "rate")[1]
 
     def span_count(self, f: str) -> float:
         return self._span_total(f, "rate")[0]

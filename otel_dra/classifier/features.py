@@ -178,7 +178,7 @@ def build_plan(columns: tuple[Column, ...]) -> _Plan:
             temp.append((i, limit_of(col, m, "high.degraded", "throttled"), limit_of(col, m, "high.critical")))
         elif m in (cv.HW_FAN_SPEED.name, cv.HW_FAN_SPEED_RATIO.name):
             fans.setdefault(col.sensor, [-1, -1, -1])[0 if m == cv.HW_FAN_SPEED.name else 1] = i
-            low = limit_of(col, cv.HW_FAN_SPEED.name, "low.critical", "low.degraded")
+            low = limit_of(col, cv.HW_FAN_SPEED.name, "low.degraded", "low.critical")
             if m == cv.HW_FAN_SPEED.name:
                 fans[col.sensor][2] = low
         elif m == cv.HW_VOLTAGE.name:

@@ -238,13 +238,15 @@ class Window:
         if cached is not None:
             return cached
         p, rows = self.groups.param, self.rows
-        sums, _ = self.span[RATE_SPAN]
+        sums, counts = self.span[RATE_SPAN]
         span_minutes = sums[:, H[F.DT]] / 60.0
         span_count = sums[:, H[f]]
         with np.errstate(invalid="ignore", divide="ignore"):
             span_rate = np.where(span_minutes > 0, span_count / np.maximum(span_minutes, 1.0), np.nan)
         cohorts = self.groups.cohort[rows]
-        eligible = self.fresh & (span_minutes * 60.0 >= 0.5 * self.span_s[RATE_SPAN])
+        # Every fresh device with a rate counts towards its cohort's centre, young ones too: a
+        # fleet that just started judges a storm against its peers, not against the absolute bar.
+        eligible = self.fresh & (counts[:, H[F.DT]] >= self.min_samples) & (span_minutes > 0)
         c = centre(span_rate, eligible, cohorts, len(self.groups.cohort_names), self.groups.policy.cohort_min_devices)
         ratio = p(rows, reason, ratio_key)
         z = np.full(rows.shape, self.groups.policy.cohort_significance)
