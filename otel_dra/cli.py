@@ -653,3 +653,4 @@ def status(url: str, timeout: float) -> None:
 
 
 cli.add_command(__import__("otel_dra.k8s.cli", fromlist=["k8s"]).k8s)  # otel-dra k8s (otel_dra/k8s/cli.py)
+__import__("otel_dra.scenario.cli", fromlist=["register"]).register(cli)  # simulate, score (otel_dra/scenario/cli.py)

@@ -1,0 +1,710 @@
+"""Where a scenario's faults, traps and fleet oddities go: all decided up front from the seed.
+
+Why a plan before any simulation: the labels must say exactly when each fault's evidence
+first appears in the file, and that depends on the sampling schedule of the device's node
+(its interval, jitter, gaps). Deciding nodes, schedules, placements and events first makes
+the simulation a plain loop over time and every onset a lookup in a known schedule.
+
+Times in a plan are *true* time: integer seconds (events, the simulation grid) or integer
+microseconds (sample times) after ``T0_NS``. A node stamps its points with its own clock,
+true time plus its skew; every time in the labels is in that node clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from otel_dra.scenario.models import H100, KEY, MI300X, MIX, MODELS, NIC, DeviceModel
+
+if TYPE_CHECKING:
+    from otel_dra.scenario.generate import ScenarioConfig
+
+#: True time of the recording's start.
+T0_NS: Final = 1_800_000_000 * 10**9
+US: Final = 1_000_000
+#: Nothing goes wrong before this (seconds): a classifier needs its windows filled and its baselines.
+WARMUP_S: Final = 900
+SILENCE_S: Final = 600
+INTERVALS: Final = (5, 10, 15, 30, 60)
+MAX_SKEW_S: Final = 90.0
+JITTER: Final = 0.1
+#: A time that never comes (seconds): the onset of a fault a device doesn't have.
+NEVER: Final = 1e12
+#: One instance of every fault kind and trap per this many GPUs (at least one each).
+GPUS_PER_COPY: Final = 170
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """A kind of fault: what a classifier must answer (reasons, by when) and where it can occur."""
+
+    name: str
+    reasons: tuple[str, ...]
+    severity: str  # hard | soft
+    deadline_s: int
+    intermittent: bool = False
+    nvidia_only: bool = False  # NVIDIA XIDs
+    needs_limits: bool = False  # judged against a reported *.limit series
+    low_rate_only: bool = False  # a cohort outlier hides below a fixed threshold only on low-rate models
+
+
+FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
+    FaultKind("ecc_uncorrected", ("memory_ecc",), "hard", 60),
+    FaultKind("xid_dbe", ("driver_errors", "memory_ecc"), "hard", 60, nvidia_only=True),
+    FaultKind("fell_off_bus", ("driver_errors", "device_lost"), "hard", 60, nvidia_only=True),
+    FaultKind("device_lost", ("device_lost",), "hard", 150),
+    FaultKind("vendor_failed", ("vendor_status",), "hard", 60),
+    FaultKind("ecc_corrected_storm", ("memory_ecc",), "soft", 900),
+    FaultKind("ecc_cohort_outlier", ("memory_ecc",), "soft", 1800, low_rate_only=True),
+    FaultKind("thermal_drift", ("thermal",), "soft", 900),
+    FaultKind("fan_decay", ("cooling", "thermal"), "soft", 900),
+    FaultKind("power_throttling", ("power_throttling",), "soft", 900),
+    FaultKind("power_delivery", ("power_delivery",), "soft", 900),
+    FaultKind("link_degraded", ("link",), "soft", 900, needs_limits=True),
+    FaultKind("memory_pressure", ("memory_pressure",), "soft", 900),
+    FaultKind("app_errors_repeated", ("driver_errors",), "soft", 900, nvidia_only=True),
+    FaultKind("device_resets", ("device_reset",), "soft", 1800),
+    FaultKind("fan_stall_intermittent", ("cooling", "thermal"), "soft", 900, intermittent=True),
+    FaultKind("thermal_intermittent", ("thermal",), "soft", 900, intermittent=True),
+    FaultKind("link_bursts_intermittent", ("link",), "soft", 900, intermittent=True),
+    FaultKind("power_throttling_intermittent", ("power_throttling",), "soft", 900, intermittent=True),
+)
+KIND: Final = {k.name: k for k in FAULT_KINDS}
+#: Faults after which the device reports nothing more (Unknown or failed there is no surprise).
+LOST_KINDS: Final = frozenset({"device_lost", "fell_off_bus"})
+#: Traps on one device each (placed like faults), then the node-wide ones.
+DEVICE_TRAPS: Final = (
+    "temp_spike",
+    "power_spike",
+    "mem_spike",
+    "single_app_error",
+    "counter_reset",
+    "missed_sample",
+    "counter_history",
+)
+NODE_TRAPS: Final = ("agent_restart", "high_background_cohort", "one_missed_sample", "hot_plug")
+TRAP_KINDS: Final = (*DEVICE_TRAPS, *NODE_TRAPS)
+
+
+def copies_for(gpus: int) -> int:
+    """How many instances of each fault kind and device trap a fleet of ``gpus`` gets."""
+    return max(1, gpus // GPUS_PER_COPY)
+
+
+def devices_needed(gpus: int) -> int:
+    """GPUs a plan places something on (outside the silent and the restarted node)."""
+    return copies_for(gpus) * (len(FAULT_KINDS) + len(DEVICE_TRAPS)) + 1  # + the one missed sample on a 60 s node
+
+
+@dataclass
+class Node:
+    """One node: its model, sampling, clock and devices (rows of the state matrix)."""
+
+    index: int
+    name: str
+    model: DeviceModel
+    interval_s: int
+    skew_us: int
+    agent_start_ns: int  # in the node's clock
+    rows: list[int] = field(default_factory=list)  # its GPUs in hw.id order
+    shared: list[int] = field(default_factory=list)  # network devices it reports too
+    samples_us: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # true times, gaps removed
+
+    def stamp_ns(self, true_us: int) -> int:
+        """A true time (µs after t0) in this node's clock, in ns."""
+        return T0_NS + (int(true_us) + self.skew_us) * 1000
+
+    @property
+    def skew_s(self) -> float:
+        return self.skew_us / US
+
+
+@dataclass
+class Device:
+    """One device: a row of the state matrix, its identity and descriptive attributes."""
+
+    row: int
+    node: int  # the node that owns it (a shared device: its first observer)
+    hw_id: str
+    hw_type: str
+    attrs: dict[str, str]  # descriptive attributes, hw.type first, without hw.id
+    series: tuple[str, ...]
+    model: DeviceModel | None  # None for a network device
+
+
+@dataclass
+class Fault:
+    """A fault on a device: its kind, and how its label onset is found."""
+
+    kind: FaultKind
+    row: int
+    node: int
+    evidence_us: int | None = None  # true time the evidence starts; the onset is the node's first line from then
+    cross_key: str | None = None  # or: the first sample whose value crosses cross_limit
+    cross_limit: float = 0.0
+    cross_above: bool = True
+    period_s: float = 0.0
+    duty: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)
+    onset_ns: int | None = None
+
+
+@dataclass
+class Trap:
+    """Something that must not be flagged: a device's (row) or a node's (row None)."""
+
+    kind: str
+    node: int
+    row: int | None = None
+    at_ns: int | None = None  # node clock
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(order=True)
+class Event:
+    """A discrete change at a grid second: a counter step, a status, a device coming or going."""
+
+    at_s: int
+    seq: int
+    op: str = field(compare=False)  # add | status | vanish | appear | reset_series | restart
+    row: int = field(compare=False, default=-1)
+    key: str = field(compare=False, default="")
+    value: float = field(compare=False, default=0.0)
+    node: int = field(compare=False, default=-1)
+
+
+@dataclass
+class Plan:
+    """Everything the simulation needs and the labels say, before a single step runs."""
+
+    duration_s: int
+    nodes: list[Node]
+    devices: list[Device]
+    faults: list[Fault]
+    traps: list[Trap]
+    events: list[Event]
+    #: grid second -> (row, series key, value) shown by the sample taken in that second only
+    glitches: dict[int, list[tuple[int, str, float]]]
+    #: (node, true µs of a sample) -> rows missing from that line
+    omit: dict[tuple[int, int], set[int]]
+    silence: tuple[int, int, int]  # node, true seconds [from, to)
+    restart: tuple[int, int, int]  # node, grid second, new startTimeUnixNano (node clock)
+    params: dict[str, np.ndarray]  # per-row physics and fault parameters
+    initial: np.ndarray  # rows x series: counter history and constants at t0
+    shared_views: list[tuple[int, list[int]]]  # (NIC row, observer nodes)
+
+
+class _Planner:
+    """Builds a :class:`Plan`; one instance per generation (holds the RNG)."""
+
+    def __init__(self, config: ScenarioConfig) -> None:
+        self.c = config
+        self.rng = np.random.default_rng([config.seed, 0x5CE7A])
+        self.D = int(config.duration_s)
+        self.mixed = config.shape == "mixed"
+        self.seq = 0
+        self.events: list[Event] = []
+        self.glitches: dict[int, list[tuple[int, str, float]]] = {}
+        self.omit: dict[tuple[int, int], set[int]] = {}
+        self.faults: list[Fault] = []
+        self.traps: list[Trap] = []
+
+    # -- helpers -------------------------------------------------------------------------------
+    def uniform(self, lo: float, hi: float) -> float:
+        return float(self.rng.uniform(lo, hi))
+
+    def second(self, lo: float, hi: float) -> int:
+        """A random whole second in [lo, hi] (clamped to the recording)."""
+        lo_i, hi_i = max(1, int(np.ceil(lo))), min(self.D - 1, int(hi))
+        return int(self.rng.integers(lo_i, max(lo_i, hi_i) + 1))
+
+    def event(self, at_s: float, op: str, row: int = -1, key: str = "", value: float = 0.0, node: int = -1) -> None:
+        at = round(at_s)
+        if 0 < at < self.D:
+            self.events.append(Event(at, self.seq, op, row, key, value, node))
+            self.seq += 1
+
+    def onset_window(self, kind: FaultKind) -> tuple[int, int]:
+        return WARMUP_S, self.D - kind.deadline_s - 120
+
+    # -- the fleet -----------------------------------------------------------------------------
+    def nodes(self) -> list[Node]:
+        n, rng = self.c.nodes, self.rng
+        order: list[str] = []
+        while len(order) < n:
+            name = f"node-{int(rng.integers(0x100, 0x1000)):03x}"
+            if name not in order:
+                order.append(name)
+        if self.mixed:
+            raw = {m: MIX[m] * n for m in MIX}
+            counts = {m: max(2 if m == MI300X.model else 1, int(v)) for m, v in raw.items()}
+            while sum(counts.values()) < n:
+                best = max(raw, key=lambda m: raw[m] - counts[m])
+                counts[best] += 1
+            while sum(counts.values()) > n:
+                best = max(counts, key=lambda m: counts[m])
+                counts[best] -= 1
+            by_name = {m.model: m for m in MODELS}
+            models = [by_name[m] for m, k in counts.items() for _ in range(k)]
+            rng.shuffle(models)  # type: ignore[arg-type]
+            intervals = list(INTERVALS)[: min(n, len(INTERVALS))]
+            intervals += [int(rng.choice(INTERVALS)) for _ in range(n - len(intervals))]
+            rng.shuffle(intervals)
+            skews = [round(rng.uniform(-MAX_SKEW_S, MAX_SKEW_S) * 1000) * 1000 for _ in range(n)]
+        else:
+            models, intervals, skews = [H100] * n, [10] * n, [0] * n
+        out = []
+        for i, name in enumerate(order):
+            start = T0_NS - int(rng.uniform(3600, 30 * 86400) * 1e9) + skews[i] * 1000
+            out.append(Node(i, name, models[i], int(intervals[i]), skews[i], start))
+        return out
+
+    def schedule(self, node: Node) -> np.ndarray:
+        """A node's sample times (true µs): a random phase, then every interval, jittered."""
+        iv = node.interval_s
+        k = np.arange(int(self.D / iv) + 2)
+        jitter = self.rng.uniform(-JITTER, JITTER, len(k)) * iv if self.mixed else np.zeros(len(k))
+        times = np.round((self.rng.uniform(0, iv) + k * iv + jitter) * US).astype(np.int64)
+        return times[(times >= 0) & (times < self.D * US)]
+
+    def build(self) -> Plan:
+        rng, D = self.rng, self.D
+        nodes = self.nodes()
+        for node in nodes:
+            node.samples_us = self.schedule(node)
+
+        # Special nodes: the restarted agent (a short interval: skipping one sample stays under any stale
+        # timeout), the 60 s node with one missed sample, the silent node, the hot-plug node, NIC observers.
+        def pick(candidates: list[Node]) -> Node:
+            return candidates[int(rng.integers(len(candidates)))]
+
+        restart = pick([x for x in nodes if x.interval_s <= 15])
+        slow = [x for x in nodes if x is not restart and (x.interval_s == 60 or not self.mixed)]
+        missed60 = pick(slow or [x for x in nodes if x is not restart])
+        silent = pick([x for x in nodes if x not in (restart, missed60)])
+        normal = [x for x in nodes if x not in (restart, silent)]
+        hotplug = pick(normal)
+        n_shared = max(1, self.c.nodes // 32)
+        observers = [list(rng.choice(len(normal), 2, replace=False)) for _ in range(n_shared)]
+
+        # Rows: every node's GPUs (the hot-plug node one more), then the shared NICs.
+        devices: list[Device] = []
+        for node in nodes:
+            count = self.c.devices_per_node + (1 if node is hotplug else 0)
+            for i in range(count):
+                row = len(devices)
+                node.rows.append(row)
+                devices.append(self.gpu(row, node, i))
+        shared_views: list[tuple[int, list[int]]] = []
+        for j, pair in enumerate(observers):
+            row = len(devices)
+            views = [normal[int(p)].index for p in pair]
+            devices.append(self.nic(row, views[0], j))
+            for v in views:
+                nodes[v].shared.append(row)
+            shared_views.append((row, views))
+        hot_row = hotplug.rows[-1]
+        params, initial = self.physics(nodes, devices)
+        self.params, self.initial = params, initial
+
+        # The silent node: nothing for ten minutes, then it resumes.
+        s_from = self.second(WARMUP_S, D - SILENCE_S - 420)
+        t = silent.samples_us
+        silent.samples_us = t[(t < s_from * US) | (t >= (s_from + SILENCE_S) * US)]
+
+        # The agent restart: one sample skipped, every counter from zero, a new start time.
+        at = self.second(WARMUP_S, D - 300)
+        t = restart.samples_us
+        skipped = int(np.searchsorted(t, at * US))
+        if skipped + 1 >= len(t):
+            skipped = len(t) - 2
+            at = int(t[skipped] // US)
+        nxt = int(t[skipped + 1])
+        restart.samples_us = np.delete(t, skipped)
+        new_start = restart.stamp_ns(at * US + (nxt - at * US) // 2)
+        self.event(at, "restart", node=restart.index, value=float(new_start))
+        self.traps.append(Trap("agent_restart", restart.index, None, restart.stamp_ns(at * US)))
+
+        # The hot-plugged device: absent until it appears, with a history of counts.
+        appear = self.second(600, D - 1200)
+        self.event(appear, "appear", hot_row)
+        self.traps.append(Trap("hot_plug", hotplug.index, hot_row, hotplug.stamp_ns(appear * US)))
+        for node in nodes:  # a whole model whose background would be a fault on any other
+            if node.model is MI300X:
+                detail = {"hw.model": MI300X.model, "corrected_per_min": MI300X.corrected_per_min}
+                self.traps.append(Trap("high_background_cohort", node.index, None, None, detail))
+
+        # Faults and device traps, on GPUs of ordinary nodes.
+        pool = [r for x in normal for r in x.rows if r != hot_row]
+        rng.shuffle(pool)
+        self.nodes_, self.devices_ = nodes, devices
+        copies = copies_for(sum(len(x.rows) for x in nodes))
+        taken: set[int] = set()
+
+        def take(ok: Any, what: str) -> int:
+            for r in pool:
+                if r not in taken and ok(devices[r]):
+                    taken.add(r)
+                    return r
+            raise ValueError(f"the fleet has no free GPU for {what}: raise --nodes or --devices-per-node")
+
+        r60 = take(lambda d: d.node == missed60.index, "the missed sample on a 60 s node")
+        self.missed_sample(r60, "one_missed_sample")
+        kinds = sorted(FAULT_KINDS, key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only))
+        for _ in range(copies):
+            for kind in kinds:
+                row = take(lambda d, k=kind: self.fits(k, d), f"a {kind.name} fault")
+                self.fault(kind, row)
+            for trap in DEVICE_TRAPS:
+                nvidia = trap == "single_app_error"
+                row = take(lambda d, nv=nvidia: not nv or (d.model is not None and d.model.vendor == "NVIDIA"), trap)
+                self.device_trap(trap, row)
+        self.hot_history(hot_row)
+
+        self.events.sort()
+        return Plan(
+            duration_s=D,
+            nodes=nodes,
+            devices=devices,
+            faults=self.faults,
+            traps=self.traps,
+            events=self.events,
+            glitches=self.glitches,
+            omit=self.omit,
+            silence=(silent.index, s_from, s_from + SILENCE_S),
+            restart=(restart.index, at, new_start),
+            params=params,
+            initial=initial,
+            shared_views=shared_views,
+        )
+
+    def gpu(self, row: int, node: Node, i: int) -> Device:
+        m, rng = node.model, self.rng
+        firmware = m.firmwares[0] if rng.random() < 0.8 else m.firmwares[1]
+        attrs = {
+            "hw.type": "gpu",
+            "hw.name": f"GPU {i}",
+            "hw.vendor": m.vendor,
+            "hw.model": m.model,
+            "hw.serial_number": f"{m.serial_prefix}{int(rng.integers(10**8, 10**9))}",
+            "hw.firmware_version": firmware,
+            "hw.driver_version": m.driver_version,
+            "dra.driver.name": m.dra_driver,
+            "dra.pool.name": node.name,
+            "dra.device.name": f"gpu-{i}",
+        }
+        return Device(row, node.index, f"gpu-{i}", "gpu", attrs, m.series, m)
+
+    def nic(self, row: int, node: int, j: int) -> Device:
+        attrs = {
+            "hw.type": "network",
+            "hw.name": f"NIC fabric-{j}",
+            "hw.vendor": NIC.vendor,
+            "hw.model": NIC.model,
+            "hw.serial_number": f"MT{int(self.rng.integers(10**9, 10**10))}",
+            "hw.firmware_version": NIC.firmware,
+            "hw.driver_version": NIC.driver_version,
+            "dra.driver.name": NIC.dra_driver,
+            "dra.pool.name": f"fabric-{j}",
+            "dra.device.name": f"nic-{j}",
+        }
+        return Device(row, node, f"nic-fabric-{j}", "network", attrs, NIC.series, None)
+
+    def physics(self, nodes: list[Node], devices: list[Device]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Per-row physical parameters (model values, varied per device) and counter history at t0."""
+        rng, n = self.rng, len(devices)
+        p: dict[str, np.ndarray] = {}
+
+        def col(fn: Any, nic: float) -> np.ndarray:
+            return np.array([fn(d.model) if d.model is not None else nic for d in devices], float)
+
+        ambient_node = rng.uniform(22.0, 28.0, len(nodes))
+        p["ambient"] = np.array([ambient_node[d.node] for d in devices]) + rng.uniform(-1.5, 1.5, n)
+        p["r"] = col(lambda m: m.thermal_c_per_w, 1.2) * rng.uniform(0.93, 1.07, n)
+        p["tau"] = col(lambda m: m.thermal_tau_s, 60.0)
+        p["idle"] = col(lambda m: m.power_idle_w, 15.0)
+        p["cap"] = col(lambda m: m.power_cap_w, 25.0)
+        p["throttle_c"] = col(lambda m: m.throttle_c, 200.0)
+        p["fan_max"] = col(lambda m: m.fan_max_rpm, 1.0)
+        p["bw"] = col(lambda m: m.io_bytes_per_s, 0.0)
+        p["mem_bytes"] = col(lambda m: m.memory_bytes, 0.0)
+        p["width"] = col(lambda m: m.pcie_width, 0.0)
+        p["volt"] = col(lambda m: m.volt_nominal, 0.0)
+        p["job"] = rng.uniform(0.35, 0.95, n)
+        p["mem"] = rng.uniform(0.2, 0.8, n)
+        p["steady"] = np.zeros(n, bool)
+        # Background rates per second: lognormal around the model's median (a fleet is not uniform).
+        spread = rng.lognormal(0.0, 0.3, (n, 5))
+        rates = np.zeros((n, 5))
+        for d in devices:
+            if d.model is None:
+                rates[d.row, 4] = NIC.link_per_min / 60.0
+                continue
+            rates[d.row, 0] = d.model.corrected_per_min / 60.0
+            for j, link in enumerate(("pcie", "nvlink", "xgmi")):
+                rates[d.row, 1 + j] = d.model.link_per_min.get(link, 0.0) / 60.0
+        p["rates"] = rates * spread
+        for name in ("storm", "outlier", "drift", "fan_decay", "throttle", "pdeliv", "linkdeg", "mempress"):
+            p[f"{name}_on"] = np.full(n, NEVER)
+        for name in ("stall", "excursion", "burst", "cycle"):
+            p[f"{name}_on"] = np.full(n, NEVER)
+            p[f"{name}_period"] = np.ones(n)
+            p[f"{name}_duty"] = np.zeros(n)
+        for name in ("storm_rate", "outlier_rate", "drift_len", "drift_extra", "fan_decay_len", "pdeliv_volt"):
+            p[name] = np.ones(n) if name.endswith("_len") else np.zeros(n)
+        p["mempress_level"] = np.zeros(n)
+        p["excursion_extra"] = np.zeros(n)
+        p["burst_rate"] = np.zeros(n)
+        p["burst_col"] = np.ones(n, np.intp)
+        p["present"] = np.ones(n, bool)
+
+        # Constants and counter history at t0: what a device brings when first seen.
+        init = np.zeros((n, len(KEY)))
+        for d in devices:
+            r, m = d.row, d.model
+            init[r, KEY["status.ok"]] = 1.0
+            if m is None:
+                init[r, KEY["err.link.other"]] = rng.integers(0, 50)
+                continue
+            minutes = rng.uniform(2_000, 40_000)
+            init[r, KEY["err.corrected"]] = rng.poisson(p["rates"][r, 0] * 60 * minutes)
+            for j, link in enumerate(("pcie", "nvlink", "xgmi")):
+                init[r, KEY[f"err.link.{link}"]] = rng.poisson(p["rates"][r, 1 + j] * 60 * minutes)
+            init[r, KEY["err.reset"]] = rng.integers(0, 3)
+            init[r, KEY["err.out_of_memory"]] = rng.integers(0, 20)
+            init[r, KEY["energy"]] = round(minutes * 60 * m.power_cap_w * 0.5, 1)
+            init[r, KEY["io.receive"]] = round(minutes * 60 * m.io_bytes_per_s * 0.3)
+            init[r, KEY["io.transmit"]] = round(minutes * 60 * m.io_bytes_per_s * 0.25)
+            init[r, KEY["throttle.thermal"]] = round(rng.uniform(0, 300), 3)
+            init[r, KEY["throttle.power"]] = round(rng.uniform(0, 3000), 3)
+            for kind, value in m.temp_limits.items():
+                init[r, KEY[f"temp.limit.{kind}"]] = value
+            for kind, value in m.fan_limits.items():
+                init[r, KEY[f"fan.limit.{kind}"]] = value
+            for kind, value in m.volt_limits.items():
+                init[r, KEY[f"volt.limit.{kind}"]] = value
+            init[r, KEY["power.limit.max"]] = m.power_cap_w
+            init[r, KEY["mem.limit"]] = m.memory_bytes
+            init[r, KEY["pcie.width.limit"]] = m.pcie_width
+            init[r, KEY["pcie.gen.limit"]] = m.pcie_gen
+            init[r, KEY["pcie.gen"]] = m.pcie_gen
+        return p, init
+
+    # -- placement -----------------------------------------------------------------------------
+    def fits(self, kind: FaultKind, d: Device) -> bool:
+        m = d.model
+        if m is None:
+            return False
+        if kind.nvidia_only and m.vendor != "NVIDIA":
+            return False
+        if kind.needs_limits and not m.reports_limits:
+            return False
+        return not (kind.low_rate_only and m.corrected_per_min * 10 >= 6.0)
+
+    def first_sample_at(self, node: Node, at_us: int) -> int:
+        """The true time (µs) of the node's first sample at or after ``at_us``."""
+        i = int(np.searchsorted(node.samples_us, at_us))
+        return int(node.samples_us[min(i, len(node.samples_us) - 1)])
+
+    def sample_between(self, node: Node, lo_s: float, hi_s: float, quiet: bool = False) -> int:
+        """A random sample of the node in [lo, hi] s; ``quiet``: one whose neighbours are at most two
+        intervals apart (so skipping it leaves a gap no stale timeout may count)."""
+        t = node.samples_us
+        idx = np.nonzero((t >= lo_s * US) & (t <= hi_s * US))[0]
+        if quiet:
+            idx = idx[(idx > 0) & (idx < len(t) - 1)]
+            idx = idx[t[np.minimum(idx + 1, len(t) - 1)] - t[idx - 1] <= 2 * node.interval_s * US]
+        return int(t[int(self.rng.choice(idx))])
+
+    def missed_sample(self, row: int, kind: str) -> None:
+        node = self.nodes_[self.devices_[row].node]
+        at = self.sample_between(node, 300, self.D - 300, quiet=True)
+        self.omit.setdefault((node.index, at), set()).add(row)
+        self.traps.append(Trap(kind, node.index, row, node.stamp_ns(at), {"interval_s": node.interval_s}))
+
+    def device_trap(self, kind: str, row: int) -> None:
+        d = self.devices_[row]
+        node, m, p = self.nodes_[d.node], d.model, self.params
+        assert m is not None
+        if kind == "missed_sample":
+            self.missed_sample(row, kind)
+            return
+        if kind == "counter_history":
+            # History the device brings: an uncorrected ECC error and old XIDs, from before the recording.
+            self.initial[row, KEY["err.uncorrected"]] = self.rng.integers(1, 3)
+            self.initial[row, KEY["err.retired_page"]] = self.initial[row, KEY["err.uncorrected"]]
+            codes = {"48": 1, "31": 2} if m.vendor == "NVIDIA" else {}
+            for code, n in codes.items():
+                self.initial[row, KEY[f"err.driver.{code}"]] = n
+            self.traps.append(Trap(kind, node.index, row, None, {"hw.error.code": sorted(codes)}))
+            return
+        if kind in ("single_app_error", "counter_reset"):
+            at = self.second(300, self.D - 300)
+            if kind == "single_app_error":
+                self.event(at, "add", row, "err.driver.13", 1.0)
+                detail: dict[str, Any] = {"hw.error.code": "13"}
+            else:
+                self.initial[row, KEY["err.corrected"]] += 5000
+                self.event(at, "reset_series", row, "err.corrected", node=node.index)
+                detail = {"series": "hw.errors{error.type=corrected}"}
+            self.traps.append(Trap(kind, node.index, row, node.stamp_ns(at * US), detail))
+            return
+        at_us = self.sample_between(node, 300, self.D - 300)
+        g = at_us // US
+        if kind == "temp_spike":
+            value = min(m.temp_degraded_c + self.uniform(3, 6), m.temp_critical_c - 0.5)
+            self.glitches.setdefault(g, []).append((row, "temp.gpu", round(value, 2)))
+        elif kind == "power_spike":
+            self.glitches.setdefault(g, []).append((row, "power", round(p["cap"][row] * self.uniform(0.99, 1.0), 1)))
+        else:
+            frac = self.uniform(0.985, 0.995)
+            self.glitches.setdefault(g, []).append((row, "mem.util", frac))
+            self.glitches.setdefault(g, []).append((row, "mem.usage", float(np.floor(frac * m.memory_bytes))))
+        self.traps.append(Trap(kind, node.index, row, node.stamp_ns(at_us)))
+
+    def hot_history(self, row: int) -> None:
+        """The hot-plugged device was used elsewhere: its counters arrive with history."""
+        m = self.devices_[row].model
+        assert m is not None
+        init = self.initial
+        init[row, KEY["err.corrected"]] += 2500
+        init[row, KEY["err.uncorrected"]] = 1
+        init[row, KEY["err.retired_page"]] = 1
+        init[row, KEY["err.reset"]] = 2
+        if m.vendor == "NVIDIA":
+            init[row, KEY["err.driver.13"]] = 3
+        self.params["present"][row] = False
+
+    def fault(self, kind: FaultKind, row: int) -> None:
+        """Place one fault: its parameters, its events, and how its onset is found."""
+        d = self.devices_[row]
+        node, m, p, rng = self.nodes_[d.node], d.model, self.params, self.rng
+        assert m is not None
+        lo, hi = self.onset_window(kind)
+        at = self.second(lo, hi)
+        f = Fault(kind, row, node.index, evidence_us=at * US, detail={"hw.model": m.model})
+        name = kind.name
+        if name == "ecc_uncorrected":
+            n = int(rng.integers(1, 3))
+            self.event(at, "add", row, "err.uncorrected", n)
+            self.event(at, "add", row, "err.retired_page", n)
+            self.event(at + self.uniform(300, 900), "add", row, "err.uncorrected", 1)
+        elif name in ("xid_dbe", "fell_off_bus"):
+            code = "48" if name == "xid_dbe" else "79"
+            f.detail["hw.error.code"] = code
+            self.event(at, "add", row, f"err.driver.{code}", 1)
+            if code == "48":
+                self.event(at, "add", row, "err.uncorrected", 1)
+                self.event(at, "add", row, "err.retired_page", 1)
+            else:  # the device shows the XID once or twice, then falls silent
+                seen = self.first_sample_at(node, at * US) / US
+                self.event(np.ceil(seen + self.uniform(1.2, 2.2) * node.interval_s), "vanish", row)
+        elif name == "device_lost":
+            self.event(at, "vanish", row)
+        elif name == "vendor_failed":
+            self.event(at, "status", row, "status.failed")
+        elif name == "ecc_corrected_storm":
+            p["storm_on"][row], p["storm_rate"][row] = at, self.uniform(50, 200) / 60
+            f.detail["corrected_per_min"] = round(p["storm_rate"][row] * 60, 1)
+        elif name == "ecc_cohort_outlier":
+            rate = min(m.corrected_per_min * self.uniform(5, 10), 5.5)
+            p["outlier_on"][row], p["outlier_rate"][row] = at, rate / 60
+            f.detail["corrected_per_min"] = round(rate, 2)
+            f.detail["model_median_per_min"] = m.corrected_per_min
+        elif name == "thermal_drift":
+            # The temperature creeps for 30-60 min towards a plateau above the limit (held under the
+            # critical one by the device's own throttling); the onset is the first sample above the limit.
+            base = self.steady_temperature(row)
+            limit = m.temp_degraded_c
+            plateau = max(limit + self.uniform(3.5, 5.0), m.throttle_c + 1.5)
+            length = self.uniform(1800, 3600)
+            frac = (limit - base) / (plateau - base)
+            p["drift_on"][row] = at - frac * length
+            p["drift_len"][row], p["drift_extra"][row] = length, plateau - base
+            f.evidence_us, f.cross_key, f.cross_limit, f.cross_above = None, "temp.gpu", limit, True
+            f.detail.update(limit=limit, ramp_s=round(length))
+        elif name == "fan_decay":
+            p["steady"][row] = True
+            p["job"][row] = self.uniform(0.7, 0.9)
+            length = self.uniform(3000, 4200)
+            share = 1.0 - m.fan_floor_ratio / 0.85  # the fan controller runs near 0.85 as the device heats up
+            p["fan_decay_on"][row], p["fan_decay_len"][row] = at - share * length, length
+            key = "fan.speed" if m.fan == "rpm" else "fan.ratio"
+            f.evidence_us, f.cross_key, f.cross_limit, f.cross_above = None, key, m.fan_floor, False
+            f.detail.update(limit=m.fan_floor, series=key, decay_s=round(length))
+        elif name == "power_throttling":
+            p["throttle_on"][row] = at
+        elif name == "power_delivery":
+            p["pdeliv_on"][row] = at
+            floor = m.volt_limits.get("low.critical", m.volt_nominal - 0.08)
+            p["pdeliv_volt"][row] = floor - self.uniform(0.02, 0.06)
+            t = float(at)
+            while t < self.D:
+                self.event(t, "add", row, "err.power", 1)
+                t += self.uniform(60, 240)
+        elif name == "link_degraded":
+            p["linkdeg_on"][row] = at
+        elif name == "memory_pressure":
+            p["mempress_on"][row], p["mempress_level"][row] = at, self.uniform(0.975, 0.99)
+            t = float(at)
+            while t < self.D:
+                self.event(t, "add", row, "err.out_of_memory", 1)
+                t += self.uniform(180, 420)
+        elif name == "app_errors_repeated":
+            # Two earlier XID 13s within the hour; the onset is the third. More follow.
+            e2 = at - self.uniform(240, 600)
+            e1 = max(300.0, e2 - self.uniform(240, 900))
+            t = float(at)
+            for e in (e1, e2):
+                self.event(e, "add", row, "err.driver.13", 1)
+            while t < self.D:
+                self.event(t, "add", row, "err.driver.13", 1)
+                t += self.uniform(480, 900)
+            f.detail["hw.error.code"] = "13"
+        elif name == "device_resets":
+            self.event(max(300.0, at - self.uniform(300, 900)), "add", row, "err.reset", 1)
+            t = float(at)
+            while t < self.D:
+                self.event(t, "add", row, "err.reset", 1)
+                t += self.uniform(600, 1200)
+        else:
+            self.intermittent(f, at)
+        self.faults.append(f)
+
+    def steady_temperature(self, row: int) -> float:
+        """Fix the device's workload and return the temperature it settles at with a healthy fan."""
+        p = self.params
+        p["steady"][row] = True
+        job = p["job"][row] = self.uniform(0.7, 0.9)
+        return float(p["ambient"][row] + p["r"][row] * (p["idle"][row] + job * (0.9 * p["cap"][row] - p["idle"][row])))
+
+    def intermittent(self, f: Fault, at: int) -> None:
+        """A fault that comes and goes: on for duty x period, from the onset to the end."""
+        p, row, m = self.params, f.row, self.devices_[f.row].model
+        assert m is not None
+        name = f.kind.name
+        if name == "fan_stall_intermittent":
+            prefix, period, on = "stall", 360.0, 120.0
+        elif name == "thermal_intermittent":
+            prefix, period, on = "excursion", 420.0, 180.0
+            p["excursion_extra"][row] = m.temp_degraded_c + self.uniform(6.0, 9.0) - self.steady_temperature(row)
+        elif name == "link_bursts_intermittent":
+            prefix, period, on = "burst", 480.0, 180.0
+            links = list(m.link_per_min)
+            link = links[int(self.rng.integers(len(links)))]
+            p["burst_col"][row] = 1 + ("pcie", "nvlink", "xgmi").index(link)
+            p["burst_rate"][row] = self.uniform(100, 200) / 60
+            f.detail.update({"hw.link.type": link, "errors_per_min": round(p["burst_rate"][row] * 60)})
+        else:
+            prefix, period = "cycle", self.uniform(480, 720)
+            on = period * self.uniform(0.35, 0.45)
+        p[f"{prefix}_on"][row], p[f"{prefix}_period"][row], p[f"{prefix}_duty"][row] = at, period, on / period
+        f.period_s, f.duty = round(period, 1), round(on / period, 3)
+
+
+def make_plan(config: ScenarioConfig) -> Plan:
+    """The plan of ``config``: the same config (seed included) always gives the same plan."""
+    return _Planner(config).build()
