@@ -312,7 +312,7 @@ def test_stamps_carry_each_node_s_interval_and_skew(short):
         assert abs(np.median(steps) - n["interval_s"]) < 0.03 * n["interval_s"]
         assert steps.min() >= 0.75 * n["interval_s"]  # jitter is within 10% each side
         phase = (stamps[0] - t0) / 1e9 - n["skew_s"]  # the first sample in true time
-        assert -0.11 * n["interval_s"] <= phase <= 1.11 * n["interval_s"]
+        assert 0 <= phase <= 1.21 * n["interval_s"]  # a random phase, then jitter
     stamps = [t for _, t in short.order]
     assert stamps != sorted(stamps)  # skewed clocks: not globally sorted
     by_node = defaultdict(list)
@@ -348,7 +348,7 @@ def test_hard_faults_show_their_evidence_at_the_onset_sample(short):
         t = short.times[key(f)]
         node_lines = short.lines[f["k8s.node.name"]]
         later = node_lines[node_lines > f["onset_unix_nano"]]
-        assert t[-1] < later[3] and len(later) > 10  # gone while its node goes on
+        assert len(later) > 5 and t[-1] < later[3]  # gone while its node goes on
     for f in faults_of(short, "device_lost"):
         assert short.times[key(f)][-1] < f["onset_unix_nano"]
     for f in faults_of(short, "vendor_failed"):
@@ -372,13 +372,13 @@ def test_soft_faults_show_their_evidence(short):
         assert v[t == onset][0] > limit and (v[t < onset] <= limit).all()
         after = v[(t > onset) & (t <= onset + 900 * 10**9)]
         assert (after > limit).mean() >= 0.7 and (after < model_of(short, key(f)).temp_critical_c).all()
-        assert v[(t > onset - 1200 * 10**9) & (t < onset - 600 * 10**9)].min() < limit - 3  # a slow creep
+        assert v[t < onset - 600 * 10**9].max() < limit - 3  # a slow creep
     for f in faults_of(short, "fan_decay"):
         m = model_of(short, key(f))
         t, v = short.series(key(f), *(("hw.fan.speed",) if m.fan == "rpm" else ("hw.fan.speed_ratio",)))
         onset, floor = f["onset_unix_nano"], f["detail"]["limit"]
         assert v[t == onset][0] < floor and (v[t < onset] >= floor).all()
-        assert v[t < onset - 1200 * 10**9].min() > 1.2 * floor  # decaying, not dropping
+        assert v[t < onset - 600 * 10**9].min() > 1.2 * floor  # decaying, not dropping
         assert (v[t > onset + 600 * 10**9] < floor).mean() > 0.9
         _, temp = short.series(key(f), "hw.temperature", **{"hw.sensor_location": "gpu"})
         assert temp[t == onset][0] > 40  # warm
@@ -430,7 +430,7 @@ def test_intermittent_faults_come_and_go_at_their_duty(short):
         t, v = short.series(key(f), "hw.temperature", **{"hw.sensor_location": "gpu"})
         limit = model_of(short, key(f)).temp_degraded_c
         hot = (v[t >= f["onset_unix_nano"]] > limit).mean()
-        assert 0.2 <= hot <= f["duty"] and (v[t < f["onset_unix_nano"]] < limit).all()
+        assert 0.15 <= hot <= f["duty"] + 0.15 and (v[t < f["onset_unix_nano"]] < limit).all(), hot  # 60 s: few
     for f in faults_of(short, "link_bursts_intermittent"):
         t, v = short.series(key(f), "hw.errors", **{"error.type": "link", "hw.link.type": f["detail"]["hw.link.type"]})
         steps = np.diff(v[t >= f["onset_unix_nano"]]) / (np.diff(t[t >= f["onset_unix_nano"]]) / 6e10)
@@ -455,7 +455,7 @@ def test_healthy_devices_stay_inside_their_limits(short):
         _, unc = short.series(k, "hw.errors", **{"error.type": "uncorrected"})
         _, ok = short.series(k, "hw.status", **{"hw.state": "ok"})
         fan = short.series(k, "hw.fan.speed")[1] if m.fan == "rpm" else short.series(k, "hw.fan.speed_ratio")[1]
-        assert temp.max() < m.temp_degraded_c - 5 and fan.min() > 2 * m.fan_floor, k
+        assert temp.max() < m.temp_degraded_c - 5 and fan.min() > 1.8 * m.fan_floor, k
         assert power.max() < 0.95 * m.power_cap_w and mem.max() < 0.9, k
         assert np.nanmax(unc) == np.nanmin(unc) and (ok == 1).all(), k
         checked += 1
@@ -505,13 +505,14 @@ def test_traps_are_in_the_data(short):
     for trap in traps_of(short, "counter_history"):
         _, v = short.series(key(trap), "hw.errors", **{"error.type": "uncorrected"})
         assert v[0] >= 1 and (v == v[0]).all()
-    for trap in traps_of(short, "high_background_cohort"):
-        rates = []
-        for k in short.times:
-            if k[0] == trap["k8s.node.name"] and k[1].startswith("gpu"):
-                t, v = short.series(k, "hw.errors", **{"error.type": "corrected"})
-                rates.append(rate_per_min(t, v, t[0], t[-1]))
-        assert 3.0 <= np.median(rates) <= 8.0
+    cohort = {t["k8s.node.name"] for t in traps_of(short, "high_background_cohort")}
+    faulted = {key(f) for f in short.labels["faults"]}
+    rates = []
+    for k in short.times:
+        if k[0] in cohort and k[1].startswith("gpu") and k not in faulted:
+            t, v = short.series(k, "hw.errors", **{"error.type": "corrected"})
+            rates.append(rate_per_min(t, v, t[0], t[-1]))
+    assert 3.0 <= np.median(rates) <= 8.0 and np.std(rates) > 0.1  # high, and not one number
 
 
 def test_the_agent_restart_and_the_silence(short):
@@ -529,11 +530,12 @@ def test_the_agent_restart_and_the_silence(short):
         counts = [int(p["asInt"]) for p in errors["sum"]["dataPoints"]]
     assert len(starts[0]) == len(starts[1]) == 1 and starts[0] != starts[1]
     assert at < int(next(iter(starts[1]))) < stamps[i]
+    assert int(next(iter(starts[1]))) == short.labels["agent_restart"]["start_time_unix_nano"]
     assert max(counts) < 100  # every counter restarted from zero
     silence = short.labels["node_silence"]
     stamps = short.lines[silence["node"]]
     inside = (stamps >= silence["from_unix_nano"]) & (stamps < silence["to_unix_nano"])
-    assert not inside.any() and (stamps > silence["to_unix_nano"]).sum() > 10
+    assert not inside.any() and (stamps > silence["to_unix_nano"]).sum() >= 5  # and it comes back
 
 
 # -- the scorer, on hand-written labels and verdicts ------------------------------------------------

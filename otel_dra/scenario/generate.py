@@ -73,6 +73,7 @@ class ScenarioConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise ValueError(f"{name} must be a whole number, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy integers too: the labels are JSON
         if not MIN_NODES <= self.nodes <= MAX_NODES:
             raise ValueError(f"nodes must be {MIN_NODES} to {MAX_NODES}, got {self.nodes}")
         if not 1 <= self.devices_per_node <= MAX_DEVICES_PER_NODE:
@@ -191,7 +192,7 @@ class _Sim:
         since = (t - p["fan_decay_on"]) / p["fan_decay_len"]
         capability = np.where(since >= 0, np.clip(1.0 - since, 0.0, 1.0), 1.0)
         capability = np.where(_phase(t, p["stall_on"], p["stall_period"], p["stall_duty"]), 0.0, capability)
-        controller = np.clip(0.3 + (self.temp - 40.0) / 80.0, 0.3, 1.0)
+        controller = np.clip(0.35 + (self.temp - 45.0) / 80.0, 0.35, 1.0)
         ratio = np.clip(controller * capability + rng.normal(0, 0.002, n), 0.0, 1.0)
         cool = 1.0 + 1.3 * np.clip(1.0 - ratio / 0.35, 0.0, 1.0)
         extra = p["drift_extra"] * np.clip((t - p["drift_on"]) / p["drift_len"], 0.0, 1.0)
@@ -251,7 +252,7 @@ class _Sim:
             rows = nodes[e.node].rows
             V[np.ix_(rows, _COUNTERS)] = 0.0
             self.on[np.ix_(rows, _DRIVERS)] = False
-            self.node_start[e.node] = int(e.value)
+            self.node_start[e.node] = self.plan.restart[2]
             self.start_override = {k: v for k, v in self.start_override.items() if k[0] not in rows}
             self.version[e.node] += 1
 

@@ -228,7 +228,9 @@ class _Planner:
             self.seq += 1
 
     def onset_window(self, kind: FaultKind) -> tuple[int, int]:
-        return WARMUP_S, self.D - kind.deadline_s - 120
+        """Onsets after the warm-up, and early enough that the deadline and what follows (a lost
+        device's silence while its node goes on) are in the recording."""
+        return WARMUP_S, self.D - max(kind.deadline_s + 120, 600)
 
     # -- the fleet -----------------------------------------------------------------------------
     def nodes(self) -> list[Node]:
@@ -325,7 +327,7 @@ class _Planner:
         nxt = int(t[skipped + 1])
         restart.samples_us = np.delete(t, skipped)
         new_start = restart.stamp_ns(at * US + (nxt - at * US) // 2)
-        self.event(at, "restart", node=restart.index, value=float(new_start))
+        self.event(at, "restart", node=restart.index)  # its new start time is Plan.restart's
         self.traps.append(Trap("agent_restart", restart.index, None, restart.stamp_ns(at * US)))
 
         # The hot-plugged device: absent until it appears, with a history of counts.
@@ -542,13 +544,14 @@ class _Planner:
             self.traps.append(Trap(kind, node.index, row, None, {"hw.error.code": sorted(codes)}))
             return
         if kind in ("single_app_error", "counter_reset"):
-            at = self.second(300, self.D - 300)
+            at = self.second(300, self.D - 900)
             if kind == "single_app_error":
                 self.event(at, "add", row, "err.driver.13", 1.0)
                 detail: dict[str, Any] = {"hw.error.code": "13"}
-            else:
+            else:  # from a long history to zero, then growing again (a low-rate model may be slow to)
                 self.initial[row, KEY["err.corrected"]] += 5000
                 self.event(at, "reset_series", row, "err.corrected", node=node.index)
+                self.event(at + self.uniform(60, 300), "add", row, "err.corrected", 1.0)
                 detail = {"series": "hw.errors{error.type=corrected}"}
             self.traps.append(Trap(kind, node.index, row, node.stamp_ns(at * US), detail))
             return
@@ -584,6 +587,8 @@ class _Planner:
         node, m, p, rng = self.nodes_[d.node], d.model, self.params, self.rng
         assert m is not None
         lo, hi = self.onset_window(kind)
+        if kind.name in ("thermal_drift", "fan_decay"):
+            lo += 300  # their onset is where noise first carries them across the limit: some minutes either way
         at = self.second(lo, hi)
         f = Fault(kind, row, node.index, evidence_us=at * US, detail={"hw.model": m.model})
         name = kind.name
