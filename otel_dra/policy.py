@@ -198,6 +198,7 @@ RULES = struct(
                 "retired_pages_predicted": COUNT,
                 "corrected_per_minute": POSITIVE,
                 "corrected_mad_k": POSITIVE,
+                "corrected_storm_ratio": number(1.0),
                 "corrected_cohort_ratio": number(1.0),
                 "corrected_floor_per_minute": POSITIVE,
                 "remediation": LADDER,
@@ -234,6 +235,7 @@ RULES = struct(
                 "default_generation": number(1, 16, integer=True),
                 "default_width": number(1, 64, integer=True),
                 "mad_k": POSITIVE,
+                "storm_ratio": number(1.0),
                 "cohort_ratio": number(1.0),
                 "floor_per_minute": POSITIVE,
                 "duty": FRACTION,
@@ -368,7 +370,15 @@ SCHEMA = struct(
         "horizon": struct(
             {"bucket": duration, "duty_span": duration, "rate_span": duration, "duty_hold_ratio": FRACTION}
         ),
-        "cohorts": struct({"by": list_of(string), "min_devices": COUNT, "significance": POSITIVE}),
+        "cohorts": struct(
+            {
+                "by": list_of(string),
+                "min_devices": COUNT,
+                "significance": POSITIVE,
+                "span_significance": POSITIVE,
+                "healthy_ratio": number(1.0),
+            }
+        ),
         "unhealthy_states": list_of(one_of(RULE_STATES), min_len=1),
         "hold": map_of(one_of(("default", *RULES_KEYS)), duration),
         "escalation": struct({"window": duration, "after": COUNT}),
@@ -525,6 +535,14 @@ class Policy:
     @property
     def cohort_significance(self) -> float:
         return float(self.data["cohorts"]["significance"])
+
+    @property
+    def cohort_span_significance(self) -> float:
+        return float(self.data["cohorts"]["span_significance"])
+
+    @property
+    def cohort_healthy_ratio(self) -> float:
+        return float(self.data["cohorts"]["healthy_ratio"])
 
     def hold_s(self, reason: str) -> float:
         hold = self.data["hold"]

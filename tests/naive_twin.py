@@ -21,13 +21,16 @@ Semantics, as the contract (``telemetry.md``) and the classifier's docstrings st
   before the device's newest bucket); a span is the device's newest ``span`` buckets, covered
   when it holds ``min_samples`` samples and half its length of time; ``duty``: a rule's
   indicator share (or time share) over the duty span is at least its ``duty``, or, with the
-  reason already on, at least ``duty x duty_hold_ratio`` over the rate span;
+  reason already on, at least ``duty x duty_hold_ratio`` over the duty span or the rate span;
 - rates (corrected ECC, link errors) against centres: the median and MAD of the rate-span
-  rates of the fresh devices of the same cohort (``cohorts.by``) with ``min_samples`` there,
-  the fleet's when the cohort has fewer than ``min_devices``, none when the fleet has too;
-  over the window above ``max(absolute, ratio x median)``, over the covered rate span (own
-  cohort only) above ``max(ratio x median, median + mad_k x 1.4826 x MAD, floor)``, each by more
-  than ``significance`` Poisson deviations of the expected count;
+  rates of the devices of the same cohort (``cohorts.by``) heard within the rate span that
+  have a rate there; the fleet's when the cohort has fewer than ``min_devices`` members (heard
+  within the span, rate or not), none when the fleet has too (or no rate at all);
+  over the window above ``max(absolute, storm_ratio x median)`` by more than ``significance``
+  Poisson deviations of the expected count; over the covered rate span, with a cohort, at a
+  rate of at least ``max(ratio x median, median + mad_k x 1.4826 x MAD)`` and a count more
+  than ``span_significance`` deviations above ``max(healthy_ratio x median, floor)``'s, without
+  one above the window's bar by as many (deviations of ``2 sqrt(count)``, Anscombe's);
 - freshness, in the reference clock (when each sample was heard): stale timeout
   ``max(policy, stale_intervals x the device's interval)``, the interval being the mean step
   between its window's samples (the stale timeout itself while unknown); a device past it
@@ -570,19 +573,22 @@ class NaiveClassifier:
         centres: dict[str, dict[int, tuple[float, float, str]]] = {}
         for feature in ("ecc_corrected", "link_errors"):
             pools: dict[tuple[str, ...], list[float]] = {}
+            members: dict[tuple[str, ...], int] = {}
             for dev in devices:
                 w = stats[id(dev)]
                 minutes = w.span_minutes()
-                if fresh[id(dev)] and minutes > 0 and w.span_samples() >= self.min_samples:
-                    pools.setdefault(dev.cohort, []).append(w.span_count(feature) / max(minutes, 1.0))
+                if now_s - dev.last_heard <= w.span_s["rate"]:  # a member, heard within the rate span
+                    members[dev.cohort] = members.get(dev.cohort, 0) + 1
+                    if minutes > 0:
+                        pools.setdefault(dev.cohort, []).append(w.span_count(feature) / max(minutes, 1.0))
             everyone = [rate for pool in pools.values() for rate in pool]
             least = self.policy.cohort_min_devices
             centres[feature] = {}
             for dev in devices:
                 pool = pools.get(dev.cohort, [])
-                if len(pool) >= least:
+                if members.get(dev.cohort, 0) >= least and pool:
                     centres[feature][id(dev)] = (*self._centre(pool), "cohort")
-                elif len(everyone) >= least:
+                elif sum(members.values()) >= least and everyone:
                     centres[feature][id(dev)] = (*self._centre(everyone), "fleet")
                 else:
                     centres[feature][id(dev)] = (0.0, 0.0, "none")
@@ -627,34 +633,40 @@ class NaiveClassifier:
         w: Stats,
         feature: str,
         reason: str,
-        keys: tuple[str, str, str],
+        keys: tuple[str, str, str, str],
         absolute: float,
         centre: tuple[float, float, str],
     ) -> bool:
         """A rate above its bar beyond counting noise: over the window against max(absolute,
-        ratio x centre); over the rate span against the cohort's own norm (its cohort's only)."""
+        storm ratio x centre); over the rate span against the cohort's own norm (its cohort's only)."""
         rules = dev.rules[reason]
-        ratio, mad_k, floor = (float(rules[k]) for k in keys)
+        storm, ratio, mad_k, floor = (float(rules[k]) for k in keys)
         median, mad, source = centre
-        z = self.policy.cohort_significance
 
-        def above(count: float, minutes: float, bar: float) -> bool:
-            expected = bar * minutes
-            return count > expected + z * math.sqrt(max(expected, 0.0))
+        def above(count: float, minutes: float, bar: float, z: float) -> bool:
+            """z deviations above the expected count on the square-root scale (Anscombe)."""
+            return 2.0 * (math.sqrt(max(count, 0.0)) - math.sqrt(max(bar * minutes, 0.0))) > z
 
-        window_bar = max(absolute, ratio * median)
-        fast = w._timed() and above(w.increase(feature), max(w.seconds, 60.0) / 60.0, window_bar)
-        own_bar = max(ratio * median, median + mad_k * 1.4826 * mad, floor)
-        span_bar = own_bar if source == "cohort" else window_bar
-        slow = w.covered("rate") and above(w.span_count(feature), max(w.span_minutes(), 1.0), span_bar)
+        window_bar = max(absolute, storm * median)
+        window_minutes = max(w.seconds, 60.0) / 60.0
+        fast = w._timed() and above(w.increase(feature), window_minutes, window_bar, self.policy.cohort_significance)
+        z = self.policy.cohort_span_significance
+        count, minutes = w.span_count(feature), max(w.span_minutes(), 1.0)
+        if source == "cohort":  # far above its peers, and beyond the noise of their norm
+            far = count / minutes >= max(ratio * median, median + mad_k * 1.4826 * mad)
+            slow = far and above(count, minutes, max(self.policy.cohort_healthy_ratio * median, floor), z)
+        else:
+            slow = above(count, minutes, window_bar, z)
+        slow = slow and w.covered("rate")
         return fast or slow
 
     def _duty(self, dev: Device, w: Stats, feature: str, reason: str, share: bool = False) -> bool:
-        """Present for the rule's duty of the duty span, or (already on) duty x hold ratio of the rate span."""
+        """Present for the rule's duty of the duty span, or (already on) duty x hold ratio of either span."""
         duty = float(dev.rules[reason]["duty"])
         read = w.span_share if share else w.span_fraction
         stay = duty * self.policy.duty_hold_ratio
-        return read(feature, "duty") >= duty or (dev.reasons[reason].on and read(feature, "rate") >= stay)
+        held = dev.reasons[reason].on and max(read(feature, "duty"), read(feature, "rate")) >= stay
+        return read(feature, "duty") >= duty or held
 
     def _evidence(
         self,
@@ -697,7 +709,7 @@ class NaiveClassifier:
             w,
             "ecc_corrected",
             "memory_ecc",
-            ("corrected_cohort_ratio", "corrected_mad_k", "corrected_floor_per_minute"),
+            ("corrected_storm_ratio", "corrected_cohort_ratio", "corrected_mad_k", "corrected_floor_per_minute"),
             float(ecc["corrected_per_minute"]),
             corrected_centre,
         )
@@ -723,7 +735,13 @@ class NaiveClassifier:
         lk = r["link"]
         expected = w.mean("link_expected") or 0.0
         link_errors = self._rate(
-            dev, w, "link_errors", "link", ("cohort_ratio", "mad_k", "floor_per_minute"), expected, link_centre
+            dev,
+            w,
+            "link_errors",
+            "link",
+            ("storm_ratio", "cohort_ratio", "mad_k", "floor_per_minute"),
+            expected,
+            link_centre,
         )
         down = (
             w.fraction("width_down") >= lk["downgrade_fraction"]
@@ -849,9 +867,6 @@ class Stats:
 
     def span_minutes(self) -> float:
         return self._span_total("dt", "rate")[0] / 60.0
-
-    def span_samples(self) -> int:
-        return self._span_total("dt", "rate")[1]
 
     def span_count(self, f: str) -> float:
         return self._span_total(f, "rate")[0]

@@ -48,14 +48,14 @@ hold: {{default: 30s, memory_ecc: 60s, driver_errors: 60s, device_reset: 60s, de
 escalation: {{window: 5m, after: 2}}
 # A short horizon, so that cohorts and duty cycles matter within a generated fleet's minutes.
 horizon: {{bucket: 20s, duty_span: 1m, rate_span: 2m, duty_hold_ratio: 0.5}}
-cohorts: {{min_devices: 3, significance: 1}}
+cohorts: {{min_devices: 3, significance: 1, span_significance: 1}}
 rules:
   memory_ecc: {{corrected_per_minute: 6, corrected_mad_k: 3, retired_pages_failed: 10, retired_pages_predicted: 5,
-               corrected_cohort_ratio: 2, corrected_floor_per_minute: 0.5}}
+               corrected_cohort_ratio: 2, corrected_storm_ratio: 4, corrected_floor_per_minute: 0.5}}
   memory_pressure: {{events_window: 2m, out_of_memory: 3}}
   driver_errors: {{events_window: 2m, application_repeats: 2}}
   device_reset: {{events_window: 2m, resets: 2}}
-  link: {{mad_k: 3, cohort_ratio: 2, floor_per_minute: 1}}
+  link: {{mad_k: 3, cohort_ratio: 2, storm_ratio: 3, floor_per_minute: 1}}
   thermal: {{duty: 0.3}}
   cooling: {{duty: 0.3}}
   firmware: {{deny: ["{DENIED_FW}"], minimum: {{NVIDIA: "96.00.50.00.01"}}}}
@@ -77,7 +77,7 @@ unhealthy_states: [failed, degraded]
 hold: {{default: 20s, memory_ecc: 40s, driver_errors: 40s, vendor_status: 0s, firmware: 0s, thermal: 50s}}
 escalation: {{window: 2m, after: 3}}
 horizon: {{bucket: 15s, duty_span: 45s, rate_span: 90s, duty_hold_ratio: 0.3}}
-cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0}}
+cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0, span_significance: 0.5}}
 stale_intervals: 3
 rules:
   thermal: {{min_fraction: 0.6, throttle_share: 0.2}}

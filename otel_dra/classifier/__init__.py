@@ -241,9 +241,10 @@ class Classifier:
         """The rows' windows, read at each row's own present: its newest sample time plus the
         reference time since it was heard."""
         local = self.registry.last_seen[rows] + age
+        recent = age <= self.horizon.spans[-1] * self.horizon.bucket_s
         on = self.engine.on[rows]
         return Window(
-            self.store, self.horizon, self.events, rows, local, self.policy.min_samples, self.groups, fresh, on
+            self.store, self.horizon, self.events, rows, local, self.policy.min_samples, self.groups, fresh, recent, on
         )
 
     def evaluate(self, now_unix_nano: int | None = None) -> list[Verdict]:

@@ -92,10 +92,12 @@ class Centre:
 
 
 def centre(
-    rate: np.ndarray, eligible: np.ndarray, cohort: np.ndarray, n_cohorts: int, min_devices: int
+    rate: np.ndarray, eligible: np.ndarray, members: np.ndarray, cohort: np.ndarray, n_cohorts: int, min_devices: int
 ) -> Centre:
-    """Median and MAD of ``rate`` over the ``eligible`` rows of each cohort; a cohort with fewer than
-    ``min_devices`` eligible rows falls back to the fleet's, and the fleet, when too small, to none."""
+    """Median and MAD of ``rate`` over the ``eligible`` rows of each cohort. A cohort with fewer than
+    ``min_devices`` ``members`` falls back to the fleet's, and a fleet that small to none; a cohort's
+    members count whether or not they have a rate yet (a fleet that just started has a cohort,
+    judged by the few that do), but a centre needs at least one rate."""
     pick = eligible & ~np.isnan(rate)
     values, groups = rate[pick], cohort[pick]
     med, size = group_median(values, groups, n_cohorts)
@@ -105,8 +107,9 @@ def centre(
         fleet_mad = float(np.median(np.abs(values - fleet_med)))
     else:
         fleet_med = fleet_mad = 0.0
-    own = size[cohort] >= min_devices
-    fleet_ok = values.size >= min_devices
+    known = np.bincount(cohort[members], minlength=n_cohorts)
+    own = (known[cohort] >= min_devices) & (size[cohort] > 0)
+    fleet_ok = (int(members.sum()) >= min_devices) & (values.size > 0)
     source = np.where(own, FROM_COHORT, np.where(fleet_ok, FROM_FLEET, FROM_NONE)).astype(np.int8)
     return Centre(
         median=np.where(own, med[cohort], np.where(fleet_ok, fleet_med, 0.0)),
@@ -118,11 +121,13 @@ def centre(
 
 def above(count: np.ndarray, minutes: np.ndarray, bar: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Whether ``count`` events in ``minutes`` are a rate above ``bar`` per minute beyond counting
-    noise: more than the expected count plus ``z`` Poisson deviations (so a short window or a
-    low rate needs clearer evidence than a long one)."""
-    expected = bar * minutes
+    noise: ``z`` deviations above the expected count on the square-root scale, where Poisson
+    counts have a variance of about 1/4 whatever their mean (Anscombe), so a short window or a
+    low rate needs clearer evidence than a long one, and 8 errors where 2 were due (a normal
+    approximation's 4 deviations) are not taken for more than the luck they often are."""
+    expected = np.maximum(bar * minutes, 0.0)
     with np.errstate(invalid="ignore"):
-        return np.nan_to_num(count) > expected + z * np.sqrt(np.maximum(expected, 0.0))
+        return 2.0 * (np.sqrt(np.maximum(np.nan_to_num(count), 0.0)) - np.sqrt(expected)) > z
 
 
 @dataclass
@@ -142,9 +147,10 @@ class Window:
     """Read access to the window and the long horizon of every row in ``rows``.
 
     ``now_s`` is each row's own present (its node's clock); ``fresh`` marks the rows whose
-    telemetry is fresh (rates are compared with fresh devices only); ``on`` is each row's
-    reasons that are on before this evaluation (a sustained condition that is already on
-    stays on at a lower share over a longer span)."""
+    telemetry is fresh; ``recent`` those heard within the rate span (a cohort's centre is
+    taken over them: a node that falls silent for a few minutes does not shrink its peers'
+    cohort); ``on`` is each row's reasons that are on before this evaluation (a sustained
+    condition that is already on stays on at a lower share over a longer span)."""
 
     store: WindowStore
     horizon: HorizonStore
@@ -154,6 +160,7 @@ class Window:
     min_samples: int
     groups: PolicyGroups
     fresh: np.ndarray
+    recent: np.ndarray
     on: np.ndarray
 
     def __post_init__(self) -> None:
@@ -217,48 +224,60 @@ class Window:
 
     def duty(self, f: F, reason: str, share: bool = False) -> np.ndarray:
         """A condition that comes and goes: present in at least the rule's ``duty`` of the duty span
-        (15 minutes by default), or, once the reason is on, in ``duty x duty_hold_ratio`` of the longer
-        rate span, so a fault that recurs is one episode, not one per burst."""
+        (15 minutes by default), or, once the reason is on, in ``duty x duty_hold_ratio`` of the duty
+        span or of the longer rate span, so a fault that recurs is one episode, not one per burst."""
         read = self.span_share if share else self.span_fraction
         duty = self.groups.param(self.rows, reason, "duty")
         stay = duty * self.groups.policy.duty_hold_ratio
-        return (read(f, DUTY_SPAN) >= duty) | (self.on[:, R[reason]] & (read(f, RATE_SPAN) >= stay))
+        recent = read(f, DUTY_SPAN)
+        held = self.on[:, R[reason]] & (np.maximum(recent, read(f, RATE_SPAN)) >= stay)
+        return (recent >= duty) | held
 
-    def rate(
-        self, f: F, reason: str, ratio_key: str, mad_key: str, floor_key: str, absolute: np.ndarray
-    ) -> RateVerdict:
-        """A counter's rate judged two ways, each beyond counting noise (:func:`above`):
+    def rate(self, f: F, reason: str, keys: tuple[str, str, str, str], absolute: np.ndarray) -> RateVerdict:
+        """A counter's rate judged two ways, each beyond counting noise (:func:`above`); ``keys``
+        name the rule's (storm ratio, ratio, MAD k, floor):
 
-        - over the window, against ``max(absolute, ratio x centre)``: a storm, at once;
-        - over the rate span (30 minutes by default), against the cohort's own norm:
-          ``max(ratio x median, median + mad_k x 1.4826 x MAD, floor)`` when the device's cohort
-          has enough fresh devices, else the window's bar: a low rate that is far above its peers'.
+        - over the window, against ``max(absolute, storm_ratio x centre)``: a storm, at once;
+        - over the rate span (30 minutes by default), against the cohort's own norm, when the
+          device's cohort is large enough: a rate of at least ``max(ratio x median, median +
+          mad_k x 1.4826 x MAD)`` (far above its peers), whose count is also beyond counting noise
+          above what a healthy peer may run, ``max(healthy_ratio x median, floor)``
+          (``cohorts.span_significance`` deviations: devices differ, and a few errors in a quiet
+          cohort are luck, eighteen where three were due are not);
+          without a cohort, the window's bar, beyond the same noise.
         """
         cached = self._rates.get(f)
         if cached is not None:
             return cached
         p, rows = self.groups.param, self.rows
-        sums, counts = self.span[RATE_SPAN]
+        sums, _ = self.span[RATE_SPAN]
         span_minutes = sums[:, H[F.DT]] / 60.0
         span_count = sums[:, H[f]]
         with np.errstate(invalid="ignore", divide="ignore"):
             span_rate = np.where(span_minutes > 0, span_count / np.maximum(span_minutes, 1.0), np.nan)
         cohorts = self.groups.cohort[rows]
-        # Every fresh device with a rate counts towards its cohort's centre, young ones too: a
+        # Every recent device with a rate counts towards its cohort's centre, young ones too: a
         # fleet that just started judges a storm against its peers, not against the absolute bar.
-        eligible = self.fresh & (counts[:, H[F.DT]] >= self.min_samples) & (span_minutes > 0)
-        c = centre(span_rate, eligible, cohorts, len(self.groups.cohort_names), self.groups.policy.cohort_min_devices)
+        eligible = self.recent & (span_minutes > 0)
+        least = self.groups.policy.cohort_min_devices
+        c = centre(span_rate, eligible, self.recent, cohorts, len(self.groups.cohort_names), least)
+        storm_key, ratio_key, mad_key, floor_key = keys
         ratio = p(rows, reason, ratio_key)
         z = np.full(rows.shape, self.groups.policy.cohort_significance)
-        window_bar = np.maximum(absolute, ratio * c.median)
+        window_bar = np.maximum(absolute, p(rows, reason, storm_key) * c.median)
         ok = (self.samples >= self.min_samples) & (self.seconds > 0)
         window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
         fast = ok & above(self.increase(f), window_minutes, window_bar, z)
-        own_bar = np.maximum.reduce(
-            [ratio * c.median, c.median + p(rows, reason, mad_key) * 1.4826 * c.mad, p(rows, reason, floor_key)]
+        spread = c.median + p(rows, reason, mad_key) * 1.4826 * c.mad
+        far = np.nan_to_num(span_rate) >= np.maximum(ratio * c.median, spread)
+        healthy = self.groups.policy.cohort_healthy_ratio
+        norm = np.maximum(healthy * c.median, p(rows, reason, floor_key))
+        span_z = np.full(rows.shape, self.groups.policy.cohort_span_significance)
+        minutes = np.maximum(span_minutes, 1.0)
+        own = far & above(span_count, minutes, norm, span_z)
+        slow = self.covered(RATE_SPAN) & np.where(
+            c.source == FROM_COHORT, own, above(span_count, minutes, window_bar, span_z)
         )
-        span_bar = np.where(c.source == FROM_COHORT, own_bar, window_bar)
-        slow = self.covered(RATE_SPAN) & above(span_count, np.maximum(span_minutes, 1.0), span_bar, z)
         with np.errstate(invalid="ignore", divide="ignore"):
             times = np.where((c.source != FROM_NONE) & (c.median > 0), span_rate / c.median, np.nan)
         out = RateVerdict(fast | slow, self.per_minute(f), span_rate, span_minutes, c, times)
@@ -320,14 +339,8 @@ def memory_ecc(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarra
 def corrected_rate(w: Window) -> RateVerdict:
     """The corrected-ECC rate against the policy's absolute bar and the device's cohort."""
     absolute = w.groups.param(w.rows, "memory_ecc", "corrected_per_minute")
-    return w.rate(
-        F.ECC_CORRECTED,
-        "memory_ecc",
-        "corrected_cohort_ratio",
-        "corrected_mad_k",
-        "corrected_floor_per_minute",
-        absolute,
-    )
+    keys = ("corrected_storm_ratio", "corrected_cohort_ratio", "corrected_mad_k", "corrected_floor_per_minute")
+    return w.rate(F.ECC_CORRECTED, "memory_ecc", keys, absolute)
 
 
 def power_delivery(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -375,7 +388,7 @@ def link(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.
 def link_rate(w: Window) -> RateVerdict:
     """The link error rate against DCGM's expected replays and the device's cohort."""
     expected = np.nan_to_num(w.mean(F.LINK_EXPECTED))
-    return w.rate(F.LINK_ERRORS, "link", "cohort_ratio", "mad_k", "floor_per_minute", expected)
+    return w.rate(F.LINK_ERRORS, "link", ("storm_ratio", "cohort_ratio", "mad_k", "floor_per_minute"), expected)
 
 
 def driver_errors(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
