@@ -363,9 +363,11 @@ def test_soft_faults_show_their_evidence(short):
         assert rate_per_min(t, v, f["onset_unix_nano"], f["onset_unix_nano"] + h) >= 50
     for f in faults_of(short, "ecc_cohort_outlier"):
         t, v = short.series(key(f), "hw.errors", **{"error.type": "corrected"})
-        rate = rate_per_min(t, v, f["onset_unix_nano"], f["onset_unix_nano"] + h)
-        median = model_of(short, key(f)).corrected_per_min
-        assert 3.5 * median <= rate < 6.0
+        after = t >= f["onset_unix_nano"]
+        rate, median = f["detail"]["corrected_per_min"], model_of(short, key(f)).corrected_per_min
+        assert 5 * median <= rate <= 10 * median and rate < 6.0
+        expected = rate * (t[after][-1] - t[after][0]) / 6e10  # Poisson: within 4 sigma of the labelled rate
+        assert abs(v[after][-1] - v[after][0] - expected) < 4 * np.sqrt(expected)
     for f in faults_of(short, "thermal_drift"):
         t, v = short.series(key(f), "hw.temperature", **{"hw.sensor_location": "gpu"})
         onset, limit = f["onset_unix_nano"], f["detail"]["limit"]

@@ -168,43 +168,48 @@ class _Sim:
         self.node_start = [node.agent_start_ns for node in plan.nodes]
         self.start_override: dict[tuple[int, int], int] = {}
         self.version = [0] * len(plan.nodes)
+        self.alpha = 1.0 - np.exp(-1.0 / p["tau"])  # the temperature's first-order lag over one second
         self.step(0, 0.0)
 
     def step(self, t: int, dt: float) -> None:
-        """Advance to grid second ``t`` (``dt`` seconds after the last step)."""
+        """Advance to grid second ``t`` (``dt`` seconds after the last step: 1, or 0 for the first)."""
         p, rng, V, n = self.p, self.rng, self.V, len(self.job)
+        lo, hi = np.maximum, np.minimum  # np.clip costs more than both on arrays this small
+        z = rng.standard_normal((7, n))
+        u = rng.random((3, n))
         if dt > 0:
-            change = (rng.random(n) < dt / 900.0) & ~p["steady"]
-            self.job = np.where(change, rng.uniform(0.35, 0.95, n), self.job)
-        self.util = np.clip(self.job + (self.util - self.job) * np.exp(-dt / 20.0) + rng.normal(0, 0.01, n), 0.02, 1)
+            change = (u[0] < dt / 900.0) & ~p["steady"]
+            self.job = np.where(change, 0.35 + 0.6 * u[1], self.job)
+        decay = np.exp(-dt / 20.0)
+        self.util = hi(lo(self.job + (self.util - self.job) * decay + 0.01 * z[0], 0.02), 1.0)
 
         # Power: demand from utilization, held down by the device's own thermal throttling, pinned at the
         # cap while power-throttled.
         cap, idle = p["cap"], p["idle"]
         throttled = (t >= p["throttle_on"]) | _phase(t, p["cycle_on"], p["cycle_period"], p["cycle_duty"])
-        demand = idle + self.util * (0.9 * cap - idle) + rng.normal(0, 0.004, n) * cap
+        demand = idle + self.util * (0.9 * cap - idle) + 0.004 * z[1] * cap
         hot = self.temp - p["throttle_c"]
-        power = np.minimum(demand * np.clip(1.0 - 0.06 * np.maximum(hot, 0.0), 0.6, 1.0), cap)
-        power = np.where(throttled, cap * (1.0 - 0.004 * rng.random(n)), power)
+        power = hi(demand * lo(1.0 - 0.06 * lo(hot, 0.0), 0.6), cap)
+        power = np.where(throttled, cap * (1.0 - 0.004 * u[1]), power)
 
         # Cooling: the fan follows temperature, limited by what a decaying or stalled fan can still do;
         # less airflow, more heat. Drift and excursions add heat the fan can't remove.
-        since = (t - p["fan_decay_on"]) / p["fan_decay_len"]
-        capability = np.where(since >= 0, np.clip(1.0 - since, 0.0, 1.0), 1.0)
+        capability = hi(lo(1.0 - (t - p["fan_decay_on"]) / p["fan_decay_len"], 0.0), 1.0)
         capability = np.where(_phase(t, p["stall_on"], p["stall_period"], p["stall_duty"]), 0.0, capability)
-        controller = np.clip(0.35 + (self.temp - 45.0) / 80.0, 0.35, 1.0)
-        ratio = np.clip(controller * capability + rng.normal(0, 0.002, n), 0.0, 1.0)
-        cool = 1.0 + 1.3 * np.clip(1.0 - ratio / 0.35, 0.0, 1.0)
-        extra = p["drift_extra"] * np.clip((t - p["drift_on"]) / p["drift_len"], 0.0, 1.0)
+        controller = hi(lo(0.35 + (self.temp - 45.0) / 80.0, 0.35), 1.0)
+        ratio = hi(lo(controller * capability + 0.002 * z[2], 0.0), 1.0)
+        cool = 1.0 + 1.3 * lo(1.0 - ratio / 0.35, 0.0)
+        extra = p["drift_extra"] * hi(lo((t - p["drift_on"]) / p["drift_len"], 0.0), 1.0)
         excursion = _phase(t, p["excursion_on"], p["excursion_period"], p["excursion_duty"])
         extra = extra + np.where(excursion, p["excursion_extra"], 0.0)
         target = p["ambient"] + p["r"] * power * cool + extra
-        self.temp = self.temp + (target - self.temp) * (1.0 - np.exp(-dt / p["tau"])) + rng.normal(0, 0.1, n)
+        alpha = self.alpha if dt == 1.0 else 1.0 - np.exp(-dt / p["tau"])
+        self.temp = self.temp + (target - self.temp) * alpha + 0.1 * z[3]
 
-        self.mem = np.clip(self.mem + rng.normal(0, 0.002, n), 0.1, 0.88)
-        pressure = np.clip(p["mempress_level"] + rng.normal(0, 0.003, n), 0.97, 0.998)
+        self.mem = hi(lo(self.mem + 0.002 * z[4], 0.1), 0.88)
+        pressure = hi(lo(p["mempress_level"] + 0.003 * z[5], 0.97), 0.998)
         mem = np.where(t >= p["mempress_on"], pressure, self.mem)
-        volt = np.where(t >= p["pdeliv_on"], p["pdeliv_volt"], p["volt"]) + rng.normal(0, 0.003, n)
+        volt = np.where(t >= p["pdeliv_on"], p["pdeliv_volt"], p["volt"]) + 0.003 * z[6]
 
         if dt > 0:
             lam = p["rates"].copy()
@@ -217,7 +222,7 @@ class _Sim:
             V[:, KEY["energy"]] += power * dt
             V[:, KEY["io.receive"]] += np.floor(self.util * p["bw"] * dt)
             V[:, KEY["io.transmit"]] += np.floor(self.util * p["bw"] * 0.8 * dt)
-            V[:, KEY["throttle.power"]] += np.where(throttled, rng.uniform(0.75, 0.95, n), 0.0) * dt
+            V[:, KEY["throttle.power"]] += np.where(throttled, 0.75 + 0.2 * u[2], 0.0) * dt
             V[:, KEY["throttle.thermal"]] += (hot > 0) * dt
 
         V[:, KEY["temp.gpu"]] = self.temp
@@ -257,13 +262,20 @@ class _Sim:
             self.version[e.node] += 1
 
 
+#: Where a line's stamp goes in a template: json.dumps escapes every control character, so no
+#: attribute text can hold a NUL.
+_STAMP: Final = "\0"
+
+
 def _attr(key: str, value: str) -> str:
     return '{"key":' + json.dumps(key) + ',"value":{"stringValue":' + json.dumps(value) + "}}"
 
 
 @dataclass
 class _Template:
-    fmt: str
+    """A line cut at its stamps (``stamp.join(parts)``), then ``%`` slots for ``idx``'s values."""
+
+    parts: list[str]
     idx: np.ndarray
 
 
@@ -314,9 +326,8 @@ class _Lines:
                     if s.is_sum:
                         at = sim.start_override.get((row, k), sim.node_start[node.index])
                         start = f'"startTimeUnixNano":"{at}",'
-                    points.append(
-                        '{"attributes":' + self.point_attrs(row, k) + "," + start + '"timeUnixNano":"%s",' + value
-                    )
+                    head = '{"attributes":' + self.point_attrs(row, k) + "," + start
+                    points.append(head + '"timeUnixNano":"' + _STAMP + '",' + value)
                     idx.append(row * ncols + k)
             if points:
                 metrics.append(_METRIC_HEAD[metric] + ",".join(points) + "]}}")
@@ -329,7 +340,8 @@ class _Lines:
             + SCOPE_NAME
             + '","version":"1"},"metrics":['
         )
-        found = self.cache[key] = _Template(head + ",".join(metrics) + "]}]}]}", np.asarray(idx, np.intp))
+        text = head + ",".join(metrics) + "]}]}]}"
+        found = self.cache[key] = _Template(text.split(_STAMP), np.asarray(idx, np.intp))
         return found
 
 
@@ -471,9 +483,7 @@ def generate(
                 tpl = lines.template(node, rows)
                 stamp = node.stamp_ns(at)
                 values = sim.flat[tpl.idx].tolist()
-                args: list[Any] = [str(stamp)] * (2 * len(values))
-                args[1::2] = values
-                out.write(tpl.fmt % tuple(args))
+                out.write(str(stamp).join(tpl.parts) % tuple(values))
                 n_lines += 1
                 n_points += len(values)
                 for f in crossing.get(node.index, ()):

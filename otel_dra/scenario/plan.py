@@ -12,6 +12,7 @@ true time plus its skew; every time in the labels is in that node clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -211,6 +212,10 @@ class _Planner:
         self.omit: dict[tuple[int, int], set[int]] = {}
         self.faults: list[Fault] = []
         self.traps: list[Trap] = []
+        self.nodes_: list[Node] = []  # set by build(), read by the placement helpers
+        self.devices_: list[Device] = []
+        self.params: dict[str, np.ndarray] = {}
+        self.initial = np.zeros((0, len(KEY)))
 
     # -- helpers -------------------------------------------------------------------------------
     def uniform(self, lo: float, hi: float) -> float:
@@ -346,7 +351,7 @@ class _Planner:
         copies = copies_for(sum(len(x.rows) for x in nodes))
         taken: set[int] = set()
 
-        def take(ok: Any, what: str) -> int:
+        def take(ok: Callable[[Device], bool], what: str) -> int:
             for r in pool:
                 if r not in taken and ok(devices[r]):
                     taken.add(r)
