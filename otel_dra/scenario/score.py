@@ -114,34 +114,35 @@ class Score:
     """The figures of one scoring (``to_json`` for machines, ``targets`` for the verdict)."""
 
     hard_total: int = 0
-    hard_detected: int = 0
-    hard_missed: list[dict[str, Any]] = field(default_factory=list)
+    hard_detected: int = 0  # failed/Unhealthy with a matching reason within the deadline
+    hard_missed: list[dict[str, Any]] = field(default_factory=list)  # kind, device, why
     soft_total: int = 0
-    soft_detected: int = 0
+    soft_detected: int = 0  # non-ok with a matching reason within the deadline
     soft_missed: list[dict[str, Any]] = field(default_factory=list)
-    median_delay_s: dict[str, float | None] = field(default_factory=dict)
+    median_delay_s: dict[str, float | None] = field(default_factory=dict)  # hard, soft: from onset to the hit
     median_delay_by_kind_s: dict[str, float] = field(default_factory=dict)
-    fp_episodes: int = 0
-    device_hours: float = 0.0
+    fp_episodes: int = 0  # non-ok episodes outside every fault window of their device
+    device_hours: float = 0.0  # labelled devices x the recording's length
     fp_per_100_device_hours: float = 0.0
-    fp_by_trap: dict[str, int] = field(default_factory=dict)
+    fp_by_trap: dict[str, int] = field(default_factory=dict)  # per trap kind of the device ("none"); an
+    # episode on a device with two trap kinds counts for both
     fp_examples: list[dict[str, Any]] = field(default_factory=list)
     intermittent_faults: int = 0
-    extra_episodes_per_intermittent: float = 0.0
-    extra_episodes_per_fault: float = 0.0
+    extra_episodes_per_intermittent: float = 0.0  # mean over intermittent faults of (episodes after onset - 1)
+    extra_episodes_per_fault: float = 0.0  # the same over every fault
     spurious_unknown_devices: int = 0
-    spurious_unknown_episodes: int = 0
-    final_unknown_devices: int = 0
+    spurious_unknown_episodes: int = 0  # runs of Unknown outside the silent node's and lost devices' excuses
+    final_unknown_devices: int = 0  # of those, devices whose last verdict is such an Unknown
     spurious_unknown_examples: list[dict[str, Any]] = field(default_factory=list)
     silent_node: str | None = None
     silent_node_devices: int = 0
-    silent_node_unknown: int = 0
-    silent_node_unhealthy: int = 0
+    silent_node_unknown: int = 0  # Unknown SILENT_PROBE_S after the silence starts
+    silent_node_unhealthy: int = 0  # devices Unhealthy at any time during the silence
     verdict_lines: int = 0
-    bad_lines: int = 0
+    bad_lines: int = 0  # not JSON, or not a verdict line (missing key, unknown health)
     devices_total: int = 0
     devices_with_verdicts: int = 0
-    unlabelled_devices: int = 0
+    unlabelled_devices: int = 0  # verdicts for devices the labels don't list (their episodes are false)
 
     @property
     def soft_fraction(self) -> float:
