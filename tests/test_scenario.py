@@ -259,6 +259,19 @@ def test_the_short_form_covers_every_trap_and_oddity(short):
     assert short.node_of(missed60["k8s.node.name"])["interval_s"] == 60.0
 
 
+def test_labels_are_a_superset_of_the_example_format(short):
+    """The shared example's scorer reads these keys, and devices as (node, hw.id) tuples of their values."""
+    labels = short.labels
+    assert isinstance(labels["interval_s"], float) and isinstance(labels["t0_unix_nano"], int)
+    assert isinstance(labels["ticks"], int)
+    for f in labels["faults"]:
+        assert {"k8s.node.name", "hw.id", "kind", "reasons", "severity", "deadline_s", "onset_unix_nano"} <= set(f)
+    assert set(labels["node_silence"]) == {"node", "from_unix_nano", "to_unix_nano"}
+    assert all(list(d) == ["k8s.node.name", "hw.id"] for d in labels["devices"])
+    for n in labels["nodes"]:
+        assert {"k8s.node.name", "interval_s", "skew_s", "hw.model"} <= set(n)
+
+
 # -- the file ---------------------------------------------------------------------------------------
 def test_the_recording_decodes_with_nothing_skipped_and_the_labelled_devices(short):
     d = short.decoder
