@@ -174,6 +174,12 @@ class Window:
         self.latest = self.store.latest(at)
         self.span = [self.horizon.span_sums(i, at) for i in range(len(self.horizon.spans))]
         self.span_s = [self.horizon.spans[i] * self.horizon.bucket_s for i in range(len(self.horizon.spans))]
+        dt = H[F.DT]
+        # Whether each span holds at least half its length of samples (younger devices: the window only).
+        self._covered = [
+            (counts[:, dt] >= self.min_samples) & (sums[:, dt] >= 0.5 * span_s)
+            for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
+        ]
         self._rates: dict[F, RateVerdict] = {}
 
     def fraction(self, f: F) -> np.ndarray:
@@ -205,8 +211,7 @@ class Window:
     # -- the long horizon ----------------------------------------------------------------------
     def covered(self, span: int) -> np.ndarray:
         """Whether a span holds at least half its length of samples (younger devices: the window only)."""
-        sums, counts = self.span[span]
-        return (counts[:, H[F.DT]] >= self.min_samples) & (sums[:, H[F.DT]] >= 0.5 * self.span_s[span])
+        return self._covered[span]
 
     def span_fraction(self, f: F, span: int) -> np.ndarray:
         """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
