@@ -1,9 +1,9 @@
 """Replay: recorded OTLP JSON telemetry → the classifier → verdict lines (telemetry.md §3).
 
 Files are streamed: each line is decoded into frames (bad lines and points are skipped and
-counted, never fatal) and queued; every few seconds of the recording's own clock (a
-watermark over the nodes' clocks, :class:`TraceClock`), the queue is ingested as one batch
-and the classifier evaluates, as a fleet would have live. A verdict line is written whenever
+counted, never fatal) and queued; every few seconds of the recording's own clock (read
+off the nodes' clocks with their offsets taken out, :class:`TraceClock`), the queue is
+ingested as one batch and the classifier evaluates, as a fleet would have live. A verdict line is written whenever
 a device's verdict changes.
 """
 
@@ -58,36 +58,52 @@ class ReplayResult:
 RING_INTERVAL_S = 5.0
 #: Nodes not heard for this long no longer move the replay's clock.
 CLOCK_QUORUM_S = 600.0
+#: A node whose clock, once its offset is taken out, is this far from the newest any node has
+#: said has had its clock stepped: its offset is learned again.
+CLOCK_JUMP_S = 600.0
+#: The replay's clock follows this quantile of the nodes' offset-corrected clocks: near the
+#: front (it moves with every few lines, not in lumps), yet a node or two whose clock jumps
+#: ahead move it by nothing.
+CLOCK_QUANTILE = 0.75
 
 
 class TraceClock:
     """The replay's reference clock, read off the recording itself.
 
     Lines come in arrival order (a Collector writes what it receives), each node's points
-    stamped by that node's clock, and clocks differ (±90 s is common). The clock is the
-    median of the nodes' newest stamps (nodes heard within ``CLOCK_QUORUM_S``), never going
-    back: one node far ahead or behind moves it by nothing, and a node is judged by how much
+    stamped by that node's clock, and clocks differ (±90 s is common). Each node's offset
+    from the replay's clock is learned when it is first heard (and again if its clock jumps),
+    and the clock is a high quantile of the nodes' newest stamps with their offsets taken out
+    (nodes heard within ``CLOCK_QUORUM_S``), never going back. A node is then judged by how much
     of this clock has passed since it was last heard, not by how its stamps compare with
-    another node's."""
+    another node's; the clock's own time base is the first node's, which nothing depends on."""
 
     def __init__(self) -> None:
         self._index: dict[str, int] = {}
-        self._latest = np.zeros(0)
+        self._offset = np.zeros(0)  # seconds each node's clock is ahead of this one
+        self._latest = np.zeros(0)  # each node's newest stamp, offset taken out
         self.now_ns = 0
 
     def heard(self, frames: list[Frame]) -> int:
         """Note the frames of one line; returns the clock (unix ns) after them."""
         for frame in frames:
+            stamp = frame.time_unix_nano / 1e9
             i = self._index.get(frame.devices.node)
             if i is None:
                 i = self._index[frame.devices.node] = len(self._index)
+                self._offset = np.append(self._offset, stamp - self.now_ns / 1e9 if self.now_ns else 0.0)
                 self._latest = np.append(self._latest, -np.inf)
-            self._latest[i] = max(self._latest[i], frame.time_unix_nano / 1e9)
+            corrected = stamp - self._offset[i]
+            front = float(self._latest.max())  # the newest any node has said (the clock may lag it)
+            if np.isfinite(front) and abs(corrected - front) > CLOCK_JUMP_S:  # this node's clock was stepped
+                self._offset[i] = stamp - front
+                self._latest[i] = corrected = front
+            self._latest[i] = max(self._latest[i], corrected)
         if frames:
             latest = self._latest
             recent = latest[latest >= latest.max() - CLOCK_QUORUM_S]
-            middle = recent.size // 2  # the upper median: one partition, not np.median's sort
-            self.now_ns = max(self.now_ns, round(float(np.partition(recent, middle)[middle]) * 1e9))
+            k = int(CLOCK_QUANTILE * (recent.size - 1))  # one partition, not a sort
+            self.now_ns = max(self.now_ns, round(float(np.partition(recent, k)[k]) * 1e9))
         return self.now_ns
 
 
@@ -142,9 +158,9 @@ def replay(
             result.frames += len(frames)
             if next_eval is None:
                 next_eval = now
-            if now >= next_eval:
+            if now >= next_eval:  # on a grid of the clock: one evaluation per step it moved past
                 judge(now)
-                next_eval = now + every_ns
+                next_eval += every_ns * ((now - next_eval) // every_ns + 1)
         if progress is not None:
             progress(len(raw) + 1)
     if result.frames:

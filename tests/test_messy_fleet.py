@@ -272,19 +272,24 @@ def test_clocks_that_disagree_make_no_node_silent(seed: int) -> None:
     assert 900 < quiet[1][0] <= 900 + 150 + 60 and quiet[2][0] <= 1500 + 60
 
 
-def test_the_trace_clock_is_the_median_of_the_nodes_clocks() -> None:
-    table = DeviceTable("a", ("gpu-0",), ({},))
-
+def test_the_trace_clock_takes_each_node_s_offset_out() -> None:
     def at(node: str, t: float) -> Frame:
-        return Frame(round(t * S), DeviceTable(node, table.ids, table.attrs), np.zeros((1, 1)))
+        return Frame(round(t * S), DeviceTable(node, ("gpu-0",), ({},)), np.zeros((1, 1)))
 
     clock = TraceClock()
-    assert clock.heard([at("a", T0 + 90)]) == (T0 + 90) * S  # one node: its clock
-    clock.heard([at("b", T0 - 90), at("c", T0)])
-    assert clock.now_ns == (T0 + 90) * S  # never back
-    for step in range(1, 20):
-        now = clock.heard([at("a", T0 + 90 + 10 * step), at("b", T0 - 90 + 10 * step), at("c", T0 + 10 * step)])
-    assert now == (T0 + 190) * S  # the median node (c), one node ahead or behind moves it by nothing
+    assert clock.heard([at("a", T0 + 90)]) == (T0 + 90) * S  # the first node's clock is the base
+    clock.heard([at("b", T0 - 90)])  # 180 s behind a, heard at the same moment
+    clock.heard([at("c", T0)])
+    assert clock.now_ns == (T0 + 90) * S
+    for step in range(1, 20):  # every node 10 s on: the clock 10 s on, each line moving it
+        now = clock.heard([at("b", T0 - 90 + 10 * step)])
+        now = clock.heard([at("c", T0 + 10 * step)])
+        now = clock.heard([at("a", T0 + 90 + 10 * step)])
+    assert now == (T0 + 90 + 190) * S
+    now = clock.heard([at("c", T0 + 300)])  # one node's clock jumps 100 s: a quantile, not the max
+    assert now == (T0 + 90 + 190) * S
+    now = clock.heard([at("c", T0 + 5000)])  # stepped by more than CLOCK_JUMP_S: its offset is learned again
+    assert now == (T0 + 90 + 190) * S
     for step in range(20, 100):  # a node that falls silent for long no longer holds the clock back
-        now = clock.heard([at("a", T0 + 90 + 10 * step), at("c", T0 + 10 * step)])
+        now = clock.heard([at("a", T0 + 90 + 10 * step)])
     assert now == (T0 + 90 + 990) * S
