@@ -56,7 +56,7 @@ class Classifier:
     read in it, so one node's clock never moves another's), and the *reference* clock that
     ``evaluate`` is given (the agent's or the fleet's wall clock, or a replay's watermark).
     Freshness is judged in the reference clock, against when each device was last heard
-    (``arrival``), so a node whose clock runs 90 s ahead or behind is neither silent nor
+    (``registry.last_heard``), so a node whose clock runs 90 s ahead or behind is neither silent nor
     early. ``interval_s`` is the shortest sampling interval expected: it sizes the window's
     ring (a device sampled faster is judged over its last ``window / interval_s`` samples).
     ``node_time``: verdicts carry each device's node's time (a replay's verdict lines, in the
