@@ -108,3 +108,18 @@ def test_shared_devices_combine_mode_is_validated(tmp_path):
     assert check(tmp_path, "shared_devices: {combine: majority}\n")[0].data["shared_devices"]["combine"] == "majority"
     with pytest.raises(policy.PolicyError, match=r"shared_devices.combine: 'most' is not one of: any, majority, all"):
         check(tmp_path, "shared_devices: {combine: most}\n")
+
+
+def test_the_horizon_and_cohorts_are_validated(tmp_path):
+    p, _ = check(tmp_path, "horizon: {bucket: 2m, rate_span: 1h}\ncohorts: {by: [hw.model], min_devices: 4}\n")
+    assert (p.horizon_bucket_s, p.horizon_buckets("duty_span"), p.horizon_buckets("rate_span")) == (120, 8, 30)
+    assert p.cohort_keys == ("hw.model",) and p.cohort_min_devices == 4
+    mistakes = [
+        ("horizon: {duty_span: 30m, rate_span: 20m}", r"horizon: need 1s <= bucket \(60s\) <= duty_span \(1800s\)"),
+        ("horizon: {bucket: 1s, duty_span: 10m, rate_span: 48m}", r"2880 buckets per device; use at most 1440"),
+        ("cohorts: {healthy_ratio: 0.5}", r"p.yaml:1:26: cohorts.healthy_ratio: 0.5 is out of range; use a number at"),
+        ("stale_intervals: 1.5", r"stale_intervals: 1.5 is out of range; use a number between 2 and 100"),
+    ]
+    for text, expected in mistakes:
+        with pytest.raises(policy.PolicyError, match=expected):
+            check(tmp_path, text + "\n")
