@@ -49,6 +49,7 @@ class PolicyGroups:
         self.firmware_bad = np.zeros(capacity, dtype=bool)
         self.firmware_text: list[str] = [""] * capacity
         self._cache: dict[tuple[str, ...], np.ndarray] = {}
+        self._uniform: dict[tuple[str, ...], bool] = {}  # per threshold: the same in every group
         self._group_for("", "")
         # Cohorts: devices whose rates are compared (the policy's ``cohorts.by`` attributes).
         self._cohort_index: dict[tuple[str, ...], int] = {}
@@ -115,13 +116,15 @@ class PolicyGroups:
                     node = node[key]
                 out.append(float(node))
             cached = self._cache[path] = np.asarray(out)
+            self._uniform[path] = bool((cached == cached[0]).all())
         return cached
 
     def param(self, rows: np.ndarray, *path: str) -> np.ndarray:
-        """One threshold per row (one value, broadcast, while every device shares one group)."""
+        """One threshold per row (one value, broadcast, while every device shares one group: a
+        read-only view that costs nothing, whatever the fleet's size)."""
         values = self.values(*path)
-        if values.shape[0] == 1:
-            return np.full(np.shape(rows), values[0])
+        if self._uniform.get(path, False):  # no override changes it: one value for every row
+            return np.broadcast_to(values[0], np.shape(rows))
         return values[self.group[rows]]
 
     def device_params(self, rows: np.ndarray) -> DeviceParams:

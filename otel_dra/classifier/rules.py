@@ -68,17 +68,25 @@ DUTY_SPAN, RATE_SPAN = 0, 1
 FROM_COHORT, FROM_FLEET, FROM_NONE = 0, 1, 2
 
 
-def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """(median, size) of ``values`` per group id in ``0..n_groups-1`` (NaN median for an empty group)."""
-    order = np.lexsort((values, groups))
-    v, g = values[order], groups[order]
-    size = np.bincount(g, minlength=n_groups)
+def group_medians(
+    values: np.ndarray, groups: np.ndarray, n_groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(median, MAD, size) of ``values`` per group id in ``0..n_groups-1`` (NaN for an empty group).
+
+    The rows are grouped once (a stable sort of small integers), then each group's median and
+    MAD are two linear-time selections over its slice: a loop over the few cohorts, never over
+    devices, and no sort of the values themselves."""
+    size = np.bincount(groups, minlength=n_groups)
+    median = np.full(n_groups, np.nan)
+    mad = np.full(n_groups, np.nan)
+    # One cohort (a fleet of one model) needs no grouping.
+    order = None if np.count_nonzero(size) == 1 else np.argsort(groups, kind="stable")
     start = np.concatenate(([0], np.cumsum(size)[:-1]))
-    if v.size == 0:
-        return np.full(n_groups, np.nan), size
-    lo = np.minimum(start + (size - 1) // 2, v.size - 1)
-    hi = np.minimum(start + size // 2, v.size - 1)
-    return np.where(size > 0, (v[lo] + v[hi]) / 2.0, np.nan), size
+    for g in np.flatnonzero(size).tolist():
+        part = values if order is None else values[order[start[g] : start[g] + size[g]]]
+        median[g] = np.median(part)
+        mad[g] = np.median(np.abs(part - median[g]))
+    return median, mad, size
 
 
 @dataclass
@@ -100,8 +108,7 @@ def centre(
     judged by the few that do), but a centre needs at least one rate."""
     pick = eligible & ~np.isnan(rate)
     values, groups = rate[pick], cohort[pick]
-    med, size = group_median(values, groups, n_cohorts)
-    mad, _ = group_median(np.abs(values - med[groups]), groups, n_cohorts)
+    med, mad, size = group_medians(values, groups, n_cohorts)
     if values.size:
         fleet_med = float(np.median(values))
         fleet_mad = float(np.median(np.abs(values - fleet_med)))
@@ -181,11 +188,17 @@ class Window:
             for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
         ]
         self._rates: dict[F, RateVerdict] = {}
+        self._fractions: np.ndarray | None = None
+        self._span_fractions: dict[int, np.ndarray] = {}
 
     def fraction(self, f: F) -> np.ndarray:
-        n = self.counts[:, f]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(n >= self.min_samples, self.sums[:, f] / n, 0.0)
+        if self._fractions is None:
+            # Every feature's share at once, feature-major: a rule reads a contiguous row, not a
+            # strided column of the (devices, features) sums, whatever the fleet's size.
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = np.where(self.counts >= self.min_samples, self.sums / self.counts, 0.0)
+            self._fractions = np.ascontiguousarray(share.T)
+        return self._fractions[f]
 
     def increase(self, f: F) -> np.ndarray:
         return self.sums[:, f]
@@ -215,10 +228,13 @@ class Window:
 
     def span_fraction(self, f: F, span: int) -> np.ndarray:
         """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
-        sums, counts = self.span[span]
-        n = counts[:, H[f]]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.covered(span) & (n >= self.min_samples), sums[:, H[f]] / n, 0.0)
+        shares = self._span_fractions.get(span)
+        if shares is None:  # every feature at once, feature-major (see fraction)
+            sums, counts = self.span[span]
+            judged = self.covered(span)[:, None] & (counts >= self.min_samples)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                shares = self._span_fractions[span] = np.ascontiguousarray(np.where(judged, sums / counts, 0.0).T)
+        return shares[H[f]]
 
     def span_share(self, f: F, span: int) -> np.ndarray:
         """A time counter's increase over the span's time (0 while the span is not covered)."""
