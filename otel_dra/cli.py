@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from otel_dra import __version__
-from otel_dra.cli_options import Seconds, log_level_option, policy_option
+from otel_dra.cli_options import Seconds, log_level_option, policy_option, progress_bar
 from otel_dra.config import (
     DEFAULT_PROMETHEUS_PORT,
     HEALTH_ATTRIBUTE_MODES,
@@ -511,7 +511,6 @@ def replay(
     replayed, 2 when nothing could be used (or, with --strict, when any line was bad).
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
     from otel_dra.decode.otlp_json import InputFileError
@@ -529,15 +528,7 @@ def replay(
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise click.ClickException(f"cannot write --plot {plot}: {folder} is not a folder this user can write to")
     total = sum(map(_size_or_zero, files))
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
+    progress = progress_bar(err)
     out = sys.stdout if output == "-" else None
     try:
         out = out or open(output, "w")  # noqa: SIM115 - closed below

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -49,3 +53,18 @@ class Seconds(click.ParamType):
         if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not self.zero_ok) or seconds > self.MAX_S:
             self.fail(f"{value!r} is not a number of seconds {low}, up to a year", param, ctx)
         return seconds
+
+
+def progress_bar(console: Console) -> Progress:
+    """The commands' progress bar: on stderr, gone when done, off when stderr is not a terminal."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )

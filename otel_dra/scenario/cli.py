@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from otel_dra.cli_options import progress_bar
+
 FORM_NAMES = ("short", "long")
 SHAPE_NAMES = ("mixed", "tidy")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
@@ -117,7 +119,6 @@ def simulate(
     score the verdicts with `otel-dra score`. Label times are in each node's own clock.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
     from otel_dra.scenario.generate import form as make_form
     from otel_dra.scenario.generate import generate, labels_path_for
@@ -134,15 +135,7 @@ def simulate(
     if labels.resolve() == out.resolve():
         raise click.UsageError(f"--labels {labels} is the recording itself; pick another path")
     err = Console(stderr=True)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
+    progress = progress_bar(err)
     try:
         with progress:
             task = progress.add_task("simulating", total=config.duration_s)
