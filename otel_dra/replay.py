@@ -1,10 +1,10 @@
 """Replay: recorded OTLP JSON telemetry → the classifier → verdict lines (telemetry.md §3).
 
 Files are streamed: each line is decoded into frames (bad lines and points are skipped and
-counted, never fatal) and queued; every few seconds of the recording's own clock (read
-off the nodes' clocks with their offsets taken out, :class:`TraceClock`), the queue is
-ingested as one batch and the classifier evaluates, as a fleet would have live. A verdict line is written whenever
-a device's verdict changes.
+counted, never fatal) and queued; every few seconds of the recording's own clock (read off
+the nodes' clocks with their offsets taken out, :class:`TraceClock`), the queue is ingested
+as one batch and the classifier evaluates, as a fleet would have live. A verdict line is
+written whenever a device's verdict changes.
 """
 
 from __future__ import annotations
