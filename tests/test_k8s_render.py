@@ -211,7 +211,7 @@ def test_unhealthy_and_unknown_devices_get_one_informational_rule_per_reason_hea
     ]
     for rule in out.rules:
         assert_valid_rule(rule)
-        assert rule["apiVersion"] == "resource.k8s.io/v1beta2" and rule["kind"] == "DeviceTaintRule"
+        assert rule["apiVersion"] == "resource.k8s.io/v1" and rule["kind"] == "DeviceTaintRule"
         assert rule["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "otel-dra"
         assert rule["spec"]["deviceSelector"] == {
             "device": rule["spec"]["deviceSelector"]["device"],
@@ -242,10 +242,12 @@ def test_healthy_devices_render_no_rules_at_all():
     assert "DeviceTaintRule" not in out.to_yaml().split("# Each")[1]
 
 
-@pytest.mark.parametrize("version", ["v1alpha3", "v1beta2"])
-def test_both_api_versions_validate_against_the_client_models(version):
+@pytest.mark.parametrize("version", ["v1alpha3", "v1beta2", "v1"])
+def test_every_api_version_validates_against_the_client_models(version):
     out = r.render(FLEET, policy_mod.load(), version, driver=DRIVER)
-    model = {"v1alpha3": kc.V1alpha3DeviceTaintRule, "v1beta2": kc.V1beta2DeviceTaintRule}[version]
+    model = {"v1alpha3": kc.V1alpha3DeviceTaintRule, "v1beta2": kc.V1beta2DeviceTaintRule, "v1": kc.V1DeviceTaintRule}[
+        version
+    ]
     api = kc.ApiClient()
     assert out.rules
     for rule in out.rules:
@@ -611,7 +613,7 @@ def test_plan_creates_updates_and_deletes_idempotently():
 class FakeApiServer:
     """The DeviceTaintRule endpoints of a Kubernetes API server, in memory, over real HTTP."""
 
-    def __init__(self, served: str = "v1beta2") -> None:
+    def __init__(self, served: str = "v1") -> None:
         self.objects: dict[str, dict] = {}
         self.requests: list[str] = []
         self.version = 0
@@ -643,7 +645,7 @@ class FakeApiServer:
                 self.reply(
                     200,
                     {
-                        "apiVersion": "resource.k8s.io/v1beta2",
+                        "apiVersion": f"resource.k8s.io/{served}",
                         "kind": "DeviceTaintRuleList",
                         "metadata": {},
                         "items": items,
@@ -779,7 +781,7 @@ def test_the_sink_thread_follows_the_board(tmp_path):
 
 
 def test_the_sink_rejects_a_bad_api_version_before_the_agent_starts(tmp_path):
-    with pytest.raises(ValueError, match="'v2' is not one of: v1beta2, v1alpha3"):
+    with pytest.raises(ValueError, match="'v2' is not one of: v1, v1beta2, v1alpha3"):
         K8sOutputSink(VerdictBoard(), tmp_path, policy_mod.load(), "v2")
 
 

@@ -202,7 +202,8 @@ class _Api:
             status = exc.status
             if status == 404 and what.startswith("list"):
                 raise K8sApplyError(
-                    f"{self.host} does not serve {self.api_version} devicetaintrules (v1beta2: Kubernetes 1.36+, "
+                    f"{self.host} does not serve {self.api_version} devicetaintrules (v1: Kubernetes 1.37+; "
+                    "v1beta2: 1.36+, with the DRADeviceTaintRules feature and the API version enabled; "
                     "v1alpha3: 1.33+, with the DRADeviceTaints feature and the API version enabled); "
                     "try the other --api-version"
                 ) from None

@@ -16,8 +16,8 @@ import click
 from otel_dra.cli_options import Seconds, policy_option
 
 #: Kept here (not imported from render) so ``otel-dra --help`` does not import the classifier.
-API_VERSION_CHOICES = ("v1beta2", "v1alpha3")
-DEFAULT_API_VERSION = "v1beta2"
+API_VERSION_CHOICES = ("v1", "v1beta2", "v1alpha3")
+DEFAULT_API_VERSION = "v1"
 
 
 @click.group()
@@ -77,7 +77,16 @@ def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]
     type=click.Choice(API_VERSION_CHOICES),
     default=DEFAULT_API_VERSION,
     show_default=True,
-    help="DeviceTaintRule API version: v1beta2 (Kubernetes 1.36+) or v1alpha3 (1.33-1.35; effect None needs 1.35).",
+    help="DeviceTaintRule API version: v1 (Kubernetes 1.37+), v1beta2 (1.36+, feature gate DRADeviceTaintRules and "
+    "the API enabled) or v1alpha3 (1.33+, alpha, feature gate DRADeviceTaints; the only one before 1.36).",
+)
+@click.option(
+    "--kubernetes-version",
+    metavar="1.N",
+    default=None,
+    help="The server the rules are for, e.g. 1.34: it must serve --api-version, and effect None needs 1.35+ "
+    "(1.33 and 1.34 take only NoSchedule and NoExecute). Default: the API version's first server, but at least "
+    "1.35 (v1alpha3: 1.35; say 1.33 or 1.34 to be held to them).",
 )
 @click.option(
     "--driver",
@@ -111,6 +120,7 @@ def render_command(
     from_url: str | None,
     policy_file: str | None,
     api_version: str,
+    kubernetes_version: str | None,
     driver: str | None,
     output: str | None,
     only: str | None,
@@ -138,10 +148,19 @@ def render_command(
         problem = driver_name_problem(driver)
         if problem:
             raise click.BadParameter(f"{driver!r} {problem}", param_hint="--driver")
+    if kubernetes_version is not None:
+        from otel_dra.k8s.render import kubernetes_version_of
+
+        try:
+            kubernetes_version_of(kubernetes_version)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--kubernetes-version") from None
     try:
         policy = load(policy_file)
         verdicts, drivers = _read_agent(from_url, timeout) if from_url else _read_file(str(file))
-        rendering = render(verdicts, policy, api_version, drivers=drivers, driver=driver)
+        rendering = render(
+            verdicts, policy, api_version, drivers=drivers, driver=driver, kubernetes_version=kubernetes_version
+        )
     except (PolicyError, VerdictInputError, K8sValidationError) as exc:
         raise click.ClickException(str(exc)) from None
     for note in rendering.skipped + rendering.dropped:

@@ -12,8 +12,9 @@ Attributes (``<domain>/health``, ``<domain>/state`` by default) go to every devi
 facts for the DRA driver to publish in its own ResourceSlices (slices belong to the driver, so
 otel-dra renders them and never writes slices).
 
-Every object is built with the ``kubernetes`` client's models (``V1beta2DeviceTaintRule`` or
-``V1alpha3DeviceTaintRule``, ``V1Device``/``V1DeviceAttribute``), serialized with
+Every object is built with the ``kubernetes`` client's models of its API version
+(``V1DeviceTaintRule``, ``V1beta2DeviceTaintRule`` or ``V1alpha3DeviceTaintRule``;
+``V1Device``/``V1DeviceAttribute``), serialized with
 ``ApiClient().sanitize_for_serialization`` and checked against the API's name and size rules
 (:mod:`otel_dra.k8s.validation`).
 """
@@ -40,10 +41,26 @@ from otel_dra.k8s.validation import K8sValidationError
 from otel_dra.policy import Policy
 from otel_dra.vocabulary import HEALTH, REASONS
 
-#: ``--api-version`` choices: DeviceTaintRule is served as v1alpha3 (Kubernetes 1.33-1.35, alpha:
-#: feature gate DRADeviceTaints and the alpha API enabled) and v1beta2 (1.36+).
-API_VERSIONS: Mapping[str, str] = {"v1beta2": "resource.k8s.io/v1beta2", "v1alpha3": "resource.k8s.io/v1alpha3"}
-DEFAULT_API_VERSION = "v1beta2"
+#: ``--api-version`` choices, newest first: DeviceTaintRule is served as v1 (GA, on by default from
+#: Kubernetes 1.37), v1beta2 (from 1.36, off by default there: the DRADeviceTaintRules feature gate and
+#: the API version must be enabled) and v1alpha3 (from 1.33, alpha: the DRADeviceTaints feature gate and
+#: the alpha API; the only version before 1.36). All three have the same fields (a taint and a
+#: driver/pool/device selector).
+API_VERSIONS: Mapping[str, str] = {
+    "v1": "resource.k8s.io/v1",
+    "v1beta2": "resource.k8s.io/v1beta2",
+    "v1alpha3": "resource.k8s.io/v1alpha3",
+}
+DEFAULT_API_VERSION = "v1"
+#: The first Kubernetes (major, minor) that serves each API version.
+SERVED_FROM: Mapping[str, tuple[int, int]] = {
+    "resource.k8s.io/v1": (1, 37),
+    "resource.k8s.io/v1beta2": (1, 36),
+    "resource.k8s.io/v1alpha3": (1, 33),
+}
+#: The server assumed when none is given: the version's first, but at least 1.35 (so v1alpha3 may
+#: carry effect None; say ``--kubernetes-version 1.33`` or ``1.34`` for the servers that may not).
+ASSUMED_KUBERNETES = (1, 35)
 KIND = "DeviceTaintRule"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "otel-dra"
@@ -79,6 +96,32 @@ def api_version_of(choice: str) -> str:
     if short not in API_VERSIONS:
         raise ValueError(f"API version {choice!r} is not one of: {', '.join(API_VERSIONS)}")
     return API_VERSIONS[short]
+
+
+def kubernetes_version_of(text: str) -> tuple[int, int]:
+    """``1.35``, ``v1.35`` or ``1.35.2`` → ``(1, 35)``; ValueError otherwise."""
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", text.strip())
+    if not m:
+        raise ValueError(f"Kubernetes version {text!r} is not MAJOR.MINOR (e.g. 1.35)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def target_kubernetes(api_version: str, kubernetes_version: str | tuple[int, int] | None = None) -> tuple[int, int]:
+    """The Kubernetes server the rules are for: the one given (which must serve ``api_version``,
+    else a one-line error naming the version to use), else the assumed one (``ASSUMED_KUBERNETES``)."""
+    api = api_version_of(api_version)
+    first = SERVED_FROM[api]
+    if kubernetes_version is None:
+        return max(first, ASSUMED_KUBERNETES)
+    target = kubernetes_version_of(kubernetes_version) if isinstance(kubernetes_version, str) else kubernetes_version
+    if target < first:
+        served = [short for short, full in API_VERSIONS.items() if SERVED_FROM[full] <= target]
+        fix = f"render with --api-version {served[0]}" if served else "DeviceTaintRule needs Kubernetes 1.33+"
+        raise K8sValidationError(
+            f"{api} DeviceTaintRules are served from Kubernetes {val.version_text(first)}, "
+            f"not {val.version_text(target)}; {fix}"
+        )
+    return target
 
 
 @dataclass(frozen=True)
@@ -148,6 +191,8 @@ class Rendering:
     """What :func:`render` made: API objects (plain dicts, as the API takes them) and notes."""
 
     api_version: str
+    #: The Kubernetes (major, minor) the rules were checked for (see :func:`target_kubernetes`).
+    kubernetes: tuple[int, int] = ASSUMED_KUBERNETES
     rules: list[dict[str, Any]] = field(default_factory=list)
     attributes: list[dict[str, Any]] = field(default_factory=list)
     #: (driver, pool) of every device rendered, healthy or not: the pools whose rules
@@ -193,6 +238,7 @@ def render(
     drivers: Mapping[tuple[str, str], str | None] | None = None,
     driver: str | None = None,
     strict: bool = True,
+    kubernetes_version: str | tuple[int, int] | None = None,
 ) -> Rendering:
     """Render the current verdicts (one per device; several views of a device are combined).
 
@@ -201,10 +247,14 @@ def render(
     are skipped. With ``strict``, a device without a driver or with names the API would reject
     raises :class:`K8sValidationError`; without, it is skipped with the reason in ``skipped``
     (the agent must keep serving the other devices).
+
+    ``kubernetes_version`` (``"1.34"``) is the server the rules are for; it must serve
+    ``api_version`` and every effect is checked against it (``None`` needs 1.35). Not given: the
+    API version's first server, at least 1.35 (:func:`target_kubernetes`).
     """
     client = val.client_models()
     settings = K8sSettings.from_policy(policy)
-    out = Rendering(api_version_of(api_version))
+    out = Rendering(api_version_of(api_version), target_kubernetes(api_version, kubernetes_version))
     views: dict[DeviceRef, list[Verdict]] = {}
     not_dra: list[str] = []
     for verdict in verdicts:
@@ -256,7 +306,7 @@ def _rules(
     state = _state(verdict)
     ranked = sorted(
         verdict.reasons,
-        key=lambda r: (-_EFFECT_RANK[settings.effect(r, state)], _SEVERITY.get(r, len(_SEVERITY)), r),
+        key=lambda r: (-_EFFECT_RANK.get(settings.effect(r, state), 0), _SEVERITY.get(r, len(_SEVERITY)), r),
     )
     keep, over = ranked[: settings.max_per_device], ranked[settings.max_per_device :]
     for reason in over:
@@ -264,11 +314,11 @@ def _rules(
             f"device {ref}: taint {reason} not rendered: over kubernetes.taints.max_per_device "
             f"({settings.max_per_device}); kept {', '.join(keep)}"
         )
-    return [_rule(client, settings, out.api_version, ref, verdict, reason, state) for reason in keep]
+    return [_rule(client, settings, out, ref, verdict, reason, state) for reason in keep]
 
 
 def _rule(
-    client: Any, settings: K8sSettings, api_version: str, ref: DeviceRef, verdict: Verdict, reason: str, state: str
+    client: Any, settings: K8sSettings, out: Rendering, ref: DeviceRef, verdict: Verdict, reason: str, state: str
 ) -> dict[str, Any]:
     fill = {
         "domain": settings.domain,
@@ -281,7 +331,7 @@ def _rule(
     d = settings.domain
     value = settings.value.format(**fill)
     obj = {
-        "apiVersion": api_version,
+        "apiVersion": out.api_version,
         "kind": KIND,
         "metadata": {
             "name": name,
@@ -303,12 +353,13 @@ def _rule(
             },
         },
     }
-    val.check_taint_rule(obj)
+    val.check_taint_rule(obj, out.kubernetes)
     return _through_model(client, obj)
 
 
 def _through_model(client: Any, obj: dict[str, Any]) -> dict[str, Any]:
-    """Build the client's model of this version and serialize it back: what the client would send."""
+    """Build the client's models of this version (``V1…``, ``V1beta2…``, ``V1alpha3…``) and serialize
+    them back: what the client would send."""
     short = obj["apiVersion"].removeprefix("resource.k8s.io/")
     cap = short[0].upper() + short[1:]  # v1beta2 → V1beta2
     meta, spec = obj["metadata"], obj["spec"]

@@ -38,8 +38,14 @@ ATTRIBUTE_DOMAIN_MAX = 63  # DeviceMaxDomainLength
 ATTRIBUTE_ID_MAX = 32  # DeviceMaxIDLength
 ATTRIBUTE_STRING_MAX = 64  # DeviceAttributeMaxValueLength
 ATTRIBUTES_PER_DEVICE_MAX = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
-TAINTS_PER_DEVICE_MAX = 16  # DeviceTaintsMaxLength (4 before 1.35)
+#: DeviceTaintsMaxLength (4 before 1.35): the API caps the taints a *ResourceSlice* lists per device
+#: and applies no such cap to DeviceTaintRules. otel-dra keeps its own rules per device under
+#: the same number by policy (``kubernetes.taints.max_per_device``), so a device never carries more
+#: taints from us than its driver could publish.
+TAINTS_PER_DEVICE_MAX = 16
 TAINT_EFFECTS: tuple[str, ...] = ("None", "NoSchedule", "NoExecute")  # least to most disruptive
+#: The first Kubernetes minor that accepts each effect (``None`` came with 1.35, KEP-5055).
+EFFECT_SINCE: Mapping[str, tuple[int, int]] = {"None": (1, 35), "NoSchedule": (1, 33), "NoExecute": (1, 33)}
 
 _DNS1123_LABEL = re.compile(f"^{DNS1123_LABEL_FMT}$")
 _DNS1123_SUBDOMAIN = re.compile(f"^{DNS1123_SUBDOMAIN_FMT}$")
@@ -186,8 +192,9 @@ def check(kind: str, name: str, field: str, value: str, problem: str | None) -> 
         raise K8sValidationError(f"{kind} {name}: {field}: {value!r} {problem}")
 
 
-def check_taint_rule(obj: Mapping[str, Any]) -> None:
-    """A DeviceTaintRule (as the API takes it) against ``ValidateDeviceTaintRule``'s rules."""
+def check_taint_rule(obj: Mapping[str, Any], kubernetes: tuple[int, int] | None = None) -> None:
+    """A DeviceTaintRule (as the API takes it) against ``ValidateDeviceTaintRule``'s rules, the
+    effect against what a Kubernetes ``(major, minor)`` server accepts."""
     meta, spec = obj["metadata"], obj["spec"]
     name = meta["name"]
     kind = "DeviceTaintRule"
@@ -209,8 +216,27 @@ def check_taint_rule(obj: Mapping[str, Any]) -> None:
     check(kind, name, "spec.taint.key", taint["key"], label_name_problem(taint["key"]))
     if taint.get("value"):
         check(kind, name, "spec.taint.value", taint["value"], label_value_problem(taint["value"]))
-    if taint["effect"] not in TAINT_EFFECTS:
-        check(kind, name, "spec.taint.effect", taint["effect"], "is not one of: " + ", ".join(TAINT_EFFECTS))
+    check(kind, name, "spec.taint.effect", taint["effect"], taint_effect_problem(taint["effect"], kubernetes))
+
+
+def version_text(version: tuple[int, int]) -> str:
+    """``(1, 35)`` → ``1.35``."""
+    return ".".join(str(n) for n in version)
+
+
+def taint_effect_problem(effect: str, kubernetes: tuple[int, int] | None = None) -> str | None:
+    """``effect`` on a Kubernetes ``(major, minor)`` server (None: any supported one), as one clause
+    naming the fix; None when the server accepts it."""
+    if effect not in TAINT_EFFECTS:
+        return "is not one of: " + ", ".join(TAINT_EFFECTS)
+    since = EFFECT_SINCE[effect]
+    if kubernetes is not None and kubernetes < since:
+        have, need = version_text(kubernetes), version_text(since)
+        return (
+            f"needs Kubernetes {need}+; for {have} set kubernetes.taints.effect.default (and any by_state or "
+            f"by_reason {effect}) to NoSchedule in the policy, or render for a newer server (--kubernetes-version)"
+        )
+    return None
 
 
 def check_device_attributes(where: str, attributes: Mapping[str, Mapping[str, Any]]) -> None:
@@ -228,7 +254,8 @@ def check_device_attributes(where: str, attributes: Mapping[str, Mapping[str, An
 
 
 def check_taint_count(rules: Sequence[Mapping[str, Any]], limit: int = TAINTS_PER_DEVICE_MAX) -> None:
-    """At most ``limit`` taints per device (the API's ``DeviceTaintsMaxLength``)."""
+    """At most ``limit`` rules per device: otel-dra's cap (see ``TAINTS_PER_DEVICE_MAX``), not a
+    DeviceTaintRule limit of the API."""
     per_device: dict[tuple[str, str, str], list[str]] = {}
     for rule in rules:
         sel = rule["spec"]["deviceSelector"]
