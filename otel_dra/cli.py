@@ -215,10 +215,11 @@ def cli() -> None:
 )
 @click.option(
     "--k8s-api-version",
-    type=click.Choice(["v1beta2", "v1alpha3"]),
-    default="v1beta2",
+    type=click.Choice(["v1", "v1beta2", "v1alpha3"]),
+    default="v1",
     show_default=True,
-    help="resource.k8s.io version of the DeviceTaintRules (v1alpha3 for Kubernetes 1.33-1.35).",
+    help="resource.k8s.io version of the DeviceTaintRules: v1 (Kubernetes 1.37+), v1beta2 (1.36, behind the "
+    "DRADeviceTaintRules gate), v1alpha3 (1.33-1.35).",
 )
 @click.option(
     "--k8s-driver",

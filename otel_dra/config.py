@@ -77,7 +77,7 @@ class AgentConfig:
     register_with_kubelet: str | None = None  # DRA driver name to register the health socket under
     plugin_registry: str = "/var/lib/kubelet/plugins_registry"
     k8s_output: str | None = None  # write DeviceTaintRules and slice attributes here
-    k8s_api_version: str = "v1beta2"
+    k8s_api_version: str = "v1"
     k8s_driver: str | None = None
     k8s_apply: bool = False
 

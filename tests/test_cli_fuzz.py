@@ -56,7 +56,7 @@ def flag_values(files: dict[str, str]) -> dict[str, dict[str, list[str] | None]]
             "--register-with-kubelet": ["fuzz.otel-dra.io", "Bad_Name"],
             "--plugin-registry": ["/nonexistent"],
             "--k8s-output": [files["dir"]],
-            "--k8s-api-version": ["v1beta2", "v1alpha3", "v9"],
+            "--k8s-api-version": ["v1", "v1beta2", "v1alpha3", "v9"],
             "--k8s-driver": ["gpu.example.com"],
             "--k8s-apply": None,
             "--log-level": ["debug", "error", "loud"],
