@@ -182,8 +182,9 @@ def cli() -> None:
 @click.option(
     "--kubelet-socket",
     default=None,
-    help="Serve the kubelet's DRAResourceHealth stream (v1alpha1 and v1) on this unix socket, e.g. "
-    "/var/lib/kubelet/plugins/<driver>/dra.sock. Default: off, or that path for --register-with-kubelet.",
+    help="Serve the kubelet's DRAResourceHealth stream (v1alpha1 and v1) on this unix socket, for the "
+    "node's DRA driver to relay to the kubelet, e.g. /var/lib/kubelet/plugins/otel-dra/health.sock (never a "
+    "driver's dra.sock). Default: off, or /var/lib/kubelet/plugins/<driver>/dra.sock for --register-with-kubelet.",
 )
 @click.option(
     "--kubelet-health-timeout",
@@ -197,8 +198,10 @@ def cli() -> None:
     "register_driver",
     default=None,
     metavar="DRIVER_NAME",
-    help="Announce the health socket to the kubelet's plugin watcher as this DRA driver (a name of "
-    "otel-dra's own, never a real driver's). Default: off.",
+    help="Announce the health socket to the kubelet's plugin watcher as this DRA driver. Only for a DRA "
+    "driver built on otel-dra that also serves v1.DRAPlugin: kubelets 1.34+ refuse a plugin listing no "
+    'DRAPlugin service ("none of services supported by the plugin [...] are supported by the kubelet"), '
+    "so otel-dra alone is refused; relay its stream through the DRA driver instead. Default: off.",
 )
 @click.option(
     "--plugin-registry",

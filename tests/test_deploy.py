@@ -40,6 +40,7 @@ NAMESPACE = "otel-dra"
 METRICS_PORT = 9464
 KUBELET_PLUGINS = "/var/lib/kubelet/plugins"
 KUBELET_REGISTRY = "/var/lib/kubelet/plugins_registry"
+HEALTH_SOCKET_DIR = KUBELET_PLUGINS + "/otel-dra"  # deploy/README.md, "Relaying health to the kubelet"
 TAINT_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 MAX_SOCKET_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
@@ -259,28 +260,49 @@ def test_liveness_and_readiness_probe_healthz_on_the_metrics_port():
         assert port_number(get["port"]) == METRICS_PORT, probe
 
 
-def test_kubelet_directories_are_host_paths_mounted_where_the_flags_point():
+def test_the_health_socket_is_in_a_host_directory_of_its_own_mounted_where_the_flag_points():
     mounts, vols = mounts_by_volume(), volumes()
     by_host_path = {v["hostPath"]["path"]: name for name, v in vols.items() if "hostPath" in v}
-    for host_path in (KUBELET_PLUGINS, KUBELET_REGISTRY):
-        assert host_path in by_host_path, f"no hostPath volume for {host_path}"
-        name = by_host_path[host_path]
-        assert vols[name]["hostPath"]["type"] == "DirectoryOrCreate"
-        # The kubelet dials the path the registration announces, a host path: mount at the same path.
-        assert mounts[name]["mountPath"] == host_path, f"{host_path} must be mounted at the same path"
-        assert not mounts[name].get("readOnly"), f"the agent creates its sockets in {host_path}"
+    assert set(by_host_path) == {HEALTH_SOCKET_DIR}, "only otel-dra's own socket directory, no other kubelet path"
+    name = by_host_path[HEALTH_SOCKET_DIR]
+    assert vols[name]["hostPath"]["type"] == "DirectoryOrCreate"
+    # The DRA driver's pod mounts the same hostPath and dials the same path: mount at the same path.
+    assert mounts[name]["mountPath"] == HEALTH_SOCKET_DIR, f"{HEALTH_SOCKET_DIR} must be mounted at the same path"
+    assert not mounts[name].get("readOnly"), f"the agent creates its socket in {HEALTH_SOCKET_DIR}"
 
-    flags = agent_flags()
-    socket_path = flags["--kubelet-socket"]
-    assert socket_path.startswith(KUBELET_PLUGINS + "/") and socket_path.endswith(".sock")
-    assert "$(" not in socket_path, "every $(VAR) in the socket path is defined in env"
+    socket_path = agent_flags()["--kubelet-socket"]
+    assert socket_path == HEALTH_SOCKET_DIR + "/health.sock", "the path deploy/README.md gives DRA drivers"
+    assert not socket_path.endswith("/dra.sock"), "never a driver's plugin socket name"
     assert len(socket_path.encode()) <= MAX_SOCKET_PATH_BYTES
-    assert flags["--plugin-registry"] == KUBELET_REGISTRY
-    driver = flags["--register-with-kubelet"]
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver), (
-        f"driver name {driver!r} is not a DNS subdomain"
-    )
-    assert driver not in {"gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com"}, "never a real driver's name"
+    assert f"`{socket_path}`" in (DEPLOY / "README.md").read_text()
+
+
+def test_readme_says_how_a_dra_driver_relays_the_stream_and_why_otel_dra_does_not_register():
+    readme = (DEPLOY / "README.md").read_text()
+    (section,) = re.findall(r"^## Relaying health to the kubelet\n(.*?)(?=^## )", readme, re.M | re.S)
+    for text in (
+        f"`{agent_flags()['--kubelet-socket']}`",
+        "NodeWatchResources",
+        "NodeWatchResourcesResponse",
+        "health_check_timeout_seconds",
+        "`v1.DRAPlugin`",
+        "none of services supported by the plugin [v1alpha1.DRAResourceHealth v1.DRAResourceHealth] are "
+        "supported by the kubelet",
+        "```go",
+        "--register-with-kubelet",
+    ):
+        assert text in section, text
+
+
+def test_the_default_daemonset_does_not_register_with_the_kubelet():
+    """Kubelets 1.34+ refuse a DRA registration that lists no DRAPlugin service, and otel-dra serves only
+    the health service: the stream reaches the kubelet through the DRA driver, which relays it."""
+    flags = agent_flags()
+    assert "--register-with-kubelet" not in flags
+    assert "--plugin-registry" not in flags
+    host_paths = {v["hostPath"]["path"] for v in volumes().values() if "hostPath" in v}
+    assert KUBELET_REGISTRY not in host_paths, "nothing to mount the plugin registry for"
+    assert not any(m["mountPath"].startswith(KUBELET_REGISTRY) for m in mounts_by_volume().values())
 
 
 def test_every_path_the_agent_writes_is_a_volume():
@@ -307,7 +329,7 @@ def test_security_context_is_as_tight_as_the_kubelet_sockets_allow():
     if sc.get("runAsUser", 0) == 0 or not sc.get("runAsNonRoot"):
         # uid 0 only for the kubelet's root-owned socket directories.
         host_paths = {v["hostPath"]["path"] for v in volumes().values() if "hostPath" in v}
-        assert {KUBELET_PLUGINS, KUBELET_REGISTRY} & host_paths
+        assert host_paths and all(p.startswith(KUBELET_PLUGINS + "/") for p in host_paths)
     assert pod_spec().get("automountServiceAccountToken") is False, "no API token unless taints are opted into"
 
 
@@ -339,7 +361,7 @@ def test_policy_configmap_is_mounted_where_the_flag_points_and_validates(tmp_pat
 
 
 def test_flags_used_by_the_manifests_exist_in_otel_dra_run_help():
-    """Needs --kubelet-socket, --register-with-kubelet, --plugin-registry, --k8s-output (issue 4)."""
+    """Needs --kubelet-socket and --k8s-output (issue 4)."""
     args = container()["args"]
     assert args[0] == "run", "the image's ENTRYPOINT is otel-dra; args start with the subcommand"
     known = set(re.findall(r"--[a-z][a-z0-9-]*", run_help()))
@@ -601,7 +623,7 @@ def test_dockerignore_leaves_out_environments_tests_and_caches(path):
 
 # -- the agent, run as deployed -------------------------------------------------------------
 @pytest.mark.e2e
-def test_the_daemonset_command_line_runs_and_serves_the_kubelet_sockets(start_agent):
+def test_the_daemonset_command_line_runs_and_serves_the_health_socket(start_agent):
     """The DaemonSet's args, with its host paths moved under a short temporary directory (unix
     socket paths are limited to 107 bytes). Needs the kubelet flags of issue 4."""
     missing = sorted(set(flag_values(container()["args"])) - set(re.findall(r"--[a-z][a-z0-9-]*", run_help())))
@@ -624,7 +646,7 @@ def test_the_daemonset_command_line_runs_and_serves_the_kubelet_sockets(start_ag
 
         for target in moved.values():  # the volumes exist before the container starts
             Path(target).mkdir(parents=True, exist_ok=True)
-        for host_path in (KUBELET_PLUGINS, KUBELET_REGISTRY):
+        for host_path in (v["hostPath"]["path"] for v in volumes().values() if "hostPath" in v):
             Path(relocate(host_path)).mkdir(parents=True, exist_ok=True)
         args = [
             f"{flag}={relocate(value)}" if eq else relocate(flag)
@@ -639,9 +661,10 @@ def test_the_daemonset_command_line_runs_and_serves_the_kubelet_sockets(start_ag
         agent = start_agent(*args, env={"NODE_NAME": env["NODE_NAME"], "OTEL_RESOURCE_ATTRIBUTES": attributes})
         flags = flag_values(args)
         socket_path = Path(flags["--kubelet-socket"])
-        registration = Path(flags["--plugin-registry"]) / f"{flags['--register-with-kubelet']}-reg.sock"
-        wait_for(lambda: socket_path.is_socket() and registration.is_socket(), 15, "the kubelet sockets")
+        wait_for(socket_path.is_socket, 15, "the health socket")
         assert http_get(agent.url + "/healthz")[0] == 200
+        registry = Path(relocate(KUBELET_REGISTRY))
+        assert not registry.exists() or not any(registry.iterdir()), "no registration socket"
         assert 'k8s_node_name="node-a"' in agent.metrics()
     finally:
         shutil.rmtree(root, ignore_errors=True)

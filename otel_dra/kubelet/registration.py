@@ -8,12 +8,14 @@ at ``endpoint`` ("<proto package>.<service>"); it then reports the outcome with
 older kubelets call ``v1alpha1`` on every DRA plugin. So the default advertises exactly the health
 services :class:`~otel_dra.kubelet.server.KubeletHealthServer` serves, and nothing it doesn't.
 
-Caveat, from the kubelet's DRA plugin manager: it accepts a DRA registration only when the list also
-names a ``DRAPlugin`` service (``v1.DRAPlugin`` / ``v1beta1.DRAPlugin``: NodePrepareResources), and it
-sends a driver's prepare calls to its newest connected plugin. This server refuses to advertise
+Caveat, from the kubelet's DRA plugin manager (1.34+): it accepts a DRA registration only when the list
+also names a ``DRAPlugin`` service (``v1.DRAPlugin`` / ``v1beta1.DRAPlugin``: NodePrepareResources),
+refusing any other with "none of services supported by the plugin [...] are supported by the kubelet",
+and it sends a driver's prepare calls to its newest connected plugin. This server refuses to advertise
 ``DRAPlugin`` (it doesn't serve it, and claiming it would steal the real driver's prepare calls), so a
-kubelet with that rule answers "not registered" and the rejection is logged: the health socket then
-needs to be served from (or proxied by) the driver's own plugin endpoint.
+real kubelet always refuses otel-dra's own registration and the refusal is logged. Registration is only
+for a driver built on otel-dra whose endpoint also serves DRAPlugin; otherwise the node's DRA driver
+reads the health socket and relays it (deploy/README.md, "Relaying health to the kubelet").
 """
 
 from __future__ import annotations
