@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import stat
 import threading
 import time
@@ -20,6 +21,13 @@ from tests.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 DEVICES = {f"gpu-{i}" for i in range(8)}
+#: The services a kubelet 1.34+ accepts a DRA plugin registration for (dra_plugin_manager.go).
+KUBELET_DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+def go_list(items) -> str:
+    """A []string as Go's %v prints it."""
+    return "[" + " ".join(items) + "]"
 
 
 class Kubelet:
@@ -66,6 +74,25 @@ class Kubelet:
 
     def close(self) -> None:
         self._stop.set()
+
+    @staticmethod
+    def register(reg_sock: Path) -> tuple[bool, str, reg_pb.PluginInfo]:
+        """The kubelet's plugin watcher on one ``<driver>-reg.sock``: ``GetInfo``, then the DRA plugin
+        manager's rule (the plugin must list a ``DRAPlugin`` service it serves), then
+        ``NotifyRegistrationStatus`` with the verdict. Returns (registered, error, info)."""
+        with grpc.insecure_channel(f"unix://{reg_sock}") as channel:
+            stub = reg_grpc.RegistrationStub(channel)
+            info = stub.GetInfo(reg_pb.InfoRequest(), timeout=5)
+            services = list(info.supported_versions)
+            error = ""
+            if info.type != "DRAPlugin":
+                error = f"no handler registered for plugin type: {info.type}"
+            elif not any(s in KUBELET_DRA_SERVICES for s in services):
+                error = f"none of services supported by the plugin {go_list(services)} are supported by the kubelet"
+            stub.NotifyRegistrationStatus(
+                reg_pb.RegistrationStatus(plugin_registered=not error, error=error), timeout=5
+            )
+        return not error, error, info
 
 
 @pytest.fixture
@@ -192,3 +219,81 @@ def test_done_when_with_every_default(start_agent, kubelet_dir):
         assert 5 + 60 <= after <= 10 + 60 + 5 + 4, after
     finally:
         kubelet.close()
+
+
+def test_a_kubelet_refuses_otel_dras_own_health_only_registration(start_agent, sock_dir):
+    """otel-dra serves only DRAResourceHealth, so a kubelet 1.34+ refuses its registration and says why:
+    the default DaemonSet does not register (deploy/README.md, "Relaying health to the kubelet")."""
+    registry = sock_dir / "plugins_registry"
+    sock = sock_dir / "plugins" / "otel-dra.example.com" / "dra.sock"
+    agent = start_agent(
+        "--interval",
+        "1",
+        "--register-with-kubelet",
+        "otel-dra.example.com",
+        "--kubelet-socket",
+        str(sock),
+        "--plugin-registry",
+        str(registry),
+    )
+    reg_sock = registry / "otel-dra.example.com-reg.sock"
+    wait_for(reg_sock.exists, 10, "the registration socket")
+    registered, error, info = Kubelet.register(reg_sock)
+    assert not any(s.endswith(".DRAPlugin") for s in info.supported_versions)
+    assert registered is False
+    assert error == (
+        f"none of services supported by the plugin {go_list(info.supported_versions)} are supported by the kubelet"
+    )
+    assert re.fullmatch(
+        r"none of services supported by the plugin \[[^]]*DRAResourceHealth[^]]*\] are supported "
+        r"by the kubelet",
+        error,
+    )
+    wait_for(lambda: "kubelet rejected DRA plugin otel-dra.example.com" in agent.logs(), 10, "the rejection logged")
+    assert error in agent.logs()
+
+
+class _DriverRegistration(reg_grpc.RegistrationServicer):
+    """A DRA driver's registration, as a driver that serves DRAPlugin answers it."""
+
+    def __init__(self, versions: list[str]) -> None:
+        self.versions = versions
+        self.statuses: list[tuple[bool, str]] = []
+
+    def GetInfo(self, request, context):
+        return reg_pb.PluginInfo(
+            type="DRAPlugin", name="gpu.example.com", endpoint="/x/dra.sock", supported_versions=self.versions
+        )
+
+    def NotifyRegistrationStatus(self, request, context):
+        self.statuses.append((request.plugin_registered, request.error))
+        return reg_pb.RegistrationStatusResponse()
+
+
+@pytest.mark.parametrize(
+    ("versions", "accepted"),
+    [
+        (["v1.DRAPlugin", "v1.DRAResourceHealth"], True),
+        (["v1beta1.DRAPlugin"], True),
+        (["v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"], False),
+    ],
+)
+def test_the_kubelet_stand_in_accepts_only_a_registration_listing_a_dra_plugin_service(sock_dir, versions, accepted):
+    from concurrent.futures import ThreadPoolExecutor
+
+    driver = _DriverRegistration(versions)
+    server = grpc.server(ThreadPoolExecutor(2))
+    reg_grpc.add_RegistrationServicer_to_server(driver, server)
+    reg_sock = sock_dir / "gpu.example.com-reg.sock"
+    server.add_insecure_port(f"unix://{reg_sock}")
+    server.start()
+    try:
+        registered, error, _ = Kubelet.register(reg_sock)
+    finally:
+        server.stop(0).wait(2)
+    assert registered is accepted
+    expected = (
+        "" if accepted else f"none of services supported by the plugin {go_list(versions)} are supported by the kubelet"
+    )
+    assert error == expected
+    assert driver.statuses == [(accepted, expected)]
