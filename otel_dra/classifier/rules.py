@@ -68,9 +68,7 @@ DUTY_SPAN, RATE_SPAN = 0, 1
 FROM_COHORT, FROM_FLEET, FROM_NONE = 0, 1, 2
 
 
-def group_medians(
-    values: np.ndarray, groups: np.ndarray, n_groups: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_medians(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(median, MAD, size) of ``values`` per group id in ``0..n_groups-1`` (NaN for an empty group).
 
     The rows are grouped once (a stable sort of small integers), then each group's median and

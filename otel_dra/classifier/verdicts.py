@@ -336,11 +336,8 @@ def rate_text(rate: RateVerdict, i: int, what: str, w: Window, note: str = "") -
     if rate.flagged[i] and not np.isnan(ratio) and c.source[i] != FROM_NONE:
         row = int(w.rows[i])
         peers = (
-            f"its cohort {w.groups.cohort_names[w.groups.cohort[row]]}"
-            if c.source[i] == FROM_COHORT
-            else "the fleet"
+            f"its cohort {w.groups.cohort_names[w.groups.cohort[row]]}" if c.source[i] == FROM_COHORT else "the fleet"
         )
         span = human_duration(rate.span_minutes[i] * 60.0)
         out.append(f"{what} {rate.span_rate[i]:.1f}/min over {span}, {ratio:.0f}x {peers} median {c.median[i]:.1f}/min")
     return out
-
