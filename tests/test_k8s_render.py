@@ -613,7 +613,48 @@ def test_plan_creates_updates_and_deletes_idempotently():
 class FakeApiServer:
     """The DeviceTaintRule endpoints of a Kubernetes API server, in memory, over real HTTP."""
 
-    def __init__(self, served: str = "v1") -> None:
+    def __init__(
+        self,
+        served: str = "v1",
+        group_versions: tuple[str, ...] = ("v1", "v1beta2", "v1beta1"),
+        taint_versions: tuple[str, ...] | None = None,
+        kubernetes: str = "1.37",
+    ) -> None:
+        # discovery: /version, /apis/resource.k8s.io (an APIGroup of group_versions) and each
+        # version's APIResourceList (devicetaintrules in those of taint_versions, default: served)
+        taint_versions = (served,) if taint_versions is None else taint_versions
+        major, minor = kubernetes.split(".")
+        discovery: dict[str, dict] = {
+            "/version": {"major": major, "minor": minor, "gitVersion": f"v{kubernetes}.0", "platform": "linux/amd64"},
+            "/apis/resource.k8s.io": {
+                "kind": "APIGroup",
+                "apiVersion": "v1",
+                "name": "resource.k8s.io",
+                "versions": [{"groupVersion": f"resource.k8s.io/{x}", "version": x} for x in group_versions],
+                "preferredVersion": {
+                    "groupVersion": f"resource.k8s.io/{group_versions[0]}",
+                    "version": group_versions[0],
+                },
+            },
+        }
+        for x in group_versions:
+            names = ["deviceclasses", "resourceclaims", "resourceslices"]
+            names += ["devicetaintrules"] * (x in taint_versions)
+            discovery[f"/apis/resource.k8s.io/{x}"] = {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": f"resource.k8s.io/{x}",
+                "resources": [
+                    {
+                        "name": n,
+                        "singularName": n[:-1],
+                        "namespaced": n == "resourceclaims",
+                        "kind": n,
+                        "verbs": ["get"],
+                    }
+                    for n in names
+                ],
+            }
         self.objects: dict[str, dict] = {}
         self.requests: list[str] = []
         self.version = 0
@@ -636,6 +677,9 @@ class FakeApiServer:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if url.path.rstrip("/") in discovery:
+                    store.requests.append(f"GET {url.path.rstrip('/')}")
+                    return self.reply(200, discovery[url.path.rstrip("/")])
                 if f"/apis/resource.k8s.io/{served}/" not in url.path:
                     return self.reply(404, {"kind": "Status", "message": "the server could not find it", "code": 404})
                 store.requests.append(f"GET {url.path}")
@@ -806,3 +850,92 @@ def test_the_sink_needs_a_cluster_to_apply_and_says_so_before_starting(tmp_path,
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(k8s_apply.ClusterUnavailable, match="no Kubernetes cluster to apply to"):
         K8sOutputSink(VerdictBoard(), tmp_path, policy_mod.load(), apply_rules=True)
+
+
+# -- --apply discovers the DeviceTaintRule version the server serves ------------------------------------
+@pytest.fixture
+def cluster(tmp_path):
+    """A FakeApiServer built by the test, and the environment whose kubeconfig points at it."""
+    started: list[FakeApiServer] = []
+
+    def start(**kw) -> tuple[FakeApiServer, dict]:
+        api = FakeApiServer(**kw)
+        started.append(api)
+        path = tmp_path / "kubeconfig"
+        path.write_text(kubeconfig(api.url))
+        return api, {**os.environ, "KUBECONFIG": str(path)}
+
+    yield start
+    for api in started:
+        api.server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("group_versions", "taint_versions", "kubernetes", "expected"),
+    [
+        (("v1", "v1beta2", "v1beta1"), ("v1", "v1beta2"), "1.37", "v1"),
+        (("v1", "v1beta2", "v1beta1", "v1alpha3"), ("v1beta2", "v1alpha3"), "1.36", "v1beta2"),
+        (("v1", "v1beta1", "v1alpha3"), ("v1alpha3",), "1.35", "v1alpha3"),
+    ],
+)
+def test_apply_uses_the_newest_version_the_server_serves(
+    cluster, replayed, group_versions, taint_versions, kubernetes, expected
+):
+    api, env = cluster(
+        served=expected, group_versions=group_versions, taint_versions=taint_versions, kubernetes=kubernetes
+    )
+    result = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "--apply", env=env)
+    assert result.returncode == 0, result.stderr
+    chosen = [line for line in result.stderr.splitlines() if line.startswith("DeviceTaintRules:")]
+    assert chosen == [f"DeviceTaintRules: resource.k8s.io/{expected} (served by Kubernetes {kubernetes} at {api.url})"]
+    assert "applied: 1 created" in result.stderr
+    [rule] = api.objects.values()
+    assert rule["apiVersion"] == f"resource.k8s.io/{expected}"
+    assert f"GET /apis/resource.k8s.io/{expected}/devicetaintrules" in api.requests
+    assert "GET /apis/resource.k8s.io" in api.requests and "GET /version" in api.requests
+
+
+def test_discovery_passes_the_servers_kubernetes_version_to_the_effect_rules(cluster, replayed):
+    # 1.34 serves v1alpha3, but not effect None (the default policy's): the rendering says so
+    api, env = cluster(served="v1alpha3", group_versions=("v1", "v1alpha3"), kubernetes="1.34")
+    result = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "--apply", env=env)
+    assert result.returncode == 2, result.stderr
+    assert "1.35" in result.stderr.strip().splitlines()[-1] and api.objects == {}
+
+
+@pytest.mark.parametrize(
+    ("group_versions", "kubernetes", "why"),
+    [
+        (
+            ("v1", "v1beta1"),
+            "1.36",
+            "Kubernetes 1.36: resource.k8s.io serves v1, v1beta1; v1beta2 DeviceTaintRules need the "
+            "DRADeviceTaintRules feature gate and the resource.k8s.io/v1beta2 API enabled)",
+        ),
+        (
+            ("v1", "v1beta1"),
+            "1.34",
+            "Kubernetes 1.34: resource.k8s.io serves v1, v1beta1; v1alpha3 DeviceTaintRules need the "
+            "DRADeviceTaints feature gate and the resource.k8s.io/v1alpha3 API enabled)",
+        ),
+    ],
+)
+def test_a_server_without_devicetaintrules_is_one_line_naming_the_gate(
+    cluster, replayed, group_versions, kubernetes, why
+):
+    api, env = cluster(group_versions=group_versions, taint_versions=(), kubernetes=kubernetes)
+    result = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "--apply", env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"otel-dra: error: --apply: DeviceTaintRules are not served by {api.url} ({why}"], result.stderr
+    assert not any("devicetaintrules" in q for q in api.requests)
+
+
+def test_an_explicit_api_version_skips_discovery(cluster, replayed):
+    api, env = cluster(served="v1beta2", group_versions=("v1", "v1beta2"), kubernetes="1.36")
+    result = otel_dra(
+        "k8s", "render", str(replayed), "--driver", DRIVER, "--apply", "--api-version", "v1beta2", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "DeviceTaintRules:" not in result.stderr and "applied: 1 created" in result.stderr
+    assert not any(q in ("GET /version", "GET /apis/resource.k8s.io") for q in api.requests), api.requests

@@ -267,3 +267,117 @@ def apply(rendering: Rendering, api_client: Any | None = None, timeout_s: float 
                 raise type(exc)(f"{exc} (after {done} of {len(result.actions)} changes)") from None
             raise
     return result
+
+
+# -- discovery --------------------------------------------------------------------------------
+_GROUP = "resource.k8s.io"
+_RESOURCE = "devicetaintrules"
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What the server serves: the newest DeviceTaintRule ``api_version`` and its Kubernetes
+    ``(major, minor)`` (``None`` when ``/version`` did not say)."""
+
+    api_version: str
+    kubernetes: tuple[int, int] | None
+    host: str
+
+    def __str__(self) -> str:
+        from otel_dra.k8s.validation import version_text
+
+        k8s = f"Kubernetes {version_text(self.kubernetes)}" if self.kubernetes else "Kubernetes of unknown version"
+        return f"DeviceTaintRules: {self.api_version} (served by {k8s} at {self.host})"
+
+
+def _get(api_client: Any, path: str, timeout_s: float) -> tuple[int, Any]:
+    """GET ``path`` through ``api_client`` (its auth and TLS): (status, JSON body or None);
+    :class:`ClusterUnavailable` when the server does not answer."""
+    import kubernetes.client as client
+    import urllib3
+
+    host = api_client.configuration.host
+    try:
+        params = api_client.param_serialize(method="GET", resource_path=path, auth_settings=["BearerToken"])
+        resp = api_client.call_api(*params, _request_timeout=timeout_s)
+        resp.read()
+    except client.ApiException as exc:  # status 0: TLS and connection failures, as the client reports them
+        raise ClusterUnavailable(f"cannot reach the Kubernetes API at {host}: {_short(exc.reason)}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise ClusterUnavailable(f"cannot reach the Kubernetes API at {host}: {_short(reason)}") from None
+    try:
+        doc = json.loads(resp.data or b"null")
+    except ValueError:
+        doc = None
+    if resp.status in (401, 403):
+        message = (doc or {}).get("message") if isinstance(doc, dict) else None
+        raise K8sApplyError(
+            f"GET {path}: {'unauthorized' if resp.status == 401 else 'forbidden'}: {message or resp.reason}; "
+            "otel-dra needs to read the API discovery (/apis, /version) and devicetaintrules.resource.k8s.io"
+        )
+    return resp.status, doc
+
+
+def _server_kubernetes(doc: Any) -> tuple[int, int] | None:
+    """``/version``'s (major, minor): from gitVersion (``v1.37.1-gke.3``), else major/minor (``"37+"``)."""
+    import re
+
+    if not isinstance(doc, dict):
+        return None
+    m = re.match(r"v?(\d+)\.(\d+)", str(doc.get("gitVersion") or ""))
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    major, minor = (re.match(r"\d+", str(doc.get(k) or "")) for k in ("major", "minor"))
+    return (int(major.group()), int(minor.group())) if major and minor else None
+
+
+def _how_to_serve(kubernetes: tuple[int, int] | None) -> str:
+    from otel_dra.k8s.render import SERVED_FROM
+    from otel_dra.k8s.validation import version_text
+
+    def need(short: str, gate: str) -> str:
+        return f"{short} DeviceTaintRules need the {gate} feature gate and the {_GROUP}/{short} API enabled"
+
+    alpha, beta = need("v1alpha3", "DRADeviceTaints"), need("v1beta2", "DRADeviceTaintRules")
+    if kubernetes is None:
+        return f"{beta} (Kubernetes 1.36+); {alpha} (1.33+)"
+    if kubernetes >= SERVED_FROM[f"{_GROUP}/v1"]:
+        return need("v1", "DRADeviceTaintRules") + " (both on by default)"
+    if kubernetes >= SERVED_FROM[f"{_GROUP}/v1beta2"]:
+        return beta
+    if kubernetes >= SERVED_FROM[f"{_GROUP}/v1alpha3"]:
+        return alpha
+    return f"DeviceTaintRules need Kubernetes {version_text(SERVED_FROM[f'{_GROUP}/v1alpha3'])}+"
+
+
+def discover(api_client: Any, timeout_s: float = 10.0) -> Discovered:
+    """The newest DeviceTaintRule version the server serves (``/apis/resource.k8s.io`` and each
+    version's resource list, newest first) and its Kubernetes version (``/version``); a one-line
+    :class:`K8sApplyError` saying why and how to fix it when it serves none."""
+    from otel_dra.k8s.render import API_VERSIONS
+    from otel_dra.k8s.validation import version_text
+
+    host = api_client.configuration.host
+    status, version_doc = _get(api_client, "/version", timeout_s)
+    kubernetes = _server_kubernetes(version_doc) if status == 200 else None
+    status, group = _get(api_client, f"/apis/{_GROUP}", timeout_s)
+    served: list[str] = []
+    if status == 200 and isinstance(group, dict):
+        served = [str(v.get("version")) for v in group.get("versions") or [] if isinstance(v, dict)]
+    elif status != 404:
+        raise K8sApplyError(f"GET /apis/{_GROUP}: HTTP {status}")
+    for short in API_VERSIONS:  # newest first
+        if short not in served:
+            continue
+        status, resources = _get(api_client, f"/apis/{_GROUP}/{short}", timeout_s)
+        names = (
+            {str(x.get("name")) for x in resources.get("resources") or [] if isinstance(x, dict)}
+            if status == 200 and isinstance(resources, dict)
+            else set()
+        )
+        if _RESOURCE in names:
+            return Discovered(API_VERSIONS[short], kubernetes, host)
+    k8s = f"Kubernetes {version_text(kubernetes)}" if kubernetes else "Kubernetes of unknown version"
+    group_says = f"{_GROUP} serves {', '.join(served)}" if served else f"{_GROUP} is not served"
+    raise K8sApplyError(f"DeviceTaintRules are not served by {host} ({k8s}: {group_says}; {_how_to_serve(kubernetes)})")

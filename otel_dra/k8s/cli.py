@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from otel_dra.cli_options import Seconds, policy_option
 
@@ -62,6 +63,18 @@ def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]
         raise click.ClickException(f"{file}: not a text file of verdict lines") from None
 
 
+def _connect_and_discover(api_version: str, timeout: float) -> tuple[Any, Any]:
+    """For --apply: the cluster's client and, unless --api-version was given, what it serves."""
+    from otel_dra.k8s.apply import K8sApplyError, connect, discover
+
+    explicit = click.get_current_context().get_parameter_source("api_version") != ParameterSource.DEFAULT
+    try:
+        api_client = connect()
+        return api_client, (None if explicit else discover(api_client, timeout))
+    except K8sApplyError as exc:
+        raise click.ClickException(f"--apply: {exc}") from None
+
+
 @k8s.command("render")
 @click.argument("file", required=False)
 @click.option(
@@ -78,7 +91,8 @@ def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]
     default=DEFAULT_API_VERSION,
     show_default=True,
     help="DeviceTaintRule API version: v1 (Kubernetes 1.37+), v1beta2 (1.36+, feature gate DRADeviceTaintRules and "
-    "the API enabled) or v1alpha3 (1.33+, alpha, feature gate DRADeviceTaints; the only one before 1.36).",
+    "the API enabled) or v1alpha3 (1.33+, alpha, feature gate DRADeviceTaints; the only one before 1.36). "
+    "With --apply and no --api-version: the newest one the cluster serves, asked of its API discovery.",
 )
 @click.option(
     "--kubernetes-version",
@@ -86,7 +100,7 @@ def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]
     default=None,
     help="The server the rules are for, e.g. 1.34: it must serve --api-version, and effect None needs 1.35+ "
     "(1.33 and 1.34 take only NoSchedule and NoExecute). Default: the API version's first server, but at least "
-    "1.35 (v1alpha3: 1.35; say 1.33 or 1.34 to be held to them).",
+    "1.35 (v1alpha3: 1.35; say 1.33 or 1.34 to be held to them); with --apply and no --api-version, the cluster's.",
 )
 @click.option(
     "--driver",
@@ -158,9 +172,21 @@ def render_command(
     try:
         policy = load(policy_file)
         verdicts, drivers = _read_agent(from_url, timeout) if from_url else _read_file(str(file))
-        rendering = render(
-            verdicts, policy, api_version, drivers=drivers, driver=driver, kubernetes_version=kubernetes_version
-        )
+    except (PolicyError, VerdictInputError, K8sValidationError) as exc:
+        raise click.ClickException(str(exc)) from None
+    api_client = None
+    k8s_target: str | tuple[int, int] | None = kubernetes_version
+    if do_apply:
+        api_client, found = _connect_and_discover(api_version, timeout)
+        if found is not None:
+            click.echo(str(found), err=True)
+            api_version = found.api_version
+            if kubernetes_version is None and found.kubernetes is not None:
+                from otel_dra.k8s.render import SERVED_FROM
+
+                k8s_target = max(found.kubernetes, SERVED_FROM[found.api_version])
+    try:
+        rendering = render(verdicts, policy, api_version, drivers=drivers, driver=driver, kubernetes_version=k8s_target)
     except (PolicyError, VerdictInputError, K8sValidationError) as exc:
         raise click.ClickException(str(exc)) from None
     for note in rendering.skipped + rendering.dropped:
@@ -181,7 +207,7 @@ def render_command(
         )
     if do_apply:
         try:
-            result = apply(rendering, timeout_s=timeout)
+            result = apply(rendering, api_client, timeout_s=timeout)
         except K8sApplyError as exc:
             raise click.ClickException(f"--apply: {exc}") from None
         for action in result.actions:
