@@ -161,10 +161,12 @@ def test_the_kubelet_reconnects_after_an_agent_restart(start_agent, tmp_path, ku
         kubelet.close()
 
 
-def test_registration_announces_the_health_socket(start_agent, sock_dir):
+def start_registering(start_agent, sock_dir):
+    """An agent that registers its health socket as ``otel-dra.example.com``: (agent, its -reg.sock,
+    the health socket it announces)."""
     registry = sock_dir / "plugins_registry"
     sock = sock_dir / "plugins" / "otel-dra.example.com" / "dra.sock"
-    start_agent(
+    agent = start_agent(
         "--interval",
         "1",
         "--register-with-kubelet",
@@ -176,6 +178,11 @@ def test_registration_announces_the_health_socket(start_agent, sock_dir):
     )
     reg_sock = registry / "otel-dra.example.com-reg.sock"
     wait_for(reg_sock.exists, 10, "the registration socket")
+    return agent, reg_sock, sock
+
+
+def test_registration_announces_the_health_socket(start_agent, sock_dir):
+    _, reg_sock, sock = start_registering(start_agent, sock_dir)
     with grpc.insecure_channel(f"unix://{reg_sock}") as channel:
         info = reg_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest(), timeout=5)
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", "otel-dra.example.com", str(sock))
@@ -224,20 +231,7 @@ def test_done_when_with_every_default(start_agent, kubelet_dir):
 def test_a_kubelet_refuses_otel_dras_own_health_only_registration(start_agent, sock_dir):
     """otel-dra serves only DRAResourceHealth, so a kubelet 1.34+ refuses its registration and says why:
     the default DaemonSet does not register (deploy/README.md, "Relaying health to the kubelet")."""
-    registry = sock_dir / "plugins_registry"
-    sock = sock_dir / "plugins" / "otel-dra.example.com" / "dra.sock"
-    agent = start_agent(
-        "--interval",
-        "1",
-        "--register-with-kubelet",
-        "otel-dra.example.com",
-        "--kubelet-socket",
-        str(sock),
-        "--plugin-registry",
-        str(registry),
-    )
-    reg_sock = registry / "otel-dra.example.com-reg.sock"
-    wait_for(reg_sock.exists, 10, "the registration socket")
+    agent, reg_sock, _ = start_registering(start_agent, sock_dir)
     registered, error, info = Kubelet.register(reg_sock)
     assert not any(s.endswith(".DRAPlugin") for s in info.supported_versions)
     assert registered is False
