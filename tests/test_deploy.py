@@ -1,11 +1,14 @@
 """deploy/: the Dockerfile, the build context (.dockerignore) and the Kubernetes manifests.
 
 Docker cannot build here and there is no cluster, so the deployment is checked statically:
-every manifest is deserialized into the `kubernetes` client's typed models and serialized back
-(the client silently drops keys it doesn't know, so any difference is a typo or a misplaced
-field), then the facts the deployment relies on are asserted: the flags it passes exist in
-`otel-dra run --help`, the host paths match the flags, the RBAC is exactly what applying
-DeviceTaintRules needs, the policy validates with the project's own loader. Two tests run the
+every manifest validates against the official OpenAPI schema of each Kubernetes release the
+project supports (``kubernetes-validate``, strict: no unknown field) and is deserialized into the
+`kubernetes` client's typed models and serialized back (the client silently drops keys it
+doesn't know, so any difference is a typo or a misplaced field), then the facts the deployment
+relies on are asserted: the flags it passes exist in `otel-dra run --help` / `otel-dra fleet
+--help`, the host paths match the flags, the RBAC is exactly what applying DeviceTaintRules
+(and, for the fleet, its leader election) needs, the node agent's ServiceAccount is bound to
+nothing unless taints/ is opted into, the policy validates with the project's own loader. Two tests run the
 agent itself: with the DaemonSet's command line (host paths moved under a temporary directory),
 and the image's HEALTHCHECK command against it.
 """
@@ -21,6 +24,7 @@ from functools import cache
 from pathlib import Path
 
 import kubernetes.client.models as k8s_models
+import kubernetes_validate
 import pytest
 import yaml
 from kubernetes.client import ApiClient
@@ -33,6 +37,8 @@ from tests.conftest import free_port, http_get, wait_for
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 MANIFEST_DIR = DEPLOY / "kubernetes"
+FLEET_DIR = MANIFEST_DIR / "fleet"  # the cluster-level writer, applied on its own
+TAINTS_DIR = MANIFEST_DIR / "taints"  # opt-in RBAC for the agent's own (single-node) --k8s-apply
 DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 
@@ -44,6 +50,7 @@ HEALTH_SOCKET_DIR = KUBELET_PLUGINS + "/otel-dra"  # deploy/README.md, "Relaying
 TAINT_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 MAX_SOCKET_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+KUBERNETES = ("1.33", "1.34", "1.35", "1.36", "1.37")  # as tests/test_k8s_versions.py names them
 
 
 # -- manifests -----------------------------------------------------------------------------
@@ -61,13 +68,28 @@ def manifests() -> tuple[tuple[Path, dict], ...]:
     return tuple(found)
 
 
-def objects(kind: str) -> list[dict]:
-    return [obj for _, obj in manifests() if obj["kind"] == kind]
+def in_fleet(path: Path) -> bool:
+    return FLEET_DIR in path.parents
 
 
-def the(kind: str) -> dict:
-    found = objects(kind)
-    assert len(found) == 1, f"expected one {kind} in deploy/kubernetes, found {len(found)}"
+def node_manifests() -> list[tuple[Path, dict]]:
+    """The node agent's set: deploy/kubernetes/*.yaml and the opt-in taints/."""
+    return [(p, o) for p, o in manifests() if not in_fleet(p)]
+
+
+def fleet_manifests() -> list[tuple[Path, dict]]:
+    return [(p, o) for p, o in manifests() if in_fleet(p)]
+
+
+def objects(kind: str, fleet: bool = False) -> list[dict]:
+    """The node set's objects of this kind (``fleet=True``: the fleet's)."""
+    return [obj for _, obj in (fleet_manifests() if fleet else node_manifests()) if obj["kind"] == kind]
+
+
+def the(kind: str, fleet: bool = False) -> dict:
+    found = objects(kind, fleet)
+    where = "deploy/kubernetes/fleet" if fleet else "deploy/kubernetes (outside fleet/)"
+    assert len(found) == 1, f"expected one {kind} in {where}, found {len(found)}"
     return found[0]
 
 
@@ -187,6 +209,39 @@ def test_manifest_round_trips_through_the_client_models(path, obj):
     model = api._ApiClient__deserialize(obj, name)  # raises on a missing required field or a wrong type
     back = api.sanitize_for_serialization(model)
     assert differences(obj, back) == [], f"{path.relative_to(REPO)}: fields the {name} model does not take as written"
+
+
+@pytest.mark.parametrize("kubernetes", KUBERNETES)
+@pytest.mark.parametrize(
+    "path,obj",
+    [pytest.param(p, o, id=f"{p.name}:{o.get('kind')}/{o.get('metadata', {}).get('name')}") for p, o in manifests()],
+)
+def test_manifest_validates_against_the_kubernetes_openapi_schema(path, obj, kubernetes):
+    """The official schema of each release, strict: an unknown or misplaced field fails, as do wrong types."""
+    try:
+        assert kubernetes_validate.validate(obj, kubernetes, strict=True) == kubernetes
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{path.relative_to(REPO)}: {obj['kind']} is not valid on Kubernetes {kubernetes}: {exc.message}")
+
+
+@pytest.mark.parametrize(
+    "kind,fleet,where,key,value",
+    [
+        ("DaemonSet", False, ("spec", "template", "spec", "containers", 0), "serviceAccountName", "otel-dra"),
+        ("StatefulSet", True, ("spec",), "replicas", "2"),
+        ("StatefulSet", True, ("spec", "template", "spec", "containers", 0, "securityContext"), "runAsNonroot", True),
+        ("Role", True, ("rules", 0), "resourceName", ["otel-dra-fleet"]),
+    ],
+)
+def test_the_schema_check_catches_a_misplaced_field_or_a_wrong_type(kind, fleet, where, key, value):
+    obj = json.loads(json.dumps(the(kind, fleet)))
+    target = obj
+    for step in where:
+        target = target[step]
+    target[key] = value
+    for kubernetes in KUBERNETES:
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(obj, kubernetes, strict=True)
 
 
 def test_namespaced_objects_live_in_the_declared_namespace():
@@ -378,10 +433,14 @@ def test_environment_the_deployment_sets_is_read_by_the_agent():
 
 # -- ServiceAccount and RBAC ----------------------------------------------------------------
 def test_the_service_account_used_exists():
-    accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in objects("ServiceAccount")}
+    accounts = {
+        (a["metadata"]["namespace"], a["metadata"]["name"]) for _, a in manifests() if a["kind"] == "ServiceAccount"
+    }
     ds = daemonset()
     assert (ds["metadata"]["namespace"], pod_spec()["serviceAccountName"]) in accounts
-    for binding in objects("ClusterRoleBinding") + objects("RoleBinding"):
+    bindings = [o for _, o in manifests() if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert bindings
+    for binding in bindings:
         for subject in binding["subjects"]:
             assert subject["kind"] == "ServiceAccount"
             assert (subject["namespace"], subject["name"]) in accounts
@@ -408,10 +467,11 @@ def test_rbac_grants_exactly_device_taint_rules_and_nothing_else():
 
 
 def test_rbac_is_opt_in_in_a_file_of_its_own():
-    rbac_files = {p for p, o in manifests() if o["apiVersion"].startswith("rbac.authorization.k8s.io/")}
+    rbac_files = {p for p, o in node_manifests() if o["apiVersion"].startswith("rbac.authorization.k8s.io/")}
     assert len(rbac_files) == 1
     (rbac_file,) = rbac_files
-    kinds = {o["kind"] for p, o in manifests() if p == rbac_file}
+    assert rbac_file.parent == TAINTS_DIR
+    kinds = {o["kind"] for p, o in node_manifests() if p == rbac_file}
     assert kinds == {"ClusterRole", "ClusterRoleBinding"}
     # `kubectl apply -f deploy/kubernetes/` (without -R) must leave it out.
     assert rbac_file.parent != MANIFEST_DIR
@@ -428,6 +488,359 @@ def test_headless_service_for_scraping_with_prometheus_annotations():
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(METRICS_PORT)
     assert annotations["prometheus.io/path"] == "/metrics"
+
+
+# -- the fleet: one cluster-level writer (deploy/kubernetes/fleet/) --------------------------
+FLEET_ACCOUNT = "otel-dra-fleet"
+LEASE = "otel-dra-fleet"
+LEASE_VERBS = {("create", None), ("get", LEASE), ("update", LEASE)}
+FLEET_KINDS = {
+    "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+    "StatefulSet", "Service", "PodDisruptionBudget",
+}  # fmt: skip
+K8S_API_VERSIONS = {"auto", "v1", "v1beta2", "v1alpha3"}
+OTLP_GRPC_PORT, OTLP_HTTP_PORT = 4317, 4318
+
+
+def statefulset() -> dict:
+    return the("StatefulSet", fleet=True)
+
+
+def fleet_pod_spec() -> dict:
+    return statefulset()["spec"]["template"]["spec"]
+
+
+def fleet_container() -> dict:
+    containers = fleet_pod_spec()["containers"]
+    assert len(containers) == 1, "the fleet's pod has one container"
+    return containers[0]
+
+
+def fleet_env() -> dict[str, dict]:
+    return {e["name"]: e for e in fleet_container().get("env", [])}
+
+
+def downward(env: dict[str, dict], pod: str, namespace: str) -> dict[str, str]:
+    """What the downward API gives the env entries that use it, for a pod of this name and namespace."""
+    fields = {"metadata.name": pod, "metadata.namespace": namespace}
+    out = {}
+    for name, entry in env.items():
+        if "value" in entry:
+            out[name] = entry["value"]
+        elif "fieldRef" in entry.get("valueFrom", {}):
+            out[name] = fields.get(entry["valueFrom"]["fieldRef"]["fieldPath"], "")
+    return out
+
+
+def fleet_flags() -> dict[str, str | None]:
+    """The fleet's flags, ``$(VAR)`` expanded as in its first replica's pod."""
+    sts = statefulset()
+    env = downward(fleet_env(), sts["metadata"]["name"] + "-0", sts["metadata"]["namespace"])
+    return {k: expand(v, env) if v is not None else v for k, v in flag_values(fleet_container()["args"]).items()}
+
+
+def fleet_port(port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    return {p["name"]: p["containerPort"] for p in fleet_container()["ports"]}[port]
+
+
+def grants(role: dict) -> set[tuple[str, str, str, str | None]]:
+    """Every (apiGroup, resource, verb, resourceName or None for any) a Role or ClusterRole grants."""
+    out = set()
+    for rule in role["rules"]:
+        assert not rule.get("nonResourceURLs"), "no non-resource URLs"
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or [None]:
+                        out.add((group, resource, verb, name))
+    return out
+
+
+def device_taint_grants() -> set[tuple[str, str, str, None]]:
+    return {("resource.k8s.io", "devicetaintrules", verb, None) for verb in TAINT_VERBS}
+
+
+def lease_grants() -> set[tuple[str, str, str, str | None]]:
+    return {("coordination.k8s.io", "leases", verb, name) for verb, name in LEASE_VERBS}
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+@cache
+def fleet_help() -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_dra", "fleet", "--help"], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_fleet_is_a_set_of_its_own_that_applying_the_node_set_leaves_out():
+    assert FLEET_DIR.parent == MANIFEST_DIR, "`kubectl apply -f deploy/kubernetes/` (no -R) must not descend into it"
+    assert {o["kind"] for _, o in fleet_manifests()} == FLEET_KINDS
+    assert not [o for _, o in node_manifests() if o["kind"] == "StatefulSet"], "the node set stays as it is"
+    for path, obj in fleet_manifests():
+        labels = obj["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/component") == "fleet", f"{path.name}: {obj['kind']} not labelled fleet"
+    for path, obj in node_manifests():
+        assert obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") != "fleet", path.name
+    # What the fleet takes from the node set: its namespace and the policy ConfigMap (apply order).
+    assert {o["metadata"]["namespace"] for _, o in fleet_manifests() if o["kind"] not in CLUSTER_SCOPED} == {NAMESPACE}
+
+
+def test_the_fleet_has_its_own_service_account_with_its_api_token():
+    (account,) = objects("ServiceAccount", fleet=True)
+    assert account["metadata"]["name"] == FLEET_ACCOUNT != pod_spec()["serviceAccountName"]
+    assert fleet_pod_spec()["serviceAccountName"] == FLEET_ACCOUNT
+    assert fleet_pod_spec().get("automountServiceAccountToken", True) is True, "it calls the API"
+
+
+def test_the_fleet_cluster_role_grants_exactly_device_taint_rules():
+    role, binding = the("ClusterRole", fleet=True), the("ClusterRoleBinding", fleet=True)
+    assert "aggregationRule" not in role
+    assert "*" not in json.dumps(role), "no wildcards"
+    assert grants(role) == device_taint_grants()
+    assert role["metadata"]["name"] != the("ClusterRole")["metadata"]["name"], "not the agent's opt-in role"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FLEET_ACCOUNT, "namespace": NAMESPACE}]
+
+
+def test_the_fleet_role_grants_exactly_its_lease_in_its_namespace():
+    role, binding = the("Role", fleet=True), the("RoleBinding", fleet=True)
+    flags = fleet_flags()
+    assert "*" not in json.dumps(role), "no wildcards"
+    assert grants(role) == lease_grants()
+    assert flags["--leader-elect-resource-name"] == LEASE, "the Lease the Role's resourceNames allows"
+    assert role["metadata"]["namespace"] == flags.get("--leader-elect-resource-namespace", NAMESPACE) == NAMESPACE
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FLEET_ACCOUNT, "namespace": NAMESPACE}]
+
+
+@pytest.mark.parametrize(
+    "kind,change",
+    [
+        ("ClusterRole", lambda r: r["rules"][0]["verbs"].append("deletecollection")),
+        ("ClusterRole", lambda r: r["rules"][0]["resources"].append("resourceslices")),
+        ("ClusterRole", lambda r: r["rules"].append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]})),
+        ("ClusterRole", lambda r: r["rules"][0].update(apiGroups=["*"])),
+        ("Role", lambda r: r["rules"][1].pop("resourceNames")),
+        ("Role", lambda r: r["rules"][1]["verbs"].append("patch")),
+        ("Role", lambda r: r["rules"][0]["verbs"].append("list")),
+        ("Role", lambda r: r["rules"][1].update(resourceNames=["otel-dra-fleet", "kube-scheduler"])),
+    ],
+)
+def test_the_rbac_checks_catch_a_wider_grant(kind, change):
+    role = json.loads(json.dumps(the(kind, fleet=True)))
+    expected = device_taint_grants() if kind == "ClusterRole" else lease_grants()
+    assert grants(role) == expected
+    change(role)
+    assert grants(role) != expected
+
+
+def test_the_agents_service_account_is_bound_only_by_the_opt_in_taints_file():
+    """The agent's --k8s-apply is for single-node use: nothing in the default set, nor in fleet/, binds a
+    role to the DaemonSet's ServiceAccount; only taints/rbac.yaml does, when it is applied on purpose."""
+    agent = (daemonset()["metadata"]["namespace"], pod_spec()["serviceAccountName"])
+    binding_files = set()
+    for path, obj in manifests():
+        if obj["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if agent in {(s.get("namespace"), s["name"]) for s in obj["subjects"] if s["kind"] == "ServiceAccount"}:
+            binding_files.add(path)
+    assert binding_files, "taints/rbac.yaml, the opt-in, binds the agent"
+    assert {p.parent for p in binding_files} == {TAINTS_DIR}, (
+        f"bound outside taints/: {sorted(map(str, binding_files))}"
+    )
+    default_set = [o for p, o in manifests() if p.parent == MANIFEST_DIR]
+    assert not [o for o in default_set if o["apiVersion"].startswith("rbac.authorization.k8s.io/")]
+    assert pod_spec().get("automountServiceAccountToken") is False
+    assert "single-node" in (TAINTS_DIR / "rbac.yaml").read_text()
+
+
+def test_the_fleet_statefulset_runs_two_replicas_behind_its_headless_service():
+    sts, service = statefulset(), the("Service", fleet=True)
+    assert sts["spec"]["replicas"] == 2
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"], "the Service that names each replica"
+    assert service["spec"]["clusterIP"] == "None", "headless: one DNS name per replica"
+    assert sts["spec"].get("podManagementPolicy") == "Parallel", "a standby does not wait for the leader"
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert selects(sts["spec"]["selector"]["matchLabels"], labels)
+    assert fleet_pod_spec()["containers"][0]["image"] == container()["image"], "the agent's image"
+    pdb = the("PodDisruptionBudget", fleet=True)
+    assert selects(pdb["spec"]["selector"]["matchLabels"], labels)
+    assert pdb["spec"]["maxUnavailable"] < sts["spec"]["replicas"]
+
+
+def test_each_service_selects_its_own_pods_only():
+    node_pods = daemonset()["spec"]["template"]["metadata"]["labels"]
+    fleet_pods = statefulset()["spec"]["template"]["metadata"]["labels"]
+    node_service, fleet_service = the("Service"), the("Service", fleet=True)
+    assert selects(node_service["spec"]["selector"], node_pods)
+    assert not selects(node_service["spec"]["selector"], fleet_pods)
+    assert selects(fleet_service["spec"]["selector"], fleet_pods)
+    assert not selects(fleet_service["spec"]["selector"], node_pods)
+    assert not selects(statefulset()["spec"]["selector"]["matchLabels"], node_pods)
+    assert not selects(daemonset()["spec"]["selector"]["matchLabels"], fleet_pods)
+
+
+def test_the_fleet_applies_taints_under_leader_election():
+    args, flags = fleet_container()["args"], fleet_flags()
+    assert args[0] == "fleet", "the image's ENTRYPOINT is otel-dra; args start with the subcommand"
+    assert "--k8s-apply" in flags and flags["--k8s-apply"] is None, "a switch"
+    assert flags.get("--k8s-api-version", "auto") in K8S_API_VERSIONS
+    assert flags.get("--k8s-driver"), "the driver of devices whose telemetry names none"
+    assert "--no-leader-elect" not in flags, "two replicas must elect one writer"
+    assert "--leader-elect" in flags and flags["--leader-elect"] is None
+    lease, renew, retry = (
+        float(flags[f"--leader-elect-{name}"]) for name in ("lease-duration", "renew-deadline", "retry-period")
+    )
+    assert (lease, renew, retry) == (15, 10, 2), "deploy/README.md's table"
+    assert 0 < retry < renew < lease, "renew before the deadline, give up before a standby may take over"
+    assert renew < lease - 1.2 * retry, "the retries are jittered up to 1.2x (`otel-dra fleet --help`)"
+    assert flags["--leader-elect-resource-name"] == LEASE
+    assert flags["--leader-elect-resource-namespace"] == NAMESPACE
+    assert "--k8s-output" not in flags, "the fleet applies; it writes no files"
+    # The agents push every --interval (their OTLP export interval unless set): the fleet's window unit.
+    assert float(flags["--sample-interval"]) == float(agent_flags()["--interval"])
+
+
+def test_the_fleet_identity_and_namespace_come_from_the_downward_api():
+    env = fleet_env()
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    defined = set(env)
+    for arg in fleet_container()["args"]:
+        for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+            assert ref in defined, f"arg {arg} uses $({ref}), which the container's env does not define"
+
+
+def test_the_fleet_ports_match_its_flags_and_the_probes_hit_healthz_on_metrics():
+    ports = {p["name"]: p for p in fleet_container()["ports"]}
+    flags = fleet_flags()
+    for name, flag, default in (
+        ("otlp-grpc", "--otlp-grpc-port", OTLP_GRPC_PORT),
+        ("otlp-http", "--otlp-http-port", OTLP_HTTP_PORT),
+        ("metrics", "--prometheus-port", METRICS_PORT),
+    ):
+        assert ports[name]["containerPort"] == int(flags.get(flag, default)) == default, name
+        assert ports[name].get("protocol", "TCP") == "TCP"
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = fleet_container()[probe]["httpGet"]
+        assert get["path"] == "/healthz", probe
+        assert fleet_port(get["port"]) == METRICS_PORT, probe
+    service = the("Service", fleet=True)
+    served = {p["name"]: (p["port"], fleet_port(p["targetPort"])) for p in service["spec"]["ports"]}
+    assert served == {n: (p["containerPort"], p["containerPort"]) for n, p in ports.items()}
+    annotations = service["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(METRICS_PORT)
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_the_fleet_resources_are_requested_and_bounded():
+    resources = fleet_container()["resources"]
+    for key in ("cpu", "memory"):
+        request, limit = quantity(resources["requests"][key]), quantity(resources["limits"][key])
+        assert 0 < request <= limit, f"{key}: request {request} must be positive and within the limit {limit}"
+    assert quantity(resources["limits"]["memory"]) >= 2 * quantity(resources["requests"]["memory"])
+
+
+def test_the_fleet_security_context_is_tight_and_non_root():
+    spec, sc = fleet_pod_spec(), fleet_container()["securityContext"]
+    for host_namespace in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(host_namespace), host_namespace
+    assert not [v for v in spec.get("volumes", []) if "hostPath" in v], "no host paths: no host sockets"
+    seccomp = sc.get("seccompProfile") or spec.get("securityContext", {}).get("seccompProfile")
+    assert seccomp == {"type": "RuntimeDefault"}
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001 and sc["runAsGroup"] == 10001
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert not sc.get("privileged")
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert not sc["capabilities"].get("add")
+
+
+def test_the_fleet_policy_is_the_node_sets_configmap_mounted_where_the_flag_points():
+    policy_path = fleet_flags()["--policy"]
+    mounts = {m["name"]: m for m in fleet_container()["volumeMounts"]}
+    vols = {v["name"]: v for v in fleet_pod_spec()["volumes"]}
+    (name,) = [n for n, m in mounts.items() if policy_path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mounts[name].get("readOnly") is True
+    (configmap,) = [c for c in objects("ConfigMap") if c["metadata"]["name"] == vols[name]["configMap"]["name"]]
+    assert policy_path.rsplit("/", 1)[1] in configmap["data"]
+    writable = [m["mountPath"] for m in mounts.values() if not m.get("readOnly")]
+    assert "/tmp" in writable, "the root filesystem is read-only"
+
+
+def test_flags_used_by_the_fleet_manifest_exist_in_otel_dra_fleet():
+    """Needs the fleet's --k8s-* and --leader-elect* flags (issue 12)."""
+    from otel_dra.cli import fleet
+
+    args = fleet_container()["args"]
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", fleet_help()))
+    missing = sorted(set(flag_values(args)) - known)
+    assert not missing, (
+        f"fleet/30-statefulset.yaml uses flags `otel-dra fleet --help` does not list: {', '.join(missing)}"
+    )
+    sts = statefulset()
+    env = downward(fleet_env(), sts["metadata"]["name"] + "-0", sts["metadata"]["namespace"])
+    fleet.make_context("fleet", [expand(a, env) for a in args[1:]])  # click parses them: types, choices, ranges
+
+
+def fleet_readme_section() -> str:
+    readme = (DEPLOY / "README.md").read_text()
+    (section,) = re.findall(r"^## Fleet: one cluster-level writer\n(.*?)(?=^## )", readme, re.M | re.S)
+    return section
+
+
+def replica_addresses() -> list[str]:
+    sts, service = statefulset(), the("Service", fleet=True)
+    name, namespace = sts["metadata"]["name"], sts["metadata"]["namespace"]
+    port = fleet_port("otlp-grpc")
+    return [f"{name}-{i}.{service['metadata']['name']}.{namespace}.svc:{port}" for i in range(sts["spec"]["replicas"])]
+
+
+def test_the_readme_collector_config_fans_out_to_every_replica():
+    (snippet,) = re.findall(r"```yaml\n(.*?)```", fleet_readme_section(), re.S)
+    config = yaml.safe_load(snippet)
+    exporters = config["exporters"]
+    assert all(name.split("/")[0] == "otlp" for name in exporters), "otlp exporters only: no loadbalancing"
+    assert sorted(e["endpoint"] for e in exporters.values()) == replica_addresses()
+    assert set(config["service"]["pipelines"]["metrics"]["exporters"]) >= set(exporters)
+    for address in replica_addresses():
+        host = address.rsplit(":", 1)[0]
+        assert host in (FLEET_DIR / "30-statefulset.yaml").read_text()
+        assert host in (FLEET_DIR / "40-service.yaml").read_text()
+
+
+def test_the_readme_fleet_section_says_what_the_manifests_do():
+    section = fleet_readme_section()
+    plain = " ".join(section.replace("`", "").replace("*", "").split())
+    assert "The agent's --k8s-apply is for single-node use; in a cluster, the fleet writes" in plain
+    assert "kubectl apply -f deploy/kubernetes/fleet/" in section
+    assert section.index("kubectl apply -f deploy/kubernetes/ ") < section.index(
+        "kubectl apply -f deploy/kubernetes/fleet/"
+    )
+    for text in ("`devicetaintrules`", "`leases`", f"`{LEASE}`", "`create`", "`get`, `update`", "`POD_NAME`"):
+        assert text in section, text
+    flags = fleet_flags()
+    for flag in ("--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period"):
+        (row,) = [line for line in section.splitlines() if line.startswith(f"| `{flag}` |")]
+        assert f"| {float(flags[flag]):g} s |" in row, f"{flag}: the README's value is not the manifest's"
+    assert "only the holder" in section.lower() or "only the lease holder" in section.lower()
 
 
 # -- Dockerfile -----------------------------------------------------------------------------
