@@ -191,7 +191,8 @@ def cli() -> None:
     type=Seconds(),
     default=30.0,
     show_default=True,
-    help="health_check_timeout_seconds sent to the kubelet; the full list is resent every third of it.",
+    help="health_check_timeout_seconds sent to the kubelet (used from kubelet 1.35; 1.34 always uses 30 s); "
+    "the full list is resent every third of it, and at least every 10 s.",
 )
 @click.option(
     "--register-with-kubelet",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import stat
 import threading
 import time
@@ -13,10 +14,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from otel_dra.classifier import Verdict
+from otel_dra.kubelet import MAX_RESEND_S, KubeletHealthServer, build_response
 from otel_dra.kubelet.api import dra_health_v1alpha1_pb2 as pb
 from otel_dra.kubelet.api import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from otel_dra.kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from otel_dra.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from otel_dra.sinks.verdicts import VerdictBoard
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -30,18 +34,49 @@ def go_list(items) -> str:
     return "[" + " ".join(items) + "]"
 
 
-class Kubelet:
-    """Watches NodeWatchResources the way the kubelet does: one stream, retried every second."""
+#: The kubelet's health timeout where it uses no plugin's: always on 1.34, for 0/unset from 1.35.
+KUBELET_DEFAULT_HEALTH_TIMEOUT_S = 30.0
 
-    def __init__(self, socket_path: Path) -> None:
+
+class Kubelet:
+    """Watches NodeWatchResources the way the kubelet does: one stream, retried every second; and
+    judges each device's health the way the kubelet of ``version`` does.
+
+    The kubelet's rules (pkg/kubelet/cm/dra/, kubernetes/kubernetes):
+
+    - Last heard is the kubelet's own clock: ``updateHealthInfo`` (healthinfo.go) sets every reported
+      device's ``LastUpdated = time.Now()`` on receipt; the plugin's ``last_updated_time`` is ignored.
+    - A device is Unknown when ``now.Sub(LastUpdated) > timeout`` (strictly more), or when the cache
+      has no entry for it (``getHealthInfo``, healthinfo.go); a timed-out device's message is cleared.
+      A device missing from a report keeps its entry and times out the same way (phase 2).
+    - 1.34 (healthinfo.go of v1.34: ``const healthTimeout = 30 * time.Second`` under
+      "TODO(#133118): Make health timeout configurable"): one fixed 30 s for every device;
+      ``health_check_timeout_seconds`` does not exist for it and is ignored.
+    - 1.35+ (kubernetes/kubernetes#135147, "Added configurable per-device health check timeouts to
+      the DRA health monitoring API", CHANGELOG-1.35.md; KEP-4680, kubernetes/enhancements#5476):
+      manager.go's ``buildDeviceHealth`` takes ``health_check_timeout_seconds`` when > 0, else (0,
+      unset, negative) ``DefaultHealthTimeout = 30 * time.Second`` (healthinfo.go); per device.
+    - When the stream ends (EOF or error), ``HandleWatchResourcesStream`` (manager.go) defers
+      ``clearDriver``: the driver's whole cache goes, so every device is Unknown at once.
+    """
+
+    def __init__(self, socket_path: Path | None, version: tuple[int, int] = (1, 35)) -> None:
+        """``socket_path=None``: no stream, messages come through :meth:`receive` (unit tests)."""
         self.socket_path = socket_path
+        self.version = version
         self.messages: queue.Queue[tuple[float, pb.NodeWatchResourcesResponse]] = queue.Queue()
         self.connects = 0
+        self._lock = threading.Lock()
+        #: The kubelet's health cache for this driver: (pool, device) -> (health, message, heard at, timeout).
+        self._cache: dict[tuple[str, str], tuple[int, str, float, float]] = {}
+        self._devices: dict[tuple[str, str], None] = {}  # every device ever heard of (the pods' devices)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        if socket_path is not None:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
 
     def _loop(self) -> None:
+        assert self.socket_path is not None
         while not self._stop.is_set():
             if not self.socket_path.exists():
                 time.sleep(0.2)
@@ -51,11 +86,57 @@ class Kubelet:
                 try:
                     self.connects += 1
                     for msg in stub.NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=120):
-                        self.messages.put((time.monotonic(), msg))
+                        at = time.monotonic()
+                        self.receive(msg, at)
+                        self.messages.put((at, msg))
                         if self._stop.is_set():
                             return
+                    self.stream_ended()
                 except grpc.RpcError:
+                    self.stream_ended()
                     time.sleep(0.5)  # the kubelet retries every 5 s; faster here
+
+    # -- the kubelet's health cache (healthinfo.go) ---------------------------------------------
+    def timeout_for(self, health_check_timeout_seconds: int) -> float:
+        """The timeout this kubelet gives a device that reported ``health_check_timeout_seconds``."""
+        if self.version < (1, 35) or health_check_timeout_seconds <= 0:
+            return KUBELET_DEFAULT_HEALTH_TIMEOUT_S
+        return float(health_check_timeout_seconds)
+
+    def receive(self, msg: pb.NodeWatchResourcesResponse, at: float) -> None:
+        """One message of the stream, heard at ``at`` (monotonic seconds)."""
+        with self._lock:
+            for d in msg.devices:
+                key = (d.device.pool_name, d.device.device_name)
+                self._cache[key] = (d.health, d.message, at, self.timeout_for(d.health_check_timeout_seconds))
+                self._devices[key] = None
+
+    def stream_ended(self) -> None:
+        """``clearDriver``: nothing is known about the driver's devices any more."""
+        with self._lock:
+            self._cache.clear()
+
+    def health(self, at: float | None = None) -> dict[str, tuple[int, str]]:
+        """Every device's (health, message) as this kubelet would put it in the pod status at ``at``."""
+        at = time.monotonic() if at is None else at
+        out: dict[str, tuple[int, str]] = {}
+        with self._lock:
+            for key in self._devices:
+                entry = self._cache.get(key)
+                if entry is None or at - entry[2] > entry[3]:
+                    out[key[1]] = (pb.UNKNOWN, "")
+                else:
+                    out[key[1]] = (entry[0], entry[1])
+        return out
+
+    def unknown(self, at: float | None = None) -> set[str]:
+        """The devices this kubelet considers Unknown at ``at`` (now by default)."""
+        return {dev for dev, (h, _) in self.health(at).items() if h == pb.UNKNOWN}
+
+    def deadline(self, device: str) -> float:
+        """When this kubelet stops believing the last report of ``device`` (monotonic seconds)."""
+        with self._lock:
+            return min(at + t for (_, dev), (_, _, at, t) in self._cache.items() if dev == device)
 
     def next(self, timeout: float = 10.0) -> tuple[float, dict[str, tuple[int, str]]]:
         at, msg = self.messages.get(timeout=timeout)
@@ -291,3 +372,162 @@ def test_the_kubelet_stand_in_accepts_only_a_registration_listing_a_dra_plugin_s
     )
     assert error == expected
     assert driver.statuses == [(accepted, expected)]
+
+
+# -- the kubelet's health timeout, per kubelet version ----------------------------------------------
+def healthy_report(timeout_s: float, n: int = 8) -> pb.NodeWatchResourcesResponse:
+    """What the agent's server sends for ``--kubelet-health-timeout timeout_s``: n healthy devices."""
+    server = KubeletHealthServer("/unused/dra.sock", VerdictBoard(), timeout_s)
+    verdicts = [
+        Verdict(0, "node-k", f"gpu-{i}", "Healthy", None, (), "none", "", pool="node-k", device=f"gpu-{i}")
+        for i in range(n)
+    ]
+    return build_response(verdicts, server.timeout_field_s, int(time.time()))[0]
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "resend_s"), [(0.6, 0.2), (3, 1.0), (30, 10.0), (31, 10.0), (120, 10.0), (3600, 10.0)]
+)
+def test_the_resend_interval_is_a_third_of_the_timeout_and_never_more_than_10_s(timeout_s, resend_s):
+    server = KubeletHealthServer("/unused/dra.sock", VerdictBoard(), timeout_s)
+    assert server.resend_s == pytest.approx(resend_s)
+    assert server.resend_s <= MAX_RESEND_S == KUBELET_DEFAULT_HEALTH_TIMEOUT_S / 3  # a 1.34 kubelet's 30 s / 3
+    assert server.timeout_field_s == max(1, int(-(-timeout_s // 1)))  # what a 1.35+ kubelet is told
+
+
+def test_the_stand_in_applies_each_kubelet_versions_timeout_rule():
+    """1.34: a fixed 30 s whatever the device says; 1.35+: the device's health_check_timeout_seconds, 30 s
+    for 0 or a negative value; Unknown only once strictly more than the timeout has passed, message
+    cleared; and everything Unknown as soon as the stream ends."""
+    for field, v134, v135 in [(120, 30, 120), (3, 30, 3), (0, 30, 30), (-5, 30, 30)]:
+        msg = healthy_report(30)
+        for d in msg.devices:
+            d.health_check_timeout_seconds = field
+        for version, timeout in [((1, 34), v134), ((1, 35), v135), ((1, 36), v135)]:
+            kubelet = Kubelet(None, version)
+            kubelet.receive(msg, at=100.0)
+            assert kubelet.timeout_for(field) == timeout
+            assert kubelet.unknown(100.0 + timeout) == set(), (version, field)
+            assert all(h == pb.HEALTHY and m for h, m in kubelet.health(100.0 + timeout).values())
+            assert kubelet.unknown(100.0 + timeout + 0.001) == DEVICES, (version, field)
+            assert set(kubelet.health(100.0 + timeout + 0.001).values()) == {(pb.UNKNOWN, "")}
+            kubelet.receive(msg, at=100.0 + timeout + 1)  # heard again: known again
+            assert kubelet.unknown(100.0 + timeout + 1) == set()
+            kubelet.stream_ended()
+            assert kubelet.unknown(100.0 + timeout + 1) == DEVICES
+
+
+@pytest.mark.parametrize("timeout_s", [30.0, 120.0])
+def test_a_kubelet_1_34_never_times_out_a_device_at_the_agents_resend_cadence(timeout_s):
+    """The agent's quiet-time cadence (the server's ``resend_s``) against a 1.34 kubelet's fixed 30 s
+    over an hour of kubelet time, checked just before each resend arrives. The old cadence, a third of
+    the configured timeout, loses every device on a 1.34 kubelet at 120 s (but not on 1.35+, which
+    takes the device's 120 s): the check can fail."""
+    cadence = KubeletHealthServer("/unused/dra.sock", VerdictBoard(), timeout_s).resend_s
+    msg = healthy_report(timeout_s)
+    for interval, version, lost in [
+        (cadence, (1, 34), False),
+        (timeout_s / 3, (1, 34), timeout_s > 90),
+        (timeout_s / 3, (1, 35), False),
+    ]:
+        kubelet = Kubelet(None, version)
+        kubelet.receive(msg, at=0.0)
+        unknown_before_a_resend: set[str] = set()
+        at = 0.0
+        while at < 3600:
+            at += interval
+            unknown_before_a_resend |= kubelet.unknown(at - 1e-6)
+            kubelet.receive(msg, at)
+        assert unknown_before_a_resend == (DEVICES if lost else set()), (interval, version)
+
+
+def test_a_kubelet_1_35_never_times_out_a_healthy_agents_devices(start_agent, kubelet_dir):
+    sock = kubelet_dir / "dra.sock"
+    start_agent("--interval", "1", "--kubelet-socket", str(sock), "--kubelet-health-timeout", "3")
+    kubelet = Kubelet(sock, version=(1, 35))
+    try:
+        kubelet.messages.get(timeout=10)
+        start = time.monotonic()
+        while time.monotonic() - start < 3 * 1.5:  # past the devices' 3 s timeout: only resends keep them
+            try:
+                _, msg = kubelet.messages.get(timeout=0.1)
+            except queue.Empty:
+                pass
+            else:
+                assert {d.device.device_name for d in msg.devices} == DEVICES
+                assert all(d.health_check_timeout_seconds == 3 and d.message for d in msg.devices)
+            assert kubelet.unknown() == set(), kubelet.health()
+        health = kubelet.health()
+        assert set(health) == DEVICES and all(h == pb.HEALTHY and m for h, m in health.values())
+    finally:
+        kubelet.close()
+
+
+def test_a_kubelet_1_34_never_times_out_the_agents_devices_with_the_default_or_a_longer_timeout(
+    start_agent, kubelet_dir
+):
+    """A 1.34 kubelet ignores health_check_timeout_seconds and gives every device 30 s: the agent's
+    quiet-time resend must come within that, with the default timeout and with 120 s. Each resend is
+    waited for only until the 1.34 kubelet's deadline: a slower cadence fails here."""
+    kubelets: dict[int, Kubelet] = {}
+    for timeout in (30, 120):
+        sock = kubelet_dir / f"dra-{timeout}.sock"
+        args = ["--interval", "1", "--kubelet-socket", str(sock)]
+        if timeout != 30:
+            args += ["--kubelet-health-timeout", str(timeout)]  # 30 s: the agent's default, left unset
+        start_agent(*args)
+        kubelets[timeout] = Kubelet(sock, version=(1, 34))
+    try:
+        heard: dict[int, float] = {}
+        for timeout, kubelet in kubelets.items():
+            heard[timeout], msg = kubelet.messages.get(timeout=10)
+            assert {d.health_check_timeout_seconds for d in msg.devices} == {timeout}
+        for timeout, kubelet in kubelets.items():  # both agents run at once: one quiet gap of wall time
+            deadline = kubelet.deadline("gpu-0")
+            assert deadline == pytest.approx(heard[timeout] + KUBELET_DEFAULT_HEALTH_TIMEOUT_S)
+            try:
+                at, msg = kubelet.messages.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"--kubelet-health-timeout {timeout}: no resend within a 1.34 kubelet's 30 s; "
+                    f"Unknown there: {sorted(kubelet.unknown())}"
+                ) from None
+            assert at - heard[timeout] <= MAX_RESEND_S + 1.5
+            assert kubelet.unknown(at - 0.001) == set()
+            assert {d.device.device_name for d in msg.devices} == DEVICES
+    finally:
+        for kubelet in kubelets.values():
+            kubelet.close()
+
+
+def test_the_kubelet_marks_the_devices_unknown_when_the_agent_stops_sending(start_agent, kubelet_dir):
+    """SIGSTOP: the stream stays open but goes quiet, so a 1.35 kubelet turns every device Unknown once
+    its 3 s have passed (a 1.34 kubelet, with its fixed 30 s, not yet); SIGCONT: known again; the agent
+    stopped for good: the stream ends and both kubelets drop every device at once."""
+    sock = kubelet_dir / "dra.sock"
+    agent = start_agent("--interval", "1", "--kubelet-socket", str(sock), "--kubelet-health-timeout", "3")
+    new, old = Kubelet(sock, version=(1, 35)), Kubelet(sock, version=(1, 34))
+    try:
+        for kubelet in (new, old):
+            wait_for(lambda k=kubelet: set(k.health()) == DEVICES and not k.unknown(), 10, "every device known")
+        agent.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            time.sleep(0.2)  # a message already on its way lands
+            last_heard = new.deadline("gpu-0") - 3
+            wait_for(lambda: new.unknown() == DEVICES, 3 + 2, "a 1.35 kubelet to time the devices out", every=0.05)
+            # 3 s after the last report heard (resent every 1 s, so at most 1 s before the stop): the timeout
+            assert time.monotonic() - last_heard > 3
+            assert time.monotonic() - stopped <= 3 + 1.0
+            assert old.unknown() == set()  # 30 s on 1.34
+            assert new.connects == old.connects == 1  # the stream never ended: this was the timeout
+        finally:
+            agent.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: not new.unknown(), 5, "the devices known again after SIGCONT")
+        code, _ = agent.stop()
+        assert code == 0
+        for kubelet in (new, old):
+            wait_for(lambda k=kubelet: k.unknown() == DEVICES, 3, "every device Unknown once the stream ends")
+    finally:
+        new.close()
+        old.close()

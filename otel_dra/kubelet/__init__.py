@@ -14,7 +14,9 @@ from otel_dra.kubelet.registration import (
 )
 from otel_dra.kubelet.server import (
     HEALTH_SERVICES,
+    KUBELET_DEFAULT_TIMEOUT_S,
     MAX_MESSAGE,
+    MAX_RESEND_S,
     UNIDENTIFIED_DEVICES,
     WATCHERS,
     KubeletHealthServer,
@@ -26,7 +28,9 @@ from otel_dra.kubelet.server import (
 __all__ = [
     "DEFAULT_REGISTRY_DIR",
     "HEALTH_SERVICES",
+    "KUBELET_DEFAULT_TIMEOUT_S",
     "MAX_MESSAGE",
+    "MAX_RESEND_S",
     "UNIDENTIFIED_DEVICES",
     "WATCHERS",
     "KubeletHealthServer",

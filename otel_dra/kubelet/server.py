@@ -1,8 +1,11 @@
 """The kubelet's device-health stream (KEP-4680): ``DRAResourceHealth.NodeWatchResources`` on a unix socket.
 
 Each stream gets the complete device list at once, again on every verdict change, and at least every
-``health_check_timeout_s / 3`` when nothing changes: the kubelet marks a device Unknown when it hears
-nothing about it within its timeout, and whenever a stream ends. Both proto packages are served,
+``min(health_check_timeout_s / 3, 10 s)`` when nothing changes: the kubelet marks a device Unknown when
+it hears nothing about it within its timeout, and whenever a stream ends. The timeout is the kubelet's,
+not ours: a 1.34 kubelet uses a fixed 30 s and ignores ``health_check_timeout_seconds``; from 1.35 it
+uses that field per device (0 or unset: 30 s). Capping the resend interval at a third of 30 s keeps a
+1.34 kubelet satisfied whatever ``--kubelet-health-timeout`` says. Both proto packages are served,
 ``v1alpha1`` (what kubelets up to 1.36 call) and ``v1`` (kubelet head); their messages are identical
 on the wire, so one encoded list serves both.
 
@@ -48,6 +51,14 @@ _REQUEST_TYPES = {
 #: The health proto's limit on ``DeviceHealth.message``.
 MAX_MESSAGE = 1024
 ELLIPSIS = "..."
+
+#: The kubelet's health timeout when it uses none of ours: always on 1.34 (``healthTimeout`` in
+#: pkg/kubelet/cm/dra/healthinfo.go), and from 1.35 for a device whose health_check_timeout_seconds is 0
+#: or unset (``DefaultHealthTimeout``).
+KUBELET_DEFAULT_TIMEOUT_S = 30.0
+#: The longest quiet gap between two full lists: a third of that 30 s, so a 1.34 kubelet, which
+#: ignores health_check_timeout_seconds, never times a device out, however long the configured timeout.
+MAX_RESEND_S = KUBELET_DEFAULT_TIMEOUT_S / 3.0
 
 #: How often the follower thread re-checks for shutdown while the board is quiet.
 _FOLLOW_POLL_S = 0.25
@@ -155,7 +166,8 @@ class KubeletHealthServer:
         self.health_check_timeout_s = float(health_check_timeout_s)
         # The proto field is whole seconds; round up so a sub-second setting is not read as "default".
         self.timeout_field_s = max(1, math.ceil(self.health_check_timeout_s))
-        self.resend_s = self.health_check_timeout_s / 3.0
+        # A third of our timeout, and never more than a third of a 1.34 kubelet's fixed 30 s.
+        self.resend_s = min(self.health_check_timeout_s / 3.0, MAX_RESEND_S)
         self.max_workers = max_workers
         self.combine_mode = combine_mode  # how several nodes' views of one device combine (policy)
         self._liveness = liveness
