@@ -16,11 +16,8 @@ import re
 import stat
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client as kc
 import pytest
@@ -37,6 +34,7 @@ from otel_dra.k8s.sink import K8sOutputSink
 from otel_dra.sinks.verdicts import VerdictBoard
 from otel_dra.vocabulary import REASONS
 from tests.conftest import free_port, http_get, wait_for
+from tests.fake_apiserver import FakeApiServer, kubeconfig
 from tests.otlp_trace import read_verdicts, write_trace
 
 DRIVER = "gpu.nvidia.com"
@@ -608,133 +606,6 @@ def test_plan_creates_updates_and_deletes_idempotently():
     changed = managed("a", annotations={"health.otel-dra.io/remediation": "replace_device"})
     [act] = k8s_apply.plan([changed], [server_a], {(DRIVER, "node-a")})
     assert act.verb == "update" and act.body["metadata"]["labels"]["team"] == "gpu"
-
-
-class FakeApiServer:
-    """The DeviceTaintRule endpoints of a Kubernetes API server, in memory, over real HTTP."""
-
-    def __init__(
-        self,
-        served: str = "v1",
-        group_versions: tuple[str, ...] = ("v1", "v1beta2", "v1beta1"),
-        taint_versions: tuple[str, ...] | None = None,
-        kubernetes: str = "1.37",
-    ) -> None:
-        # discovery: /version, /apis/resource.k8s.io (an APIGroup of group_versions) and each
-        # version's APIResourceList (devicetaintrules in those of taint_versions, default: served)
-        taint_versions = (served,) if taint_versions is None else taint_versions
-        major, minor = kubernetes.split(".")
-        discovery: dict[str, dict] = {
-            "/version": {"major": major, "minor": minor, "gitVersion": f"v{kubernetes}.0", "platform": "linux/amd64"},
-            "/apis/resource.k8s.io": {
-                "kind": "APIGroup",
-                "apiVersion": "v1",
-                "name": "resource.k8s.io",
-                "versions": [{"groupVersion": f"resource.k8s.io/{x}", "version": x} for x in group_versions],
-                "preferredVersion": {
-                    "groupVersion": f"resource.k8s.io/{group_versions[0]}",
-                    "version": group_versions[0],
-                },
-            },
-        }
-        for x in group_versions:
-            names = ["deviceclasses", "resourceclaims", "resourceslices"]
-            names += ["devicetaintrules"] * (x in taint_versions)
-            discovery[f"/apis/resource.k8s.io/{x}"] = {
-                "kind": "APIResourceList",
-                "apiVersion": "v1",
-                "groupVersion": f"resource.k8s.io/{x}",
-                "resources": [
-                    {
-                        "name": n,
-                        "singularName": n[:-1],
-                        "namespaced": n == "resourceclaims",
-                        "kind": n,
-                        "verbs": ["get"],
-                    }
-                    for n in names
-                ],
-            }
-        self.objects: dict[str, dict] = {}
-        self.requests: list[str] = []
-        self.version = 0
-        store = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def reply(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def body(self) -> dict:
-                return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-
-            def do_GET(self) -> None:
-                url = urlsplit(self.path)
-                if url.path.rstrip("/") in discovery:
-                    store.requests.append(f"GET {url.path.rstrip('/')}")
-                    return self.reply(200, discovery[url.path.rstrip("/")])
-                if f"/apis/resource.k8s.io/{served}/" not in url.path:
-                    return self.reply(404, {"kind": "Status", "message": "the server could not find it", "code": 404})
-                store.requests.append(f"GET {url.path}")
-                selector = parse_qs(url.query).get("labelSelector", [""])[0]
-                key, _, want = selector.partition("=")
-                items = [o for o in store.objects.values() if not key or o["metadata"]["labels"].get(key) == want]
-                self.reply(
-                    200,
-                    {
-                        "apiVersion": f"resource.k8s.io/{served}",
-                        "kind": "DeviceTaintRuleList",
-                        "metadata": {},
-                        "items": items,
-                    },
-                )
-
-            def do_POST(self) -> None:
-                obj = self.body()
-                name = obj["metadata"]["name"]
-                store.requests.append(f"POST {name}")
-                if name in store.objects:
-                    return self.reply(409, {"kind": "Status", "message": f"{name} already exists", "code": 409})
-                store.version += 1
-                obj["metadata"].update(resourceVersion=str(store.version), uid=f"uid-{name}")
-                obj["spec"]["taint"]["timeAdded"] = "2030-01-01T00:00:00Z"
-                store.objects[name] = obj
-                self.reply(201, obj)
-
-            def do_PUT(self) -> None:
-                obj, name = self.body(), self.path.rsplit("/", 1)[1]
-                store.requests.append(f"PUT {name}")
-                if obj["metadata"].get("resourceVersion") != store.objects[name]["metadata"]["resourceVersion"]:
-                    return self.reply(409, {"kind": "Status", "message": "conflict", "code": 409})
-                store.version += 1
-                obj["metadata"]["resourceVersion"] = str(store.version)
-                store.objects[name] = obj
-                self.reply(200, obj)
-
-            def do_DELETE(self) -> None:
-                name = self.path.rsplit("/", 1)[1].split("?")[0]
-                store.requests.append(f"DELETE {name}")
-                self.reply(200, store.objects.pop(name))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def kubeconfig(server: str) -> str:
-    return (
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
 
 
 @pytest.fixture

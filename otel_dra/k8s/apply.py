@@ -10,7 +10,8 @@ tested without a cluster; :func:`apply` lists the rules labelled
   restart); an identical one is left alone, so a rerun changes nothing;
 - delete a managed rule that is no longer rendered (its device is healthy again, or gone)
   when its device's (driver, pool) is one this rendering covers: rules of pools it did not see
-  belong to devices another agent reports and are left alone.
+  belong to devices another agent reports and are left alone. The fleet, the one writer of a
+  cluster's rules, owns every managed rule instead (``whole_fleet``).
 
 ResourceSlice attributes are never applied: slices belong to their DRA driver, which would
 overwrite (or fight) any other writer; the driver publishes the rendered attributes itself.
@@ -21,11 +22,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_dra import __version__
 from otel_dra.k8s.render import KIND, MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, Rendering
 
 #: Server-set fields a comparison ignores.
@@ -106,10 +108,11 @@ def _update_body(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> dic
 def plan(
     desired: Sequence[Mapping[str, Any]],
     existing: Sequence[Mapping[str, Any]],
-    scope: Collection[tuple[str, str]],
+    scope: Collection[tuple[str, str]] | None,
 ) -> list[Action]:
     """The creates, updates and deletes that make ``existing`` (the cluster's managed rules)
-    match ``desired``; deletes only in ``scope`` ((driver, pool) pairs). Sorted, deterministic."""
+    match ``desired``; deletes only in ``scope`` ((driver, pool) pairs; ``None``: every managed
+    rule, for the fleet, the one writer of them all). Sorted, deterministic."""
     want = {o["metadata"]["name"]: o for o in desired}
     have = {
         o["metadata"]["name"]: o
@@ -123,7 +126,7 @@ def plan(
         elif differs(want[name], have[name]):
             actions.append(Action("update", name, _update_body(want[name], have[name])))
     for name in sorted(have.keys() - want.keys()):
-        if _selector(have[name]) in scope:
+        if scope is None or _selector(have[name]) in scope:
             actions.append(Action("delete", name))
     return actions
 
@@ -136,9 +139,10 @@ def _kubeconfig_paths() -> list[Path]:
     return [Path("~/.kube/config").expanduser()]
 
 
-def connect(context: str | None = None) -> Any:
+def connect(context: str | None = None, user_agent: str | None = None) -> Any:
     """An ``ApiClient`` from the kubeconfig (KUBECONFIG or ~/.kube/config), else the pod's
-    service account; :class:`ClusterUnavailable` when there is neither."""
+    service account; :class:`ClusterUnavailable` when there is neither. Its User-Agent is
+    ``otel-dra/<version>`` (or ``user_agent``), so API audit logs say who wrote what."""
     try:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
@@ -167,7 +171,9 @@ def connect(context: str | None = None) -> Any:
                 f"no Kubernetes cluster to apply to: no kubeconfig at {where} and not running in a pod "
                 "(KUBERNETES_SERVICE_HOST unset); set KUBECONFIG, or render without --apply"
             ) from None
-    return client.ApiClient(cfg)
+    api_client = client.ApiClient(cfg)
+    api_client.user_agent = user_agent or f"otel-dra/{__version__}"
+    return api_client
 
 
 def _status_message(exc: Any) -> str:
@@ -253,13 +259,30 @@ def _short(reason: Any) -> str:
     return text.splitlines()[0][:200]
 
 
-def apply(rendering: Rendering, api_client: Any | None = None, timeout_s: float = 10.0) -> ApplyResult:
-    """Reconcile the cluster's managed DeviceTaintRules with ``rendering`` (see the module doc)."""
+class NotLeader(K8sApplyError):
+    """The writer lost its Lease mid-apply and stopped (the new leader finishes the job)."""
+
+
+def apply(
+    rendering: Rendering,
+    api_client: Any | None = None,
+    timeout_s: float = 10.0,
+    *,
+    whole_fleet: bool = False,
+    may_write: Callable[[], bool] | None = None,
+) -> ApplyResult:
+    """Reconcile the cluster's managed DeviceTaintRules with ``rendering`` (see the module doc).
+
+    ``whole_fleet``: delete every managed rule not rendered, not only those in the rendering's
+    pools (the fleet is the one writer). ``may_write`` is asked before each change; when it says
+    no (a leader whose Lease lapsed), :class:`NotLeader` stops the apply at once."""
     api = _Api(api_client if api_client is not None else connect(), rendering.api_version, timeout_s)
     existing = api.list_managed()
-    result = ApplyResult(plan(rendering.rules, existing, rendering.scope))
+    result = ApplyResult(plan(rendering.rules, existing, None if whole_fleet else rendering.scope))
     result.unchanged = len(rendering.rules) - sum(a.verb in ("create", "update") for a in result.actions)
     for done, action in enumerate(result.actions):
+        if may_write is not None and not may_write():
+            raise NotLeader(f"lost the leader Lease: stopped after {done} of {len(result.actions)} changes")
         try:
             api.run(action)
         except K8sApplyError as exc:

@@ -52,6 +52,8 @@ API_VERSIONS: Mapping[str, str] = {
     "v1alpha3": "resource.k8s.io/v1alpha3",
 }
 DEFAULT_API_VERSION = "v1"
+#: ``--k8s-api-version auto``: the newest version the cluster serves (:func:`otel_dra.k8s.apply.discover`).
+AUTO_API_VERSION = "auto"
 #: The first Kubernetes (major, minor) that serves each API version.
 SERVED_FROM: Mapping[str, tuple[int, int]] = {
     "resource.k8s.io/v1": (1, 37),

@@ -15,19 +15,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from otel_dra import conventions as cv
 from otel_dra.k8s import validation as val
-from otel_dra.k8s.apply import K8sApplyError, apply, connect
+from otel_dra.k8s.apply import K8sApplyError, apply, connect, discover
 from otel_dra.k8s.render import (
     ATTRIBUTES_FILE,
+    AUTO_API_VERSION,
     DEFAULT_API_VERSION,
     RULES_FILE,
     Rendering,
     api_version_of,
     render,
+    target_kubernetes,
     write_if_changed,
 )
 from otel_dra.policy import Policy
@@ -43,7 +46,7 @@ class K8sOutputSink:
     def __init__(
         self,
         board: VerdictBoard,
-        out_dir: Path,
+        out_dir: Path | None,
         policy: Policy,
         api_version: str = DEFAULT_API_VERSION,
         driver: str | None = None,
@@ -53,8 +56,15 @@ class K8sOutputSink:
         resync_s: float = 60.0,
         retry_s: float = 10.0,
         warmup_s: float = 0.0,
+        api_client: Any = None,
+        leader: Callable[[], bool] | None = None,
+        whole_fleet: bool = False,
+        name: str = "k8s output",
     ) -> None:
         """``driver``: the DRA driver for devices whose telemetry has no ``dra.driver.name``.
+        ``out_dir``: where the files go; ``None``: no files (the fleet's writer only applies).
+        ``api_version`` ``"auto"``: the newest the cluster serves, found before the first apply
+        (files written before then use the default, ``v1``).
 
         Fails before the agent starts, never after: ValueError (bad API version),
         :class:`~otel_dra.k8s.validation.K8sValidationError` (no kubernetes client), OSError
@@ -63,41 +73,63 @@ class K8sOutputSink:
 
         ``warmup_s``: no apply before this long after :meth:`start`, so a restarted agent that
         has not yet seen enough samples to re-find a fault does not delete (and then recreate)
-        its rule; e.g. the policy's ``min_samples`` times the sampling interval."""
+        its rule; e.g. the policy's ``min_samples`` times the sampling interval.
+
+        ``leader``: asked before each apply and before each change in it: only a leader writes
+        (:class:`~otel_dra.k8s.lease.LeaderElector`). ``whole_fleet``: every managed rule not
+        rendered is deleted, whatever its pool (the fleet is the cluster's one writer)."""
         self.board = board
-        self.out_dir = Path(out_dir)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
         self.policy = policy
-        self.api_version = api_version_of(api_version)
+        self.discover = api_version == AUTO_API_VERSION
+        self.api_version = DEFAULT_API_VERSION if self.discover else api_version_of(api_version)
+        self.kubernetes: tuple[int, int] | None = None  # the server's version, once discovered
         self.driver = driver
         self.poll_s, self.resync_s, self.retry_s, self.warmup_s = poll_s, resync_s, retry_s, warmup_s
+        self.leader, self.whole_fleet, self.name = leader, whole_fleet, name
         self._not_before = 0.0
         val.client_models()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._api_client: Any = connect() if apply_rules else None
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._api_client: Any = (api_client or connect()) if apply_rules else None
         self._written: dict[Path, str] = {}
         self._notes: tuple[str, ...] = ()
         self._rendering: Rendering | None = None
         self._attempted: str | None = None  # the rules text last applied (or tried)
         self._apply_due = 0.0  # monotonic time of the next resync or retry
         self._apply_error = ""
+        self._was_leader = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.writes = 0  # files (re)written, for tests and logs
         self.applies = 0  # successful reconciliations
 
-    def write(self) -> bool:
-        """Render the board now; write the files whose content changed. True when any did."""
+    def render(self) -> Rendering:
+        """The board now, as this sink's API version renders it."""
         snapshot = self.board.snapshot()
         drivers = {(v.node, v.hw_id): attrs.get(cv.DRA_DRIVER_NAME) for v, attrs in snapshot}
         rendering = render(
-            (v for v, _ in snapshot), self.policy, self.api_version, drivers=drivers, driver=self.driver, strict=False
+            (v for v, _ in snapshot),
+            self.policy,
+            self.api_version,
+            drivers=drivers,
+            driver=self.driver,
+            strict=False,
+            kubernetes_version=self.kubernetes,
         )
         self._rendering = rendering
         notes = tuple(rendering.skipped + rendering.dropped)
         if notes != self._notes:  # once per change, not on every pass
             for note in notes:
-                log.warning("k8s output: %s", note)
+                log.warning("%s: %s", self.name, note)
             self._notes = notes
+        return rendering
+
+    def write(self) -> bool:
+        """Render the board now; write the files whose content changed. True when any did."""
+        rendering = self.render()
+        if self.out_dir is None:
+            return False
         changed = False
         for name, text in ((RULES_FILE, rendering.rules_yaml()), (ATTRIBUTES_FILE, rendering.attributes_yaml())):
             path = self.out_dir / name
@@ -106,32 +138,57 @@ class K8sOutputSink:
             if write_if_changed(path, text):
                 changed = True
                 self.writes += 1
-                log.info("k8s output: wrote %s", path)
+                log.info("%s: wrote %s", self.name, path)
             self._written[path] = text
         return changed
+
+    def _failed(self, exc: K8sApplyError) -> None:
+        if str(exc) != self._apply_error:
+            log.error("%s: applying DeviceTaintRules failed: %s; retrying every %gs", self.name, exc, self.retry_s)
+        self._apply_error = str(exc)
+        self._apply_due = time.monotonic() + self.retry_s
+
+    def _discovered(self) -> bool:
+        """With ``auto``, find the served version first (once); False while that fails."""
+        if not self.discover or self.kubernetes is not None:
+            return True
+        try:
+            found = discover(self._api_client)
+        except K8sApplyError as exc:
+            self._failed(exc)
+            return False
+        log.info("%s: %s", self.name, found)
+        self.api_version = found.api_version
+        self.kubernetes = found.kubernetes or target_kubernetes(found.api_version)
+        self.render()
+        return True
 
     def reconcile(self, force: bool = False) -> bool:
         """Apply the last rendering when its rules changed, a resync or retry is due, or ``force``.
         True when the cluster now matches it; failures are logged (once per distinct error)."""
-        rendering = self._rendering
-        if self._api_client is None or rendering is None or (not force and time.monotonic() < self._not_before):
+        if self._api_client is None or self._rendering is None or (not force and time.monotonic() < self._not_before):
             return False
-        rules = rendering.rules_yaml()
-        if not (force or rules != self._attempted or time.monotonic() >= self._apply_due):
+        leading = self.leader is None or self.leader()
+        if not leading:
+            self._was_leader = False
+            return False
+        if not self._was_leader:  # just became the leader: reconcile now, whatever was tried before
+            self._was_leader, force = True, True
+        if not (force or time.monotonic() >= self._apply_due or self._rendering.rules_yaml() != self._attempted):
             return not self._apply_error
-        self._attempted = rules
+        if not self._discovered():
+            return False
+        rendering = self._rendering
+        self._attempted = rendering.rules_yaml()
         try:
-            result = apply(rendering, self._api_client)
+            result = apply(rendering, self._api_client, whole_fleet=self.whole_fleet, may_write=self.leader)
         except K8sApplyError as exc:
-            if str(exc) != self._apply_error:
-                log.error("k8s output: applying DeviceTaintRules failed: %s; retrying every %gs", exc, self.retry_s)
-            self._apply_error = str(exc)
-            self._apply_due = time.monotonic() + self.retry_s
+            self._failed(exc)
             return False
         for action in result.actions:
-            log.info("k8s output: %s", action)
+            log.info("%s: %s", self.name, action)
         if self._apply_error:
-            log.info("k8s output: applying DeviceTaintRules works again")
+            log.info("%s: applying DeviceTaintRules works again", self.name)
         self._apply_error = ""
         self._apply_due = time.monotonic() + self.resync_s
         self.applies += 1
@@ -148,7 +205,7 @@ class K8sOutputSink:
                     failed = False
                 except (OSError, val.K8sValidationError) as exc:
                     if not failed:
-                        log.error("k8s output: cannot write to %s: %s; retrying", self.out_dir, exc)
+                        log.error("%s: cannot write to %s: %s; retrying", self.name, self.out_dir, exc)
                     failed = True
                 seen = version
             self.reconcile()
@@ -170,4 +227,4 @@ class K8sOutputSink:
             try:
                 self.write()
             except (OSError, val.K8sValidationError) as exc:
-                log.error("k8s output: last write to %s failed: %s", self.out_dir, exc)
+                log.error("%s: last write to %s failed: %s", self.name, self.out_dir, exc)
