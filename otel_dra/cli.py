@@ -233,7 +233,9 @@ def cli() -> None:
 @click.option(
     "--k8s-apply",
     is_flag=True,
-    help="Also create, update and delete the DeviceTaintRules in the cluster (needs --k8s-output and RBAC).",
+    help="Also create, update and delete this node's DeviceTaintRules in the cluster (needs --k8s-output and "
+    "deploy/kubernetes/taints/rbac.yaml). For a single node; in a cluster, `otel-dra fleet --k8s-apply` is the "
+    "one writer, from every node's view.",
 )
 @log_level_option
 def run(
@@ -415,6 +417,68 @@ def main(argv: list[str] | None = None) -> None:
     help="Mutual TLS: refuse OTLP clients without a certificate from this PEM CA (agents set "
     "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY). [env: OTEL_DRA_TLS_CLIENT_CA_FILE]",
 )
+@click.option(
+    "--k8s-apply",
+    is_flag=True,
+    envvar="OTEL_DRA_K8S_APPLY",
+    help="Reconcile the cluster's DeviceTaintRules from the whole fleet's verdicts (one rule per device and "
+    "reason; a device several nodes report gets one, per the policy's shared_devices.combine). Needs a "
+    "kubeconfig or a pod's service account, with the RBAC in deploy/kubernetes/fleet. [env: OTEL_DRA_K8S_APPLY]",
+)
+@click.option(
+    "--k8s-api-version",
+    type=click.Choice(["auto", "v1", "v1beta2", "v1alpha3"]),
+    default="auto",
+    show_default=True,
+    help="resource.k8s.io version of the DeviceTaintRules; auto: the newest the API server serves (v1 on "
+    "Kubernetes 1.37+, v1beta2 on 1.36 behind the DRADeviceTaintRules gate, v1alpha3 on 1.33-1.35).",
+)
+@click.option(
+    "--k8s-driver", default=None, help="DRA driver name for devices whose telemetry carries no dra.driver.name."
+)
+@click.option(
+    "--k8s-output",
+    default=None,
+    metavar="DIR",
+    help="With --k8s-apply, also write the rendered DeviceTaintRules and ResourceSlice attributes here.",
+)
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    show_default=True,
+    help="With --k8s-apply, elect one writer among the fleet's replicas through a coordination.k8s.io/v1 "
+    "Lease; only the holder writes. Off: this process writes (run one replica only).",
+)
+@click.option(
+    "--leader-elect-lease-duration",
+    type=Seconds(),
+    default=15.0,
+    show_default=True,
+    help="How long a standby waits, after the leader's last renewal, before taking the Lease over: a dead "
+    "leader is replaced within this.",
+)
+@click.option(
+    "--leader-elect-renew-deadline",
+    type=Seconds(),
+    default=10.0,
+    show_default=True,
+    help="The leader stops writing once this long has passed without a renewal; less than the lease "
+    "duration minus 1.2 x the retry period.",
+)
+@click.option(
+    "--leader-elect-retry-period",
+    type=Seconds(),
+    default=2.0,
+    show_default=True,
+    help="How often the leader renews, and a standby tries to acquire (jittered up to 1.2x).",
+)
+@click.option("--leader-elect-resource-name", default="otel-dra-fleet", show_default=True, help="The Lease's name.")
+@click.option(
+    "--leader-elect-resource-namespace",
+    default="",
+    help="The Lease's namespace. Default: $POD_NAMESPACE, else the pod's service-account namespace, else "
+    "otel-dra. The candidate's identity is $POD_NAME, else <hostname>_<uuid>.",
+)
 @log_level_option
 def fleet(
     host: str,
@@ -429,6 +493,16 @@ def fleet(
     tls_cert_file: str | None,
     tls_key_file: str | None,
     tls_client_ca_file: str | None,
+    k8s_apply: bool,
+    k8s_api_version: str,
+    k8s_driver: str | None,
+    k8s_output: str | None,
+    leader_elect: bool,
+    leader_elect_lease_duration: float,
+    leader_elect_renew_deadline: float,
+    leader_elect_retry_period: float,
+    leader_elect_resource_name: str,
+    leader_elect_resource_namespace: str,
     log_level: str,
 ) -> None:
     """Classify a whole fleet: receive every node's hw.* telemetry over OTLP (from the agents,
@@ -436,8 +510,14 @@ def fleet(
 
     Point a Collector's otlp exporter (or agents' OTEL_EXPORTER_OTLP_ENDPOINT) at the gRPC or
     HTTP port; scrape /metrics for hw_status and dra_device_health of every device.
+
+    With --k8s-apply it is also the cluster's one DeviceTaintRule writer: run two or more replicas,
+    each fed every node's telemetry, and the Lease holder writes (deploy/kubernetes/fleet).
     """
-    from otel_dra.fleet import Fleet, FleetConfig
+    from otel_dra.fleet import ClusterWriterConfig, Fleet, FleetConfig
+    from otel_dra.k8s.apply import K8sApplyError
+    from otel_dra.k8s.lease import LeaseConfig
+    from otel_dra.k8s.validation import K8sValidationError
     from otel_dra.receivers.tls import TlsConfigError, TlsSettings
 
     setup_logging(log_level)
@@ -446,7 +526,20 @@ def fleet(
         tls = TlsSettings.load(tls_cert_file, tls_key_file, tls_client_ca_file)
     except TlsConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    k8s: ClusterWriterConfig | None = None
+    if not k8s_apply and k8s_output:
+        raise click.UsageError("--k8s-output needs --k8s-apply (the fleet writes files only as its writer does)")
     try:
+        if k8s_apply:
+            lease = LeaseConfig(
+                leader_elect_resource_name,
+                leader_elect_resource_namespace,
+                "",
+                leader_elect_lease_duration,
+                leader_elect_renew_deadline,
+                leader_elect_retry_period,
+            )
+            k8s = ClusterWriterConfig(k8s_api_version, k8s_driver, k8s_output, leader_elect, lease)
         config = FleetConfig(
             host,
             otlp_grpc_port,
@@ -457,6 +550,7 @@ def fleet(
             max_request_bytes,
             tls=tls,
             max_future_s=max_future,
+            k8s=k8s,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -465,6 +559,8 @@ def fleet(
     _stop_on_signals(runner.stop)
     try:
         runner.run()
+    except (K8sApplyError, K8sValidationError) as exc:
+        raise click.ClickException(f"--k8s-apply: {exc}") from exc
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}: {exc.strerror or exc}; pick other ports") from exc
 

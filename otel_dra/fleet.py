@@ -13,13 +13,17 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from otel_dra import __version__
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.frame import Frame, Schema
+from otel_dra.k8s.lease import LeaseConfig
+from otel_dra.k8s.render import AUTO_API_VERSION, api_version_of
 from otel_dra.policy import Policy
 from otel_dra.receivers.tls import TlsSettings, describe
 from otel_dra.sinks import provider
@@ -32,6 +36,25 @@ log = logging.getLogger(__name__)
 
 #: Per-instrument series limit for the fleet's verdict metrics (5 hw.status series per device).
 FLEET_SERIES_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class ClusterWriterConfig:
+    """``--k8s-apply``: the fleet reconciles every DeviceTaintRule of the cluster, from its combined
+    view (a device several nodes see gets one rule, per ``shared_devices.combine``). With
+    ``leader_elect``, replicas elect one writer through a Lease; only it writes."""
+
+    api_version: str = AUTO_API_VERSION  # auto: the newest the cluster serves
+    driver: str | None = None  # the DRA driver of devices whose telemetry names none
+    output_dir: str | None = None  # also write the rendered files here
+    leader_elect: bool = True
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    resync_s: float = 60.0  # reapply this often even without a change (a rule deleted by hand returns)
+    retry_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.api_version != AUTO_API_VERSION:
+            api_version_of(self.api_version)  # ValueError naming the choices
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,7 @@ class FleetConfig:
     node_name: str = ""
     tls: TlsSettings | None = None  # the OTLP receiver's TLS (both transports); None: plaintext
     max_future_s: float = 600.0  # points further ahead of the fleet's clock are rejected (0: no bound)
+    k8s: ClusterWriterConfig | None = None  # --k8s-apply: the cluster's one DeviceTaintRule writer
 
     def __post_init__(self) -> None:
         for name in ("otlp_grpc_port", "otlp_http_port", "prometheus_port"):
@@ -78,6 +102,8 @@ class Fleet:
         self.http: HttpEndpoint | None = None
         self.renderer: Renderer | None = None
         self.meter_provider = None
+        self.elector: Any = None  # LeaderElector, with --k8s-apply and leader election
+        self.k8s: Any = None  # K8sOutputSink, with --k8s-apply
 
     # -- data in -------------------------------------------------------------------------------
     def on_frames(self, frames: list[Frame]) -> None:
@@ -109,11 +135,44 @@ class Fleet:
             return "200 OK", "text/plain", b"ok\n"
         return "503 Service Unavailable", "text/plain", b"the evaluation loop has stalled\n"
 
+    def _start_cluster_writer(self, k8s: ClusterWriterConfig) -> None:
+        """The DeviceTaintRule writer, and the election that decides whether it may write. Fails
+        here (no kubeconfig, no client) before any port is bound."""
+        from otel_dra.k8s.apply import connect
+        from otel_dra.k8s.lease import LeaderElector
+        from otel_dra.k8s.sink import K8sOutputSink
+
+        lease = k8s.lease.resolved()
+        api_client = connect(user_agent=f"otel-dra/{__version__} (fleet; {lease.identity})")
+        if k8s.leader_elect:
+            self.elector = LeaderElector(api_client, lease)
+        self.k8s = K8sOutputSink(
+            self.board,
+            Path(k8s.output_dir) if k8s.output_dir else None,
+            self.policy,
+            k8s.api_version,
+            k8s.driver,
+            apply_rules=True,
+            resync_s=k8s.resync_s,
+            retry_s=k8s.retry_s,
+            # A fresh fleet has not yet seen enough samples to re-find a fault: not deleting its rule yet.
+            warmup_s=float(self.policy.data["min_samples"]) * self.config.sample_interval_s,
+            api_client=api_client,
+            leader=self.elector.is_leader if self.elector is not None else None,
+            whole_fleet=True,
+            name="cluster writer",
+        )
+        if self.elector is not None:
+            self.elector.start()
+        self.k8s.start()
+
     def start(self) -> None:
         """Bind every port (a port in use fails here, before anything runs)."""
         from otel_dra.receivers.otlp import OtlpReceiver
 
         cfg = self.config
+        if cfg.k8s is not None:
+            self._start_cluster_writer(cfg.k8s)
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         readers = [provider.prometheus_reader(registry)] if cfg.prometheus_port else []
@@ -172,6 +231,10 @@ class Fleet:
         self._stop.set()
 
     def close(self) -> None:
+        if self.k8s is not None:
+            self.k8s.stop()  # no more writes, then the Lease goes to a standby at once
+        if self.elector is not None:
+            self.elector.stop()
         self.board.wake_all()
         if self.receiver is not None:
             self.receiver.stop(1.0)
