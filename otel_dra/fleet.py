@@ -143,7 +143,7 @@ class Fleet:
         from otel_dra.k8s.sink import K8sOutputSink
 
         lease = k8s.lease.resolved()
-        api_client = connect(user_agent=f"otel-dra/{__version__} (fleet; {lease.identity})")
+        api_client = connect(user_agent=f"otel-dra/{__version__} (fleet; {lease.identity})", flag="--k8s-apply")
         if k8s.leader_elect:
             self.elector = LeaderElector(api_client, lease)
         self.k8s = K8sOutputSink(
@@ -244,4 +244,5 @@ class Fleet:
             self.renderer.stop()
         if self.meter_provider is not None:
             self.meter_provider.shutdown(timeout_millis=2000)
-        log.info("fleet stopped after %d ticks, %d samples", self.ticks, self.classifier.ingested_samples)
+        if self.receiver is not None:  # it started
+            log.info("fleet stopped after %d ticks, %d samples", self.ticks, self.classifier.ingested_samples)

@@ -74,12 +74,14 @@ REALTIME_MODULES = frozenset(
     {
         "test_deploy.py",
         "test_e2e_fleet.py",
+        "test_e2e_fleet_k8s.py",
         "test_e2e_kubelet.py",
         "test_e2e_otlp.py",
         "test_e2e_outage.py",
         "test_e2e_prometheus.py",
         "test_e2e_sources.py",
         "test_grafana_rules.py",
+        "test_k8s_lease.py",
         "test_kubelet_stream.py",
         "test_receiver_tls.py",
         "test_sending_queue.py",
@@ -211,10 +213,11 @@ class FleetProcess:
             self.proc.kill()
 
 
-def spawn_fleet(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> FleetProcess:
-    """``otel-dra fleet`` as a user runs it, on free loopback ports, 1 s sampling and evaluation; healthy."""
+def spawn_fleet(tmp_path: Path, *args: str, env: dict[str, str] | None = None, name: str = "fleet") -> FleetProcess:
+    """``otel-dra fleet`` as a user runs it, on free loopback ports, 1 s sampling and evaluation; healthy.
+    ``name``: its log is ``<name>.log`` (several fleets in one test)."""
     ports = {"grpc": free_port(), "http": free_port(), "prom": free_port()}
-    log = tmp_path / "fleet.log"
+    log = tmp_path / f"{name}.log"
     argv = [sys.executable, "-m", "otel_dra", "fleet", "--host", "127.0.0.1", "--otlp-grpc-port", str(ports["grpc"])]
     argv += ["--otlp-http-port", str(ports["http"]), "--prometheus-port", str(ports["prom"])]
     argv += ["--sample-interval", "1", "--evaluate-every", "1", *args]

@@ -13,6 +13,7 @@ from otel_dra.k8s.lease import LeaderElector, LeaseConfig
 from tests.conftest import wait_for
 from tests.fake_apiserver import FakeApiServer, kubeconfig
 
+pytestmark = pytest.mark.e2e  # real-time bounds: run with the other real-time modules, not beside them
 FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.2, "retry_period_s": 0.25}
 
 

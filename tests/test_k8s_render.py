@@ -608,6 +608,22 @@ def test_plan_creates_updates_and_deletes_idempotently():
     assert act.verb == "update" and act.body["metadata"]["labels"]["team"] == "gpu"
 
 
+def test_a_new_message_alone_does_not_rewrite_a_rule_but_rides_along_with_any_other_change():
+    """The message carries durations ("no telemetry for 5s") that differ between evaluations and
+    between fleet replicas: rewriting a rule for that alone would be churn after every takeover."""
+    old = managed("a", resourceVersion="7", annotations={"health.otel-dra.io/message": "for 4s", "x/y": "1"})
+    assert k8s_apply.plan([managed("a", annotations={"health.otel-dra.io/message": "for 5s"})], [old], None) == []
+    moved = managed("a", annotations={"health.otel-dra.io/message": "for 5s", "health.otel-dra.io/health": "Unknown"})
+    [act] = k8s_apply.plan([moved], [old], None)
+    assert act.verb == "update" and act.body["metadata"]["annotations"]["health.otel-dra.io/message"] == "for 5s"
+
+
+def test_the_fleets_plan_owns_every_managed_rule_whatever_its_pool():
+    other_pool = managed("e", pool="node-z", resourceVersion="2")
+    assert k8s_apply.plan([], [other_pool], {(DRIVER, "node-a")}) == []  # an agent leaves it to its node
+    assert [(a.verb, a.name) for a in k8s_apply.plan([], [other_pool], None)] == [("delete", "e")]
+
+
 @pytest.fixture
 def fake_cluster(tmp_path, monkeypatch):
     api = FakeApiServer()

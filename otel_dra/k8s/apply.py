@@ -33,6 +33,8 @@ from otel_dra.k8s.render import KIND, MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELE
 #: Server-set fields a comparison ignores.
 _SERVER_TAINT_FIELDS = ("timeAdded",)
 _LIST_PAGE = 500
+#: The annotation whose change alone does not rewrite a rule (see :func:`differs`).
+MESSAGE_ANNOTATION = "/message"
 
 
 class K8sApplyError(RuntimeError):
@@ -78,14 +80,18 @@ def _comparable_spec(spec: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def differs(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
     """Whether ``existing`` needs an update to match ``desired``: its spec (less server-set
-    fields), or any label or annotation ``desired`` sets. Others' labels don't count."""
+    fields), or any label or annotation ``desired`` sets. Others' labels don't count, nor does the
+    ``.../message`` annotation alone: its text carries durations that differ from one evaluation
+    (or one fleet replica) to the next, and rewriting a rule for that is churn. It is refreshed
+    whenever anything else changes."""
     if _comparable_spec(desired.get("spec")) != _comparable_spec(existing.get("spec")):
         return True
     have_meta = existing.get("metadata") or {}
     for part in ("labels", "annotations"):
         have = have_meta.get(part) or {}
-        if any(have.get(k) != v for k, v in (desired["metadata"].get(part) or {}).items()):
-            return True
+        for key, value in (desired["metadata"].get(part) or {}).items():
+            if have.get(key) != value and not (part == "annotations" and key.endswith(MESSAGE_ANNOTATION)):
+                return True
     return False
 
 
@@ -139,7 +145,7 @@ def _kubeconfig_paths() -> list[Path]:
     return [Path("~/.kube/config").expanduser()]
 
 
-def connect(context: str | None = None, user_agent: str | None = None) -> Any:
+def connect(context: str | None = None, user_agent: str | None = None, flag: str = "--apply") -> Any:
     """An ``ApiClient`` from the kubeconfig (KUBECONFIG or ~/.kube/config), else the pod's
     service account; :class:`ClusterUnavailable` when there is neither. Its User-Agent is
     ``otel-dra/<version>`` (or ``user_agent``), so API audit logs say who wrote what."""
@@ -169,7 +175,7 @@ def connect(context: str | None = None, user_agent: str | None = None) -> Any:
             where = os.pathsep.join(map(str, paths))
             raise ClusterUnavailable(
                 f"no Kubernetes cluster to apply to: no kubeconfig at {where} and not running in a pod "
-                "(KUBERNETES_SERVICE_HOST unset); set KUBECONFIG, or render without --apply"
+                f"(KUBERNETES_SERVICE_HOST unset); set KUBECONFIG, or run without {flag}"
             ) from None
     api_client = client.ApiClient(cfg)
     api_client.user_agent = user_agent or f"otel-dra/{__version__}"
