@@ -191,6 +191,7 @@ class Agent:
                 cfg.k8s_api_version,
                 cfg.k8s_driver,
                 apply_rules=cfg.k8s_apply,
+                attributes=cfg.k8s_attributes,
                 warmup_s=float(self.policy.data["min_samples"]) * cfg.interval_s,
             )
             sinks.k8s.start()

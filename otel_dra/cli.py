@@ -214,8 +214,15 @@ def cli() -> None:
     "--k8s-output",
     default=None,
     metavar="DIR",
-    help="Write DRA DeviceTaintRules and ResourceSlice health attributes for the current verdicts here "
-    "(opt-in; taint effects come from the policy's kubernetes section, None by default).",
+    help="Write DRA DeviceTaintRules for the current verdicts here (opt-in; taint effects come from the "
+    "policy's kubernetes section, None by default).",
+)
+@click.option(
+    "--k8s-attributes",
+    is_flag=True,
+    help="EXPERIMENTAL: also write ResourceSlice health attributes (resourceslice-attributes.yaml) to "
+    "--k8s-output, for a DRA driver to publish. KEP-5283, which would define device health in "
+    "ResourceSlices, is provisional: the names may change.",
 )
 @click.option(
     "--k8s-api-version",
@@ -260,6 +267,7 @@ def run(
     register_driver: str | None,
     plugin_registry: str,
     k8s_output: str | None,
+    k8s_attributes: bool,
     k8s_api_version: str,
     k8s_driver: str | None,
     k8s_apply: bool,
@@ -302,6 +310,7 @@ def run(
             register_with_kubelet=register_driver,
             plugin_registry=plugin_registry,
             k8s_output=k8s_output,
+            k8s_attributes=k8s_attributes,
             k8s_api_version=k8s_api_version,
             k8s_driver=k8s_driver,
             k8s_apply=k8s_apply,
@@ -440,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     "--k8s-output",
     default=None,
     metavar="DIR",
-    help="With --k8s-apply, also write the rendered DeviceTaintRules and ResourceSlice attributes here.",
+    help="With --k8s-apply, also write the rendered DeviceTaintRules here (devicetaintrules.yaml).",
 )
 @click.option(
     "--leader-elect/--no-leader-elect",

@@ -76,10 +76,11 @@ class AgentConfig:
     kubelet_health_timeout_s: float = 30.0
     register_with_kubelet: str | None = None  # DRA driver name to register the health socket under
     plugin_registry: str = "/var/lib/kubelet/plugins_registry"
-    k8s_output: str | None = None  # write DeviceTaintRules and slice attributes here
+    k8s_output: str | None = None  # write DeviceTaintRules (and, opted in, slice attributes) here
     k8s_api_version: str = "v1"
     k8s_driver: str | None = None
     k8s_apply: bool = False
+    k8s_attributes: bool = False  # experimental: also write ResourceSlice health attributes
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -106,6 +107,8 @@ class AgentConfig:
             raise ConfigError(f"--otlp-queue-max-points must be at least 1, got {self.otlp_queue_max_points}")
         if self.health_attribute not in HEALTH_ATTRIBUTE_MODES:
             raise ConfigError(f"--health-attribute must be one of {', '.join(HEALTH_ATTRIBUTE_MODES)}")
+        if self.k8s_attributes and not self.k8s_output:
+            raise ConfigError("--k8s-attributes needs --k8s-output DIR (the attributes file is written there)")
         if self.k8s_apply and not self.k8s_output:
             raise ConfigError("--k8s-apply needs --k8s-output DIR (the rules are written there, then applied)")
         if not self.kubelet_health_timeout_s > 0:

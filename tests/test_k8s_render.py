@@ -452,7 +452,7 @@ def replayed(tmp_path_factory) -> Path:
 def test_render_from_replay_output_keeps_the_last_line_per_device(replayed, tmp_path):
     lines = read_verdicts(replayed)
     assert len(lines) > 3  # several lines for some device: only the last counts
-    result = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER)
+    result = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "--attributes")
     assert result.returncode == 0, result.stderr
     rules = taint_rules(result.stdout)
     assert [(x["spec"]["deviceSelector"]["device"], x["spec"]["taint"]["key"]) for x in rules] == [
@@ -481,14 +481,37 @@ def test_render_from_replay_output_keeps_the_last_line_per_device(replayed, tmp_
     assert [d["apiVersion"] for d in docs(only.stdout)] == ["resource.k8s.io/v1alpha3"]
 
 
+def test_by_default_render_prints_only_kubernetes_objects_for_kubectl_apply(replayed):
+    result = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER)
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in docs(result.stdout) if d is not None]
+    assert objects and all(d["kind"] == "DeviceTaintRule" for d in objects)
+    for obj in objects:
+        assert_valid_rule(obj)
+
+
+def test_the_experimental_attributes_say_so_in_help():
+    for argv in (("k8s", "render", "--help"), ("run", "--help")):
+        text = " ".join(otel_dra(*argv).stdout.split())
+        assert "EXPERIMENTAL" in text and "KEP-5283" in text and "provisional" in text
+
+
+def test_the_agents_attributes_need_a_directory_to_go_to():
+    result = otel_dra("run", "--source", "simulated", "--k8s-attributes")
+    assert result.returncode == 2 and "--k8s-attributes needs --k8s-output DIR" in result.stderr
+
+
 def test_render_to_a_directory_writes_both_files_only_when_changed(replayed, tmp_path):
     out = tmp_path / "k8s"
-    first = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "-o", str(out))
+    plain = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "-o", str(tmp_path / "plain"))
+    assert plain.returncode == 0 and "(1 files changed)" in plain.stderr, plain.stderr
+    assert [p.name for p in (tmp_path / "plain").iterdir()] == [r.RULES_FILE]  # attributes: opt-in
+    first = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "--attributes", "-o", str(out))
     assert first.returncode == 0 and "(2 files changed)" in first.stderr, first.stderr
     rules_file, attrs_file = out / r.RULES_FILE, out / r.ATTRIBUTES_FILE
     assert len(taint_rules(rules_file.read_text())) == 1 and "devices" in yaml.safe_load(attrs_file.read_text())
     stamps = (rules_file.stat().st_mtime_ns, attrs_file.stat().st_mtime_ns)
-    again = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "-o", str(out))
+    again = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "--attributes", "-o", str(out))
     assert (
         "(0 files changed)" in again.stderr and (rules_file.stat().st_mtime_ns, attrs_file.stat().st_mtime_ns) == stamps
     )
@@ -676,7 +699,7 @@ def driver_attrs(node: str, hw_id: str) -> dict:
 def test_the_sink_writes_atomically_and_only_on_change(tmp_path):
     board = VerdictBoard()
     board.update(FLEET, driver_attrs)
-    sink = K8sOutputSink(board, tmp_path / "out", policy_mod.load(), "v1alpha3")
+    sink = K8sOutputSink(board, tmp_path / "out", policy_mod.load(), "v1alpha3", attributes=True)
     rules_file, attrs_file = tmp_path / "out" / r.RULES_FILE, tmp_path / "out" / r.ATTRIBUTES_FILE
     assert sink.write() is True
     assert len(taint_rules(rules_file.read_text())) == 2
@@ -685,7 +708,7 @@ def test_the_sink_writes_atomically_and_only_on_change(tmp_path):
     assert sink.write() is False and sink.writes == 2
     assert (rules_file.stat().st_mtime_ns, attrs_file.stat().st_mtime_ns) == stamps
     # a fresh sink (an agent restart) finds the same content on disk and leaves it alone
-    assert K8sOutputSink(board, tmp_path / "out", policy_mod.load(), "v1alpha3").write() is False
+    assert K8sOutputSink(board, tmp_path / "out", policy_mod.load(), "v1alpha3", attributes=True).write() is False
     board.update([verdict("gpu-1", "Healthy", "ok")], driver_attrs)
     inode = rules_file.stat().st_ino
     assert sink.write() is True

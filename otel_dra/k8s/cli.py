@@ -111,14 +111,22 @@ def _connect_and_discover(api_version: str, timeout: float) -> tuple[Any, Any]:
     "-o",
     "--output",
     default=None,
-    help="'-': YAML documents on stdout (the default, except with --apply). A directory: "
-    "devicetaintrules.yaml and resourceslice-attributes.yaml in it, written atomically and only when changed.",
+    help="'-': YAML documents on stdout (the default, except with --apply): only Kubernetes objects, what "
+    "'kubectl apply -f -' takes, unless --attributes. A directory: devicetaintrules.yaml (and, with "
+    "--attributes, resourceslice-attributes.yaml) in it, written atomically and only when changed.",
+)
+@click.option(
+    "--attributes",
+    is_flag=True,
+    help="EXPERIMENTAL: also render ResourceSlice health attributes (<domain>/health, <domain>/state) for "
+    "every device: not Kubernetes objects, but what a DRA driver would publish in its slices. KEP-5283, which "
+    "would define them, is provisional: the names may change.",
 )
 @click.option(
     "--only",
     type=click.Choice(("taints", "attributes")),
     default=None,
-    help="Render only the DeviceTaintRules (what 'kubectl apply -f -' takes) or only the attributes.",
+    help="Render only the DeviceTaintRules (the default) or only the (experimental) attributes.",
 )
 @click.option(
     "--apply",
@@ -137,6 +145,7 @@ def render_command(
     kubernetes_version: str | None,
     driver: str | None,
     output: str | None,
+    attributes: bool,
     only: str | None,
     do_apply: bool,
     timeout: float,
@@ -146,8 +155,8 @@ def render_command(
     FILE is verdict JSON lines ('otel-dra replay' output; the last line per device counts;
     '-' reads stdin); or give --from URL for a running agent. One DeviceTaintRule per
     (device, reason) for Unhealthy and Unknown devices, labelled
-    app.kubernetes.io/managed-by=otel-dra; Healthy devices get none. Attributes
-    (<domain>/health, <domain>/state) for every device.
+    app.kubernetes.io/managed-by=otel-dra; Healthy devices get none. With --attributes
+    (experimental), ResourceSlice attributes (<domain>/health, <domain>/state) for every device.
     """
     from otel_dra.k8s.apply import K8sApplyError, apply
     from otel_dra.k8s.render import VerdictInputError, render, write_rendering
@@ -156,6 +165,8 @@ def render_command(
 
     if (file is None) == (from_url is None):
         raise click.UsageError("give a verdict FILE or --from URL (one of them)")
+    if only is None and not attributes:
+        only = "taints"  # only Kubernetes objects unless the experimental attributes are asked for
     if driver is not None:
         from otel_dra.k8s.validation import driver_name_problem
 
@@ -201,8 +212,9 @@ def render_command(
         except OSError as exc:
             raise click.ClickException(f"cannot write to {target}: {exc.strerror or exc}") from None
         click.echo(
-            f"{len(rendering.rules)} DeviceTaintRules, {len(rendering.attributes)} devices' attributes in {target} "
-            f"({len(changed)} files changed)",
+            f"{len(rendering.rules)} DeviceTaintRules"
+            + (f", {len(rendering.attributes)} devices' attributes" if only != "taints" else "")
+            + f" in {target} ({len(changed)} files changed)",
             err=True,
         )
     if do_apply:

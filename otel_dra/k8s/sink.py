@@ -2,7 +2,8 @@
 verdicts as files a cluster-side process (``kubectl apply``, a DRA driver,
 ``otel-dra k8s render --apply``) picks up, or as DeviceTaintRules applied directly.
 
-Writes ``devicetaintrules.yaml`` and ``resourceslice-attributes.yaml`` on its own thread,
+Writes ``devicetaintrules.yaml`` (and, opted into, the experimental
+``resourceslice-attributes.yaml``: KEP-5283 is provisional) on its own thread,
 after each verdict change, atomically (temp file and rename: a reader never sees half a file)
 and only when the rendering changed (a file's mtime moves only when its content does). With
 ``apply``, the same thread reconciles the cluster's rules (:func:`otel_dra.k8s.apply.apply`)
@@ -60,9 +61,12 @@ class K8sOutputSink:
         leader: Callable[[], bool] | None = None,
         whole_fleet: bool = False,
         name: str = "k8s output",
+        attributes: bool = False,
     ) -> None:
         """``driver``: the DRA driver for devices whose telemetry has no ``dra.driver.name``.
         ``out_dir``: where the files go; ``None``: no files (the fleet's writer only applies).
+        ``attributes``: also write the ResourceSlice health attributes (experimental: KEP-5283,
+        which would define them, is provisional).
         ``api_version`` ``"auto"``: the newest the cluster serves, found before the first apply
         (files written before then use the default, ``v1``).
 
@@ -87,6 +91,7 @@ class K8sOutputSink:
         self.driver = driver
         self.poll_s, self.resync_s, self.retry_s, self.warmup_s = poll_s, resync_s, retry_s, warmup_s
         self.leader, self.whole_fleet, self.name = leader, whole_fleet, name
+        self.attributes = attributes
         self._not_before = 0.0
         val.client_models()
         if self.out_dir is not None:
@@ -131,7 +136,10 @@ class K8sOutputSink:
         if self.out_dir is None:
             return False
         changed = False
-        for name, text in ((RULES_FILE, rendering.rules_yaml()), (ATTRIBUTES_FILE, rendering.attributes_yaml())):
+        files = [(RULES_FILE, rendering.rules_yaml())]
+        if self.attributes:
+            files.append((ATTRIBUTES_FILE, rendering.attributes_yaml()))
+        for name, text in files:
             path = self.out_dir / name
             if self._written.get(path) == text and path.exists():
                 continue
