@@ -30,8 +30,20 @@ def test_receives_otlp_on_both_transports_and_exports_prometheus():
     assert protocols["http"]["endpoint"].endswith(":4318")
     assert "prometheus" in config["service"]["pipelines"]["metrics"]["exporters"]
     assert config["exporters"]["prometheus"]["resource_to_telemetry_conversion"]["enabled"] is True
-    assert "otlp/fleet" in config["service"]["pipelines"]["metrics"]["exporters"]
-    assert config["exporters"]["otlp/fleet"]["endpoint"].endswith(":4317")
+
+
+def test_every_fleet_replica_gets_every_nodes_telemetry():
+    """A standby replica must hold the whole view to take over as the DeviceTaintRule writer at
+    once: one exporter per StatefulSet pod of deploy/kubernetes/fleet, the same settings each."""
+    config = yaml.safe_load(CONFIG.read_text())
+    fleet = yaml.safe_load((ROOT / "deploy/kubernetes/fleet/30-statefulset.yaml").read_text())
+    name, namespace = fleet["metadata"]["name"], fleet["metadata"]["namespace"]
+    service = fleet["spec"]["serviceName"]
+    wanted = {f"{name}-{i}.{service}.{namespace}.svc:4317" for i in range(fleet["spec"]["replicas"])}
+    used = [e for e in config["service"]["pipelines"]["metrics"]["exporters"] if e.startswith("otlp/fleet")]
+    assert {config["exporters"][e]["endpoint"] for e in used} == wanted and len(used) == len(wanted)
+    settings = [{k: v for k, v in config["exporters"][e].items() if k != "endpoint"} for e in used]
+    assert all(s == settings[0] for s in settings)
 
 
 def test_sharding_routes_each_node_to_one_replica():

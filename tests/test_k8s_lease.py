@@ -192,3 +192,32 @@ def test_a_missing_namespace_is_one_line_naming_it(api, candidates, caplog):
     assert not elector.is_leader()
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and 'namespaces "otel-dra" not found' in errors[0]
+
+
+def test_a_writer_whose_lease_lapses_mid_apply_stops_before_the_next_change(api):
+    """The fence is asked before every write, not once per apply: a leader that loses the Lease
+    while reconciling leaves the rest to its successor instead of racing it."""
+    from otel_dra import policy as policy_mod
+    from otel_dra.classifier.verdicts import Verdict
+    from otel_dra.k8s import render as r
+
+    def sick(device: str) -> Verdict:
+        return Verdict(
+            time_unix_nano=1,
+            node="node-a",
+            hw_id=device,
+            health="Unhealthy",
+            state="failed",
+            reasons=("memory_ecc",),
+            remediation="replace_device",
+            message="uncorrected ECC",
+            pool="node-a",
+            device=device,
+            driver="gpu.example.com",
+        )
+
+    rendering = r.render([sick("gpu-0"), sick("gpu-1"), sick("gpu-2")], policy_mod.load())
+    answers = iter([True, False])
+    with pytest.raises(k8s_apply.NotLeader, match="stopped after 1 of 3 changes"):
+        k8s_apply.apply(rendering, k8s_apply.connect(), whole_fleet=True, may_write=lambda: next(answers))
+    assert len(api.objects) == 1 and [w.verb for w in api.rule_writes()] == ["POST"]
