@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from otel_dra import __version__
-from otel_dra.cli_options import Seconds, log_level_option, policy_option, progress_bar
+from otel_dra.cli_options import Seconds, k8s_driver_option, log_level_option, policy_option, progress_bar
 from otel_dra.config import (
     DEFAULT_PROMETHEUS_PORT,
     HEALTH_ATTRIBUTE_MODES,
@@ -232,11 +232,7 @@ def cli() -> None:
     help="resource.k8s.io version of the DeviceTaintRules: v1 (Kubernetes 1.37+), v1beta2 (1.36, behind the "
     "DRADeviceTaintRules gate), v1alpha3 (1.33-1.35).",
 )
-@click.option(
-    "--k8s-driver",
-    default=None,
-    help="DRA driver name for devices whose telemetry carries no dra.driver.name.",
-)
+@k8s_driver_option
 @click.option(
     "--k8s-apply",
     is_flag=True,
@@ -442,9 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     help="resource.k8s.io version of the DeviceTaintRules; auto: the newest the API server serves (v1 on "
     "Kubernetes 1.37+, v1beta2 on 1.36 behind the DRADeviceTaintRules gate, v1alpha3 on 1.33-1.35).",
 )
-@click.option(
-    "--k8s-driver", default=None, help="DRA driver name for devices whose telemetry carries no dra.driver.name."
-)
+@k8s_driver_option
 @click.option(
     "--k8s-output",
     default=None,

@@ -24,6 +24,27 @@ log_level_option = click.option(
 )
 
 
+def driver_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A DRA driver name as the API takes it (a DNS subdomain of at most 63), else a usage error."""
+    if value is None:
+        return None
+    from otel_dra.k8s.validation import driver_name_problem
+
+    problem = driver_name_problem(value)
+    if problem:
+        raise click.BadParameter(f"{value!r} {problem}", ctx, param)
+    return value
+
+
+#: ``--k8s-driver`` of ``run`` and ``fleet``: checked as the API would check it.
+k8s_driver_option = click.option(
+    "--k8s-driver",
+    default=None,
+    callback=driver_name,
+    help="DRA driver name for devices whose telemetry carries no dra.driver.name, e.g. gpu.nvidia.com.",
+)
+
+
 def policy_option(help_text: str) -> Callable[[Any], Any]:
     """``--policy FILE`` (``OTEL_DRA_POLICY``), passed as ``policy_file``."""
     return click.option(

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -354,6 +355,13 @@ def conflict(resource: str, group: str, name: str) -> str:
         f'Operation cannot be fulfilled on {resource}.{group} "{name}": the object has been modified; '
         "please apply your changes to the latest version and try again"
     )
+
+
+def write_kubeconfig(api: FakeApiServer, directory: Path) -> Path:
+    """A kubeconfig in ``directory`` pointing at ``api`` (token auth), for ``KUBECONFIG``."""
+    path = directory / "kubeconfig"
+    path.write_text(kubeconfig(api.url))
+    return path
 
 
 def kubeconfig(server: str) -> str:

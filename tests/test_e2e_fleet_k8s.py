@@ -23,7 +23,7 @@ from otel_dra.faults import Fault
 from otel_dra.frame import Schema
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from tests.conftest import REPO, FleetProcess, http_get, spawn_fleet, wait_for
-from tests.fake_apiserver import FakeApiServer, kubeconfig
+from tests.fake_apiserver import FakeApiServer, write_kubeconfig
 from tests.otlp_trace import request
 
 pytestmark = pytest.mark.e2e
@@ -91,9 +91,7 @@ class Pusher:
 @pytest.fixture
 def cluster(tmp_path):
     api = FakeApiServer()
-    path = tmp_path / "kubeconfig"
-    path.write_text(kubeconfig(api.url))
-    yield api, {"KUBECONFIG": str(path)}
+    yield api, {"KUBECONFIG": str(write_kubeconfig(api, tmp_path))}
     api.close()
 
 

@@ -11,7 +11,7 @@ import pytest
 from otel_dra.k8s import apply as k8s_apply
 from otel_dra.k8s.lease import LeaderElector, LeaseConfig
 from tests.conftest import wait_for
-from tests.fake_apiserver import FakeApiServer, kubeconfig
+from tests.fake_apiserver import FakeApiServer, write_kubeconfig
 
 pytestmark = pytest.mark.e2e  # real-time bounds: run with the other real-time modules, not beside them
 FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.2, "retry_period_s": 0.25}
@@ -20,9 +20,7 @@ FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.2, "retry_period_s": 0.25
 @pytest.fixture
 def api(tmp_path, monkeypatch):
     server = FakeApiServer()
-    path = tmp_path / "kubeconfig"
-    path.write_text(kubeconfig(server.url))
-    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(server, tmp_path)))
     yield server
     server.close()
 
@@ -41,6 +39,17 @@ def candidates(api):
     yield make
     for e in made:
         e.stop()
+
+
+def leader_and_standby(candidates) -> tuple[LeaderElector, LeaderElector]:
+    """fleet-a leading, fleet-b started after it and following (it has read the Lease a few times)."""
+    a, b = candidates("fleet-a"), candidates("fleet-b")
+    a.start()
+    wait_for(a.is_leader, 5, "fleet-a leading")
+    b.start()
+    time.sleep(0.6)
+    assert not b.is_leader()
+    return a, b
 
 
 def leaders(electors: list[LeaderElector]) -> list[str]:
@@ -100,12 +109,7 @@ def test_one_of_two_candidates_leads_and_the_lease_says_which(api, candidates):
 
 
 def test_a_graceful_stop_releases_the_lease_and_the_standby_takes_over_at_its_next_retry(api, candidates):
-    a, b = candidates("fleet-a"), candidates("fleet-b")
-    a.start()
-    wait_for(a.is_leader, 5, "fleet-a leading")
-    b.start()
-    time.sleep(0.6)
-    assert not b.is_leader()
+    a, b = leader_and_standby(candidates)
     stopped = time.monotonic()
     a.stop()
     assert api.lease()["spec"].get("holderIdentity") is None  # released, as client-go's ReleaseOnCancel
@@ -115,11 +119,7 @@ def test_a_graceful_stop_releases_the_lease_and_the_standby_takes_over_at_its_ne
 
 
 def test_a_dead_leader_is_replaced_within_one_lease_duration_of_its_last_renewal(api, candidates):
-    a, b = candidates("fleet-a"), candidates("fleet-b")
-    a.start()
-    wait_for(a.is_leader, 5, "fleet-a leading")
-    b.start()
-    time.sleep(1.0)  # b has read the lease a few times
+    a, b = leader_and_standby(candidates)
     a._stop.set()  # dies: no more renewals, no release (as kill -9)
     died = time.monotonic()
     wait_for(b.is_leader, 5, "fleet-b leading", every=0.02)
@@ -132,11 +132,7 @@ def test_a_dead_leader_is_replaced_within_one_lease_duration_of_its_last_renewal
 
 
 def test_a_partitioned_leader_stops_writing_before_the_other_takes_over(api, candidates):
-    a, b = candidates("fleet-a"), candidates("fleet-b")
-    a.start()
-    wait_for(a.is_leader, 5, "fleet-a leading")
-    b.start()
-    time.sleep(0.6)
+    a, b = leader_and_standby(candidates)
     flips: dict[str, float] = {}
 
     def watch() -> None:

@@ -34,7 +34,7 @@ from otel_dra.k8s.sink import K8sOutputSink
 from otel_dra.sinks.verdicts import VerdictBoard
 from otel_dra.vocabulary import REASONS
 from tests.conftest import free_port, http_get, wait_for
-from tests.fake_apiserver import FakeApiServer, kubeconfig
+from tests.fake_apiserver import FakeApiServer, kubeconfig, write_kubeconfig
 from tests.otlp_trace import read_verdicts, write_trace
 
 DRIVER = "gpu.nvidia.com"
@@ -650,11 +650,9 @@ def test_the_fleets_plan_owns_every_managed_rule_whatever_its_pool():
 @pytest.fixture
 def fake_cluster(tmp_path, monkeypatch):
     api = FakeApiServer()
-    path = tmp_path / "kubeconfig"
-    path.write_text(kubeconfig(api.url))
-    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api, tmp_path)))
     yield api
-    api.server.shutdown()
+    api.close()
 
 
 def test_apply_reconciles_through_the_kubernetes_client(fake_cluster):
@@ -771,13 +769,11 @@ def cluster(tmp_path):
     def start(**kw) -> tuple[FakeApiServer, dict]:
         api = FakeApiServer(**kw)
         started.append(api)
-        path = tmp_path / "kubeconfig"
-        path.write_text(kubeconfig(api.url))
-        return api, {**os.environ, "KUBECONFIG": str(path)}
+        return api, {**os.environ, "KUBECONFIG": str(write_kubeconfig(api, tmp_path))}
 
     yield start
     for api in started:
-        api.server.shutdown()
+        api.close()
 
 
 @pytest.mark.parametrize(

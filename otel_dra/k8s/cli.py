@@ -14,7 +14,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from otel_dra.cli_options import Seconds, policy_option
+from otel_dra.cli_options import Seconds, driver_name, policy_option
 
 #: Kept here (not imported from render) so ``otel-dra --help`` does not import the classifier.
 API_VERSION_CHOICES = ("v1", "v1beta2", "v1alpha3")
@@ -105,6 +105,7 @@ def _connect_and_discover(api_version: str, timeout: float) -> tuple[Any, Any]:
 @click.option(
     "--driver",
     default=None,
+    callback=driver_name,
     help="DRA driver name for devices whose verdicts carry no dra.driver.name, e.g. gpu.nvidia.com.",
 )
 @click.option(
@@ -167,12 +168,6 @@ def render_command(
         raise click.UsageError("give a verdict FILE or --from URL (one of them)")
     if only is None and not attributes:
         only = "taints"  # only Kubernetes objects unless the experimental attributes are asked for
-    if driver is not None:
-        from otel_dra.k8s.validation import driver_name_problem
-
-        problem = driver_name_problem(driver)
-        if problem:
-            raise click.BadParameter(f"{driver!r} {problem}", param_hint="--driver")
     if kubernetes_version is not None:
         from otel_dra.k8s.render import kubernetes_version_of
 
