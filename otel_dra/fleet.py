@@ -5,6 +5,11 @@ node's devices) → sinks (verdict metrics on /metrics, /v1/devices, logs). Requ
 on their own threads and only queued there; the evaluation loop drains the queue and ingests it
 as one batch every tick, so thousands of small requests cost one pass of array work, and a
 slow tick never blocks a sender.
+
+With ``--k8s-apply`` the fleet is also the cluster's one DeviceTaintRule writer: a
+:class:`~otel_dra.k8s.sink.K8sOutputSink` over the fleet's board that owns every managed rule,
+gated by a :class:`~otel_dra.k8s.lease.LeaderElector`, so of several replicas only the Lease
+holder writes.
 """
 
 from __future__ import annotations

@@ -100,6 +100,7 @@ class K8sOutputSink:
         self._written: dict[Path, str] = {}
         self._notes: tuple[str, ...] = ()
         self._rendering: Rendering | None = None
+        self._rules_text = ""
         self._attempted: str | None = None  # the rules text last applied (or tried)
         self._apply_due = 0.0  # monotonic time of the next resync or retry
         self._apply_error = ""
@@ -123,6 +124,7 @@ class K8sOutputSink:
             kubernetes_version=self.kubernetes,
         )
         self._rendering = rendering
+        self._rules_text = rendering.rules_yaml()  # once per rendering: the loop compares it every poll
         notes = tuple(rendering.skipped + rendering.dropped)
         if notes != self._notes:  # once per change, not on every pass
             for note in notes:
@@ -136,7 +138,7 @@ class K8sOutputSink:
         if self.out_dir is None:
             return False
         changed = False
-        files = [(RULES_FILE, rendering.rules_yaml())]
+        files = [(RULES_FILE, self._rules_text)]
         if self.attributes:
             files.append((ATTRIBUTES_FILE, rendering.attributes_yaml()))
         for name, text in files:
@@ -182,12 +184,12 @@ class K8sOutputSink:
             return False
         if not self._was_leader:  # just became the leader: reconcile now, whatever was tried before
             self._was_leader, force = True, True
-        if not (force or time.monotonic() >= self._apply_due or self._rendering.rules_yaml() != self._attempted):
+        if not (force or time.monotonic() >= self._apply_due or self._rules_text != self._attempted):
             return not self._apply_error
         if not self._discovered():
             return False
         rendering = self._rendering
-        self._attempted = rendering.rules_yaml()
+        self._attempted = self._rules_text
         try:
             result = apply(rendering, self._api_client, whole_fleet=self.whole_fleet, may_write=self.leader)
         except K8sApplyError as exc:
