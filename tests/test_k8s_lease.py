@@ -15,6 +15,7 @@ from tests.fake_apiserver import FakeApiServer, write_kubeconfig
 
 pytestmark = pytest.mark.e2e  # real-time bounds: run with the other real-time modules, not beside them
 FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.2, "retry_period_s": 0.25}
+JITTER_RETRY = 1.2 * FAST["retry_period_s"]
 
 
 @pytest.fixture
@@ -155,6 +156,20 @@ def test_a_partitioned_leader_stops_writing_before_the_other_takes_over(api, can
     api.partitioned.clear()
     time.sleep(1.0)
     assert leaders([a, b]) == ["fleet-b"]  # a, back, follows: the lease is b's
+
+
+def test_a_leader_that_finds_the_lease_taken_stops_writing_at_its_next_renewal(api, candidates, caplog):
+    a = candidates("fleet-a")
+    a.start()
+    wait_for(a.is_leader, 5, "fleet-a leading")
+    with api.lock:  # another writer took it (an admin, or a candidate with a skewed clock rate)
+        lease = api.leases[("otel-dra", "otel-dra-fleet")]
+        lease["spec"]["holderIdentity"] = "intruder"
+        lease["metadata"]["resourceVersion"] = api._next_version()
+    taken = time.monotonic()
+    wait_for(lambda: not a.is_leader(), 3, "fleet-a stepping down", every=0.01)
+    assert time.monotonic() - taken < JITTER_RETRY + 0.3  # its next renewal, not its renew deadline
+    assert any("lost lease otel-dra/otel-dra-fleet (intruder holds it now)" in r.getMessage() for r in caplog.records)
 
 
 def test_rbac_without_leases_is_logged_once_with_the_permission_to_grant(api, candidates, caplog):

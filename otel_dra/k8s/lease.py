@@ -159,14 +159,12 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None  # the last record read
         self._observed_at = 0.0  # when, on our clock, that record may first have existed
         self._last_read_at: float | None = None
-        self._resource_version: str | None = None
         self._transitions = 0
-        self._acquire_time: dt.datetime | None = None
         self._error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.holder = ""  # the holder last seen: for logs and /healthz
-        self.transitions_won = 0
+        self.holder = ""  # the holder last seen
+        self.terms = 0  # how many times this candidate became the leader
 
     @property
     def identity(self) -> str:
@@ -187,7 +185,8 @@ class LeaderElector:
             spec.lease_transitions,
         )
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """One Lease API call, bounded so that a hung one cannot outlast the renew deadline."""
         timeout = max(1.0, self.config.renew_deadline_s / 2)
         return fn(*args, _request_timeout=timeout)
 
@@ -198,7 +197,7 @@ class LeaderElector:
         now = _now_utc()
         duration = max(1, math.ceil(cfg.lease_duration_s))
         try:
-            lease = self._call("read", self._api.read_namespaced_lease, cfg.name, cfg.namespace)
+            lease = self._call(self._api.read_namespaced_lease, cfg.name, cfg.namespace)
         except c.ApiException as exc:
             if exc.status != 404:
                 raise
@@ -215,12 +214,12 @@ class LeaderElector:
                 ),
             )
             try:
-                created = self._call("create", self._api.create_namespaced_lease, cfg.namespace, body)
+                created = self._call(self._api.create_namespaced_lease, cfg.namespace, body)
             except c.ApiException as exc2:
                 if exc2.status == 409:  # another candidate created it first
                     return False
                 raise
-            self._won(created, started, 0, now)
+            self._won(created, started, 0)
             return True
         read_done = self._clock()
         spec = lease.spec or c.V1LeaseSpec()
@@ -237,6 +236,9 @@ class LeaderElector:
         holder = spec.holder_identity or ""
         self.holder = holder
         mine = holder == cfg.identity
+        if holder and not mine:
+            with self._lock:
+                self._renewed_at = None  # someone else holds it: if we led, we stop writing now
         if holder and not mine and started < self._observed_at + cfg.lease_duration_s:
             return False  # held, and not yet expired on our clock
         transitions = int(spec.lease_transitions or 0)
@@ -251,27 +253,27 @@ class LeaderElector:
             lease_transitions=transitions,
         )
         try:
-            updated = self._call("update", self._api.replace_namespaced_lease, cfg.name, cfg.namespace, lease)
+            updated = self._call(self._api.replace_namespaced_lease, cfg.name, cfg.namespace, lease)
         except c.ApiException as exc:
             if exc.status == 409:  # someone else wrote it since our read
                 return False
             raise
-        self._won(updated, started, transitions, acquire_time)
+        self._won(updated, started, transitions)
         return True
 
-    def _won(self, lease: Any, started: float, transitions: int, acquire_time: dt.datetime) -> None:
+    def _won(self, lease: Any, started: float, transitions: int) -> None:
         with self._lock:
             self._renewed_at = started
-        self._resource_version = lease.metadata.resource_version if lease.metadata else None
         self._observed = self._record(lease.spec)
         self._observed_at = started
         self._transitions = transitions
-        self._acquire_time = acquire_time
         self.holder = self.config.identity
 
     def release(self) -> bool:
         """Give the Lease up (client-go's ``ReleaseOnCancel``): holder cleared, 1 s duration. Only
         when we still hold it; True when released."""
+        import urllib3
+
         c, cfg = self._client, self.config
         with self._lock:
             held = self._renewed_at is not None
@@ -279,7 +281,7 @@ class LeaderElector:
         if not held:
             return False
         try:
-            lease = self._call("read", self._api.read_namespaced_lease, cfg.name, cfg.namespace)
+            lease = self._call(self._api.read_namespaced_lease, cfg.name, cfg.namespace)
             if (lease.spec.holder_identity if lease.spec else None) != cfg.identity:
                 return False
             now = _now_utc()
@@ -290,8 +292,8 @@ class LeaderElector:
                 renew_time=now,
                 lease_transitions=self._transitions,
             )
-            self._call("update", self._api.replace_namespaced_lease, cfg.name, cfg.namespace, lease)
-        except (c.ApiException, OSError) as exc:
+            self._call(self._api.replace_namespaced_lease, cfg.name, cfg.namespace, lease)
+        except (c.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             log.warning("leader election: could not release lease %s: %s", self._where(), _status_line(exc))
             return False
         log.info("leader election: %s released lease %s", cfg.identity, self._where())
@@ -350,7 +352,7 @@ class LeaderElector:
                         pause = expiry + 0.01
                 self._wait(pause)
                 continue
-            self.transitions_won += 1
+            self.terms += 1
             log.info("leader election: %s became the leader (lease %s)", cfg.identity, self._where())
             self._on_started()
             # Leader: renew every retry period until a renewal is overdue.
@@ -363,12 +365,12 @@ class LeaderElector:
             if lost:
                 with self._lock:
                     self._renewed_at = None
-                log.warning(
-                    "leader election: %s lost lease %s (no renewal within %gs); stopped writing",
-                    cfg.identity,
-                    self._where(),
-                    cfg.renew_deadline_s,
+                why = (
+                    f"{self.holder} holds it now"
+                    if self.holder and self.holder != cfg.identity
+                    else f"no renewal within {cfg.renew_deadline_s:g}s"
                 )
+                log.warning("leader election: %s lost lease %s (%s); stopped writing", cfg.identity, self._where(), why)
             self._on_stopped()
 
     def start(self) -> None:
