@@ -110,7 +110,7 @@ def synthetic_file(directory: Path, nodes: int = 6, devices: int = 4, samples: i
     from otel_dra.sinks import provider
     from otel_dra.sinks.metrics import MetricsSink
     from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
-    from otel_dra.store import FrameStore
+    from otel_dra.state import FrameStore
 
     path = directory / "synthetic.jsonl.gz"
     start = 1_795_000_000 * 10**9

@@ -38,7 +38,8 @@ from bench.bench_classifier import INTERVAL_S, Fleet, rss_mb  # noqa: E402
 from otel_dra import conventions as cv  # noqa: E402
 from otel_dra.sinks import provider  # noqa: E402
 from otel_dra.sinks.verdict_text import VerdictText  # noqa: E402
-from otel_dra.sinks.verdicts import VerdictBoard, VerdictMetrics  # noqa: E402
+from otel_dra.sinks.verdicts import VerdictMetrics  # noqa: E402
+from otel_dra.state.board import VerdictBoard  # noqa: E402
 
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 START, END = "<!-- bench_fleet:start -->", "<!-- bench_fleet:end -->"

@@ -46,11 +46,11 @@ from google.protobuf.internal import api_implementation
 from otel_dra import policy
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.faults import Fault
-from otel_dra.kubelet import KubeletHealthServer, build_response
-from otel_dra.kubelet.api import dra_health_v1alpha1_pb2 as pb
-from otel_dra.kubelet.api import dra_health_v1alpha1_pb2_grpc as pb_grpc
-from otel_dra.sinks.verdicts import VerdictBoard
+from otel_dra.sinks.kubelet import KubeletHealthServer, build_response
+from otel_dra.sinks.kubelet.api import dra_health_v1alpha1_pb2 as pb
+from otel_dra.sinks.kubelet.api import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
+from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import REASONS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -51,7 +51,7 @@ from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
-from otel_dra.store import FrameStore
+from otel_dra.state import FrameStore
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

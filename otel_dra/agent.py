@@ -36,7 +36,7 @@ from otel_dra.sinks.sending_queue import SendingQueue
 from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
 from otel_dra.sources import Source
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
-from otel_dra.store import FrameStore
+from otel_dra.state import FrameStore
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class Agent:
         cfg = self.config
         endpoint = cfg.kubelet_endpoint
         if endpoint:
-            from otel_dra.kubelet import KubeletHealthServer, RegistrationServer
+            from otel_dra.sinks.kubelet import KubeletHealthServer, RegistrationServer
 
             fresh_ns = int(cfg.stale_after_s * 1e9)
             sinks.kubelet = KubeletHealthServer(
@@ -182,7 +182,7 @@ class Agent:
                 sinks.registration = RegistrationServer(cfg.plugin_registry, cfg.register_with_kubelet, endpoint)
                 sinks.registration.start()
         if cfg.k8s_output:
-            from otel_dra.k8s.sink import K8sOutputSink
+            from otel_dra.sinks.k8s.sink import K8sOutputSink
 
             sinks.k8s = K8sOutputSink(
                 self.board,

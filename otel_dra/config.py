@@ -124,7 +124,7 @@ class AgentConfig:
         if self.kubelet_socket:
             return self.kubelet_socket
         if self.register_with_kubelet:
-            from otel_dra.kubelet import default_endpoint
+            from otel_dra.sinks.kubelet import default_endpoint
 
             return default_endpoint(self.register_with_kubelet)
         return None

@@ -7,8 +7,8 @@ as one batch every tick, so thousands of small requests cost one pass of array w
 slow tick never blocks a sender.
 
 With ``--k8s-apply`` the fleet is also the cluster's one DeviceTaintRule writer: a
-:class:`~otel_dra.k8s.sink.K8sOutputSink` over the fleet's board that owns every managed rule,
-gated by a :class:`~otel_dra.k8s.lease.LeaderElector`, so of several replicas only the Lease
+:class:`~otel_dra.sinks.k8s.sink.K8sOutputSink` over the fleet's board that owns every managed rule,
+gated by a :class:`~otel_dra.sinks.k8s.lease.LeaderElector`, so of several replicas only the Lease
 holder writes.
 """
 
@@ -27,15 +27,16 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from otel_dra import __version__
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.frame import Frame, Schema
-from otel_dra.k8s.lease import LeaseConfig
-from otel_dra.k8s.render import AUTO_API_VERSION, api_version_of
 from otel_dra.policy import Policy
 from otel_dra.receivers.tls import TlsSettings, describe
 from otel_dra.sinks import provider
 from otel_dra.sinks.exposition import ExpositionCache, Renderer
 from otel_dra.sinks.http import HttpEndpoint
+from otel_dra.sinks.k8s.lease import LeaseConfig
+from otel_dra.sinks.k8s.render import AUTO_API_VERSION, api_version_of
 from otel_dra.sinks.verdict_text import VerdictText
-from otel_dra.sinks.verdicts import VerdictBoard, VerdictMetrics
+from otel_dra.sinks.verdicts import VerdictMetrics
+from otel_dra.state.board import VerdictBoard
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +144,9 @@ class Fleet:
     def _start_cluster_writer(self, k8s: ClusterWriterConfig) -> None:
         """The DeviceTaintRule writer, and the election that decides whether it may write. Fails
         here (no kubeconfig, no client) before any port is bound."""
-        from otel_dra.k8s.apply import connect
-        from otel_dra.k8s.lease import LeaderElector
-        from otel_dra.k8s.sink import K8sOutputSink
+        from otel_dra.sinks.k8s.apply import connect
+        from otel_dra.sinks.k8s.lease import LeaderElector
+        from otel_dra.sinks.k8s.sink import K8sOutputSink
 
         lease = k8s.lease.resolved()
         api_client = connect(user_agent=f"otel-dra/{__version__} (fleet; {lease.identity})", flag="--k8s-apply")

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from otel_dra.k8s import validation as k8s
+from otel_dra.sinks.k8s import validation as k8s
 from otel_dra.vocabulary import COMBINE_MODES, HEALTH, REASONS, REMEDIATIONS
 
 DEFAULT_POLICY = "default.yaml"
@@ -259,7 +259,7 @@ RULES = struct(
     }
 )
 
-# -- kubernetes: taints and attributes (otel_dra.k8s) ------------------------------------------
+# -- kubernetes: taints and attributes (otel_dra.sinks.k8s) ------------------------------------------
 #: Placeholders of a taint key or value (one taint per reason), and of an attribute value (per device).
 TAINT_FIELDS: tuple[str, ...] = ("reason", "state", "health", "remediation")
 ATTRIBUTE_FIELDS: tuple[str, ...] = ("health", "state", "remediation")

@@ -1,12 +1,12 @@
-"""Regenerate the kubelet gRPC stubs (``otel_dra/kubelet/api/*_pb2*.py``) from the ``.proto`` files beside them.
+"""Regenerate the kubelet gRPC stubs (``otel_dra/sinks/kubelet/api/*_pb2*.py``) from the ``.proto`` files beside them.
 
 The one command that writes them: ``.venv/bin/python scripts/gen_protos.py``. ``--out DIR`` writes the
 tree under DIR instead (``tests/test_kubelet_stream.py`` does that and compares, so the committed stubs
 can't drift from the protos); ``--check`` does the comparison itself and exits 1 on any difference.
 
 The repository root is the proto path, so each file's descriptor name is its repository path
-(``otel_dra/kubelet/api/dra_health_v1.proto``: distinct, unlike upstream's three ``api.proto``) and the
-generated ``_pb2_grpc`` modules import their messages as ``from otel_dra.kubelet.api import ...``, which
+(``otel_dra/sinks/kubelet/api/dra_health_v1.proto``: distinct, unlike upstream's three ``api.proto``) and the
+generated ``_pb2_grpc`` modules import their messages as ``from otel_dra.sinks.kubelet.api import ...``, which
 works from the installed package without touching ``sys.path``.
 """
 
@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-API_DIR = Path("otel_dra") / "kubelet" / "api"
+API_DIR = Path("otel_dra") / "sinks" / "kubelet" / "api"
 
 
 def proto_files() -> list[Path]:
@@ -34,7 +34,7 @@ def generated_files(root: Path) -> list[Path]:
 
 
 def generate(out: Path) -> list[Path]:
-    """Run protoc (grpcio-tools, in process) over every proto; the stubs land under ``out``/otel_dra/kubelet/api."""
+    """Run protoc (grpcio-tools, in process) over every proto; the stubs land under ``out``/API_DIR."""
     from grpc_tools import protoc  # a test/dev dependency; only needed to regenerate
 
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def drift(root: Path = REPO) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO, help="root to write otel_dra/kubelet/api/ under")
+    parser.add_argument("--out", type=Path, default=REPO, help="root to write otel_dra/sinks/kubelet/api/ under")
     parser.add_argument("--check", action="store_true", help="compare the committed stubs instead of writing")
     args = parser.parse_args(argv)
     if args.check:

@@ -9,11 +9,11 @@ from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 
 from otel_dra import __version__
 from otel_dra.frame import Frame, Schema
-from otel_dra.kubelet import KubeletHealthServer
 from otel_dra.sinks import provider
+from otel_dra.sinks.kubelet import KubeletHealthServer
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
-from otel_dra.store import FrameStore
+from otel_dra.state import FrameStore
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ Semantics, as the contract (``telemetry.md``) and the classifier's docstrings st
 - a verdict is emitted on the first evaluation of a device and whenever (health, state,
   reasons, remediation) changes; devices not seen for ``device_ttl`` are forgotten.
 
-The window store keeps float32 (``otel_dra.store.window``): stored features are rounded to
+The window store keeps float32 (``otel_dra.classifier.window``): stored features are rounded to
 float32 here too, so that a threshold compared with a stored value sees the same number.
 """
 

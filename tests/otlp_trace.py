@@ -20,7 +20,7 @@ from otel_dra.frame import Frame, Schema
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
-from otel_dra.store import FrameStore
+from otel_dra.state import FrameStore
 
 S = 10**9
 T0 = 1_795_000_000 * S

@@ -1006,7 +1006,8 @@ def dockerignored(path: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    "path", ["pyproject.toml", "README.md", "otel_dra/cli.py", "otel_dra/policies/default.yaml", "otel_dra/sources"]
+    "path",
+    ["pyproject.toml", "README.md", "otel_dra/cli/__init__.py", "otel_dra/policies/default.yaml", "otel_dra/sources"],
 )
 def test_dockerignore_keeps_what_pip_install_needs(path):
     assert (REPO / path).exists()
@@ -1024,10 +1025,10 @@ def test_dockerignore_keeps_what_pip_install_needs(path):
         ".ruff_cache/CACHEDIR.TAG",
         "otel_dra.egg-info/PKG-INFO",
         "otel_dra/__pycache__/cli.cpython-311.pyc",
-        "otel_dra/kubelet/api/.ruff_cache/CACHEDIR.TAG",
+        "otel_dra/sinks/kubelet/api/.ruff_cache/CACHEDIR.TAG",
         "bench/bench_agent.py",
         "deploy/kubernetes/30-daemonset.yaml",
-        "build/lib/otel_dra/cli.py",
+        "build/lib/otel_dra/cli/__init__.py",
     ],
 )
 def test_dockerignore_leaves_out_environments_tests_and_caches(path):

@@ -15,12 +15,12 @@ import grpc
 import pytest
 
 from otel_dra.classifier import Verdict
-from otel_dra.kubelet import MAX_RESEND_S, KubeletHealthServer, build_response
-from otel_dra.kubelet.api import dra_health_v1alpha1_pb2 as pb
-from otel_dra.kubelet.api import dra_health_v1alpha1_pb2_grpc as pb_grpc
-from otel_dra.kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from otel_dra.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from otel_dra.sinks.verdicts import VerdictBoard
+from otel_dra.sinks.kubelet import MAX_RESEND_S, KubeletHealthServer, build_response
+from otel_dra.sinks.kubelet.api import dra_health_v1alpha1_pb2 as pb
+from otel_dra.sinks.kubelet.api import dra_health_v1alpha1_pb2_grpc as pb_grpc
+from otel_dra.sinks.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from otel_dra.sinks.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from otel_dra.state.board import VerdictBoard
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_dra.store.horizon import HorizonStore
+from otel_dra.classifier.horizon import HorizonStore
 
 BUCKET_S = 60.0
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from otel_dra.k8s import apply as k8s_apply
-from otel_dra.k8s.lease import LeaderElector, LeaseConfig
+from otel_dra.sinks.k8s import apply as k8s_apply
+from otel_dra.sinks.k8s.lease import LeaderElector, LeaseConfig
 from tests.conftest import wait_for
 from tests.fake_apiserver import FakeApiServer, write_kubeconfig
 
@@ -210,7 +210,7 @@ def test_a_writer_whose_lease_lapses_mid_apply_stops_before_the_next_change(api)
     while reconciling leaves the rest to its successor instead of racing it."""
     from otel_dra import policy as policy_mod
     from otel_dra.classifier.verdicts import Verdict
-    from otel_dra.k8s import render as r
+    from otel_dra.sinks.k8s import render as r
 
     def sick(device: str) -> Verdict:
         return Verdict(

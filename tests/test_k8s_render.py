@@ -25,13 +25,13 @@ import yaml
 
 from otel_dra import policy as policy_mod
 from otel_dra.classifier.verdicts import Verdict
+from otel_dra.cli import k8s as k8s_cli
 from otel_dra.faults import Fault
-from otel_dra.k8s import apply as k8s_apply
-from otel_dra.k8s import cli as k8s_cli
-from otel_dra.k8s import render as r
-from otel_dra.k8s import validation as v
-from otel_dra.k8s.sink import K8sOutputSink
-from otel_dra.sinks.verdicts import VerdictBoard
+from otel_dra.sinks.k8s import apply as k8s_apply
+from otel_dra.sinks.k8s import render as r
+from otel_dra.sinks.k8s import validation as v
+from otel_dra.sinks.k8s.sink import K8sOutputSink
+from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import REASONS
 from tests.conftest import free_port, http_get, wait_for
 from tests.fake_apiserver import FakeApiServer, kubeconfig, write_kubeconfig
@@ -39,7 +39,7 @@ from tests.otlp_trace import read_verdicts, write_trace
 
 DRIVER = "gpu.nvidia.com"
 
-# -- Kubernetes' validation rules, written out independently of otel_dra.k8s.validation ------
+# -- Kubernetes' validation rules, written out independently of otel_dra.sinks.k8s.validation ------
 # k8s.io/apimachinery/pkg/util/validation/validation.go
 QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

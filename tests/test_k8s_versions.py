@@ -20,9 +20,9 @@ import pytest
 from otel_dra import conventions as cv
 from otel_dra import policy as policy_mod
 from otel_dra.classifier.verdicts import Verdict
-from otel_dra.k8s import render as r
-from otel_dra.k8s import validation as v
-from otel_dra.k8s.validation import K8sValidationError
+from otel_dra.sinks.k8s import render as r
+from otel_dra.sinks.k8s import validation as v
+from otel_dra.sinks.k8s.validation import K8sValidationError
 
 DRIVER = "gpu.nvidia.com"
 KUBERNETES = ("1.33", "1.34", "1.35", "1.36", "1.37")

@@ -28,7 +28,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_dra import policy
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.faults import Fault
-from otel_dra.kubelet import (
+from otel_dra.sinks.kubelet import (
     HEALTH_SERVICES,
     KubeletHealthServer,
     KubeletSocketError,
@@ -36,7 +36,7 @@ from otel_dra.kubelet import (
     build_response,
     truncate_message,
 )
-from otel_dra.kubelet.api import (
+from otel_dra.sinks.kubelet.api import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
@@ -44,8 +44,8 @@ from otel_dra.kubelet.api import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from otel_dra.sinks.verdicts import VerdictBoard
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
+from otel_dra.state.board import VerdictBoard
 
 REPO = Path(__file__).resolve().parents[1]
 S = 10**9
@@ -186,7 +186,7 @@ def watches() -> Iterator[list[Watch]]:
 def test_committed_stubs_are_what_the_generator_writes(tmp_path):
     pytest.importorskip("grpc_tools")
     subprocess.run([sys.executable, str(REPO / "scripts" / "gen_protos.py"), "--out", str(tmp_path)], check=True)
-    api = Path("otel_dra/kubelet/api")
+    api = Path("otel_dra/sinks/kubelet/api")
     fresh = {p.name: p.read_bytes() for p in (tmp_path / api).glob("*_pb2*.py")}
     committed = {p.name: p.read_bytes() for p in (REPO / api).glob("*_pb2*.py")}
     assert sorted(fresh) == sorted(committed), "run .venv/bin/python scripts/gen_protos.py"
@@ -460,7 +460,7 @@ def test_a_live_socket_is_taken_over_with_a_warning(serve, watches, sock_dir, ca
     old.bind(str(path))
     old.listen()
     try:
-        with caplog.at_level(logging.WARNING, logger="otel_dra.kubelet"):
+        with caplog.at_level(logging.WARNING, logger="otel_dra.sinks.kubelet"):
             server = serve(healthy_board(1), path)
         assert f"took over {path}" in caplog.text
         w = Watch(server.socket_path)
@@ -515,7 +515,7 @@ def test_registration_answers_get_info_and_logs_the_kubelets_verdict(sock_dir, c
             assert info.name == "gpu.example.com"
             assert info.endpoint == endpoint
             assert list(info.supported_versions) == ["v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"]
-            with caplog.at_level(logging.INFO, logger="otel_dra.kubelet"):
+            with caplog.at_level(logging.INFO, logger="otel_dra.sinks.kubelet"):
                 stub.NotifyRegistrationStatus(
                     pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=False, error="none of services"),
                     timeout=5,

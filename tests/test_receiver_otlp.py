@@ -56,7 +56,7 @@ from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.verdicts import VERDICT_METRICS
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
-from otel_dra.store import FrameStore
+from otel_dra.state import FrameStore
 from tests.conftest import free_port, rotel_binary, wait_for
 
 S = 10**9

@@ -12,8 +12,8 @@ from otel_dra import conventions as cv
 from otel_dra import policy
 from otel_dra.classifier import Classifier
 from otel_dra.faults import Fault
-from otel_dra.sinks.verdicts import VerdictBoard
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
+from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import REASONS
 from tests.helpers import collect
 

@@ -6,7 +6,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_dra.classifier import Verdict
 from otel_dra.sinks import provider
 from otel_dra.sinks.verdict_text import VerdictText
-from otel_dra.sinks.verdicts import VerdictBoard, VerdictMetrics
+from otel_dra.sinks.verdicts import VerdictMetrics
+from otel_dra.state.board import VerdictBoard
 
 ATTRS = {"hw.type": "gpu", "hw.vendor": "NVIDIA", "dra.pool.name": "node-1", "dra.driver.name": "gpu.example.com"}
 

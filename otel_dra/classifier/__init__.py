@@ -2,7 +2,7 @@
 
 Stages, in the order data flows (each its own module):
 ``features`` (a batch of raw series → per-sample features, counter increases) →
-the window store (``otel_dra.store``) → ``rules`` (evidence per reason, vectorised) →
+the window store (``otel_dra.classifier.window``) → ``rules`` (evidence per reason, vectorised) →
 ``verdicts`` (hysteresis, escalation, health, remediation, change detection).
 
 One node's 8 GPUs or a fleet's 100,000 devices go through the same code: devices are rows
@@ -18,8 +18,11 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
+from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.params import PolicyGroups
+from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, R, Window, evaluate
 from otel_dra.classifier.verdicts import (
     Verdict,
@@ -31,11 +34,9 @@ from otel_dra.classifier.verdicts import (
     remediation_name,
     state_name,
 )
+from otel_dra.classifier.window import WindowStore
 from otel_dra.frame import DeviceTable, Frame, Schema
 from otel_dra.policy import Policy
-from otel_dra.store import DeviceRegistry, WindowStore
-from otel_dra.store.events import EventLog
-from otel_dra.store.horizon import HorizonStore
 from otel_dra.vocabulary import REASONS
 
 __all__ = ["Classifier", "Verdict"]

@@ -24,8 +24,8 @@ from enum import IntEnum
 import numpy as np
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.registry import grown
 from otel_dra.frame import Column, Schema
-from otel_dra.store.registry import grown
 
 
 class F(IntEnum):

@@ -16,8 +16,8 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import DeviceParams
+from otel_dra.classifier.registry import grown
 from otel_dra.policy import Policy
-from otel_dra.store.registry import grown
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
 _SEGMENT = re.compile(r"[.\-_]")

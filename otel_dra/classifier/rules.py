@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import STATE_CODE, F
+from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.params import PolicyGroups
-from otel_dra.store.events import EventLog
-from otel_dra.store.horizon import HorizonStore
-from otel_dra.store.window import WindowStore
+from otel_dra.classifier.window import WindowStore
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
 R = {reason: i for i, reason in enumerate(REASONS)}

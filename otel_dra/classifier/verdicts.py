@@ -24,6 +24,7 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
+from otel_dra.classifier.registry import grown
 from otel_dra.classifier.rules import (
     DUTY_SPAN,
     FROM_COHORT,
@@ -35,7 +36,6 @@ from otel_dra.classifier.rules import (
     corrected_rate,
     link_rate,
 )
-from otel_dra.store.registry import grown
 from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
 
 HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2

@@ -19,7 +19,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otel_dra import conventions as cv
 from otel_dra.frame import DeviceTable, Frame, Schema
 from otel_dra.sinks._mapping import series_attributes
-from otel_dra.store import FrameStore
+from otel_dra.state import FrameStore
 
 
 class HealthSource(Protocol):

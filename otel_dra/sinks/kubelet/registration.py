@@ -6,7 +6,7 @@ at ``endpoint`` ("<proto package>.<service>"); it then reports the outcome with
 ``NotifyRegistrationStatus``. Kubelet head picks the health stream's version from that list
 (``v1.DRAResourceHealth`` preferred, ``v1alpha1.DRAResourceHealth`` accepted during the transition);
 older kubelets call ``v1alpha1`` on every DRA plugin. So the default advertises exactly the health
-services :class:`~otel_dra.kubelet.server.KubeletHealthServer` serves, and nothing it doesn't.
+services :class:`~otel_dra.sinks.kubelet.server.KubeletHealthServer` serves, and nothing it doesn't.
 
 Caveat, from the kubelet's DRA plugin manager (1.34+): it accepts a DRA registration only when the list
 also names a ``DRAPlugin`` service (``v1.DRAPlugin`` / ``v1beta1.DRAPlugin``: NodePrepareResources),
@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from otel_dra.kubelet import _socket
-from otel_dra.kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from otel_dra.kubelet.server import HEALTH_SERVICES
+from otel_dra.sinks.kubelet import _socket
+from otel_dra.sinks.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from otel_dra.sinks.kubelet.server import HEALTH_SERVICES
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from otel_dra.cli_options import Seconds, driver_name, policy_option
+from otel_dra.cli.options import Seconds, driver_name, policy_option
 
 #: Kept here (not imported from render) so ``otel-dra --help`` does not import the classifier.
 API_VERSION_CHOICES = ("v1", "v1beta2", "v1alpha3")
@@ -35,7 +35,7 @@ def _read_agent(url: str, timeout: float) -> tuple[list[Any], dict[tuple[str, st
     import urllib.error
     import urllib.request
 
-    from otel_dra.k8s.render import read_devices_json
+    from otel_dra.sinks.k8s.render import read_devices_json
 
     endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1/devices") else "/v1/devices")
     try:
@@ -50,7 +50,7 @@ def _read_agent(url: str, timeout: float) -> tuple[list[Any], dict[tuple[str, st
 
 
 def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]:
-    from otel_dra.k8s.render import read_verdict_lines
+    from otel_dra.sinks.k8s.render import read_verdict_lines
 
     if file == "-":
         return read_verdict_lines(sys.stdin, "<stdin>")
@@ -65,7 +65,7 @@ def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]
 
 def _connect_and_discover(api_version: str, timeout: float) -> tuple[Any, Any]:
     """For --apply: the cluster's client and, unless --api-version was given, what it serves."""
-    from otel_dra.k8s.apply import K8sApplyError, connect, discover
+    from otel_dra.sinks.k8s.apply import K8sApplyError, connect, discover
 
     explicit = click.get_current_context().get_parameter_source("api_version") != ParameterSource.DEFAULT
     try:
@@ -159,17 +159,17 @@ def render_command(
     app.kubernetes.io/managed-by=otel-dra; Healthy devices get none. With --attributes
     (experimental), ResourceSlice attributes (<domain>/health, <domain>/state) for every device.
     """
-    from otel_dra.k8s.apply import K8sApplyError, apply
-    from otel_dra.k8s.render import VerdictInputError, render, write_rendering
-    from otel_dra.k8s.validation import K8sValidationError
     from otel_dra.policy import PolicyError, load
+    from otel_dra.sinks.k8s.apply import K8sApplyError, apply
+    from otel_dra.sinks.k8s.render import VerdictInputError, render, write_rendering
+    from otel_dra.sinks.k8s.validation import K8sValidationError
 
     if (file is None) == (from_url is None):
         raise click.UsageError("give a verdict FILE or --from URL (one of them)")
     if only is None and not attributes:
         only = "taints"  # only Kubernetes objects unless the experimental attributes are asked for
     if kubernetes_version is not None:
-        from otel_dra.k8s.render import kubernetes_version_of
+        from otel_dra.sinks.k8s.render import kubernetes_version_of
 
         try:
             kubernetes_version_of(kubernetes_version)
@@ -188,7 +188,7 @@ def render_command(
             click.echo(str(found), err=True)
             api_version = found.api_version
             if kubernetes_version is None and found.kubernetes is not None:
-                from otel_dra.k8s.render import SERVED_FROM
+                from otel_dra.sinks.k8s.render import SERVED_FROM
 
                 k8s_target = max(found.kubernetes, SERVED_FROM[found.api_version])
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_dra import __version__
-from otel_dra.k8s.render import KIND, MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, Rendering
+from otel_dra.sinks.k8s.render import KIND, MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, Rendering
 
 #: Server-set fields a comparison ignores.
 _SERVER_TAINT_FIELDS = ("timeAdded",)
@@ -313,7 +313,7 @@ class Discovered:
     host: str
 
     def __str__(self) -> str:
-        from otel_dra.k8s.validation import version_text
+        from otel_dra.sinks.k8s.validation import version_text
 
         k8s = f"Kubernetes {version_text(self.kubernetes)}" if self.kubernetes else "Kubernetes of unknown version"
         return f"DeviceTaintRules: {self.api_version} (served by {k8s} at {self.host})"
@@ -362,8 +362,8 @@ def _server_kubernetes(doc: Any) -> tuple[int, int] | None:
 
 
 def _how_to_serve(kubernetes: tuple[int, int] | None) -> str:
-    from otel_dra.k8s.render import SERVED_FROM
-    from otel_dra.k8s.validation import version_text
+    from otel_dra.sinks.k8s.render import SERVED_FROM
+    from otel_dra.sinks.k8s.validation import version_text
 
     def need(short: str, gate: str) -> str:
         return f"{short} DeviceTaintRules need the {gate} feature gate and the {_GROUP}/{short} API enabled"
@@ -384,8 +384,8 @@ def discover(api_client: Any, timeout_s: float = 10.0) -> Discovered:
     """The newest DeviceTaintRule version the server serves (``/apis/resource.k8s.io`` and each
     version's resource list, newest first) and its Kubernetes version (``/version``); a one-line
     :class:`K8sApplyError` saying why and how to fix it when it serves none."""
-    from otel_dra.k8s.render import API_VERSIONS
-    from otel_dra.k8s.validation import version_text
+    from otel_dra.sinks.k8s.render import API_VERSIONS
+    from otel_dra.sinks.k8s.validation import version_text
 
     host = api_client.configuration.host
     status, version_doc = _get(api_client, "/version", timeout_s)

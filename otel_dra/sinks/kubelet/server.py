@@ -34,9 +34,9 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.classifier.views import combine
-from otel_dra.kubelet import _socket
-from otel_dra.kubelet.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2
-from otel_dra.sinks.verdicts import VerdictBoard
+from otel_dra.sinks.kubelet import _socket
+from otel_dra.sinks.kubelet.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2
+from otel_dra.state.board import VerdictBoard
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class KubeletHealthServer:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Listen on the socket (0600, directory created) and follow the board; raises
-        :class:`~otel_dra.kubelet._socket.KubeletSocketError` when the path can't be served."""
+        :class:`~otel_dra.sinks.kubelet._socket.KubeletSocketError` when the path can't be served."""
         if self._server is not None:
             raise RuntimeError("KubeletHealthServer already started")
         server = grpc.server(

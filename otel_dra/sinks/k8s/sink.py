@@ -6,7 +6,7 @@ Writes ``devicetaintrules.yaml`` (and, opted into, the experimental
 ``resourceslice-attributes.yaml``: KEP-5283 is provisional) on its own thread,
 after each verdict change, atomically (temp file and rename: a reader never sees half a file)
 and only when the rendering changed (a file's mtime moves only when its content does). With
-``apply``, the same thread reconciles the cluster's rules (:func:`otel_dra.k8s.apply.apply`)
+``apply``, the same thread reconciles the cluster's rules (:func:`otel_dra.sinks.k8s.apply.apply`)
 whenever the rules change, and every ``resync_s`` besides (a rule deleted by hand comes back);
 a failure is logged and retried after ``retry_s``. The sampling loop never waits on any of it.
 """
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from otel_dra import conventions as cv
-from otel_dra.k8s import validation as val
-from otel_dra.k8s.apply import K8sApplyError, apply, connect, discover
-from otel_dra.k8s.render import (
+from otel_dra.policy import Policy
+from otel_dra.sinks.k8s import validation as val
+from otel_dra.sinks.k8s.apply import K8sApplyError, apply, connect, discover
+from otel_dra.sinks.k8s.render import (
     ATTRIBUTES_FILE,
     AUTO_API_VERSION,
     DEFAULT_API_VERSION,
@@ -34,8 +35,7 @@ from otel_dra.k8s.render import (
     target_kubernetes,
     write_if_changed,
 )
-from otel_dra.policy import Policy
-from otel_dra.sinks.verdicts import VerdictBoard
+from otel_dra.state.board import VerdictBoard
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ class K8sOutputSink:
         (files written before then use the default, ``v1``).
 
         Fails before the agent starts, never after: ValueError (bad API version),
-        :class:`~otel_dra.k8s.validation.K8sValidationError` (no kubernetes client), OSError
-        (``out_dir`` cannot be made), :class:`~otel_dra.k8s.apply.ClusterUnavailable`
+        :class:`~otel_dra.sinks.k8s.validation.K8sValidationError` (no kubernetes client), OSError
+        (``out_dir`` cannot be made), :class:`~otel_dra.sinks.k8s.apply.ClusterUnavailable`
         (``apply_rules`` without a kubeconfig or a pod's service account).
 
         ``warmup_s``: no apply before this long after :meth:`start`, so a restarted agent that
@@ -80,7 +80,7 @@ class K8sOutputSink:
         its rule; e.g. the policy's ``min_samples`` times the sampling interval.
 
         ``leader``: asked before each apply and before each change in it: only a leader writes
-        (:class:`~otel_dra.k8s.lease.LeaderElector`). ``whole_fleet``: every managed rule not
+        (:class:`~otel_dra.sinks.k8s.lease.LeaderElector`). ``whole_fleet``: every managed rule not
         rendered is deleted, whatever its pool (the fleet is the cluster's one writer)."""
         self.board = board
         self.out_dir = Path(out_dir) if out_dir is not None else None

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from otel_dra.cli_options import progress_bar
+from otel_dra.cli.options import progress_bar
 
 FORM_NAMES = ("short", "long")
 SHAPE_NAMES = ("mixed", "tidy")

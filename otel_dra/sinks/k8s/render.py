@@ -16,7 +16,7 @@ Every object is built with the ``kubernetes`` client's models of its API version
 (``V1DeviceTaintRule``, ``V1beta2DeviceTaintRule`` or ``V1alpha3DeviceTaintRule``;
 ``V1Device``/``V1DeviceAttribute``), serialized with
 ``ApiClient().sanitize_for_serialization`` and checked against the API's name and size rules
-(:mod:`otel_dra.k8s.validation`).
+(:mod:`otel_dra.sinks.k8s.validation`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import yaml
 from otel_dra import conventions as cv
 from otel_dra.classifier.verdicts import Verdict
 from otel_dra.classifier.views import combine
-from otel_dra.k8s import validation as val
-from otel_dra.k8s.validation import K8sValidationError
 from otel_dra.policy import Policy
+from otel_dra.sinks.k8s import validation as val
+from otel_dra.sinks.k8s.validation import K8sValidationError
 from otel_dra.vocabulary import HEALTH, REASONS
 
 #: ``--api-version`` choices, newest first: DeviceTaintRule is served as v1 (GA, on by default from
@@ -52,7 +52,7 @@ API_VERSIONS: Mapping[str, str] = {
     "v1alpha3": "resource.k8s.io/v1alpha3",
 }
 DEFAULT_API_VERSION = "v1"
-#: ``--k8s-api-version auto``: the newest version the cluster serves (:func:`otel_dra.k8s.apply.discover`).
+#: ``--k8s-api-version auto``: the newest version the cluster serves (:func:`otel_dra.sinks.k8s.apply.discover`).
 AUTO_API_VERSION = "auto"
 #: The first Kubernetes (major, minor) that serves each API version.
 SERVED_FROM: Mapping[str, tuple[int, int]] = {

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from otel_dra import __version__
-from otel_dra.cli_options import Seconds, k8s_driver_option, log_level_option, policy_option, progress_bar
+from otel_dra.cli.options import Seconds, k8s_driver_option, log_level_option, policy_option, progress_bar
 from otel_dra.config import (
     DEFAULT_PROMETHEUS_PORT,
     HEALTH_ATTRIBUTE_MODES,
@@ -277,10 +277,10 @@ def run(
     OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME.
     """
     from otel_dra.agent import Agent  # heavy imports only when running
-    from otel_dra.k8s.apply import K8sApplyError
-    from otel_dra.k8s.validation import K8sValidationError
-    from otel_dra.kubelet import KubeletSocketError
     from otel_dra.policy import PolicyError
+    from otel_dra.sinks.k8s.apply import K8sApplyError
+    from otel_dra.sinks.k8s.validation import K8sValidationError
+    from otel_dra.sinks.kubelet import KubeletSocketError
 
     setup_logging(log_level)
     try:
@@ -518,10 +518,10 @@ def fleet(
     each fed every node's telemetry, and the Lease holder writes (deploy/kubernetes/fleet).
     """
     from otel_dra.fleet import ClusterWriterConfig, Fleet, FleetConfig
-    from otel_dra.k8s.apply import K8sApplyError
-    from otel_dra.k8s.lease import LeaseConfig
-    from otel_dra.k8s.validation import K8sValidationError
     from otel_dra.receivers.tls import TlsConfigError, TlsSettings
+    from otel_dra.sinks.k8s.apply import K8sApplyError
+    from otel_dra.sinks.k8s.lease import LeaseConfig
+    from otel_dra.sinks.k8s.validation import K8sValidationError
 
     setup_logging(log_level)
     policy = _load_policy(policy_file)
@@ -747,5 +747,5 @@ def status(url: str, timeout: float) -> None:
     Console().print(table)
 
 
-cli.add_command(__import__("otel_dra.k8s.cli", fromlist=["k8s"]).k8s)  # otel-dra k8s (otel_dra/k8s/cli.py)
-__import__("otel_dra.scenario.cli", fromlist=["register"]).register(cli)  # simulate, score (otel_dra/scenario/cli.py)
+cli.add_command(__import__("otel_dra.cli.k8s", fromlist=["k8s"]).k8s)  # otel-dra k8s (otel_dra/cli/k8s.py)
+__import__("otel_dra.cli.scenario", fromlist=["register"]).register(cli)  # simulate, score (otel_dra/cli/scenario.py)

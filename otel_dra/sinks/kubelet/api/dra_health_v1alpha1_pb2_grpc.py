@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from otel_dra.kubelet.api import dra_health_v1_pb2 as otel__dra_dot_kubelet_dot_api_dot_dra__health__v1__pb2
+from otel_dra.sinks.kubelet.api import dra_health_v1alpha1_pb2 as otel__dra_dot_sinks_dot_kubelet_dot_api_dot_dra__health__v1alpha1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in otel_dra/kubelet/api/dra_health_v1_pb2_grpc.py depends on'
+        + ' but the generated code in otel_dra/sinks/kubelet/api/dra_health_v1alpha1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,9 +36,9 @@ class DRAResourceHealthStub:
             channel: A grpc.Channel.
         """
         self.NodeWatchResources = channel.unary_stream(
-                '/v1.DRAResourceHealth/NodeWatchResources',
-                request_serializer=otel__dra_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesRequest.SerializeToString,
-                response_deserializer=otel__dra_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesResponse.FromString,
+                '/v1alpha1.DRAResourceHealth/NodeWatchResources',
+                request_serializer=otel__dra_dot_sinks_dot_kubelet_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
+                response_deserializer=otel__dra_dot_sinks_dot_kubelet_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -59,14 +59,14 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeWatchResources': grpc.unary_stream_rpc_method_handler(
                     servicer.NodeWatchResources,
-                    request_deserializer=otel__dra_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesRequest.FromString,
-                    response_serializer=otel__dra_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesResponse.SerializeToString,
+                    request_deserializer=otel__dra_dot_sinks_dot_kubelet_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.FromString,
+                    response_serializer=otel__dra_dot_sinks_dot_kubelet_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'v1.DRAResourceHealth', rpc_method_handlers)
+            'v1alpha1.DRAResourceHealth', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('v1.DRAResourceHealth', rpc_method_handlers)
+    server.add_registered_method_handlers('v1alpha1.DRAResourceHealth', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -88,9 +88,9 @@ class DRAResourceHealth:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/v1.DRAResourceHealth/NodeWatchResources',
-            otel__dra_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesRequest.SerializeToString,
-            otel__dra_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesResponse.FromString,
+            '/v1alpha1.DRAResourceHealth/NodeWatchResources',
+            otel__dra_dot_sinks_dot_kubelet_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
+            otel__dra_dot_sinks_dot_kubelet_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

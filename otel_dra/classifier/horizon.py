@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from otel_dra.store.registry import grown
+from otel_dra.classifier.registry import grown
 
 _NONE = np.iinfo(np.int64).min  # "no bucket yet"
 

@@ -28,7 +28,7 @@ def driver_name(ctx: click.Context, param: click.Parameter, value: str | None) -
     """A DRA driver name as the API takes it (a DNS subdomain of at most 63), else a usage error."""
     if value is None:
         return None
-    from otel_dra.k8s.validation import driver_name_problem
+    from otel_dra.sinks.k8s.validation import driver_name_problem
 
     problem = driver_name_problem(value)
     if problem:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_dra.k8s import validation as val
+from otel_dra.sinks.k8s import validation as val
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,14 @@
 - :class:`RegistrationServer` optionally announces that socket to the kubelet's plugin watcher.
 """
 
-from otel_dra.kubelet._socket import KubeletSocketError
-from otel_dra.kubelet.registration import (
+from otel_dra.sinks.kubelet._socket import KubeletSocketError
+from otel_dra.sinks.kubelet.registration import (
     DEFAULT_REGISTRY_DIR,
     RegistrationServer,
     default_endpoint,
     registration_socket,
 )
-from otel_dra.kubelet.server import (
+from otel_dra.sinks.kubelet.server import (
     HEALTH_SERVICES,
     KUBELET_DEFAULT_TIMEOUT_S,
     MAX_MESSAGE,

@@ -1,0 +1,113 @@
+"""The current verdict of every device: written by the classifier's loop, read by every sink
+(verdict metrics, ``/v1/devices``, the kubelet stream, the Kubernetes writer), each on its own
+thread. State between pipeline stages, so it lives beside them, not inside one sink."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+from otel_dra import conventions as cv
+from otel_dra.classifier import Verdict
+from otel_dra.classifier.registry import DeviceRegistry
+from otel_dra.classifier.verdicts import rfc3339
+from otel_dra.classifier.views import DeviceView, by_device
+
+log = logging.getLogger(__name__)
+
+
+class VerdictBoard:
+    """The current verdict of every device, updated with the verdicts that changed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
+        self._attrs: dict[tuple[str, str], Mapping[str, str]] = {}
+        self.version = 0  # bumps on every change; watchers wait for it to move
+        self.closed = False
+
+    def update(self, changed: Iterable[Verdict], attrs_of: Callable[[str, str], Mapping[str, str]]) -> None:
+        with self._lock:
+            before = self.version
+            for verdict in changed:
+                key = (verdict.node, verdict.hw_id)
+                self._verdicts[key] = verdict
+                self._attrs[key] = attrs_of(*key)
+                self.version += 1
+            if self.version != before:
+                self._lock.notify_all()
+
+    def forget(self, keep: Callable[[tuple[str, str]], bool]) -> None:
+        """Drop devices the classifier no longer knows (expired)."""
+        with self._lock:
+            gone = [k for k in self._verdicts if not keep(k)]
+            for key in gone:
+                del self._verdicts[key]
+                self._attrs.pop(key, None)
+                self.version += 1
+            if gone:
+                self._lock.notify_all()
+
+    def wait_for_change(self, seen: int, timeout_s: float) -> int:
+        """Block until the board moves past version ``seen`` or ``timeout_s`` passes; the version now.
+        (The kubelet stream resends on every change and at least every timeout/3.)"""
+        with self._lock:
+            self._lock.wait_for(lambda: self.version != seen or self.closed, timeout_s)
+            return self.version
+
+    def wake_all(self) -> None:
+        """Wake every waiter for good (shutdown): waits return at once from now on."""
+        with self._lock:
+            self.closed = True
+            self._lock.notify_all()
+
+    def snapshot(self) -> list[tuple[Verdict, Mapping[str, str]]]:
+        with self._lock:
+            return [(v, self._attrs[k]) for k, v in self._verdicts.items()]
+
+    def publish(self, changed: list[Verdict], registry: DeviceRegistry) -> None:
+        """The classifier's changed verdicts onto the board, each with its device's attributes from
+        ``registry``; devices the registry has forgotten leave the board; one log line per change
+        (a device's first, healthy verdict only at debug level)."""
+
+        def attrs_of(node: str, hw_id: str) -> dict[str, str]:
+            row = registry.row(node, hw_id)
+            attrs = registry.attrs[row] if row is not None else {}
+            return {k: v for k, v in attrs.items() if k != cv.HW_ID}
+
+        self.update(changed, attrs_of)
+        self.forget(lambda key: registry.row(*key) is not None)
+        for v in changed:
+            first = v.last_transition_time == v.time_unix_nano and v.health == "Healthy" and v.state == "ok"
+            level = logging.DEBUG if first else logging.WARNING if v.health != "Healthy" else logging.INFO
+            log.log(
+                level,
+                "verdict node=%s device=%s health=%s state=%s reasons=%s remediation=%s: %s",
+                v.node,
+                v.hw_id,
+                v.health,
+                v.state,
+                ",".join(v.reasons) or "-",
+                v.remediation,
+                v.message,
+            )
+
+    def devices(self, mode: str) -> list[DeviceView]:
+        """One verdict per DRA identity, several nodes' views combined by ``mode``."""
+        return by_device((v for v, _ in self.snapshot()), mode)
+
+    def health_by_device(self) -> dict[tuple[str, str], str]:
+        with self._lock:
+            return {k: v.health for k, v in self._verdicts.items()}
+
+    def json_route(self) -> tuple[str, str, bytes]:
+        """``/v1/devices``: unhealthy first, then Unknown, then by node and device."""
+        order = {"Unhealthy": 0, "Unknown": 1, "Healthy": 2}
+        rows = []
+        for verdict, _ in sorted(self.snapshot(), key=lambda va: (order[va[0].health], va[0].node, va[0].hw_id)):
+            line = verdict.to_json()
+            line["since"] = rfc3339(verdict.last_transition_time)
+            rows.append(line)
+        return "200 OK", "application/json", json.dumps({"devices": rows}).encode()
