@@ -15,9 +15,11 @@ pytest.importorskip("pynvml")
 from otel_dra import conventions as cv
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier
-from otel_dra.frame import Frame
+from otel_dra.config import AgentConfig
+from otel_dra.frame import Frame, Schema
 from otel_dra.sources import SourceUnavailable
-from otel_dra.sources.nvml import DRA_DRIVER, NvmlSource, nvml_available
+from otel_dra.sources import nvml as nvml_mod
+from otel_dra.sources.nvml import DRA_DRIVER, NvmlSource, nvml_available, nvml_gpus
 from tests.fake_nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_GPU_IS_LOST,
@@ -223,6 +225,23 @@ def test_nvml_available() -> None:
     broken.init_error = NVML_ERROR_DRIVER_NOT_LOADED
     ok, why = nvml_available(broken)
     assert not ok and why.startswith("NVML did not load")
+    assert nvml_gpus(fake) == (2, "2 NVIDIA GPU(s), driver 580.95.05")
+
+
+def test_probe_counts_what_the_source_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` asks NvmlSource.probe; it answers with the count the source then reads."""
+    fake = FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")])
+    monkeypatch.setattr(nvml_mod, "_import_pynvml", lambda: fake)
+    config = AgentConfig(node_name="node-a", source="auto")
+    probe = NvmlSource.probe(config)
+    assert (probe.source, probe.found) == ("nvml", 2) and "2 NVIDIA GPU(s)" in probe.why
+    src = NvmlSource.from_config(config, Schema())
+    try:
+        assert len(src.read(T0).devices) == probe.found
+    finally:
+        src.close()
+    fake.init_error = NVML_ERROR_DRIVER_NOT_LOADED
+    assert NvmlSource.probe(config).found == 0
 
 
 def test_nvml_that_does_not_load_is_a_one_line_reason_to_choose_another_source() -> None:

@@ -14,13 +14,18 @@ import pytest
 from otel_dra import conventions as cv
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier
+from otel_dra.config import AgentConfig
 from otel_dra.frame import Column, Frame, attrs_of
-from otel_dra.sources.sysfs import SysfsSource, dns_label, link_generation, sysfs_devices
+from otel_dra.sources.sysfs import SysfsSource, dns_label, link_generation
 
 DATA = Path(__file__).parent / "data" / "sysfs-amd"
 BDF = "0000:03:00.0"
 S = 10**9
 T0 = 1_764_000_000 * S
+
+
+def _config(root: Path | str) -> AgentConfig:
+    return AgentConfig(node_name="n", source="sysfs", sysfs_root=str(root))
 
 
 class FakeSysfs:
@@ -139,10 +144,9 @@ def test_committed_tree_identity(amd: tuple[SysfsSource, Frame]) -> None:
     assert gpu[cv.DRA_POOL_NAME] == "node-a" and gpu[cv.DRA_DEVICE_NAME] == "0000-03-00-0"
     assert cv.DRA_DRIVER_NAME not in gpu and cv.DRA_DRIVER_NAME not in nic
     assert nic[cv.HW_TYPE] == "network" and nic[cv.HW_VENDOR] == "Intel" and nic[cv.DRA_DEVICE_NAME] == "eth0"
-    assert sysfs_devices(str(DATA)) == (
-        2,
-        f"1 PCI accelerator(s) ['{BDF}'] and 1 physical NIC(s) ['eth0'] under {DATA}",
-    )
+    probe = SysfsSource.probe(_config(DATA))
+    assert (probe.found, probe.others) == (1, 1)
+    assert probe.why == f"sysfs shows 1 PCI accelerator(s) ['{BDF}'] and 1 physical NIC(s) ['eth0'] under {DATA}"
 
 
 def test_committed_tree_temperatures(amd: tuple[SysfsSource, Frame]) -> None:
@@ -230,7 +234,8 @@ def test_discovery_skips_lo_virtual_and_non_accelerators(tmp_path: Path) -> None
     frame = src.read(T0)
     assert frame.devices.ids == (BDF, "0000:41:00.0", "ens1")
     assert cv.HW_VENDOR not in frame.devices.attrs[1]  # unknown vendor id: left out
-    assert sysfs_devices(str(tmp_path / "nothing"))[0] == 0
+    assert SysfsSource.probe(_config(tmp_path)).found == 2  # what read() found, by the same rule
+    assert SysfsSource.probe(_config(tmp_path / "nothing")).found == 0
 
 
 def test_missing_optional_files_leave_nan(tmp_path: Path) -> None:
@@ -305,7 +310,8 @@ def test_real_sys_class_net() -> None:
             assert (Path("/sys/class/net") / hw_id / "device").exists()
             count = frame.values[row, src.schema.index(errors)]
             assert count >= 0 and math.isfinite(count)
-    assert sysfs_devices("/sys")[0] == len(frame.devices)
+    probe = SysfsSource.probe(_config("/sys"))
+    assert probe.found + probe.others == len(frame.devices)
 
 
 def _classify(tmp_path: Path, change: dict[int, tuple[int, int]]) -> dict[str, list]:

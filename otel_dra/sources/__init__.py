@@ -1,16 +1,42 @@
 """Sources: where samples come from. Each produces :class:`otel_dra.frame.Frame` objects
-on the same :class:`otel_dra.frame.Schema`, so the stages after them never change."""
+on the same :class:`otel_dra.frame.Schema`, so the stages after them never change.
+
+Each source class also owns its discovery: :meth:`SourceClass.probe` says what it would report
+on this machine with the very code it reads with, so ``--source auto`` (:func:`choose`) can never
+pick a source by one rule that then reports nothing by another (a server whose only display
+device is its BMC's VGA once got sysfs chosen and no GPU reported).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from otel_dra.frame import Frame, Schema
+
+if TYPE_CHECKING:  # config imports SOURCES from here
+    from otel_dra.config import AgentConfig
 
 
 class SourceUnavailable(RuntimeError):
     """The chosen source can't run on this machine (a library or its driver is missing); the message
     says what is missing and what to choose instead."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one source would report here, found without opening it for sampling.
+
+    ``found`` counts the accelerators it would report: what makes ``auto`` choose it. ``others``
+    counts the other devices it would report beside them (sysfs's NICs), which alone do not: the
+    agent is for accelerators. ``why`` is the sentence the agent logs.
+    """
+
+    source: str
+    found: int
+    why: str
+    others: int = 0
 
 
 class Source(Protocol):
@@ -29,6 +55,71 @@ class Source(Protocol):
         ...
 
 
+class SourceClass(Protocol):
+    """The class side of a source: how ``--source`` finds, asks and opens it."""
+
+    name: str
+
+    def probe(self, config: AgentConfig) -> Probe:
+        """What the source would report on this machine; never raises for a missing library."""
+        ...
+
+    def from_config(self, config: AgentConfig, schema: Schema) -> Source:
+        """The source, opened for sampling; raises :class:`SourceUnavailable` when it can't run here."""
+        ...
+
+
+#: Every source by its ``--source`` name, imported only when asked for (NVML's binding is optional).
+_CLASSES: dict[str, str] = {
+    "simulated": "otel_dra.sources.simulated:SimulatedSource",
+    "nvml": "otel_dra.sources.nvml:NvmlSource",
+    "sysfs": "otel_dra.sources.sysfs:SysfsSource",
+}
+#: The real sources ``auto`` asks, in order; the first that finds an accelerator is chosen.
+AUTO_ORDER: tuple[str, ...] = ("nvml", "sysfs")
+#: What ``auto`` runs when no real source finds an accelerator.
+AUTO_FALLBACK = "simulated"
+
 #: ``--source`` choices. ``auto``: NVML when the library loads and finds GPUs, else sysfs when it
-#: finds devices, else the simulator.
-SOURCES: tuple[str, ...] = ("auto", "simulated", "nvml", "sysfs")
+#: finds accelerators, else the simulator.
+SOURCES: tuple[str, ...] = ("auto", *_CLASSES)
+
+
+def source_class(name: str) -> SourceClass:
+    """The class of the source called ``name`` (one of :data:`SOURCES` but ``auto``)."""
+    module, _, attr = _CLASSES[name].partition(":")
+    cls: SourceClass = getattr(importlib.import_module(module), attr)
+    return cls
+
+
+def choose(config: AgentConfig) -> tuple[str, tuple[Probe, ...]]:
+    """The source to run and the probes that decided it (none when ``--source`` names one).
+
+    ``auto`` asks :data:`AUTO_ORDER` in turn and stops at the first that finds an accelerator;
+    if none does, it falls back to :data:`AUTO_FALLBACK`.
+    """
+    if config.source != "auto":
+        return config.source, ()
+    probes: list[Probe] = []
+    for name in AUTO_ORDER:
+        probe = source_class(name).probe(config)
+        probes.append(probe)
+        if probe.found > 0:
+            return name, tuple(probes)
+    return AUTO_FALLBACK, tuple(probes)
+
+
+def reason(name: str, probes: tuple[Probe, ...]) -> str:
+    """Why ``name`` runs, for the log: each probe's answer, in the order they were asked."""
+    if not probes:
+        return "chosen with --source"
+    said = "; ".join(p.why for p in probes)
+    if probes[-1].source == name:
+        return said
+    return f"{said}; running the {name} source"
+
+
+def build(config: AgentConfig, schema: Schema) -> tuple[Source, str]:
+    """The source ``--source`` names (``auto`` picks one), opened, and why it was chosen."""
+    name, probes = choose(config)
+    return source_class(name).from_config(config, schema), reason(name, probes)

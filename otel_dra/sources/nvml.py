@@ -18,14 +18,17 @@ import ctypes
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
-from otel_dra.sources import SourceUnavailable
+from otel_dra.sources import Probe, SourceUnavailable
 from otel_dra.sources.simulated import driver_error_column
+
+if TYPE_CHECKING:
+    from otel_dra.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,28 +65,35 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def nvml_available(nvml: Any = None) -> tuple[bool, str]:
-    """Whether NVML loads and sees at least one GPU, and why not; for ``--source auto``."""
+def nvml_gpus(nvml: Any = None) -> tuple[int, str]:
+    """How many GPUs NVML lists (what :class:`NvmlSource` would read: the same init and count), and
+    why none when 0; NVML is shut down again."""
     if nvml is None:
         try:
             nvml = _import_pynvml()
         except ImportError:
-            return False, "pynvml is not installed (pip install 'otel-dra[nvidia]')"
+            return 0, "pynvml is not installed (pip install 'otel-dra[nvidia]')"
     try:
         nvml.nvmlInit()
     except Exception as err:  # NVMLError (library or driver missing), OSError from the loader
-        return False, f"NVML did not load: {err}"
+        return 0, f"NVML did not load: {err}"
     try:
         count = int(nvml.nvmlDeviceGetCount())
         driver = _text(nvml.nvmlSystemGetDriverVersion())
     except Exception as err:
-        return False, f"NVML loaded but could not list GPUs: {err}"
+        return 0, f"NVML loaded but could not list GPUs: {err}"
     finally:
         with contextlib.suppress(Exception):  # nothing to do about a failed shutdown of a probe
             nvml.nvmlShutdown()
     if count < 1:
-        return False, "NVML loaded but found no GPU"
-    return True, f"{count} NVIDIA GPU(s), driver {driver}"
+        return 0, "NVML loaded but found no GPU"
+    return count, f"{count} NVIDIA GPU(s), driver {driver}"
+
+
+def nvml_available(nvml: Any = None) -> tuple[bool, str]:
+    """Whether NVML loads and sees at least one GPU, and why not (:func:`nvml_gpus` as a yes/no)."""
+    count, why = nvml_gpus(nvml)
+    return count > 0, why
 
 
 class _DeviceLost(Exception):
@@ -181,6 +191,17 @@ class NvmlSource:
         self._event_set: Any = None
         self._thread: threading.Thread | None = None
         self._start_events()
+
+    @classmethod
+    def probe(cls, config: AgentConfig) -> Probe:
+        """The GPUs NVML lists here (:func:`nvml_gpus`, the init and count :meth:`__init__` does)."""
+        count, why = nvml_gpus()
+        return Probe(cls.name, count, why)
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, schema: Schema) -> NvmlSource:
+        """The source for ``config``'s node, for :func:`otel_dra.sources.build`."""
+        return cls(config.node_name, schema)
 
     # -- identity ------------------------------------------------------------------------------
     def _identify(self, i: int) -> bool:

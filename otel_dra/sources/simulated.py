@@ -10,13 +10,18 @@ on a device at a time (``--fault gpu-3:memory_ecc@30``), producing the evidence
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.faults import ANY_DEVICE, Fault
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.sources import Probe
 from otel_dra.vocabulary import HW_STATES, REASONS
+
+if TYPE_CHECKING:
+    from otel_dra.config import AgentConfig
 
 GIB = float(1 << 30)
 
@@ -191,6 +196,17 @@ class SimulatedSource:
         self._last_t: float | None = None
 
     # -- helpers -------------------------------------------------------------------
+    @classmethod
+    def probe(cls, config: AgentConfig) -> Probe:
+        """The simulator reports what ``--devices`` asks for, on any machine."""
+        return Probe(cls.name, config.devices, f"{config.devices} simulated device(s)")
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, schema: Schema) -> SimulatedSource:
+        """The simulator with ``config``'s devices, faults and seed, for :func:`otel_dra.sources.build`."""
+        sim = SimulatorConfig(config.node_name, config.devices, faults=config.faults, seed=config.seed)
+        return cls(sim, schema)
+
     def _active(self, reason: str, t: float) -> np.ndarray:
         return self._onset[reason] <= t
 

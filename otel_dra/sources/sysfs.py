@@ -31,11 +31,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.sources import Probe
+
+if TYPE_CHECKING:
+    from otel_dra.config import AgentConfig
 
 VENDORS: dict[str, str] = {"0x1002": "AMD", "0x10de": "NVIDIA", "0x8086": "Intel"}
 #: PCI base classes of accelerators: 0x03 display (only for the GPU vendors above, so a BMC's VGA
@@ -132,6 +137,18 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
+def _other_displays(pci: Path) -> list[str]:
+    """``bdf (vendor)`` of display devices :func:`_is_accelerator` leaves out, so a probe can say why."""
+    skipped = []
+    for bdf in _listdir(pci):
+        try:
+            if _pci_class(pci / bdf) == DISPLAY_CLASS and not _is_accelerator(pci / bdf):
+                skipped.append(f"{bdf} ({_read(pci / bdf / 'vendor') or 'no vendor'})")
+        except DeviceUnreadable:
+            continue
+    return skipped
+
+
 def _discover(root: Path) -> list[tuple[str, str, Path]]:
     """(hw.id, hw.type, directory) of every device under ``root``, in a stable order."""
     found: list[tuple[str, str, Path]] = []
@@ -144,16 +161,6 @@ def _discover(root: Path) -> list[tuple[str, str, Path]]:
         if iface != "lo" and (net / iface / "device").exists():  # virtual interfaces have no device
             found.append((iface, "network", net / iface))
     return found
-
-
-def sysfs_devices(root: str = "/sys") -> tuple[int, str]:
-    """How many devices a :class:`SysfsSource` on ``root`` would report, and why, for ``--source auto``."""
-    devices = _discover(Path(root))
-    gpus = [d for d, kind, _ in devices if kind == "gpu"]
-    nics = [d for d, kind, _ in devices if kind == "network"]
-    if not devices:
-        return 0, f"no PCI display/accelerator devices of a known GPU vendor and no physical NICs under {root}"
-    return len(devices), (f"{len(gpus)} PCI accelerator(s) {gpus} and {len(nics)} physical NIC(s) {nics} under {root}")
 
 
 @dataclass
@@ -176,6 +183,29 @@ class SysfsSource:
         self._dirs: dict[str, tuple[str, Path]] = {}  # hw.id → (hw.type, directory), in first-seen order
         self._attrs: dict[str, dict[str, str]] = {}  # last known attributes, kept while unreadable
         self._table: DeviceTable | None = None
+
+    @classmethod
+    def probe(cls, config: AgentConfig) -> Probe:
+        """What a pass on ``config.sysfs_root`` would report: the accelerators :meth:`read` discovers
+        (the same :func:`_discover`), with the NICs beside them and the display devices it skips."""
+        root = Path(config.sysfs_root)
+        devices = _discover(root)
+        gpus = [d for d, kind, _ in devices if kind == "gpu"]
+        nics = [d for d, kind, _ in devices if kind == "network"]
+        nic_text = f" and {len(nics)} physical NIC(s) {nics}" if nics else ""
+        if gpus:
+            why = f"sysfs shows {len(gpus)} PCI accelerator(s) {gpus}{nic_text} under {root}"
+            return Probe(cls.name, len(gpus), why, len(nics))
+        why = f"sysfs shows no PCI accelerator (a display device of {'/'.join(VENDORS.values())}, or class 0x12)"
+        skipped = _other_displays(root / "bus" / "pci" / "devices")
+        if skipped:
+            why += f"; skipped display device(s) of other vendors {skipped} (a BMC's VGA is one)"
+        return Probe(cls.name, 0, f"{why}{nic_text} under {root}", len(nics))
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, schema: Schema) -> SysfsSource:
+        """The source on ``config.sysfs_root``, for :func:`otel_dra.sources.build`."""
+        return cls(config.node_name, config.sysfs_root, schema)
 
     # -- columns --------------------------------------------------------------------------------
     def _col(self, metric: str, attrs: dict[str, str] | None = None, sensor: str | None = None, kind: str = "") -> int:
