@@ -201,8 +201,6 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 # The fleet's OTLP receiver (not emitted by node agents).
-RECEIVER_TRANSPORT: Final = "transport"
-RECEIVER_OUTCOME: Final = "outcome"
 OTEL_DRA_RECEIVER_REQUESTS = _extension(
     "otel_dra.receiver.requests",
     "{request}",

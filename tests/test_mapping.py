@@ -1,7 +1,12 @@
-"""Identity rules of telemetry.md section 1, as pure functions."""
+"""Identity rules (README "Metrics", semconv/registry.yaml), as pure functions, and the label names
+the Prometheus exporter writes."""
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from otel_dra.frame import Column, attrs_of
-from otel_dra.sinks._mapping import series_attributes
+from otel_dra.sinks import provider
+from otel_dra.sinks._mapping import prometheus_label, series_attributes
 
 DEVICE = {"hw.type": "gpu", "hw.vendor": "NVIDIA", "dra.device.name": "gpu-2"}
 
@@ -26,3 +31,30 @@ def test_sensor_series_are_child_components_with_a_parent():
         "hw.parent": "gpu-2",
         "hw.sensor_location": "gpu",
     }
+
+
+#: Keys that exercise every rule: dots, a leading digit, runs of unsafe characters, underscores.
+LABEL_KEYS = ("hw.id", "dra.device.health.state", "9lives", "a-b/c", "x..y", "a__b", "_lead", "UPPER.case", "k8s.node")
+
+
+def test_prometheus_label_is_what_the_exporter_writes():
+    """Through the exporter's public reader, not its private ``_mapping``: if a release changes how
+    it sanitizes keys, this fails before the fleet's own text and the agent's scrape disagree."""
+    assert prometheus_label("hw.id") == "hw_id" and prometheus_label("9lives") == "_lives"
+    registry = CollectorRegistry()
+    mp = provider.build_meter_provider("node-1", [provider.prometheus_reader(registry)], 100)
+    gauge = mp.get_meter("t").create_gauge("probe_labels")
+    for key in LABEL_KEYS:
+        gauge.set(1.0, {key: key})
+    text = generate_latest(registry).decode()
+    mp.shutdown()
+    written = set()
+    for family in text_string_to_metric_families(text):
+        if family.name == "probe_labels":
+            for sample in family.samples:
+                written |= {
+                    (k, v)
+                    for k, v in sample.labels.items()
+                    if v and not k.startswith("otel_scope") and k != "k8s_node_name"
+                }
+    assert written == {(prometheus_label(key), key) for key in LABEL_KEYS}

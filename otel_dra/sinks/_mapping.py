@@ -1,11 +1,14 @@
-"""Pure translations from the columnar model to OpenTelemetry series attributes.
+"""Pure translations from the columnar model to OpenTelemetry series attributes, and from
+attribute keys to Prometheus label names.
 
-Kept free of servers and SDK state (as the Prometheus exporter keeps its
-``_mapping.py``) so the identity rules of telemetry.md section 1 can be tested alone.
+Kept free of servers and SDK state (as the Prometheus exporter keeps its ``_mapping.py``) so the
+identity rules (every series carries the device's ``hw.id``; a sensor's series carry ``hw.parent``:
+README "Metrics", ``semconv/registry.yaml``) can be tested alone.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from otel_dra import conventions as cv
@@ -34,3 +37,20 @@ def series_per_device(columns_per_metric: int, dynamic_headroom: int = 32) -> in
     """Upper bound of one metric's series per device, with room for series born at run time
     (a driver error code seen for the first time)."""
     return columns_per_metric + dynamic_headroom
+
+
+#: What the exporter replaces in an attribute key: every run of characters outside ``[a-zA-Z0-9]``.
+_LABEL_UNSAFE = re.compile(r"[^a-zA-Z0-9]+")
+
+
+def prometheus_label(key: str) -> str:
+    """An attribute key as the OpenTelemetry Prometheus exporter writes it as a label name
+    (``hw.id`` → ``hw_id``; a leading digit becomes ``_``).
+
+    Restated from the exporter's private ``_mapping.sanitize_attribute`` so that a sink rendering its
+    own text (:mod:`otel_dra.sinks.verdict_text`) does not import a private API that can change in
+    any 0.x release; tests/test_mapping.py holds it to what the exporter's public reader writes.
+    """
+    if key and key[0].isdigit():
+        key = "_" + key[1:]
+    return _LABEL_UNSAFE.sub("_", key)

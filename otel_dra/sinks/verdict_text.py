@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from opentelemetry.exporter.prometheus._mapping import sanitize_attribute
-
 from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
+from otel_dra.sinks._mapping import prometheus_label
 from otel_dra.vocabulary import HW_STATES
 
 _STATUS = "hw_status"
@@ -32,7 +31,7 @@ def _escape(value: str) -> str:
 
 def _labels(attrs: Mapping[str, str]) -> str:
     """``a="x",b="y"``: sorted by label name, as the SDK's exporter writes them."""
-    pairs = sorted((sanitize_attribute(k), v) for k, v in attrs.items())
+    pairs = sorted((prometheus_label(k), v) for k, v in attrs.items())
     return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
 

@@ -4,7 +4,8 @@ Why: every Linux node has sysfs, so a node without NVML, amdsmi or a vendor expo
 temperatures, fans, power, PCIe link state and error counters for its devices. Everything is read
 relative to ``root`` (``/sys`` by default) with the kernel's layout, so tests point it at a fake tree.
 
-Mapping decisions (contract: telemetry.md sections 1-2; only metrics in ``otel_dra.conventions``):
+Mapping decisions (only metrics and attributes of ``otel_dra.conventions``, registered in
+``semconv/registry.yaml``):
 
 - PCIe AER ``aer_dev_correctable`` TOTAL → ``hw.errors{error.type=link, hw.link.type=pcie}``
   (replays, bad TLP/DLLP: the contract's "link errors"). ``aer_dev_nonfatal`` / ``aer_dev_fatal``

@@ -7,35 +7,23 @@ is too old, so a stopped source is never exported as if it were live.
 
 from __future__ import annotations
 
-import threading
-
 from otel_dra.frame import Frame
 
 
 class FrameStore:
-    """Holds the newest frame; readers on other threads (scrapes, exports) see a
-    consistent frame because frames are immutable and swapped whole."""
+    """Holds the newest frame; readers on other threads (scrapes, exports) see a consistent
+    frame and receive time because both are swapped whole, as one tuple (frames are immutable)."""
 
     def __init__(self) -> None:
-        self._latest: Frame | None = None
-        self._received_ns: int = 0
-        self._cond = threading.Condition()
+        self._newest: tuple[Frame, int] | None = None
 
     def put(self, frame: Frame, received_ns: int) -> None:
         """Make ``frame`` the newest one; ``received_ns`` is a monotonic clock reading."""
-        with self._cond:
-            self._latest = frame
-            self._received_ns = received_ns
-            self._cond.notify_all()
+        self._newest = (frame, received_ns)
 
     def latest(self, now_ns: int, max_age_ns: int) -> Frame | None:
         """The newest frame if it was received within ``max_age_ns`` of ``now_ns`` (monotonic)."""
-        frame = self._latest
-        if frame is None or now_ns - self._received_ns > max_age_ns:
+        newest = self._newest
+        if newest is None or now_ns - newest[1] > max_age_ns:
             return None
-        return frame
-
-    def wait_first(self, timeout_s: float) -> bool:
-        """Block until a first frame arrives (start-up), or the timeout passes."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._latest is not None, timeout_s)
+        return newest[0]
