@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import _report  # noqa: E402
 
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+BENCHMARKS_MD = _report.BENCHMARKS_MD
 START, END = "<!-- bench_agent:start -->", "<!-- bench_agent:end -->"
 
 # Targets (what the agent promises a node operator).

@@ -39,7 +39,7 @@ from otel_dra.classifier import Classifier  # noqa: E402
 from otel_dra.frame import Frame, Schema  # noqa: E402
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig  # noqa: E402
 
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+BENCHMARKS_MD = _report.BENCHMARKS_MD
 START, END = "<!-- bench_classifier:start -->", "<!-- bench_classifier:end -->"
 TICK_TARGET_MS = 50.0
 TWIN_TARGET_RATIO = 100.0

@@ -41,7 +41,7 @@ from otel_dra.sinks.verdict_text import VerdictText  # noqa: E402
 from otel_dra.sinks.verdicts import VerdictMetrics  # noqa: E402
 from otel_dra.state.board import VerdictBoard  # noqa: E402
 
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+BENCHMARKS_MD = _report.BENCHMARKS_MD
 START, END = "<!-- bench_fleet:start -->", "<!-- bench_fleet:end -->"
 EXPORT_TARGET_S = 2.0
 console = Console()

@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import _report  # noqa: E402
 
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+BENCHMARKS_MD = _report.BENCHMARKS_MD
 EXAMPLES = ROOT.parent / "shared" / "examples"
 EXAMPLE_FILE = EXAMPLES / "fleet-sample.jsonl.gz"
 EXAMPLE_LABELS = EXAMPLES / "fleet-sample.labels.json"

@@ -29,7 +29,7 @@ from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig  # noqa:
 from otel_dra.sources.sysfs import SysfsSource  # noqa: E402
 from tests.fake_nvml import FakeGpu, FakeNvml  # noqa: E402
 
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+BENCHMARKS_MD = _report.BENCHMARKS_MD
 START, END = "<!-- bench_sources:start -->", "<!-- bench_sources:end -->"
 TREE = ROOT / "tests" / "data" / "sysfs-amd"
 DEVICES = 8
