@@ -62,13 +62,13 @@ from typing import Any
 from otel_dra import conventions as cv
 from otel_dra.classifier import window_samples
 from otel_dra.frame import Column, Frame, Schema
-from otel_dra.policy import Policy
+from otel_dra.policy import EVENT_LOG_DEPTH, Policy
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
 #: hw.state severity: a device's state is the worst among its reasons.
 STATE_CODE = {"ok": 0, "predicted_failure": 1, "degraded": 2, "failed": 3, "needs_cleaning": 2}
 STATE_NAME = ("ok", "predicted_failure", "degraded", "failed")
-EVENT_DEPTH = 8
+EVENT_DEPTH = EVENT_LOG_DEPTH
 EVENT_KINDS = ("resets", "out_of_memory", "driver_application")
 ERROR_FEATURE = {
     "corrected": "ecc_corrected",
@@ -295,9 +295,9 @@ class NaiveClassifier:
         self.schema = schema if schema is not None else Schema()
         self.interval_s = interval_s
         self.window_len = window_samples(policy.window_s, interval_s)
-        self.bucket_s = policy.horizon_bucket_s
-        self.spans = {"duty": policy.horizon_buckets("duty_span"), "rate": policy.horizon_buckets("rate_span")}
-        self.min_samples = int(policy.data["min_samples"])
+        self.bucket_s = policy.horizon.bucket_s
+        self.spans = {"duty": policy.horizon.duty_buckets, "rate": policy.horizon.rate_buckets}
+        self.min_samples = policy.min_samples
         self.devices: dict[tuple[str, str], Device] = {}
         self._columns: Columns | None = None
 
@@ -309,7 +309,7 @@ class NaiveClassifier:
 
     def _set_attrs(self, dev: Device, attrs: Mapping[str, str]) -> None:
         dev.attrs = dict(attrs)
-        dev.cohort = tuple(attrs.get(key, "") for key in self.policy.cohort_keys)
+        dev.cohort = tuple(attrs.get(key, "") for key in self.policy.cohorts.keys)
         dev.vendor = attrs.get(cv.HW_VENDOR, "")
         dev.rules = self.policy.rules_for(dev.vendor, attrs.get(cv.HW_MODEL, ""))
         fw = dev.rules["firmware"]
@@ -511,9 +511,7 @@ class NaiveClassifier:
         generation = gen if gen is not None else float(link["default_generation"])
         generation_int = int(min(max(generation, 1.0), 16.0))
         # The per-lane replay table is fleet-wide: the base policy's, not a model override's.
-        per_lane = {
-            int(k): float(v) for k, v in self.policy.data["rules"]["link"]["replays_per_lane_per_minute"].items()
-        }
+        per_lane = {int(k): float(v) for k, v in self.policy.rules["link"]["replays_per_lane_per_minute"].items()}
         s["link_expected"] = per_lane.get(generation_int, 0.0) * lanes
 
         reported: float | None = None
@@ -582,7 +580,7 @@ class NaiveClassifier:
                     if minutes > 0:
                         pools.setdefault(dev.cohort, []).append(w.span_count(feature) / max(minutes, 1.0))
             everyone = [rate for pool in pools.values() for rate in pool]
-            least = self.policy.cohort_min_devices
+            least = self.policy.cohorts.min_devices
             centres[feature] = {}
             for dev in devices:
                 pool = pools.get(dev.cohort, [])
@@ -616,7 +614,7 @@ class NaiveClassifier:
                         "remediation": remediation,
                     }
                 )
-        ttl = float(self.policy.data["device_ttl"])
+        ttl = self.policy.device_ttl_s
         for key_, dev in list(self.devices.items()):
             if now_s - dev.last_heard > ttl:
                 del self.devices[key_]  # forgotten: if it comes back, it is a new device
@@ -649,12 +647,12 @@ class NaiveClassifier:
 
         window_bar = max(absolute, storm * median)
         window_minutes = max(w.seconds, 60.0) / 60.0
-        fast = w._timed() and above(w.increase(feature), window_minutes, window_bar, self.policy.cohort_significance)
-        z = self.policy.cohort_span_significance
+        fast = w._timed() and above(w.increase(feature), window_minutes, window_bar, self.policy.cohorts.significance)
+        z = self.policy.cohorts.span_significance
         count, minutes = w.span_count(feature), max(w.span_minutes(), 1.0)
         if source == "cohort":  # far above its peers, and beyond the noise of their norm
             far = count / minutes >= max(ratio * median, median + mad_k * 1.4826 * mad)
-            slow = far and above(count, minutes, max(self.policy.cohort_healthy_ratio * median, floor), z)
+            slow = far and above(count, minutes, max(self.policy.cohorts.healthy_ratio * median, floor), z)
         else:
             slow = above(count, minutes, window_bar, z)
         slow = slow and w.covered("rate")
@@ -664,7 +662,7 @@ class NaiveClassifier:
         """Present for the rule's duty of the duty span, or (already on) duty x hold ratio of either span."""
         duty = float(dev.rules[reason]["duty"])
         read = w.span_share if share else w.span_fraction
-        stay = duty * self.policy.duty_hold_ratio
+        stay = duty * self.policy.horizon.duty_hold_ratio
         held = dev.reasons[reason].on and max(read(feature, "duty"), read(feature, "rate")) >= stay
         return read(feature, "duty") >= duty or held
 
@@ -790,8 +788,7 @@ class NaiveClassifier:
     def _step(
         self, dev: Device, now_s: float, evidence: dict[str, tuple[bool, int, int]], unknown: bool
     ) -> tuple[str, str | None, tuple[str, ...], str]:
-        esc = self.policy.data["escalation"]
-        esc_window, after = float(esc["window"]), int(esc["after"])
+        esc_window, after = self.policy.escalation.window_s, self.policy.escalation.after
         per_step = max(1, after - 1)
         on_reasons: list[str] = []
         worst = 0
@@ -825,7 +822,7 @@ class NaiveClassifier:
             remediation = max(remediation, REMEDIATIONS.index(ladder[step]), rs.floor)
         if unknown:
             return ("Unknown", None, ("stale",), "none")
-        health = "Unhealthy" if STATE_NAME[worst] in self.policy.data["unhealthy_states"] else "Healthy"
+        health = "Unhealthy" if STATE_NAME[worst] in self.policy.unhealthy_states else "Healthy"
         return (health, STATE_NAME[worst], tuple(sorted(on_reasons)), REMEDIATIONS[remediation])
 
 

@@ -20,15 +20,15 @@ def check(tmp_path, text: str):
 def test_default_policy_loads_with_every_reason():
     p = policy.load()
     assert p.window_s == 300 and p.stale_timeout_s == 60
-    assert set(p.data["rules"]) == set(policy.RULES_KEYS)
+    assert set(p.rules) == set(policy.RULES_KEYS)
     assert p.hold_s("memory_ecc") == 3600 and p.hold_s("thermal") == 180
 
 
 def test_a_user_file_merges_over_the_default(tmp_path):
     p, _ = check(tmp_path, "window: 10m\nrules:\n  thermal:\n    min_fraction: 0.8\n")
     assert p.window_s == 600
-    assert p.data["rules"]["thermal"]["min_fraction"] == 0.8
-    assert p.data["rules"]["thermal"]["throttle_share"] == 0.1  # untouched keys keep their default
+    assert p.rules["thermal"]["min_fraction"] == 0.8
+    assert p.rules["thermal"]["throttle_share"] == 0.1  # untouched keys keep their default
 
 
 def test_overrides_apply_per_vendor_and_model(tmp_path):
@@ -105,15 +105,15 @@ def test_event_thresholds_must_fit_the_event_log(tmp_path):
 
 
 def test_shared_devices_combine_mode_is_validated(tmp_path):
-    assert check(tmp_path, "shared_devices: {combine: majority}\n")[0].data["shared_devices"]["combine"] == "majority"
+    assert check(tmp_path, "shared_devices: {combine: majority}\n")[0].shared_devices.combine == "majority"
     with pytest.raises(policy.PolicyError, match=r"shared_devices.combine: 'most' is not one of: any, majority, all"):
         check(tmp_path, "shared_devices: {combine: most}\n")
 
 
 def test_the_horizon_and_cohorts_are_validated(tmp_path):
     p, _ = check(tmp_path, "horizon: {bucket: 2m, rate_span: 1h}\ncohorts: {by: [hw.model], min_devices: 4}\n")
-    assert (p.horizon_bucket_s, p.horizon_buckets("duty_span"), p.horizon_buckets("rate_span")) == (120, 8, 30)
-    assert p.cohort_keys == ("hw.model",) and p.cohort_min_devices == 4
+    assert (p.horizon.bucket_s, p.horizon.duty_buckets, p.horizon.rate_buckets) == (120, 8, 30)
+    assert p.cohorts.keys == ("hw.model",) and p.cohorts.min_devices == 4
     mistakes = [
         ("horizon: {duty_span: 30m, rate_span: 20m}", r"horizon: need 1s <= bucket \(60s\) <= duty_span \(1800s\)"),
         ("horizon: {bucket: 1s, duty_span: 10m, rate_span: 48m}", r"2880 buckets per device; use at most 1440"),

@@ -36,7 +36,7 @@ from otel_dra.classifier.verdicts import (
 )
 from otel_dra.classifier.window import WindowStore
 from otel_dra.frame import DeviceTable, Frame, Schema
-from otel_dra.policy import Policy
+from otel_dra.policy import EVENT_LOG_DEPTH, EVENT_REASONS, Policy
 from otel_dra.vocabulary import REASONS
 
 __all__ = ["Classifier", "Verdict"]
@@ -80,17 +80,16 @@ class Classifier:
         cap = self.registry.capacity
         self.window_s = policy.window_s
         self.store = WindowStore(N_FEATURES, window_samples(policy.window_s, interval_s), cap, policy.window_s)
-        spans = (policy.horizon_buckets("duty_span"), policy.horizon_buckets("rate_span"))
-        self.horizon = HorizonStore(len(HORIZON_FEATURES), policy.horizon_bucket_s, spans, cap)
+        spans = (policy.horizon.duty_buckets, policy.horizon.rate_buckets)
+        self.horizon = HorizonStore(len(HORIZON_FEATURES), policy.horizon.bucket_s, spans, cap)
         self._horizon_cols = np.asarray(HORIZON_FEATURES, dtype=np.intp)
         self.extractor = FeatureExtractor(self.schema, cap)
         self.groups = PolicyGroups(policy, cap)
-        self.events = {f: EventLog(cap) for f in EVENT_FEATURES}
+        self.events = {f: EventLog(cap, EVENT_LOG_DEPTH) for f in EVENT_FEATURES}
         hold = np.asarray([policy.hold_s(reason) for reason in REASONS])
-        esc = policy.data["escalation"]
-        self.engine = VerdictEngine(cap, hold, float(esc["window"]), int(esc["after"]))
+        self.engine = VerdictEngine(cap, hold, policy.escalation.window_s, policy.escalation.after)
         self.unhealthy = np.zeros(4, dtype=bool)  # by state code: which states are Unhealthy
-        self.unhealthy[[STATE_CODE[s] for s in policy.data["unhealthy_states"]]] = True
+        self.unhealthy[[STATE_CODE[s] for s in policy.unhealthy_states]] = True
         self._ladders: np.ndarray | None = None
         for part in (self.store, self.horizon, self.extractor, self.groups, self.engine, *self.events.values()):
             self.registry.on_resize(part.resize)
@@ -287,7 +286,7 @@ class Classifier:
                     evidence.present[i],
                 )
             )
-        self.registry.expire(now_s, float(self.policy.data["device_ttl"]))
+        self.registry.expire(now_s, self.policy.device_ttl_s)
         return out
 
     def _time_ns(self, now_ns: int, w: Window, i: int) -> int:
@@ -308,7 +307,7 @@ class Classifier:
         """Each reason's evidence; a reason held by hysteresis shows the evidence it was last seen with."""
         node = self.registry.nodes[self.registry.node_of[row]]
         rules = self.groups.rules[self.groups.group[row]]
-        ew = {r: float(rules[r]["events_window"]) for r in ("memory_pressure", "driver_errors", "device_reset")}
+        ew = {r: float(rules[r]["events_window"]) for r in EVENT_REASONS}
         parts = []
         for reason in reasons:
             r = R[reason]

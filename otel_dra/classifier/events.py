@@ -11,12 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from otel_dra.classifier.registry import grown
+from otel_dra.policy import EVENT_LOG_DEPTH
 
 
 class EventLog:
-    """Times and amounts of the last ``depth`` events of one counter, per device row."""
+    """Times and amounts of the last ``depth`` events of one counter, per device row (the
+    policy refuses thresholds above EVENT_LOG_DEPTH, the depth kept by default)."""
 
-    def __init__(self, capacity: int, depth: int = 8) -> None:
+    def __init__(self, capacity: int, depth: int = EVENT_LOG_DEPTH) -> None:
         self.depth = depth
         self.times = np.full((capacity, depth), -np.inf)
         self.amounts = np.zeros((capacity, depth))

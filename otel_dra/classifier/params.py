@@ -55,7 +55,7 @@ class PolicyGroups:
         self._cohort_index: dict[tuple[str, ...], int] = {}
         self.cohort_names: list[str] = []
         self.cohort = np.zeros(capacity, dtype=np.intp)
-        self._cohort_for(("",) * len(policy.cohort_keys))
+        self._cohort_for(("",) * len(policy.cohorts.keys))
 
     def resize(self, capacity: int) -> None:
         self.group = grown(self.group, capacity, 0)
@@ -91,7 +91,7 @@ class PolicyGroups:
         """(Re)classify one device after its attributes changed."""
         group = self._group_for(attrs.get(cv.HW_VENDOR, ""), attrs.get(cv.HW_MODEL, ""))
         self.group[row] = group
-        self.cohort[row] = self._cohort_for(tuple(attrs.get(key, "") for key in self.policy.cohort_keys))
+        self.cohort[row] = self._cohort_for(tuple(attrs.get(key, "") for key in self.policy.cohorts.keys))
         fw = self.rules[group]["firmware"]
         version = attrs.get(cv.HW_FIRMWARE_VERSION)
         bad, why = False, ""
@@ -129,7 +129,7 @@ class PolicyGroups:
 
     def device_params(self, rows: np.ndarray) -> DeviceParams:
         """What the sample stage needs for these rows."""
-        base = self.policy.data["rules"]["link"]["replays_per_lane_per_minute"]
+        base = self.policy.rules["link"]["replays_per_lane_per_minute"]
         tables = []
         for rules in self.rules:
             table = rules["driver_errors"]["code_tables"]

@@ -247,7 +247,7 @@ class Window:
         span or of the longer rate span, so a fault that recurs is one episode, not one per burst."""
         read = self.span_share if share else self.span_fraction
         duty = self.groups.param(self.rows, reason, "duty")
-        stay = duty * self.groups.policy.duty_hold_ratio
+        stay = duty * self.groups.policy.horizon.duty_hold_ratio
         recent = read(f, DUTY_SPAN)
         held = self.on[:, R[reason]] & (np.maximum(recent, read(f, RATE_SPAN)) >= stay)
         return (recent >= duty) | held
@@ -278,20 +278,20 @@ class Window:
         # Every recent device with a rate counts towards its cohort's centre, young ones too: a
         # fleet that just started judges a storm against its peers, not against the absolute bar.
         eligible = self.recent & (span_minutes > 0)
-        least = self.groups.policy.cohort_min_devices
+        least = self.groups.policy.cohorts.min_devices
         c = centre(span_rate, eligible, self.recent, cohorts, len(self.groups.cohort_names), least)
         storm_key, ratio_key, mad_key, floor_key = keys
         ratio = p(rows, reason, ratio_key)
-        z = np.full(rows.shape, self.groups.policy.cohort_significance)
+        z = np.full(rows.shape, self.groups.policy.cohorts.significance)
         window_bar = np.maximum(absolute, p(rows, reason, storm_key) * c.median)
         ok = (self.samples >= self.min_samples) & (self.seconds > 0)
         window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
         fast = ok & above(self.increase(f), window_minutes, window_bar, z)
         spread = c.median + p(rows, reason, mad_key) * 1.4826 * c.mad
         far = np.nan_to_num(span_rate) >= np.maximum(ratio * c.median, spread)
-        healthy = self.groups.policy.cohort_healthy_ratio
+        healthy = self.groups.policy.cohorts.healthy_ratio
         norm = np.maximum(healthy * c.median, p(rows, reason, floor_key))
-        span_z = np.full(rows.shape, self.groups.policy.cohort_span_significance)
+        span_z = np.full(rows.shape, self.groups.policy.cohorts.span_significance)
         minutes = np.maximum(span_minutes, 1.0)
         own = far & above(span_count, minutes, norm, span_z)
         slow = self.covered(RATE_SPAN) & np.where(

@@ -38,6 +38,7 @@ from otel_dra.classifier.verdicts import Verdict
 from otel_dra.classifier.views import combine
 from otel_dra.policy import Policy
 from otel_dra.sinks.k8s import validation as val
+from otel_dra.sinks.k8s.settings import K8sSettings
 from otel_dra.sinks.k8s.validation import K8sValidationError
 from otel_dra.vocabulary import HEALTH, REASONS
 
@@ -124,43 +125,6 @@ def target_kubernetes(api_version: str, kubernetes_version: str | tuple[int, int
             f"not {val.version_text(target)}; {fix}"
         )
     return target
-
-
-@dataclass(frozen=True)
-class K8sSettings:
-    """The policy's ``kubernetes`` section, typed."""
-
-    domain: str
-    taints_enabled: bool
-    taint_health: frozenset[str]
-    key: str
-    value: str
-    effect_default: str
-    effect_by_state: Mapping[str, str]
-    effect_by_reason: Mapping[str, str]
-    max_per_device: int
-    attributes: Mapping[str, str]
-
-    @classmethod
-    def from_policy(cls, policy: Policy) -> K8sSettings:
-        k = policy.data["kubernetes"]
-        t, e = k["taints"], k["taints"]["effect"]
-        return cls(
-            domain=k["domain"],
-            taints_enabled=bool(t["enabled"]),
-            taint_health=frozenset(t["health"]),
-            key=t["key"],
-            value=t["value"],
-            effect_default=e["default"],
-            effect_by_state=dict(e["by_state"]),
-            effect_by_reason=dict(e["by_reason"]),
-            max_per_device=int(t["max_per_device"]),
-            attributes=dict(k["attributes"]),
-        )
-
-    def effect(self, reason: str, state: str) -> str:
-        """The reason's own choice, else its state's, else the default (None: informational)."""
-        return self.effect_by_reason.get(reason) or self.effect_by_state.get(state) or self.effect_default
 
 
 def rule_name(driver: str, pool: str, device: str, reason: str) -> str:
@@ -277,7 +241,7 @@ def render(
             f"{len(not_dra)} devices without {cv.DRA_POOL_NAME}/{cv.DRA_DEVICE_NAME} are not DRA devices and get "
             f"nothing (e.g. {', '.join(sorted(not_dra)[:3])})"
         )
-    mode = policy.data["shared_devices"]["combine"]
+    mode = policy.shared_devices.combine
     for ref in sorted(views, key=lambda r: (r.driver, r.pool, r.device)):
         verdict = combine(views[ref], mode)
         try:
