@@ -180,7 +180,7 @@ def measure_latency(watchers: int, changes: int, devices: int = 8) -> dict:
         finally:
             if proc.poll() is None:
                 proc.kill()
-            server.stop(0.5)
+            server.shutdown(0.5)
             echo.stop(0.5)
     latencies, missing = [], 0
     for per_watcher in result["seen"]:

@@ -51,7 +51,10 @@ from bench.bench_agent import free_port  # noqa: E402
 from bench.bench_classifier import rss_mb  # noqa: E402
 from bench.bench_receiver import agent_requests  # noqa: E402
 from otel_dra import policy as policy_mod  # noqa: E402
-from otel_dra.fleet import Fleet, FleetConfig  # noqa: E402
+from otel_dra.config import FleetConfig  # noqa: E402
+from otel_dra.fleet import Fleet  # noqa: E402
+from otel_dra.receivers.config import ReceiverConfig  # noqa: E402
+from otel_dra.sinks.config import EndpointConfig  # noqa: E402
 
 try:
     _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
@@ -152,10 +155,8 @@ def soak(devices: int, minutes: float, churn_per_minute: float = 0.02, ttl: str 
     os.unlink(f.name)
     prom_port = free_port()
     config = FleetConfig(
-        host="127.0.0.1",
-        otlp_grpc_port=free_port(),
-        otlp_http_port=0,
-        prometheus_port=prom_port,
+        receiver=ReceiverConfig("127.0.0.1", grpc_port=free_port(), http_port=0),
+        endpoint=EndpointConfig("127.0.0.1", prom_port),
         sample_interval_s=INTERVAL_S,
         evaluate_every_s=INTERVAL_S,
     )

@@ -12,30 +12,25 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from opentelemetry.metrics import Meter
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
-from prometheus_client import CollectorRegistry, ProcessCollector
 
-from otel_dra import __version__
+from otel_dra import __version__, sources
 from otel_dra import conventions as cv
 from otel_dra.classifier import Classifier
+from otel_dra.component import Components, OnShutdown
 from otel_dra.config import AgentConfig
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import load as load_policy
 from otel_dra.sinks import provider
 from otel_dra.sinks._mapping import series_per_device
-from otel_dra.sinks.exposition import ExpositionCache, Renderer
-from otel_dra.sinks.http import HttpEndpoint
+from otel_dra.sinks.http import PrometheusEndpoint, Route
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.sending_queue import SendingQueue
 from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
 from otel_dra.sources import Source
-from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state import FrameStore
 
 log = logging.getLogger(__name__)
@@ -44,49 +39,9 @@ log = logging.getLogger(__name__)
 SHUTDOWN_BUDGET_S = 4.0
 
 
-def choose_source(config: AgentConfig) -> tuple[str, str]:
-    """``--source auto``'s choice and why: NVML if it loads and finds GPUs, else sysfs if it finds
-    devices, else the simulator."""
-    if config.source != "auto":
-        return config.source, "chosen with --source"
-    from otel_dra.sources.nvml import nvml_available
-
-    ok, why_nvml = nvml_available()
-    if ok:
-        return "nvml", why_nvml
-    accelerators = pci_accelerators(config.sysfs_root)
-    if accelerators:
-        return "sysfs", f"{why_nvml}; sysfs shows {len(accelerators)} PCI accelerator(s): {', '.join(accelerators[:4])}"
-    return "simulated", f"{why_nvml}; no PCI display or processing accelerator under {config.sysfs_root}/bus/pci"
-
-
-def pci_accelerators(sysfs_root: str) -> list[str]:
-    """PCI addresses of display (class 0x03) and processing-accelerator (0x12) devices: what makes
-    ``auto`` read sysfs. A node with only NICs does not: its agent is for accelerators."""
-    found = []
-    for device in sorted(Path(sysfs_root, "bus", "pci", "devices").glob("*")):
-        try:
-            klass = (device / "class").read_text().strip()
-        except OSError:
-            continue
-        if klass.startswith(("0x03", "0x12")):
-            found.append(device.name)
-    return found
-
-
 def build_source(config: AgentConfig, schema: Schema) -> tuple[Source, str]:
-    """The source ``--source`` names (``auto`` picks one), and why it was chosen."""
-    name, why = choose_source(config)
-    if name == "nvml":
-        from otel_dra.sources.nvml import NvmlSource
-
-        return NvmlSource(config.node_name, schema), why
-    if name == "sysfs":
-        from otel_dra.sources.sysfs import SysfsSource
-
-        return SysfsSource(config.node_name, config.sysfs_root, schema), why
-    sim = SimulatorConfig(node_name=config.node_name, devices=config.devices, faults=config.faults, seed=config.seed)
-    return SimulatedSource(sim, schema), why
+    """The source ``--source`` names (``auto`` asks each real source what it would report), and why."""
+    return sources.build(config, schema)
 
 
 def series_limit(schema: Schema, devices: int) -> int:
@@ -95,18 +50,9 @@ def series_limit(schema: Schema, devices: int) -> int:
     return provider.cardinality_limit(devices, series_per_device(widest))
 
 
-@dataclass
-class _Sinks:
-    meter_provider: MeterProvider
-    http: HttpEndpoint | None
-    renderer: Renderer | None
-    kubelet: Any = None  # KubeletHealthServer
-    registration: Any = None  # RegistrationServer
-    k8s: Any = None  # K8sOutputSink
-
-
 class Agent:
-    """Wires the pipeline for one node and runs it until stopped."""
+    """Wires the pipeline for one node and runs it until stopped: source → store → classifier →
+    sinks, each sink a component started in order and shut down in reverse."""
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -116,85 +62,88 @@ class Agent:
         self.policy = load_policy(config.policy_path)
         self.classifier = Classifier(self.policy, self.schema, interval_s=config.interval_s)
         self.board = VerdictBoard()
+        self.components = Components(SHUTDOWN_BUDGET_S)
+        self.components.start("source", OnShutdown(lambda _t: self.source.close()))
+        self.endpoint: PrometheusEndpoint | None = None
         self._stop = threading.Event()
-        self._sinks: _Sinks | None = None
         self.samples = 0
 
     # -- wiring ----------------------------------------------------------------------
-    def _start_sinks(self, devices: int) -> _Sinks:
+    def _start_sinks(self, devices: int) -> None:
+        """Every sink, in the order they shut down in reverse: the meter provider (flushed last),
+        the kubelet stream and its registration, the Kubernetes output, the HTTP endpoint, and the
+        board (woken first, so no sink thread waits on it)."""
         cfg = self.config
-        readers: list[MetricReader] = []
+        run = self.components
+        endpoint = PrometheusEndpoint(cfg.endpoint, cfg.stale_after_s, self.routes()) if cfg.endpoint.enabled else None
+        readers: list[MetricReader] = [endpoint.reader()] if endpoint is not None else []
         queue: SendingQueue | None = None
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)  # the agent's own CPU and memory, next to what it reports
-        if cfg.prometheus_port:
-            readers.append(provider.prometheus_reader(registry))
-        if cfg.otlp_endpoint:
-            export_s = cfg.otlp_export_interval_s
+        push = cfg.otlp
+        if push.endpoint:
+            export_s = push.export_interval_s
             if export_s is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
                 export_s = cfg.interval_s  # push every sample unless the user chose a cadence
             reader, queue = provider.otlp_reader(
-                cfg.otlp_endpoint, cfg.otlp_protocol, export_s, cfg.otlp_queue_max_age_s, cfg.otlp_queue_max_points
+                push.endpoint, push.protocol, export_s, push.queue_max_age_s, push.queue_max_points
             )
             readers.append(reader)
             kept = "no queue"
             if queue is not None:
-                kept = f"queue: {cfg.otlp_queue_max_age_s:g}s, {cfg.otlp_queue_max_points:,} points"
-            log.info("pushing OTLP (%s) to %s (%s)", cfg.otlp_protocol, cfg.otlp_endpoint, kept)
-        meter_provider = provider.build_meter_provider(cfg.node_name, readers, series_limit(self.schema, devices))
-        meter = meter_provider.get_meter(cv.AGENT_SCOPE, __version__)
+                kept = f"queue: {push.queue_max_age_s:g}s, {push.queue_max_points:,} points"
+            log.info("pushing OTLP (%s) to %s (%s)", push.protocol, push.endpoint, kept)
+        meter = provider.start_meter_provider(
+            run, cfg.node_name, readers, series_limit(self.schema, devices), cv.AGENT_SCOPE
+        )
         if queue is not None:
             queue.register_metrics(meter)
         health = self.board if cfg.health_attribute == "all" else None
         MetricsSink(self.store, self.schema, meter, cfg.stale_after_s, exclude=VERDICT_METRICS, health=health)
         combine_mode = self.policy.data["shared_devices"]["combine"]
         VerdictMetrics(self.board, meter, combine_mode)
-        sinks = _Sinks(meter_provider, None, None)
-        self._sinks = sinks  # stop() can close what started even if a later sink fails to
-        self._start_kubernetes(sinks, meter, combine_mode)
-        if cfg.prometheus_port:
-            cache = ExpositionCache(registry, cfg.stale_after_s)
-            routes = {"/healthz": self._healthz, "/v1/devices": self.board.json_route}
-            sinks.http = HttpEndpoint(cfg.prometheus_host, cfg.prometheus_port, cache, routes)
-            sinks.renderer = Renderer(cache)
-            sinks.renderer.start()
-            sinks.http.start()
-        return sinks
+        self._start_kubernetes(meter, combine_mode)
+        if endpoint is not None:
+            self.endpoint = run.start("HTTP endpoint", endpoint)
+        run.start("verdict board", self.board)
 
-    def _start_kubernetes(self, sinks: _Sinks, meter: Meter, combine_mode: str) -> None:
+    def _start_kubernetes(self, meter: Meter, combine_mode: str) -> None:
         """The kubelet health stream, its registration, and the taint/attribute output, as configured."""
-        cfg = self.config
-        endpoint = cfg.kubelet_endpoint
+        cfg, run = self.config, self.components
+        kubelet = cfg.kubelet
+        endpoint = kubelet.endpoint
         if endpoint:
             from otel_dra.sinks.kubelet import KubeletHealthServer, RegistrationServer
 
             fresh_ns = int(cfg.stale_after_s * 1e9)
-            sinks.kubelet = KubeletHealthServer(
+            server = KubeletHealthServer(
                 endpoint,
                 self.board,
-                cfg.kubelet_health_timeout_s,
+                kubelet.health_timeout_s,
                 meter,
                 liveness=lambda: self.store.latest(time.monotonic_ns(), fresh_ns) is not None,
                 combine_mode=combine_mode,
             )
-            sinks.kubelet.start()
-            if cfg.register_with_kubelet:
-                sinks.registration = RegistrationServer(cfg.plugin_registry, cfg.register_with_kubelet, endpoint)
-                sinks.registration.start()
-        if cfg.k8s_output:
+            run.start("kubelet health stream", server)
+            if kubelet.register_with:
+                registration = RegistrationServer(kubelet.plugin_registry, kubelet.register_with, endpoint)
+                run.start("kubelet registration", registration)
+        k8s = cfg.k8s
+        if k8s.output:
             from otel_dra.sinks.k8s.sink import K8sOutputSink
 
-            sinks.k8s = K8sOutputSink(
+            sink = K8sOutputSink(
                 self.board,
-                Path(cfg.k8s_output),
+                Path(k8s.output),
                 self.policy,
-                cfg.k8s_api_version,
-                cfg.k8s_driver,
-                apply_rules=cfg.k8s_apply,
-                attributes=cfg.k8s_attributes,
+                k8s.api_version,
+                k8s.driver,
+                apply_rules=k8s.apply,
+                attributes=k8s.attributes,
                 warmup_s=float(self.policy.data["min_samples"]) * cfg.interval_s,
             )
-            sinks.k8s.start()
+            run.start("Kubernetes output", sink)
+
+    def routes(self) -> dict[str, Route]:
+        return {"/healthz": self._healthz, "/v1/devices": self.board.json_route}
 
     def _healthz(self) -> tuple[str, str, bytes]:
         """Healthy while samples keep arriving: a wedged sampling loop fails the liveness probe."""
@@ -210,8 +159,8 @@ class Agent:
         self.classifier.ingest(frame)
         self.board.publish(self.classifier.evaluate(frame.time_unix_nano), self.classifier.registry)
         self.samples += 1
-        if self._sinks is not None and self._sinks.renderer is not None:
-            self._sinks.renderer.sampled()
+        if self.endpoint is not None:
+            self.endpoint.sampled()
         return frame
 
     def run(self) -> None:
@@ -230,7 +179,7 @@ class Agent:
         try:
             first = self.sample_once()
             log.info("first sample: %d devices", len(first.devices))
-            self._sinks = self._start_sinks(len(first.devices))
+            self._start_sinks(len(first.devices))
             next_at = time.monotonic() + cfg.interval_s
             while not self._stop.wait(max(0.0, next_at - time.monotonic())):
                 try:
@@ -248,27 +197,7 @@ class Agent:
 
     def _shutdown(self) -> None:
         log.info("stopping: flushing metrics")
-        sinks = self._sinks
-        self.board.wake_all()
-        if sinks is not None:
-            if sinks.registration is not None:
-                sinks.registration.stop(0.5)
-            if sinks.kubelet is not None:
-                sinks.kubelet.stop(1.0)
-            if sinks.k8s is not None:
-                sinks.k8s.stop()
-            if sinks.http is not None:
-                sinks.http.shutdown()
-            if sinks.renderer is not None:
-                sinks.renderer.stop()
-            done = threading.Thread(
-                target=sinks.meter_provider.shutdown,
-                kwargs={"timeout_millis": SHUTDOWN_BUDGET_S * 1000},
-                daemon=True,
-            )
-            done.start()
-            done.join(SHUTDOWN_BUDGET_S)
-            if done.is_alive():
-                log.warning("metric flush did not finish in %.0fs; exiting without it", SHUTDOWN_BUDGET_S)
-        self.source.close()
+        late = self.components.shutdown()
+        if "meter provider" in late:
+            log.warning("metric flush did not finish in %.0fs; exiting without it", SHUTDOWN_BUDGET_S)
         log.info("stopped after %d samples", self.samples)

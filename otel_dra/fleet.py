@@ -18,76 +18,33 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from prometheus_client import CollectorRegistry, ProcessCollector
+from typing import TYPE_CHECKING
 
 from otel_dra import __version__
 from otel_dra.classifier import Classifier, Verdict
+from otel_dra.component import Components
+from otel_dra.config import ClusterWriterConfig, FleetConfig
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
-from otel_dra.receivers.tls import TlsSettings, describe
+from otel_dra.receivers.tls import describe
 from otel_dra.sinks import provider
-from otel_dra.sinks.exposition import ExpositionCache, Renderer
-from otel_dra.sinks.http import HttpEndpoint
-from otel_dra.sinks.k8s.lease import LeaseConfig
-from otel_dra.sinks.k8s.render import AUTO_API_VERSION, api_version_of
+from otel_dra.sinks.http import PrometheusEndpoint, Route
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.sinks.verdicts import VerdictMetrics
-from otel_dra.state.board import VerdictBoard
+from otel_dra.state import VerdictBoard
 
 log = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from otel_dra.receivers.otlp import OtlpReceiver
+    from otel_dra.sinks.k8s.lease import LeaderElector
+    from otel_dra.sinks.k8s.sink import K8sOutputSink
+
 #: Per-instrument series limit for the fleet's verdict metrics (5 hw.status series per device).
 FLEET_SERIES_LIMIT = 1_000_000
-
-
-@dataclass(frozen=True)
-class ClusterWriterConfig:
-    """``--k8s-apply``: the fleet reconciles every DeviceTaintRule of the cluster, from its combined
-    view (a device several nodes see gets one rule, per ``shared_devices.combine``). With
-    ``leader_elect``, replicas elect one writer through a Lease; only it writes."""
-
-    api_version: str = AUTO_API_VERSION  # auto: the newest the cluster serves
-    driver: str | None = None  # the DRA driver of devices whose telemetry names none
-    output_dir: str | None = None  # also write the rendered files here
-    leader_elect: bool = True
-    lease: LeaseConfig = field(default_factory=LeaseConfig)
-    resync_s: float = 60.0  # reapply this often even without a change (a rule deleted by hand returns)
-    retry_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.api_version != AUTO_API_VERSION:
-            api_version_of(self.api_version)  # ValueError naming the choices
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    """What ``otel-dra fleet`` needs; validated by the CLI's option types and here."""
-
-    host: str = "0.0.0.0"
-    otlp_grpc_port: int = 4317
-    otlp_http_port: int = 4318
-    prometheus_port: int = 9464
-    sample_interval_s: float = 10.0  # how often agents push: sizes the windows
-    evaluate_every_s: float = 5.0
-    max_request_bytes: int = 16 << 20
-    node_name: str = ""
-    tls: TlsSettings | None = None  # the OTLP receiver's TLS (both transports); None: plaintext
-    max_future_s: float = 600.0  # points further ahead of the fleet's clock are rejected (0: no bound)
-    k8s: ClusterWriterConfig | None = None  # --k8s-apply: the cluster's one DeviceTaintRule writer
-
-    def __post_init__(self) -> None:
-        for name in ("otlp_grpc_port", "otlp_http_port", "prometheus_port"):
-            port = getattr(self, name)
-            if not 0 <= port <= 65535:
-                raise ValueError(f"--{name.replace('_', '-')} must be a TCP port (0 turns it off), got {port}")
-        if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:
-            raise ValueError("--sample-interval and --evaluate-every must be positive numbers of seconds")
-        if not self.max_future_s >= 0:
-            raise ValueError(f"--max-future must be 0 (no bound) or a number of seconds, got {self.max_future_s}")
+#: Time the shutdown may spend (the Lease release, the flush) before the process gives up on it.
+SHUTDOWN_BUDGET_S = 5.0
 
 
 class Fleet:
@@ -104,12 +61,11 @@ class Fleet:
         self._stop = threading.Event()
         self._last_tick = 0.0
         self.ticks = 0
-        self.receiver = None
-        self.http: HttpEndpoint | None = None
-        self.renderer: Renderer | None = None
-        self.meter_provider = None
-        self.elector: Any = None  # LeaderElector, with --k8s-apply and leader election
-        self.k8s: Any = None  # K8sOutputSink, with --k8s-apply
+        self.components = Components(SHUTDOWN_BUDGET_S)
+        self.receiver: OtlpReceiver | None = None
+        self.endpoint: PrometheusEndpoint | None = None
+        self.elector: LeaderElector | None = None  # with --k8s-apply and leader election
+        self.k8s: K8sOutputSink | None = None  # with --k8s-apply
 
     # -- data in -------------------------------------------------------------------------------
     def on_frames(self, frames: list[Frame]) -> None:
@@ -130,8 +86,8 @@ class Fleet:
         self.board.publish(changed, self.classifier.registry)
         self._last_tick = time.monotonic()
         self.ticks += 1
-        if self.renderer is not None:
-            self.renderer.sampled()
+        if self.endpoint is not None:
+            self.endpoint.sampled()
         return changed
 
     # -- running -------------------------------------------------------------------------------
@@ -150,9 +106,8 @@ class Fleet:
 
         lease = k8s.lease.resolved()
         api_client = connect(user_agent=f"otel-dra/{__version__} (fleet; {lease.identity})", flag="--k8s-apply")
-        if k8s.leader_elect:
-            self.elector = LeaderElector(api_client, lease)
-        self.k8s = K8sOutputSink(
+        elector = LeaderElector(api_client, lease) if k8s.leader_elect else None
+        sink = K8sOutputSink(
             self.board,
             Path(k8s.output_dir) if k8s.output_dir else None,
             self.policy,
@@ -164,60 +119,64 @@ class Fleet:
             # A fresh fleet has not yet seen enough samples to re-find a fault: not deleting its rule yet.
             warmup_s=float(self.policy.data["min_samples"]) * self.config.sample_interval_s,
             api_client=api_client,
-            leader=self.elector.is_leader if self.elector is not None else None,
+            leader=elector.is_leader if elector is not None else None,
             whole_fleet=True,
             name="cluster writer",
         )
-        if self.elector is not None:
-            self.elector.start()
-        self.k8s.start()
+        if elector is not None:
+            self.elector = self.components.start("leader election", elector)
+        self.k8s = self.components.start("cluster writer", sink)
 
     def start(self) -> None:
-        """Bind every port (a port in use fails here, before anything runs)."""
+        """Every component, in the order they shut down in reverse: the cluster writer (its Lease
+        released last), the meter provider, the receivers, the HTTP endpoint, and the board.
+        Binds every port here: a port in use fails before anything runs."""
         from otel_dra.receivers.otlp import OtlpReceiver
 
         cfg = self.config
+        run = self.components
         if cfg.k8s is not None:
             self._start_cluster_writer(cfg.k8s)
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
-        readers = [provider.prometheus_reader(registry)] if cfg.prometheus_port else []
-        node = cfg.node_name or socket.gethostname()
-        self.meter_provider = provider.build_meter_provider(node, readers, FLEET_SERIES_LIMIT)
-        meter = self.meter_provider.get_meter("otel_dra.fleet", __version__)
-        VerdictMetrics(self.board, meter, self.policy.data["shared_devices"]["combine"], states=False)
         verdict_text = VerdictText()
-        grpc_at = f"{cfg.host}:{cfg.otlp_grpc_port}" if cfg.otlp_grpc_port else None
-        http_at = f"{cfg.host}:{cfg.otlp_http_port}" if cfg.otlp_http_port else None
-        self.receiver = OtlpReceiver(
+        endpoint = None
+        if cfg.endpoint.enabled:
+            endpoint = PrometheusEndpoint(
+                cfg.endpoint,
+                3 * cfg.evaluate_every_s + 5,
+                self.routes(),
+                extra=lambda: verdict_text.render(self.board.snapshot()),
+            )
+        readers = [endpoint.reader()] if endpoint is not None else []
+        node = cfg.node_name or socket.gethostname()
+        meter = provider.start_meter_provider(run, node, readers, FLEET_SERIES_LIMIT, "otel_dra.fleet")
+        VerdictMetrics(self.board, meter, self.policy.data["shared_devices"]["combine"], states=False)
+        rc = cfg.receiver
+        receiver = OtlpReceiver(
             self.schema,
             self.on_frames,
-            grpc_at,
-            http_at,
-            cfg.max_request_bytes,
+            rc.grpc_endpoint,
+            rc.http_endpoint,
+            rc.max_request_bytes,
             meter,
-            tls=cfg.tls,
-            max_future_s=cfg.max_future_s or None,
+            tls=rc.tls,
+            max_future_s=rc.max_future_s or None,
         )
-        self.receiver.start()
+        self.receiver = run.start("OTLP receiver", receiver)
         self._last_tick = time.monotonic()
-        if cfg.prometheus_port:
-            cache = ExpositionCache(
-                registry, 3 * cfg.evaluate_every_s + 5, extra=lambda: verdict_text.render(self.board.snapshot())
-            )
-            routes = {"/healthz": self._healthz, "/v1/devices": self.board.json_route}
-            self.http = HttpEndpoint(cfg.host, cfg.prometheus_port, cache, routes)
-            self.renderer = Renderer(cache)
-            self.renderer.start()
-            self.http.start()
+        if endpoint is not None:
+            self.endpoint = run.start("HTTP endpoint", endpoint)
+        run.start("verdict board", self.board)
         log.info(
             "otel-dra %s fleet: OTLP gRPC %s, OTLP/HTTP %s (%s), verdicts every %gs",
             __version__,
-            grpc_at or "off",
-            http_at or "off",
-            describe(cfg.tls),
+            rc.grpc_endpoint or "off",
+            rc.http_endpoint or "off",
+            describe(rc.tls),
             cfg.evaluate_every_s,
         )
+
+    def routes(self) -> dict[str, Route]:
+        return {"/healthz": self._healthz, "/v1/devices": self.board.json_route}
 
     def run(self) -> None:
         """Tick every ``evaluate_every`` seconds until :meth:`stop`, then close everything."""
@@ -237,18 +196,7 @@ class Fleet:
         self._stop.set()
 
     def close(self) -> None:
-        if self.k8s is not None:
-            self.k8s.stop()  # no more writes, then the Lease goes to a standby at once
-        if self.elector is not None:
-            self.elector.stop()
-        self.board.wake_all()
-        if self.receiver is not None:
-            self.receiver.stop(1.0)
-        if self.http is not None:
-            self.http.shutdown()
-        if self.renderer is not None:
-            self.renderer.stop()
-        if self.meter_provider is not None:
-            self.meter_provider.shutdown(timeout_millis=2000)
-        if self.receiver is not None:  # it started
+        started = self.receiver is not None
+        self.components.shutdown()
+        if started:
             log.info("fleet stopped after %d ticks, %d samples", self.ticks, self.classifier.ingested_samples)

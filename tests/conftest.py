@@ -266,7 +266,7 @@ def start_receiver() -> Iterator:
 
     yield start
     for receiver in running:
-        receiver.stop(0.5)
+        receiver.shutdown(0.5)
 
 
 # -- Prometheus --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import yaml
 from kubernetes.client import ApiClient
 
 import otel_dra
-from otel_dra.config import DEFAULT_PROMETHEUS_PORT
+from otel_dra.sinks.config import EndpointConfig
 from otel_dra.policy import load as load_policy
 from tests.conftest import free_port, http_get, wait_for
 
@@ -281,7 +281,7 @@ def test_node_name_comes_from_the_downward_api():
 
 def test_metrics_port_is_9464_named_metrics():
     ports = {p["name"]: p for p in container()["ports"]}
-    assert ports["metrics"]["containerPort"] == METRICS_PORT == DEFAULT_PROMETHEUS_PORT
+    assert ports["metrics"]["containerPort"] == METRICS_PORT == EndpointConfig.port
     assert ports["metrics"].get("protocol", "TCP") == "TCP"
     flags = agent_flags()
     assert flags.get("--prometheus-port", str(METRICS_PORT)) == str(METRICS_PORT)

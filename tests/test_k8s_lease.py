@@ -39,7 +39,7 @@ def candidates(api):
 
     yield make
     for e in made:
-        e.stop()
+        e.shutdown()
 
 
 def leader_and_standby(candidates) -> tuple[LeaderElector, LeaderElector]:
@@ -112,7 +112,7 @@ def test_one_of_two_candidates_leads_and_the_lease_says_which(api, candidates):
 def test_a_graceful_stop_releases_the_lease_and_the_standby_takes_over_at_its_next_retry(api, candidates):
     a, b = leader_and_standby(candidates)
     stopped = time.monotonic()
-    a.stop()
+    a.shutdown()
     assert api.lease()["spec"].get("holderIdentity") is None  # released, as client-go's ReleaseOnCancel
     wait_for(b.is_leader, 3, "fleet-b leading")
     assert time.monotonic() - stopped < 1.2 * FAST["retry_period_s"] + 0.5  # not a whole lease duration

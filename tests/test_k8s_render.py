@@ -727,7 +727,7 @@ def test_the_sink_thread_follows_the_board(tmp_path):
         wait_for(lambda: len(taint_rules(rules_file.read_text())) == 1, 5, "the rule for gpu-0")
     finally:
         t0 = time.monotonic()
-        sink.stop()
+        sink.shutdown()
         assert time.monotonic() - t0 < 1.0
     assert sink._thread is not None and not sink._thread.is_alive()
 
@@ -749,7 +749,7 @@ def test_the_sink_applies_the_rules_in_cluster_when_asked(fake_cluster, tmp_path
         board.update([verdict("gpu-1")], driver_attrs)
         wait_for(lambda: not fake_cluster.objects, 5, "the rule to go once gpu-1 is healthy")
     finally:
-        sink.stop()
+        sink.shutdown()
     assert sink.applies >= 3 and "DELETE" in " ".join(fake_cluster.requests)
 
 

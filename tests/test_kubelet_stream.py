@@ -171,7 +171,7 @@ def serve(sock_dir: Path) -> Iterator[Callable[..., KubeletHealthServer]]:
 
     yield start
     for server in started:
-        server.stop(0.2)
+        server.shutdown(0.2)
 
 
 @pytest.fixture
@@ -342,7 +342,7 @@ def test_stop_ends_every_stream_promptly(serve, watches):
     for w in ws:
         w.next()
     t0 = time.monotonic()
-    server.stop(grace_s=1.0)
+    server.shutdown(timeout_s=1.0)
     assert time.monotonic() - t0 < 2.0
     for w in ws:
         assert w.ended.wait(1.0), "the stream outlived the server"
@@ -362,7 +362,7 @@ def test_restarted_server_on_the_same_path_serves_the_reconnecting_kubelet(serve
         w = Watch(str(path), channel=channel)
         watches.append(w)
         assert len(w.next()[1].devices) == 3
-        first.stop(0.2)
+        first.shutdown(0.2)
         assert w.ended.wait(2.0)
         publish(board, verdict("gpu-1", "Unhealthy", state="failed"))
         serve(board, path)
@@ -530,7 +530,7 @@ def test_registration_answers_get_info_and_logs_the_kubelets_verdict(sock_dir, c
         assert "\n" not in rejected[0].getMessage()
         assert any("kubelet registered DRA plugin gpu.example.com" in r.message for r in caplog.records)
     finally:
-        reg.stop(0.2)
+        reg.shutdown(0.2)
     assert not os.path.exists(reg.socket_path)
 
 

@@ -55,7 +55,7 @@ class Collector:
 
     def stop(self) -> None:
         if self.receiver is not None:
-            self.receiver.stop(0.2)
+            self.receiver.shutdown(0.2)
             self.receiver = None
 
 

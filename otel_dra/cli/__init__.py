@@ -20,17 +20,27 @@ import click
 from otel_dra import __version__
 from otel_dra.cli.options import Seconds, k8s_driver_option, log_level_option, policy_option, progress_bar
 from otel_dra.config import (
-    DEFAULT_PROMETHEUS_PORT,
     HEALTH_ATTRIBUTE_MODES,
-    OTLP_PROTOCOLS,
     AgentConfig,
+    ClusterWriterConfig,
     ConfigError,
+    FleetConfig,
     resolve_node_name,
-    resolve_otlp_endpoint,
-    resolve_otlp_protocol,
 )
 from otel_dra.faults import Fault, FaultSpecError, parse_fault
 from otel_dra.logs import setup_logging
+from otel_dra.receivers.config import ReceiverConfig
+from otel_dra.sinks.config import (
+    OTLP_PROTOCOLS,
+    EndpointConfig,
+    K8sOutputConfig,
+    KubeletConfig,
+    OtlpPushConfig,
+    resolve_otlp_endpoint,
+    resolve_otlp_protocol,
+)
+from otel_dra.sinks.k8s.lease import LeaseConfig
+from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
 from otel_dra.sources import SOURCES, SourceUnavailable
 
 if TYPE_CHECKING:
@@ -88,11 +98,13 @@ def cli() -> None:
 )
 @click.option(
     "--sysfs-root",
-    default="/sys",
+    default=AgentConfig.sysfs_root,
     show_default=True,
     help="Where sysfs is mounted (a fake tree for tests, /host/sys in a container).",
 )
-@click.option("--devices", type=click.IntRange(min=1), default=8, show_default=True, help="Simulated devices.")
+@click.option(
+    "--devices", type=click.IntRange(min=1), default=AgentConfig.devices, show_default=True, help="Simulated devices."
+)
 @click.option(
     "--fault",
     "faults",
@@ -106,21 +118,21 @@ def cli() -> None:
 @click.option(
     "--interval",
     type=Seconds(),
-    default=5.0,
+    default=AgentConfig.interval_s,
     show_default=True,
     help="Seconds between sampling passes.",
 )
 @click.option(
     "--prometheus-port",
     type=click.IntRange(0, 65535),
-    default=DEFAULT_PROMETHEUS_PORT,
+    default=EndpointConfig.port,
     show_default=True,
     envvar="OTEL_EXPORTER_PROMETHEUS_PORT",
     help="Port for /metrics and /healthz; 0 turns the endpoint off. [env: OTEL_EXPORTER_PROMETHEUS_PORT]",
 )
 @click.option(
     "--prometheus-host",
-    default="0.0.0.0",
+    default=EndpointConfig.host,
     show_default=True,
     envvar="OTEL_EXPORTER_PROMETHEUS_HOST",
     help="Address the endpoint binds to. [env: OTEL_EXPORTER_PROMETHEUS_HOST]",
@@ -147,7 +159,7 @@ def cli() -> None:
 @click.option(
     "--otlp-queue-max-age",
     type=Seconds(zero_ok=True),
-    default=300.0,
+    default=OtlpPushConfig.queue_max_age_s,
     show_default=True,
     envvar="OTEL_DRA_OTLP_QUEUE_MAX_AGE",
     help="Seconds a push the collector could not take is kept and retried, oldest first, so an outage "
@@ -157,7 +169,7 @@ def cli() -> None:
 @click.option(
     "--otlp-queue-max-points",
     type=click.IntRange(min=1),
-    default=100_000,
+    default=OtlpPushConfig.queue_max_points,
     show_default=True,
     envvar="OTEL_DRA_OTLP_QUEUE_MAX_POINTS",
     help="Data points the push queue holds at most (about 210 bytes each); past it the oldest are dropped "
@@ -174,7 +186,7 @@ def cli() -> None:
 @click.option(
     "--health-attribute",
     type=click.Choice(HEALTH_ATTRIBUTE_MODES),
-    default="metric",
+    default=AgentConfig.health_attribute,
     show_default=True,
     help="'metric': the derived health is the dra.device.health metric's attribute. 'all': also stamp "
     "dra.device.health.state on every hw.* series of the device (easy panel filters; new series on each transition).",
@@ -189,7 +201,7 @@ def cli() -> None:
 @click.option(
     "--kubelet-health-timeout",
     type=Seconds(),
-    default=30.0,
+    default=KubeletConfig.health_timeout_s,
     show_default=True,
     help="health_check_timeout_seconds sent to the kubelet (used from kubelet 1.35; 1.34 always uses 30 s); "
     "the full list is resent every third of it, and at least every 10 s.",
@@ -206,7 +218,7 @@ def cli() -> None:
 )
 @click.option(
     "--plugin-registry",
-    default="/var/lib/kubelet/plugins_registry",
+    default=KubeletConfig.plugin_registry,
     show_default=True,
     help="The kubelet's plugin registration directory (used with --register-with-kubelet).",
 )
@@ -226,8 +238,8 @@ def cli() -> None:
 )
 @click.option(
     "--k8s-api-version",
-    type=click.Choice(["v1", "v1beta2", "v1alpha3"]),
-    default="v1",
+    type=click.Choice(list(API_VERSIONS)),
+    default=K8sOutputConfig.api_version,
     show_default=True,
     help="resource.k8s.io version of the DeviceTaintRules: v1 (Kubernetes 1.37+), v1beta2 (1.36, behind the "
     "DRADeviceTaintRules gate), v1alpha3 (1.33-1.35).",
@@ -291,25 +303,19 @@ def run(
             devices=devices,
             faults=faults,
             interval_s=interval,
-            prometheus_host=prometheus_host,
-            prometheus_port=prometheus_port,
-            otlp_endpoint=resolve_otlp_endpoint(otlp_endpoint),
-            otlp_protocol=resolve_otlp_protocol(otlp_protocol),
-            otlp_export_interval_s=otlp_interval,
-            otlp_queue_max_age_s=otlp_queue_max_age,
-            otlp_queue_max_points=otlp_queue_max_points,
             seed=seed,
             policy_path=policy_file,
             health_attribute=health_attribute,
-            kubelet_socket=kubelet_socket,
-            kubelet_health_timeout_s=kubelet_health_timeout,
-            register_with_kubelet=register_driver,
-            plugin_registry=plugin_registry,
-            k8s_output=k8s_output,
-            k8s_attributes=k8s_attributes,
-            k8s_api_version=k8s_api_version,
-            k8s_driver=k8s_driver,
-            k8s_apply=k8s_apply,
+            endpoint=EndpointConfig(prometheus_host, prometheus_port),
+            otlp=OtlpPushConfig(
+                resolve_otlp_endpoint(otlp_endpoint),
+                resolve_otlp_protocol(otlp_protocol),
+                otlp_interval,
+                otlp_queue_max_age,
+                otlp_queue_max_points,
+            ),
+            kubelet=KubeletConfig(kubelet_socket, kubelet_health_timeout, register_driver, plugin_registry),
+            k8s=K8sOutputConfig(k8s_output, k8s_api_version, k8s_driver, k8s_apply, k8s_attributes),
         )
         agent = Agent(config)
     except (PolicyError, SourceUnavailable) as exc:
@@ -348,25 +354,25 @@ def main(argv: list[str] | None = None) -> None:
 
 
 @cli.command()
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address every port binds to.")
+@click.option("--host", default=ReceiverConfig.host, show_default=True, help="Address every port binds to.")
 @click.option(
     "--otlp-grpc-port",
     type=click.IntRange(0, 65535),
-    default=4317,
+    default=ReceiverConfig.grpc_port,
     show_default=True,
     help="OTLP/gRPC metrics receiver port (0: off).",
 )
 @click.option(
     "--otlp-http-port",
     type=click.IntRange(0, 65535),
-    default=4318,
+    default=ReceiverConfig.http_port,
     show_default=True,
     help="OTLP/HTTP metrics receiver port, POST /v1/metrics (0: off).",
 )
 @click.option(
     "--prometheus-port",
     type=click.IntRange(0, 65535),
-    default=DEFAULT_PROMETHEUS_PORT,
+    default=EndpointConfig.port,
     show_default=True,
     help="Port for /metrics (the fleet's verdicts), /v1/devices and /healthz (0: off).",
 )
@@ -374,28 +380,28 @@ def main(argv: list[str] | None = None) -> None:
 @click.option(
     "--sample-interval",
     type=Seconds(),
-    default=10.0,
+    default=FleetConfig.sample_interval_s,
     show_default=True,
     help="How often the agents push (their OTEL_METRIC_EXPORT_INTERVAL): sizes each device's window.",
 )
 @click.option(
     "--evaluate-every",
     type=Seconds(),
-    default=5.0,
+    default=FleetConfig.evaluate_every_s,
     show_default=True,
     help="Seconds between evaluations of the whole fleet.",
 )
 @click.option(
     "--max-request-bytes",
     type=click.IntRange(min=1024),
-    default=16 << 20,
+    default=ReceiverConfig.max_request_bytes,
     show_default=True,
     help="Largest OTLP request accepted (bigger ones get RESOURCE_EXHAUSTED / 413).",
 )
 @click.option(
     "--max-future",
     type=Seconds(zero_ok=True),
-    default=600.0,
+    default=ReceiverConfig.max_future_s,
     show_default=True,
     help="Reject data points more than this many seconds ahead of the fleet's clock (counted, reported as "
     "partial success); a node whose clock ran ahead would otherwise make its later, correct points look old. "
@@ -432,8 +438,8 @@ def main(argv: list[str] | None = None) -> None:
 )
 @click.option(
     "--k8s-api-version",
-    type=click.Choice(["auto", "v1", "v1beta2", "v1alpha3"]),
-    default="auto",
+    type=click.Choice([AUTO_API_VERSION, *API_VERSIONS]),
+    default=AUTO_API_VERSION,
     show_default=True,
     help="resource.k8s.io version of the DeviceTaintRules; auto: the newest the API server serves (v1 on "
     "Kubernetes 1.37+, v1beta2 on 1.36 behind the DRADeviceTaintRules gate, v1alpha3 on 1.33-1.35).",
@@ -455,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
 @click.option(
     "--leader-elect-lease-duration",
     type=Seconds(),
-    default=15.0,
+    default=LeaseConfig.lease_duration_s,
     show_default=True,
     help="How long a standby waits, after the leader's last renewal, before taking the Lease over: a dead "
     "leader is replaced within this.",
@@ -463,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
 @click.option(
     "--leader-elect-renew-deadline",
     type=Seconds(),
-    default=10.0,
+    default=LeaseConfig.renew_deadline_s,
     show_default=True,
     help="The leader stops writing once this long has passed without a renewal; less than the lease "
     "duration minus 1.2 x the retry period.",
@@ -471,11 +477,11 @@ def main(argv: list[str] | None = None) -> None:
 @click.option(
     "--leader-elect-retry-period",
     type=Seconds(),
-    default=2.0,
+    default=LeaseConfig.retry_period_s,
     show_default=True,
     help="How often the leader renews, and a standby tries to acquire (jittered up to 1.2x).",
 )
-@click.option("--leader-elect-resource-name", default="otel-dra-fleet", show_default=True, help="The Lease's name.")
+@click.option("--leader-elect-resource-name", default=LeaseConfig.name, show_default=True, help="The Lease's name.")
 @click.option(
     "--leader-elect-resource-namespace",
     default="",
@@ -517,10 +523,9 @@ def fleet(
     With --k8s-apply it is also the cluster's one DeviceTaintRule writer: run two or more replicas,
     each fed every node's telemetry, and the Lease holder writes (deploy/kubernetes/fleet).
     """
-    from otel_dra.fleet import ClusterWriterConfig, Fleet, FleetConfig
+    from otel_dra.fleet import Fleet
     from otel_dra.receivers.tls import TlsConfigError, TlsSettings
     from otel_dra.sinks.k8s.apply import K8sApplyError
-    from otel_dra.sinks.k8s.lease import LeaseConfig
     from otel_dra.sinks.k8s.validation import K8sValidationError
 
     setup_logging(log_level)
@@ -544,15 +549,10 @@ def fleet(
             )
             k8s = ClusterWriterConfig(k8s_api_version, k8s_driver, k8s_output, leader_elect, lease)
         config = FleetConfig(
-            host,
-            otlp_grpc_port,
-            otlp_http_port,
-            prometheus_port,
-            sample_interval,
-            evaluate_every,
-            max_request_bytes,
-            tls=tls,
-            max_future_s=max_future,
+            receiver=ReceiverConfig(host, otlp_grpc_port, otlp_http_port, max_request_bytes, max_future, tls),
+            endpoint=EndpointConfig(host, prometheus_port),
+            sample_interval_s=sample_interval,
+            evaluate_every_s=evaluate_every,
             k8s=k8s,
         )
     except ValueError as exc:
@@ -593,7 +593,7 @@ def _load_policy(path: str | None) -> Policy:
 @click.option(
     "--evaluate-every",
     type=Seconds(),
-    default=5.0,
+    default=FleetConfig.evaluate_every_s,
     show_default=True,
     help="Judge the fleet every this much of the recording's time (as 'otel-dra fleet' does live).",
 )

@@ -15,10 +15,9 @@ import click
 from click.core import ParameterSource
 
 from otel_dra.cli.options import Seconds, driver_name, policy_option
+from otel_dra.sinks.k8s.versions import API_VERSIONS, DEFAULT_API_VERSION
 
-#: Kept here (not imported from render) so ``otel-dra --help`` does not import the classifier.
-API_VERSION_CHOICES = ("v1", "v1beta2", "v1alpha3")
-DEFAULT_API_VERSION = "v1"
+API_VERSION_CHOICES = tuple(API_VERSIONS)
 
 
 @click.group()

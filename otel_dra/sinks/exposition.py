@@ -93,6 +93,6 @@ class Renderer:
             except Exception as exc:  # a failed rendering keeps the previous one served
                 log.error("rendering /metrics failed; serving the previous rendering", exc_info=exc)
 
-    def stop(self) -> None:
+    def shutdown(self, timeout_s: float = 1.0) -> None:
         self._stop.set()
         self._due.set()

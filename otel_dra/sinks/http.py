@@ -1,8 +1,11 @@
-"""Sink: the agent's HTTP endpoint: ``/metrics`` for Prometheus, ``/healthz`` for probes.
+"""Sink: the HTTP endpoint of the agent and the fleet: ``/metrics`` for Prometheus, ``/healthz``
+for probes, ``/v1/devices`` for people and scripts.
 
 A small WSGI dispatcher, served by ``prometheus_client``'s threading WSGI server, so
 scrapes never wait on each other or on sampling. ``/metrics`` serves the
 :class:`~otel_dra.sinks.exposition.ExpositionCache` rendered after each sample.
+:class:`PrometheusEndpoint` is the whole scrape side as one component, built the same way by
+the agent and the fleet.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from opentelemetry.sdk.metrics.export import MetricReader
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from otel_dra.sinks.exposition import ExpositionCache
+from otel_dra.sinks import provider
+from otel_dra.sinks.config import EndpointConfig
+from otel_dra.sinks.exposition import ExpositionCache, Renderer
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,48 @@ class HttpEndpoint:
         self._thread.start()
         log.info("serving /metrics and %s on %s:%d", ", ".join(self._routes), *self._server.server_address[:2])
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 1.0) -> None:
+        """Stop serving (the serve loop notices within its 0.5 s poll) and close the socket."""
         self._server.shutdown()
         self._server.server_close()
+
+
+class PrometheusEndpoint:
+    """The scrape side as one component: a registry with the process's own CPU and memory beside
+    what it reports, the SDK's Prometheus reader over it (:meth:`reader`, for the meter
+    provider), the rendered-exposition cache with its renderer thread, and the HTTP server.
+
+    Binds its port when built, so a port in use fails before anything starts."""
+
+    def __init__(
+        self,
+        config: EndpointConfig,
+        max_age_s: float,
+        routes: dict[str, Route],
+        extra: Callable[[], bytes] | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.cache = ExpositionCache(self.registry, max_age_s, extra=extra)
+        self._renderer = Renderer(self.cache)
+        self._http = HttpEndpoint(config.host, config.port, self.cache, routes)
+
+    @property
+    def port(self) -> int:
+        return self._http.port
+
+    def reader(self) -> MetricReader:
+        """The pull reader the meter provider exports through."""
+        return provider.prometheus_reader(self.registry)
+
+    def sampled(self) -> None:
+        """New data is in: render ``/metrics`` again (on the renderer's thread)."""
+        self._renderer.sampled()
+
+    def start(self) -> None:
+        self._renderer.start()
+        self._http.start()
+
+    def shutdown(self, timeout_s: float = 1.0) -> None:
+        self._http.shutdown(timeout_s)
+        self._renderer.shutdown(timeout_s)

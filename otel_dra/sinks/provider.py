@@ -14,6 +14,7 @@ import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import View
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from otel_dra import __version__
 from otel_dra import conventions as cv
+from otel_dra.component import Components, OnShutdown
 from otel_dra.sinks.sending_queue import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, SendingQueue
 
 log = logging.getLogger(__name__)
@@ -128,3 +130,13 @@ def prometheus_reader(registry: CollectorRegistry) -> MetricReader:
         registry=registry,
         resource_attribute_filter=lambda key: key == cv.K8S_NODE_NAME_ATTR,
     )
+
+
+def start_meter_provider(
+    components: Components, node_name: str, readers: list[MetricReader], limit: int, scope: str
+) -> Meter:
+    """The provider of every instrument, as a component (started with the others, shut down, so
+    flushed, after every sink that reads through it), and its meter for ``scope``."""
+    meter_provider = build_meter_provider(node_name, readers, limit)
+    components.start("meter provider", OnShutdown(lambda t: meter_provider.shutdown(timeout_millis=t * 1000)))
+    return meter_provider.get_meter(scope, __version__)

@@ -57,6 +57,13 @@ class VerdictBoard:
             self._lock.wait_for(lambda: self.version != seen or self.closed, timeout_s)
             return self.version
 
+    def start(self) -> None:
+        """A component with nothing to start: registered last, so shut down first."""
+
+    def shutdown(self, timeout_s: float = 0.0) -> None:
+        """Wake every waiter for good, so no sink thread is left waiting on the board."""
+        self.wake_all()
+
     def wake_all(self) -> None:
         """Wake every waiter for good (shutdown): waits return at once from now on."""
         with self._lock:

@@ -377,7 +377,7 @@ class LeaderElector:
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def shutdown(self, timeout_s: float = 2.0) -> None:
         """Stop campaigning, and release the Lease if we hold it (a quick handover)."""
         self._stop.set()
         if self._thread is not None:

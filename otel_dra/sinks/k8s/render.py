@@ -40,27 +40,9 @@ from otel_dra.policy import Policy
 from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.settings import K8sSettings
 from otel_dra.sinks.k8s.validation import K8sValidationError
+from otel_dra.sinks.k8s.versions import API_VERSIONS, DEFAULT_API_VERSION, SERVED_FROM
 from otel_dra.vocabulary import HEALTH, REASONS
 
-#: ``--api-version`` choices, newest first: DeviceTaintRule is served as v1 (GA, on by default from
-#: Kubernetes 1.37), v1beta2 (from 1.36, off by default there: the DRADeviceTaintRules feature gate and
-#: the API version must be enabled) and v1alpha3 (from 1.33, alpha: the DRADeviceTaints feature gate and
-#: the alpha API; the only version before 1.36). All three have the same fields (a taint and a
-#: driver/pool/device selector).
-API_VERSIONS: Mapping[str, str] = {
-    "v1": "resource.k8s.io/v1",
-    "v1beta2": "resource.k8s.io/v1beta2",
-    "v1alpha3": "resource.k8s.io/v1alpha3",
-}
-DEFAULT_API_VERSION = "v1"
-#: ``--k8s-api-version auto``: the newest version the cluster serves (:func:`otel_dra.sinks.k8s.apply.discover`).
-AUTO_API_VERSION = "auto"
-#: The first Kubernetes (major, minor) that serves each API version.
-SERVED_FROM: Mapping[str, tuple[int, int]] = {
-    "resource.k8s.io/v1": (1, 37),
-    "resource.k8s.io/v1beta2": (1, 36),
-    "resource.k8s.io/v1alpha3": (1, 33),
-}
 #: The server assumed when none is given: the version's first, but at least 1.35 (so v1alpha3 may
 #: carry effect None; say ``--kubernetes-version 1.33`` or ``1.34`` for the servers that may not).
 ASSUMED_KUBERNETES = (1, 35)

@@ -26,7 +26,6 @@ from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.apply import K8sApplyError, apply, connect, discover
 from otel_dra.sinks.k8s.render import (
     ATTRIBUTES_FILE,
-    AUTO_API_VERSION,
     DEFAULT_API_VERSION,
     RULES_FILE,
     Rendering,
@@ -35,6 +34,7 @@ from otel_dra.sinks.k8s.render import (
     target_kubernetes,
     write_if_changed,
 )
+from otel_dra.sinks.k8s.versions import AUTO_API_VERSION
 from otel_dra.state.board import VerdictBoard
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class K8sOutputSink:
         self._thread = threading.Thread(target=self._run, name="k8s-output", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def shutdown(self, timeout_s: float = 2.0) -> None:
         """Stop the thread (within ``poll_s`` plus a request in flight), then write the files once
         more, so a change just before shutdown is not lost. Rules are not applied on the way out."""
         self._stop.set()

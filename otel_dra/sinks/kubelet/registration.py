@@ -118,8 +118,9 @@ class RegistrationServer:
             ",".join(self.versions),
         )
 
-    def stop(self, grace_s: float = 1.0) -> None:
+    def shutdown(self, timeout_s: float = 1.0) -> None:
         """Stop answering and remove the socket (the kubelet then deregisters the plugin)."""
+        grace_s = timeout_s / 2  # half for work in flight, the rest for closing
         server = self._server
         if server is None:
             return

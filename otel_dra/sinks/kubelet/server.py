@@ -222,9 +222,10 @@ class KubeletHealthServer:
             self.max_workers,
         )
 
-    def stop(self, grace_s: float = 1.0) -> None:
+    def shutdown(self, timeout_s: float = 1.0) -> None:
         """End every stream now (the kubelet then marks the devices Unknown), stop listening within
-        ``grace_s`` and remove the socket if it is still ours."""
+        ``timeout_s`` and remove the socket if it is still ours."""
+        grace_s = timeout_s / 2  # half for work in flight, the rest for closing
         server = self._server
         if server is None:
             return

@@ -1,0 +1,45 @@
+"""The OTLP receiver's typed config: its defaults, stated once, and its checks.
+
+Light on purpose (no grpc or protobuf imports): the CLI reads its option defaults from here.
+The ports are OTLP's registered defaults, as the Collector's ``otlpreceiver`` uses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from otel_dra.receivers.tls import TlsSettings
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """Where OTLP/gRPC and OTLP/HTTP listen (a port of 0 turns that transport off), and the bounds
+    on what a request may bring."""
+
+    host: str = "0.0.0.0"
+    grpc_port: int = 4317
+    http_port: int = 4318
+    max_request_bytes: int = 16 << 20  # the Collector's confighttp default, for both transports
+    #: Points further ahead of the receiver's clock are rejected (0: no bound): a node whose clock ran
+    #: a year ahead would otherwise make its later, correct points "older" than what was read.
+    max_future_s: float = 600.0
+    tls: TlsSettings | None = None  # both transports; None: plaintext
+
+    def __post_init__(self) -> None:
+        for flag, port in (("--otlp-grpc-port", self.grpc_port), ("--otlp-http-port", self.http_port)):
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{flag} must be a TCP port (0 turns it off), got {port}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"--max-request-bytes must be at least 1, got {self.max_request_bytes}")
+        if not self.max_future_s >= 0:
+            raise ValueError(f"--max-future must be 0 (no bound) or a number of seconds, got {self.max_future_s}")
+
+    @property
+    def grpc_endpoint(self) -> str | None:
+        return f"{self.host}:{self.grpc_port}" if self.grpc_port else None
+
+    @property
+    def http_endpoint(self) -> str | None:
+        return f"{self.host}:{self.http_port}" if self.http_port else None

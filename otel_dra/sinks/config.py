@@ -1,0 +1,124 @@
+"""Each sink's typed config: its defaults, stated once, and its checks.
+
+Light on purpose (no SDK, grpc or kubernetes imports): the CLI reads its option defaults from
+these classes, and ``otel-dra --help`` must not pay for the sinks themselves. Errors are
+``ValueError`` with one line naming the flag and how to fix it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION, DEFAULT_API_VERSION
+
+#: The OTLP exporters the SDK ships (``OTEL_EXPORTER_OTLP_PROTOCOL``'s values this project supports).
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+#: The kubelet's plugin watcher directory, and where it expects a DRA driver's plugin socket.
+KUBELET_PLUGIN_REGISTRY = "/var/lib/kubelet/plugins_registry"
+KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """Where ``/metrics`` and the routes are served (``--host``/``--prometheus-port``)."""
+
+    host: str = "0.0.0.0"
+    port: int = 9464  # the OpenTelemetry Prometheus exporter's default; 0: off
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--prometheus-port must be 0 (off) or a TCP port, got {self.port}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.port != 0
+
+
+def resolve_otlp_endpoint(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
+    """The OTLP push target; None (push off) without a flag or ``OTEL_EXPORTER_OTLP_*ENDPOINT``."""
+    return flag or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
+def resolve_otlp_protocol(flag: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """``--otlp-protocol``, else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`` or ``OTEL_EXPORTER_OTLP_PROTOCOL``;
+    grpc by default, as the SDK's."""
+    return (
+        flag
+        or env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or OtlpPushConfig.protocol
+    )
+
+
+@dataclass(frozen=True)
+class OtlpPushConfig:
+    """The agent's OTLP push (off without an endpoint) and its sending queue."""
+
+    endpoint: str | None = None
+    protocol: str = "grpc"
+    export_interval_s: float | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL, else the sampling interval
+    queue_max_age_s: float = 300.0  # pushes the collector could not take are retried this long (0: not at all)
+    queue_max_points: int = 100_000  # ... and this many data points at most
+
+    def __post_init__(self) -> None:
+        if self.protocol not in OTLP_PROTOCOLS:
+            raise ValueError(
+                f"OTLP protocol {self.protocol!r} is not supported; use one of: {', '.join(OTLP_PROTOCOLS)}"
+            )
+        if self.endpoint is not None:
+            parts = urlsplit(self.endpoint if "//" in self.endpoint else f"//{self.endpoint}")
+            if not parts.hostname:
+                raise ValueError(f"OTLP endpoint {self.endpoint!r} has no host; give e.g. http://localhost:4317")
+        if not self.queue_max_age_s >= 0:
+            raise ValueError(
+                f"--otlp-queue-max-age must be 0 (no queue) or a number of seconds, got {self.queue_max_age_s}"
+            )
+        if self.queue_max_points < 1:
+            raise ValueError(f"--otlp-queue-max-points must be at least 1, got {self.queue_max_points}")
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    """The ``DRAResourceHealth`` stream's socket (off without one) and its registration."""
+
+    socket: str | None = None
+    health_timeout_s: float = 30.0  # the kubelet's own default health timeout
+    register_with: str | None = None  # the DRA driver name to register the socket under
+    plugin_registry: str = KUBELET_PLUGIN_REGISTRY
+
+    def __post_init__(self) -> None:
+        if not self.health_timeout_s > 0:
+            raise ValueError(
+                f"--kubelet-health-timeout must be a positive number of seconds, got {self.health_timeout_s}"
+            )
+
+    @property
+    def endpoint(self) -> str | None:
+        """The health socket: ``--kubelet-socket``, else the registered driver's default path, else none."""
+        if self.socket:
+            return self.socket
+        if self.register_with:
+            return os.path.join(KUBELET_PLUGINS_DIR, self.register_with, "dra.sock")
+        return None
+
+
+@dataclass(frozen=True)
+class K8sOutputConfig:
+    """The agent's DeviceTaintRule files (off without a directory), and its single-node apply."""
+
+    output: str | None = None  # write DeviceTaintRules (and, opted in, slice attributes) here
+    api_version: str = DEFAULT_API_VERSION
+    driver: str | None = None
+    apply: bool = False
+    attributes: bool = False  # experimental: also write ResourceSlice health attributes
+
+    def __post_init__(self) -> None:
+        if self.api_version not in API_VERSIONS and self.api_version != AUTO_API_VERSION:
+            raise ValueError(f"--k8s-api-version {self.api_version!r} is not one of: {', '.join(API_VERSIONS)}")
+        if self.attributes and not self.output:
+            raise ValueError("--k8s-attributes needs --k8s-output DIR (the attributes file is written there)")
+        if self.apply and not self.output:
+            raise ValueError("--k8s-apply needs --k8s-output DIR (the rules are written there, then applied)")
