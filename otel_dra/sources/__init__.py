@@ -15,8 +15,26 @@ from typing import TYPE_CHECKING, Protocol
 
 from otel_dra.frame import Frame, Schema
 
-if TYPE_CHECKING:  # config imports SOURCES from here
-    from otel_dra.config import AgentConfig
+if TYPE_CHECKING:
+    from otel_dra.faults import Fault
+
+
+class SourceSettings(Protocol):
+    """What the sources read of a configuration (the agent's :class:`~otel_dra.config.AgentConfig`
+    has it): declared here, so the sources depend on no layer above them."""
+
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def devices(self) -> int: ...
+    @property
+    def faults(self) -> tuple[Fault, ...]: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def sysfs_root(self) -> str: ...
 
 
 class SourceUnavailable(RuntimeError):
@@ -60,11 +78,11 @@ class SourceClass(Protocol):
 
     name: str
 
-    def probe(self, config: AgentConfig) -> Probe:
+    def probe(self, config: SourceSettings) -> Probe:
         """What the source would report on this machine; never raises for a missing library."""
         ...
 
-    def from_config(self, config: AgentConfig, schema: Schema) -> Source:
+    def from_config(self, config: SourceSettings, schema: Schema) -> Source:
         """The source, opened for sampling; raises :class:`SourceUnavailable` when it can't run here."""
         ...
 
@@ -92,7 +110,7 @@ def source_class(name: str) -> SourceClass:
     return cls
 
 
-def choose(config: AgentConfig) -> tuple[str, tuple[Probe, ...]]:
+def choose(config: SourceSettings) -> tuple[str, tuple[Probe, ...]]:
     """The source to run and the probes that decided it (none when ``--source`` names one).
 
     ``auto`` asks :data:`AUTO_ORDER` in turn and stops at the first that finds an accelerator;
@@ -119,7 +137,7 @@ def reason(name: str, probes: tuple[Probe, ...]) -> str:
     return f"{said}; running the {name} source"
 
 
-def build(config: AgentConfig, schema: Schema) -> tuple[Source, str]:
+def build(config: SourceSettings, schema: Schema) -> tuple[Source, str]:
     """The source ``--source`` names (``auto`` picks one), opened, and why it was chosen."""
     name, probes = choose(config)
     return source_class(name).from_config(config, schema), reason(name, probes)

@@ -28,7 +28,7 @@ from otel_dra.sources import Probe, SourceUnavailable
 from otel_dra.sources.simulated import driver_error_column
 
 if TYPE_CHECKING:
-    from otel_dra.config import AgentConfig
+    from otel_dra.sources import SourceSettings
 
 log = logging.getLogger(__name__)
 
@@ -193,13 +193,13 @@ class NvmlSource:
         self._start_events()
 
     @classmethod
-    def probe(cls, config: AgentConfig) -> Probe:
+    def probe(cls, config: SourceSettings) -> Probe:
         """The GPUs NVML lists here (:func:`nvml_gpus`, the init and count :meth:`__init__` does)."""
         count, why = nvml_gpus()
         return Probe(cls.name, count, why)
 
     @classmethod
-    def from_config(cls, config: AgentConfig, schema: Schema) -> NvmlSource:
+    def from_config(cls, config: SourceSettings, schema: Schema) -> NvmlSource:
         """The source for ``config``'s node, for :func:`otel_dra.sources.build`."""
         return cls(config.node_name, schema)
 

@@ -21,7 +21,7 @@ from otel_dra.sources import Probe
 from otel_dra.vocabulary import HW_STATES, REASONS
 
 if TYPE_CHECKING:
-    from otel_dra.config import AgentConfig
+    from otel_dra.sources import SourceSettings
 
 GIB = float(1 << 30)
 
@@ -197,12 +197,12 @@ class SimulatedSource:
 
     # -- helpers -------------------------------------------------------------------
     @classmethod
-    def probe(cls, config: AgentConfig) -> Probe:
+    def probe(cls, config: SourceSettings) -> Probe:
         """The simulator reports what ``--devices`` asks for, on any machine."""
         return Probe(cls.name, config.devices, f"{config.devices} simulated device(s)")
 
     @classmethod
-    def from_config(cls, config: AgentConfig, schema: Schema) -> SimulatedSource:
+    def from_config(cls, config: SourceSettings, schema: Schema) -> SimulatedSource:
         """The simulator with ``config``'s devices, faults and seed, for :func:`otel_dra.sources.build`."""
         sim = SimulatorConfig(config.node_name, config.devices, faults=config.faults, seed=config.seed)
         return cls(sim, schema)

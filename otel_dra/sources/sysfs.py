@@ -41,7 +41,7 @@ from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.sources import Probe
 
 if TYPE_CHECKING:
-    from otel_dra.config import AgentConfig
+    from otel_dra.sources import SourceSettings
 
 VENDORS: dict[str, str] = {"0x1002": "AMD", "0x10de": "NVIDIA", "0x8086": "Intel"}
 #: PCI base classes of accelerators: 0x03 display (only for the GPU vendors above, so a BMC's VGA
@@ -186,7 +186,7 @@ class SysfsSource:
         self._table: DeviceTable | None = None
 
     @classmethod
-    def probe(cls, config: AgentConfig) -> Probe:
+    def probe(cls, config: SourceSettings) -> Probe:
         """What a pass on ``config.sysfs_root`` would report: the accelerators :meth:`read` discovers
         (the same :func:`_discover`), with the NICs beside them and the display devices it skips."""
         root = Path(config.sysfs_root)
@@ -204,7 +204,7 @@ class SysfsSource:
         return Probe(cls.name, 0, f"{why}{nic_text} under {root}", len(nics))
 
     @classmethod
-    def from_config(cls, config: AgentConfig, schema: Schema) -> SysfsSource:
+    def from_config(cls, config: SourceSettings, schema: Schema) -> SysfsSource:
         """The source on ``config.sysfs_root``, for :func:`otel_dra.sources.build`."""
         return cls(config.node_name, config.sysfs_root, schema)
 
