@@ -145,7 +145,8 @@ def replay(
         result.evaluations += 1
 
     for _path, lineno, raw in read_lines(paths):
-        frames, errors = decoder.decode_line(raw, lineno)
+        decoded = decoder.decode(raw, lineno)
+        frames, errors = decoded.frames, decoded.errors
         if errors:
             result.error_count += len(errors)
             room = SHOWN_ERRORS - len(result.errors)

@@ -704,3 +704,36 @@ def test_an_agents_own_hw_status_is_its_verdict_not_an_input():
         names = {c.metric for c in decoder.schema.columns}
         assert "hw.power" in names
         assert ("hw.status" in names) is kept
+
+
+def test_both_encodings_decode_into_one_result():
+    """Issue #13: the JSON and protobuf decoders share one core and return one result type, so the
+    receiver's partial success reads either as it is: same counts, same frames, same problems
+    (each encoding naming its own fields), and an unusable request says why in ``invalid``."""
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_dra.decode import DecodeResult, OtlpProtoDecoder
+
+    doc = request(
+        "node-1",
+        gauge("hw.power", pt(dev("gpu-0"), 100.0), pt({"hw.type": "gpu"}, 1.0)),
+        gauge("vendor.bogus", pt(dev("gpu-0"), 1.0)),
+        counter("hw.energy", pt(dev("gpu-0"), 5.0), temporality=1),
+    )
+    jd, pd = OtlpJsonDecoder(Schema()), OtlpProtoDecoder(Schema())
+    from_json = jd.decode(dumps(doc), 1)
+    from_proto = pd.decode(ParseDict(doc, ExportMetricsServiceRequest()).SerializeToString())
+    assert type(from_json) is type(from_proto) is DecodeResult
+    assert (from_json.points, from_json.rejected, from_json.accepted) == (4, 3, 1)
+    assert (from_proto.points, from_proto.rejected, from_proto.accepted) == (4, 3, 1)
+    assert from_json.message.startswith("3 of 4 data points rejected: ") and from_proto.message.startswith(
+        "3 of 4 data points rejected: "
+    )
+    assert sorted(from_json.problems) == sorted(from_proto.problems)
+    assert from_json.invalid is None and from_proto.invalid is None
+    assert [f.values.tolist() for f in from_json.frames] == [f.values.tolist() for f in from_proto.frames]
+    assert [str(e) for e in from_json.errors] == [f"line 1: {p}" for p in from_json.problems]
+    skipped = jd.decode(b"[1, 2]", 2)
+    assert skipped.invalid == "is a JSON list, not an ExportMetricsServiceRequest object; line skipped"
+    assert not skipped.frames and [e.message for e in skipped.errors] == [skipped.invalid]

@@ -47,8 +47,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportR
 
 from otel_dra import __version__
 from otel_dra import conventions as cv
-from otel_dra.decode import OtlpJsonDecoder
-from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder, ProtoDecodeResult
+from otel_dra.decode import DecodeResult, OtlpJsonDecoder
+from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Column, Frame, Schema, attrs_of
 from otel_dra.receivers import OtlpReceiver
 from otel_dra.receivers.otlp import GRPC_METHOD, GRPC_SERVICE, POINTS, REQUESTS
@@ -517,7 +517,7 @@ def test_what_a_gone_node_leaves_in_the_decoders_is_forgotten_after_it_is_idle()
     clock = [T0]
     decoder = OtlpProtoDecoder(Schema(), clock=lambda: clock[0])
 
-    def send(node: str, t: int) -> ProtoDecodeResult:
+    def send(node: str, t: int) -> DecodeResult:
         return decoder.decode(req(resource(node, gauge("hw.power", pt(gpu(), 1.0, t), pt(gpu("gpu-1"), 2.0, t)))))
 
     send("node-a", T0)
@@ -565,7 +565,7 @@ def test_one_frame_per_node_and_time_sensors_fold_into_their_device():
 
 
 # -- the decoder: fast and plain paths agree ---------------------------------------------------------
-def summary(result: ProtoDecodeResult | str, schema: Schema) -> object:
+def summary(result: DecodeResult | str, schema: Schema) -> object:
     if isinstance(result, str):
         return result
     frames = [

@@ -37,8 +37,26 @@ from typing import Any, Final
 import numpy as np
 
 from otel_dra import conventions as cv
-from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
-from otel_dra.vocabulary import SENSOR_TYPES
+from otel_dra.decode.core import (
+    JSON_DIALECT,
+    MAX_PROBLEMS_PER_REQUEST,
+    NODE,
+    UNKNOWN,
+    DecodeError,
+    DecoderCore,
+    DecodeResult,
+    SeriesIndex,
+    TableCache,
+    last_wins,
+    metric_problem,
+    name,
+    one_line,
+    scatter,
+    short,
+    unknown_problem,
+    value_problem,
+)
+from otel_dra.frame import DeviceTable, Frame, Schema, attrs_of
 
 #: Point-level problems reported per line; the rest are counted in one summary error.
 MAX_POINT_ERRORS_PER_LINE: Final = 5
@@ -46,34 +64,6 @@ MAX_POINT_ERRORS_PER_LINE: Final = 5
 MAX_METRIC_ERRORS_PER_LINE: Final = 10
 #: Distinct attribute lists cached before the caches are dropped (bounds memory on garbage).
 MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
-#: A node not decoded for this long (by the decoder's clock) loses its time floor: with node names that churn,
-#: the per-node floors would otherwise grow without end on a long-running receiver.
-NODE_IDLE_NS: Final = 60 * 60 * 10**9
-SWEEP_EVERY_NS: Final = 60 * 10**9
-
-
-def forget_idle_nodes(seen: dict[str, int], newest: dict[str, int], now: int) -> None:
-    """Drop the time floor (``newest``) of every node not decoded (``seen``) for NODE_IDLE_NS; both decoders."""
-    for node in [n for n, at in seen.items() if now - at > NODE_IDLE_NS]:
-        del seen[node]
-        newest.pop(node, None)
-
-
-#: Descriptive attributes of a device, taken from its own points into ``DeviceTable.attrs``.
-DESCRIPTIVE: Final[tuple[str, ...]] = (
-    cv.HW_TYPE,
-    cv.HW_NAME,
-    cv.HW_VENDOR,
-    cv.HW_MODEL,
-    cv.HW_SERIAL_NUMBER,
-    cv.HW_FIRMWARE_VERSION,
-    cv.HW_DRIVER_VERSION,
-    cv.DRA_DRIVER_NAME,
-    cv.DRA_POOL_NAME,
-    cv.DRA_DEVICE_NAME,
-)
-#: Attributes that say which series it is, not which kind: never part of a Column's attrs.
-NOT_COLUMN_ATTRS: Final = frozenset({cv.HW_ID, cv.HW_PARENT, *DESCRIPTIVE})
 
 _ATTRS_KEY: Final = b'"attributes":'
 # An attribute list up to its first "]": enough for string-valued lists (the normal case).
@@ -84,19 +74,8 @@ _ATTRS_LIST: Final = re.compile(rb'"attributes":[ \t\n\r]*(\[[^\]]*\])')
 _LETTER_ESCAPE: Final = re.compile(rb"\\u00[67]")
 _UTF8: Final = ("utf-8", "utf-8-sig")  # json.loads also reads UTF-16/32, which the regex can't see into
 _DELTA: Final = frozenset({1, "AGGREGATION_TEMPORALITY_DELTA"})
-_NODE: Final = cv.K8S_NODE_NAME_ATTR
 _MAX_TIME: Final = 1 << 64
-
-
-@dataclass(frozen=True)
-class DecodeError:
-    """One problem in the input, on one line: what is wrong and where."""
-
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.message}"
+_KINDS: Final = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
 
 
 class InputFileError(OSError):
@@ -121,13 +100,13 @@ class _LineLog:
 
     def metric(self, message: str) -> None:
         if len(self.metric_errors) < MAX_METRIC_ERRORS_PER_LINE:
-            self.metric_errors.append(DecodeError(self.lineno, _one_line(message)))
+            self.metric_errors.append(DecodeError(self.lineno, one_line(message)))
         else:
             self.hidden += 1
 
     def point(self, message: str) -> None:
         if len(self.point_errors) < MAX_POINT_ERRORS_PER_LINE:
-            self.point_errors.append(DecodeError(self.lineno, _one_line(message)))
+            self.point_errors.append(DecodeError(self.lineno, one_line(message)))
         else:
             self.hidden += 1
 
@@ -145,7 +124,7 @@ def _any_value_str(value: Any) -> str:
     if not value:
         return ""
     if len(value) != 1:
-        raise _Malformed(f"has several values ({', '.join(_name(k) for k in sorted(value))})")
+        raise _Malformed(f"has several values ({', '.join(name(k) for k in sorted(value))})")
     ((kind, v),) = value.items()
     if kind == "stringValue" and type(v) is str:
         return v
@@ -162,7 +141,7 @@ def _any_value_str(value: Any) -> str:
             return json.dumps(v, sort_keys=True, separators=(",", ":"))
     except (ValueError, OverflowError, RecursionError):
         pass
-    raise _Malformed(f"has a malformed {_name(kind)}")
+    raise _Malformed(f"has a malformed {name(kind)}")
 
 
 def _attributes_of(items: Any) -> dict[str, str]:
@@ -177,7 +156,7 @@ def _attributes_of(items: Any) -> dict[str, str]:
         try:
             out[key] = _any_value_str(kv.get("value", {}))
         except _Malformed as exc:
-            raise _Malformed(f"attribute {_name(key)} {exc}") from None
+            raise _Malformed(f"attribute {name(key)} {exc}") from None
     return out
 
 
@@ -185,72 +164,37 @@ def _to_time(ts: Any) -> int:
     """``timeUnixNano`` (a decimal string in the JSON mapping, or an int) as nanoseconds."""
     if type(ts) is str and ts.isascii() and ts.isdigit():
         if len(ts) > 20:  # past 2**64, and int() refuses very long digit strings
-            raise _Malformed(f"has timeUnixNano {_short(ts)}, out of range")
+            raise _Malformed(f"has timeUnixNano {short(ts)}, out of range")
         t = int(ts)
     elif type(ts) is int:
         t = ts
     elif ts is None:
         raise _Malformed("has no timeUnixNano")
     else:
-        raise _Malformed(f"has timeUnixNano {_short(ts)}, not an integer")
+        raise _Malformed(f"has timeUnixNano {short(ts)}, not an integer")
     if not 0 < t < _MAX_TIME:
-        raise _Malformed(f"has timeUnixNano {_short(t)}, out of range")
+        raise _Malformed(f"has timeUnixNano {short(t)}, out of range")
     return t
 
 
-def _to_value(point: dict[str, Any]) -> float:
-    """The point's ``asDouble`` or ``asInt`` as a finite float."""
+def _to_value(point: dict[str, Any]) -> tuple[str, float | None]:
+    """The point's ``asDouble`` or ``asInt`` as a float and the field it came from (None: neither);
+    JSON's own ways to be no number at all are refused here, the rest is the core's."""
     raw = point.get("asDouble")
     field = "asDouble"
     if raw is None:
         raw, field = point.get("asInt"), "asInt"
     if raw is None:
-        raise _Malformed("has no value (asDouble or asInt)")
+        return field, None
     if type(raw) not in (float, int, str):
-        raise _Malformed(f"has {field} {_short(raw)}, not a number")
+        raise _Malformed(f"has {field} {short(raw)}, not a number")
     try:
         value = float(raw)
     except (ValueError, OverflowError):
-        raise _Malformed(f"has {field} {_short(raw)}, not a number") from None
-    if math.isnan(value):
-        raise _Malformed(f"has {field} NaN")
-    if math.isinf(value):
-        if type(raw) is str and raw.strip().lstrip("+-").lower() not in ("inf", "infinity"):
-            raise _Malformed(f"has {field} {_short(raw)}, out of range")
-        raise _Malformed(f"has {field} {'Infinity' if value > 0 else '-Infinity'}")
-    return value
-
-
-def future_problem(node: str, t: int, ceiling: int, max_future_ns: int) -> str:
-    """Why a point too far ahead of the receiver's clock is rejected (both decoders word it so)."""
-    ahead_s = (t - ceiling + max_future_ns) / 1e9
-    return (
-        f"on node {_name(node)} is at {t}, {ahead_s:,.0f} s ahead of this receiver's clock (more than "
-        f"{max_future_ns / 1e9:g} s): check that node's clock"
-    )
-
-
-def _name(text: str, limit: int = 60) -> str:
-    """A name from the input (node, device, key) as it goes into a one-line message."""
-    return text if len(text) <= limit and text.isprintable() else _short(text, limit)
-
-
-def _one_line(message: str) -> str:
-    """Whatever the input held, an error message stays on one line."""
-    return message if message.isprintable() else message.encode("unicode_escape").decode("ascii")
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """A JSON value for a one-line message, cut short."""
-    if type(value) is list:
-        return "a list"
-    if type(value) is dict:
-        return "an object"
-    try:
-        text = repr(value[: limit + 2]) if type(value) is str else json.dumps(value)
-    except ValueError:  # an int too long to print
-        text = type(value).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        raise _Malformed(f"has {field} {short(raw)}, not a number") from None
+    if math.isinf(value) and type(raw) is str and raw.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        raise _Malformed(f"has {field} {short(raw)}, out of range")
+    return field, value
 
 
 @dataclass
@@ -270,7 +214,7 @@ class _Line:
     skipped: int = 0
 
 
-class OtlpJsonDecoder:
+class OtlpJsonDecoder(DecoderCore):
     """Decodes OTLP JSON request lines into Frames over a shared Schema.
 
     Keeps, per instance, the newest time decoded per node (older points are rejected:
@@ -283,17 +227,11 @@ class OtlpJsonDecoder:
     def __init__(
         self, schema: Schema, *, max_future_ns: int | None = None, clock: Callable[[], int] = time.time_ns
     ) -> None:
-        self.schema = schema
-        self.max_future_ns = max_future_ns
-        self._clock = clock
-        self._ceiling: int | None = None  # this line's latest acceptable time (None: no bound, as in replay)
-        self._now = self._swept = clock()
-        self._seen: dict[str, int] = {}  # node -> when (clock) it was last decoded
+        super().__init__(schema, max_future_ns, clock)
         self.lines = 0
         self.lines_skipped = 0
         self.points = 0
         self.points_skipped = 0
-        self._newest: dict[str, int] = {}
         self._reset_caches()
 
     def _reset_caches(self) -> None:
@@ -305,12 +243,11 @@ class OtlpJsonDecoder:
         self._entry_errors: list[str] = []
         self._entry_dev: list[int] = []
         self._entry_col: list[int] = []
-        self._entry_descr: list[tuple[tuple[str, str], ...] | None] = []
+        self._entry_descr: list[int] = []  # index into the series index's descriptive sets, -1: none
         self._entry_np: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
-        self._dev_index: dict[str, int] = {}
-        self._dev_names: list[str] = []
-        self._tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
-        self._canonical_tables: dict[tuple[str, tuple[str, ...], tuple[Attrs, ...]], DeviceTable] = {}
+        self._series = SeriesIndex(self.schema)
+        self._frame_tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
+        self._tables = TableCache()
 
     # -- attribute lists ----------------------------------------------------------------
     def _token(self, attrs: dict[str, str] | str) -> int:
@@ -387,51 +324,31 @@ class OtlpJsonDecoder:
         return entry
 
     def _make_entry(self, metric: str, attrs: dict[str, str] | str) -> int:
-        def error(message: str) -> int:
-            self._entry_errors.append(message)
+        """A new entry for the core's target of (metric, attributes), or an error."""
+        target = f"has malformed attributes: {attrs}" if isinstance(attrs, str) else self._series.target(metric, attrs)
+        if isinstance(target, str):
+            self._entry_errors.append(target)
             return -len(self._entry_errors)
-
-        if isinstance(attrs, str):
-            return error(f"has malformed attributes: {attrs}")
-        hw_id = attrs.get(cv.HW_ID)
-        if not hw_id:
-            return error(f"has no {cv.HW_ID}")
-        parent = attrs.get(cv.HW_PARENT)
-        hw_type = attrs.get(cv.HW_TYPE)
-        rest = attrs_of({k: v for k, v in attrs.items() if k not in NOT_COLUMN_ATTRS and k != cv.HW_TYPE})
-        descr: tuple[tuple[str, str], ...] | None
-        if parent:
-            if not hw_type:
-                return error(f"({_name(hw_id)}) has {cv.HW_PARENT} but no {cv.HW_TYPE}")
-            prefix = parent + "/"
-            sensor = hw_id[len(prefix) :] if hw_id.startswith(prefix) and len(hw_id) > len(prefix) else hw_id
-            column = Column(metric, rest, sensor, hw_type)
-            device, descr = parent, None
-        else:
-            if hw_type in SENSOR_TYPES:
-                return error(f"({_name(hw_id)}) is a {hw_type} sensor without {cv.HW_PARENT}")
-            column = Column(metric, rest)
-            device = hw_id
-            descr = tuple((k, attrs[k]) for k in DESCRIPTIVE if k in attrs)
-        dev = self._dev_index.get(device)
-        if dev is None:
-            dev = self._dev_index[device] = len(self._dev_names)
-            self._dev_names.append(device)
+        dev, col, descr = target
         self._entry_dev.append(dev)
-        self._entry_col.append(self.schema.index(column))
+        self._entry_col.append(col)
         self._entry_descr.append(descr)
         return len(self._entry_dev) - 1
 
     # -- the line --------------------------------------------------------------------------
     def decode_line(self, text: str | bytes, lineno: int) -> tuple[list[Frame], list[DecodeError]]:
         """One request line into its frames (one per node and time) and its problems."""
+        result = self.decode(text, lineno)
+        return result.frames, list(result.errors)
+
+    def decode(self, text: str | bytes, lineno: int = 0) -> DecodeResult:
+        """One request (a replay line, a JSON body) into the core's result: frames, counts, problems;
+        ``invalid`` says why a request that can't be used as a whole was skipped."""
         self.lines += 1
-        self._now = now = self._clock()
-        live = self.max_future_ns is not None  # replay stays deterministic: it forgets nothing by the clock
-        if live and (now - self._swept > SWEEP_EVERY_NS or now < self._swept):
-            self._swept = now
-            forget_idle_nodes(self._seen, self._newest, now)
-        self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
+        now = self._tick()
+        # Replay stays deterministic: it forgets nothing by the clock.
+        if self.max_future_ns is not None and self._floors.due(now):
+            self._floors.forget_idle(now)
         if max(len(self._attrs_of_token), len(self._token_of_text)) > MAX_CACHED_ATTRIBUTE_SETS:
             self._reset_caches()
         log = _LineLog(lineno)
@@ -444,12 +361,16 @@ class OtlpJsonDecoder:
                 problem = "is nested too deeply"
         if problem is not None:
             self.lines_skipped += 1
-            return [], [DecodeError(lineno, _one_line(f"{problem}; line skipped"))]
-        for name, n in line.unknown.items():
-            log.metric(f"unknown metric {_short(name)} ({n} points) skipped")
+            error = DecodeError(lineno, one_line(f"{problem}; line skipped"))
+            return DecodeResult([], errors=(error,), invalid=error.message)
+        for metric, n in line.unknown.items():
+            log.metric(unknown_problem(JSON_DIALECT, metric, n))
         self.points += line.points
         self.points_skipped += line.skipped
-        return self._frames(line), log.errors()
+        errors = tuple(log.errors())
+        # The log already counts what it cuts (its last entry), so the message quotes and counts no more.
+        quoted = tuple(e.message for e in errors[:MAX_PROBLEMS_PER_REQUEST])
+        return DecodeResult(self._frames(line), line.points, line.skipped, quoted, len(quoted), errors)
 
     def _parse(self, text: str | bytes) -> tuple[Any, bool, str | None]:
         """The parsed request and whether its attribute lists are tokens; or why it can't be read."""
@@ -491,19 +412,19 @@ class OtlpJsonDecoder:
             attrs = self._attrs_at(resource.get("attributes"), tokenized) if type(resource) is dict else {}
             if isinstance(attrs, str):
                 return f"resource {i} has malformed attributes: {attrs}"
-            node = attrs.get(_NODE)
+            node = attrs.get(NODE)
             if not node:
-                return f"resource {i} has no {_NODE}"
+                return f"resource {i} has no {NODE}"
             nodes.append(node)
         for rm, node in zip(resources, nodes, strict=True):
             scopes = rm.get("scopeMetrics", [])
             if type(scopes) is not list:
-                line.log.metric(f"scopeMetrics of node {_name(node)} is not a list; skipped")
+                line.log.metric(f"scopeMetrics of node {name(node)} is not a list; skipped")
                 continue
             for scope in scopes:
                 metrics = scope.get("metrics", []) if type(scope) is dict else None
                 if type(metrics) is not list:
-                    line.log.metric(f"a scope of node {_name(node)} has metrics that are not a list; skipped")
+                    line.log.metric(f"a scope of node {name(node)} has metrics that are not a list; skipped")
                     continue
                 info = scope.get("scope")
                 from_agent = type(info) is dict and info.get("name") == cv.AGENT_SCOPE
@@ -518,51 +439,45 @@ class OtlpJsonDecoder:
         """One metric's points into the line's scratch lists."""
         log = line.log
         if type(metric) is not dict:
-            log.metric(f"a metric of node {_name(node)} is not an object; skipped")
+            log.metric(f"a metric of node {name(node)} is not an object; skipped")
             return
-        name = metric.get("name")
+        metric_name = metric.get("name")
         body = None
-        kind = ""
-        for kind in ("gauge", "sum", "histogram", "exponentialHistogram", "summary"):
+        kind: str | None = None
+        for kind in _KINDS:
             body = metric.get(kind)
             if body is not None:
                 break
         points = body.get("dataPoints", []) if type(body) is dict else None
         n = len(points) if type(points) is list else 0
         line.points += n
-        if type(name) is not str:
+        sum_body = kind == "sum" and type(body) is dict
+        temporality = body.get("aggregationTemporality") if sum_body else None
+        problem = metric_problem(
+            JSON_DIALECT,
+            metric_name if type(metric_name) is str else None,
+            None if body is None else kind,
+            n,
+            node,
+            delta=type(temporality) in (int, str) and temporality in _DELTA,
+            points_listed=type(points) is list,
+        )
+        if problem is not None:
             line.skipped += n
-            log.metric(f"a metric of node {_name(node)} has no name ({n} points skipped)")
+            if problem is UNKNOWN:
+                line.unknown[metric_name] = line.unknown.get(metric_name, 0) + n
+            else:
+                log.metric(problem)
             return
-        if name not in cv.METRICS:
-            line.skipped += n
-            line.unknown[name] = line.unknown.get(name, 0) + n
-            return
-        if body is None:
-            log.metric(f"{name} has no gauge or sum; skipped")
-            return
-        if kind not in ("gauge", "sum"):
-            line.skipped += n
-            log.metric(f"{name} is a {kind}, not a gauge or sum ({n} points skipped)")
-            return
-        if type(points) is not list:
-            log.metric(f"{name} has dataPoints that are not a list; skipped")
-            return
-        counter = False
-        if kind == "sum":
-            temporality = body.get("aggregationTemporality")
-            if type(temporality) in (int, str) and temporality in _DELTA:
-                line.skipped += n
-                log.metric(f"{name} is a delta sum; only cumulative sums are read ({n} points skipped)")
-                return
-            counter = body.get("isMonotonic") is True
-        entries = self._entries.get(name)
+        assert type(points) is list and type(metric_name) is str  # what metric_problem checked
+        counter = sum_body and body.get("isMonotonic") is True
+        entries = self._entries.get(metric_name)
         if entries is None:
-            entries = self._entries[name] = {}
+            entries = self._entries[metric_name] = {}
         times = line.times.get(node)
         if times is None:
             times = line.times[node] = {}
-        floor = self._newest.get(node, -1)
+        floor = self._floors.floor(node)
         # The fast path reads the common case: cached entry, cached time, a plain number.
         # Anything else (first sight, or a problem) goes through _slow_point.
         fast_entries = entries if tokenized else {}
@@ -586,10 +501,10 @@ class OtlpJsonDecoder:
                     continue
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
                 pass
-            problem = self._slow_point(point, name, counter, node, floor, entries, times, tokenized, line)
+            problem = self._slow_point(point, metric_name, counter, node, floor, entries, times, tokenized, line)
             if problem is not None:
                 line.skipped += 1
-                log.point(f"point {i + 1} of {name} {problem}")
+                log.point(f"point {i + 1} of {metric_name} {problem}")
 
     def _slow_point(
         self,
@@ -618,23 +533,22 @@ class OtlpJsonDecoder:
             entry = self._entry(metric, token)
         if entry < 0:
             return self._entry_errors[-1 - entry]
+        device = self._series.device(self._entry_dev[entry])
         try:
             t = _to_time(point.get("timeUnixNano"))
-            value = _to_value(point)
+            field, value = _to_value(point)
         except _Malformed as exc:
-            return f"({_name(self._dev_names[self._entry_dev[entry]])}) {exc}"
-        if counter and value < 0.0:
-            device = _name(self._dev_names[self._entry_dev[entry]])
-            return f"({device}) is {value:g} on a counter (cumulative, monotonic)"
+            return f"({device}) {exc}"
+        problem = value_problem(JSON_DIALECT, device, field, value, counter)
+        if problem is not None:
+            return problem
+        assert value is not None  # what value_problem checked
         ts = point.get("timeUnixNano")
-        if self._ceiling is not None and t > self._ceiling:
+        problem = self._time_problem(node, t, floor)
+        if problem is not None:
             if type(ts) is str:
-                times[ts] = -1
-            return future_problem(node, t, self._ceiling, self.max_future_ns or 0)
-        if t < floor:
-            if type(ts) is str:
-                times[ts] = -1
-            return f"on node {_name(node)} is at {t}, older than {floor} already read for that node"
+                times[ts] = -1  # later points at this time go straight to the rejection
+            return problem
         slot = line.slot_of.get((node, t))
         if slot is None:
             slot = line.slot_of[(node, t)] = len(line.slot_time)
@@ -673,17 +587,10 @@ class OtlpJsonDecoder:
             table, devs, distinct = self._table(node, unique)
             rows = np.searchsorted(devs, entry_dev[e])
             flat = rows * ncols + entry_col[e]
-            if not (distinct and len(unique) == len(e)):
-                # Duplicate points: the last one in the line wins.
-                _, last_rev = np.unique(flat[::-1], return_index=True)
-                keep = len(flat) - 1 - last_rev
+            keep = None if distinct and len(unique) == len(e) else last_wins(flat)
+            if keep is not None:
                 flat, v = flat[keep], v[keep]
-            matrix = np.full(len(devs) * ncols, np.nan)
-            matrix[flat] = v
-            frames.append(Frame(t, table, matrix.reshape(len(devs), ncols)))
-            self._seen[node] = self._now
-            if t > self._newest.get(node, -1):
-                self._newest[node] = t
+            frames.append(self._frame(node, t, table, scatter(len(devs), ncols, flat, v)))
         return frames
 
     def _table(self, node: str, unique_entries: np.ndarray) -> tuple[DeviceTable, np.ndarray, bool]:
@@ -691,25 +598,22 @@ class OtlpJsonDecoder:
         and whether the entries all land on distinct cells. Equal tables are one object,
         so consumers can cache per table."""
         key = (node, unique_entries.tobytes())
-        found = self._tables.get(key)
+        found = self._frame_tables.get(key)
         if found is not None:
             return found
         ents = unique_entries.tolist()
         devs = sorted({self._entry_dev[x] for x in ents})
         attrs: dict[int, dict[str, str]] = {d: {} for d in devs}
+        descrs = self._series.descrs
         for x in ents:  # entries in creation order: a newer attribute set overrides an older one
             descr = self._entry_descr[x]
-            if descr:
-                attrs[self._entry_dev[x]].update(descr)
-        ids = tuple(self._dev_names[d] for d in devs)
-        attr_maps = tuple(attrs[d] for d in devs)
-        canonical = (node, ids, tuple(attrs_of(a) for a in attr_maps))
-        table = self._canonical_tables.get(canonical)
-        if table is None:
-            table = self._canonical_tables[canonical] = DeviceTable(node, ids, attr_maps)
+            if descr >= 0:
+                attrs[self._entry_dev[x]].update(descrs[descr])
+        names = self._series.dev_names
+        table = self._tables.table(node, tuple(names[d] for d in devs), tuple(attrs[d] for d in devs))
         cells = {(self._entry_dev[x], self._entry_col[x]) for x in ents}
         found = (table, np.asarray(devs, np.intp), len(cells) == len(ents))
-        self._tables[key] = found
+        self._frame_tables[key] = found
         return found
 
 
@@ -725,7 +629,7 @@ def read_lines(paths: Iterable[Path]) -> Iterator[tuple[Path, int, bytes]]:
         try:
             handle = path.open("rb")
         except OSError as exc:
-            raise InputFileError(_one_line(f"{path}: cannot open: {exc.strerror or exc}")) from exc
+            raise InputFileError(one_line(f"{path}: cannot open: {exc.strerror or exc}")) from exc
         lineno = 0
         with handle:
             try:
@@ -736,4 +640,4 @@ def read_lines(paths: Iterable[Path]) -> Iterator[tuple[Path, int, bytes]]:
                         yield path, lineno, line
             except (OSError, EOFError, zlib.error) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-                raise InputFileError(_one_line(f"{path}: cannot read after line {lineno}: {reason}")) from exc
+                raise InputFileError(one_line(f"{path}: cannot read after line {lineno}: {reason}")) from exc

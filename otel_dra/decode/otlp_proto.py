@@ -1,6 +1,6 @@
 """Fleet input: OTLP ``ExportMetricsServiceRequest`` protobuf straight into Frames.
 
-Same model and rules as the replay decoder (:mod:`otel_dra.decode.otlp_json`): one
+Same model and rules as the replay decoder, both from :mod:`otel_dra.decode.core`: one
 :class:`~otel_dra.frame.Frame` per (``k8s.node.name``, ``time_unix_nano``), devices as
 rows, the shared :class:`~otel_dra.frame.Schema`'s columns as columns, NaN = absent,
 sensors folded into their parent, descriptive attributes into the device table. Bad
@@ -23,7 +23,8 @@ frame with one numpy scatter. No per-point Python object is made.
 Anything else (first sight, a changed series set or attribute, a histogram, unusual
 encodings such as repeated singular fields) takes the plain path: upb's parse and a
 walk over its messages, obviously the reading the OTLP spec gives. Both paths share
-the entry, time-order and frame code, and the tests check they agree point for point.
+the core's series identity, checks, time order and frame code, and the tests check they agree
+point for point.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,21 +45,26 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, ResourceMetrics
 
 from otel_dra import conventions as cv
-from otel_dra.decode.otlp_json import (
-    DESCRIPTIVE,
-    NOT_COLUMN_ATTRS,
-    SWEEP_EVERY_NS,
-    _name,
-    _one_line,
-    _short,
-    forget_idle_nodes,
-    future_problem,
+from otel_dra.decode.core import (
+    MAX_PROBLEMS_PER_REQUEST,
+    NODE,
+    NUMBER_KINDS,
+    PROTO_DIALECT,
+    UNKNOWN,
+    DecoderCore,
+    DecodeResult,
+    SeriesIndex,
+    TableCache,
+    Target,
+    last_wins,
+    metric_problem,
+    one_line,
+    point_problem,
+    scatter,
+    unknown_problem,
 )
-from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
-from otel_dra.vocabulary import SENSOR_TYPES
+from otel_dra.frame import Attrs, DeviceTable, Frame, Schema, attrs_of
 
-#: Problems quoted per request (the rest are counted): what goes into partial success's message.
-MAX_PROBLEMS_PER_REQUEST: Final = 5
 #: Series (metric, attribute set) whose device and column are cached for the plain path (a cache only: at
 #: this size it is emptied and refilled; templates make it unneeded for steady traffic).
 MAX_CACHED_SERIES: Final = 20_000
@@ -76,17 +81,15 @@ MAX_TEMPLATES_PER_KEY: Final = 2
 #: A template unused this long (by the decoder's clock) is dropped: its node is gone, or renamed (node names
 #: churn in autoscaled clusters, and each would otherwise hold its ~20 kB until ``max_template_bytes``).
 TEMPLATE_IDLE_NS: Final = 15 * 60 * 10**9
-# A node not decoded for NODE_IDLE_NS loses its time floor (the newest time read for it), as in the replay
-# decoder, which also says how often idle state is looked for (SWEEP_EVERY_NS).
+# A node not decoded for NODE_IDLE_NS loses its time floor (the newest time read for it): the core's NodeFloors,
+# which also says how often idle state is looked for (SWEEP_EVERY_NS).
 
 #: After this many misses in a row for one key, stop building templates for it (a section whose bytes change
 #: in more than values, e.g. a histogram) and only retry every ``_RETRY_EVERY`` requests.
 _MISS_STREAK: Final = 3
 _RETRY_EVERY: Final = 64
 
-_NODE: Final = cv.K8S_NODE_NAME_ATTR
 _DELTA: Final = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
-_NUMBER_KINDS: Final = ("gauge", "sum")
 # Wire field numbers (opentelemetry/proto/metrics/v1/metrics.proto).
 _METRIC_KIND_FIELDS: Final = {5: "gauge", 7: "sum", 9: "histogram", 10: "exponential_histogram", 11: "summary"}
 _P_START, _P_TIME, _P_DOUBLE, _P_INT = 2, 3, 4, 6
@@ -97,31 +100,6 @@ _AR8: Final = np.arange(8, dtype=np.intp)
 class MalformedRequest(ValueError):
     """Bytes that are not an ``ExportMetricsServiceRequest`` (OTLP: INVALID_ARGUMENT, HTTP 400).
     Its message is one line."""
-
-
-@dataclass(frozen=True)
-class ProtoDecodeResult:
-    """One request's frames and what was wrong with it, for OTLP partial success."""
-
-    frames: list[Frame]
-    points: int  # data points in the request, of any metric
-    rejected: int  # of those, points not taken (bad, unknown metric, wrong kind, no node, out of order)
-    problems: tuple[str, ...] = ()  # the first few problems, one line each, in request order
-    problem_count: int = 0  # problems in all (one per bad point, one per skipped metric)
-
-    @property
-    def accepted(self) -> int:
-        return self.points - self.rejected
-
-    @property
-    def message(self) -> str:
-        """One line for ``partial_success.error_message``; empty when nothing was rejected."""
-        if not self.rejected:
-            return ""
-        more = self.problem_count - len(self.problems)
-        tail = f"; and {more:,} more" if more > 0 else ""
-        shown = ": " + "; ".join(self.problems) if self.problems else ""
-        return _one_line(f"{self.rejected:,} of {self.points:,} data points rejected{shown}{tail}")
 
 
 class _Bail(Exception):
@@ -233,7 +211,7 @@ def _walk_section(data: bytes, pos: int, end: int) -> list[tuple[str | None, lis
                         raise _Bail
                     kind, body = _METRIC_KIND_FIELDS[number3], (a3, b3)
             points: list[tuple[int, int, int, int]] = []
-            if kind in _NUMBER_KINDS:
+            if kind in NUMBER_KINDS:
                 for number4, wire4, a4, b4 in _fields(data, *body):
                     if number4 == 1:
                         if wire4 != 2:
@@ -326,9 +304,7 @@ class _Layout:
     def fill(self, values: np.ndarray, ncols: int) -> np.ndarray:
         if self.ncols != ncols or self.flat is None:
             self.flat, self.ncols = self.rows.astype(np.intp) * ncols + self.cols, ncols
-        matrix = np.full(len(self.table) * ncols, np.nan)
-        matrix[self.flat] = values if self.keep is None else values[self.keep]
-        return matrix.reshape(len(self.table), ncols)
+        return scatter(len(self.table), ncols, self.flat, values if self.keep is None else values[self.keep])
 
 
 @dataclass
@@ -392,7 +368,7 @@ class _Request:
 
 
 # -- the decoder -----------------------------------------------------------------------------
-class OtlpProtoDecoder:
+class OtlpProtoDecoder(DecoderCore):
     """Decodes OTLP metrics requests (protobuf) into Frames over a shared Schema.
 
     Keeps, per instance, the newest time decoded per node (older points are rejected, as in
@@ -418,11 +394,8 @@ class OtlpProtoDecoder:
         max_future_ns: int | None = None,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.schema = schema
+        super().__init__(schema, max_future_ns, clock)
         self.fast = fast
-        self.max_future_ns = max_future_ns
-        self._clock = clock
-        self._ceiling: int | None = None  # this request's latest acceptable time (None: no bound)
         self.max_template_bytes = max_template_bytes
         self.requests = 0
         self.requests_invalid = 0
@@ -430,10 +403,6 @@ class OtlpProtoDecoder:
         self.points_rejected = 0
         self.sections_fast = 0  # ResourceMetrics read from a template
         self.sections_plain = 0  # ... read the plain way
-        self._newest: dict[str, int] = {}
-        self._seen: dict[str, int] = {}  # node -> when (clock) it was last decoded
-        self._now = clock()
-        self._swept = self._now
         self._reset()
 
     @property
@@ -443,12 +412,9 @@ class OtlpProtoDecoder:
 
     def _reset(self) -> None:
         """Drop what indexes devices (templates and tables refer to those indices, so they go too)."""
-        self._series: dict[tuple[str, Attrs], tuple[int, int, int] | str] = {}  # a cache only
-        self._dev_index: dict[str, int] = {}
-        self._dev_names: list[str] = []
-        self._descr_index: dict[tuple[tuple[str, str], ...], int] = {}
-        self._descrs: list[tuple[tuple[str, str], ...]] = []
-        self._tables: dict[tuple[str, tuple[str, ...], tuple[Attrs, ...]], DeviceTable] = {}
+        self._targets: dict[tuple[str, Attrs], Target | str] = {}  # a cache only
+        self._series = SeriesIndex(self.schema)
+        self._tables = TableCache()
         self._templates: dict[tuple[bytes, int], list[_Template]] = {}  # least recently used first
         self._used: dict[tuple[bytes, int], int] = {}  # key -> when (clock) a template of it was last used
         self._template_bytes = 0
@@ -457,7 +423,7 @@ class OtlpProtoDecoder:
     def _sweep(self) -> None:
         """Drop templates unused for TEMPLATE_IDLE_NS and the time floors of nodes unseen for NODE_IDLE_NS:
         what a node leaves behind must not outlive it by more than that, however many nodes come and go."""
-        self._swept = now = self._now
+        now = self._now
         while self._templates:
             oldest = next(iter(self._templates))
             if now - self._used.get(oldest, now) <= TEMPLATE_IDLE_NS:
@@ -465,85 +431,38 @@ class OtlpProtoDecoder:
             self._template_bytes -= sum(t.nbytes for t in self._templates.pop(oldest))
             self._used.pop(oldest, None)
         self._streak = {k: n for k, n in self._streak.items() if k in self._templates}
-        forget_idle_nodes(self._seen, self._newest, now)
+        self._floors.forget_idle(now)
 
     # -- series: (metric, attribute set) -> device, column, descriptive attributes ------------------
-    def _target(self, metric: str, attrs: dict[str, str]) -> tuple[int, int, int] | str:
-        """Where a point of ``metric`` with ``attrs`` goes: (device, column, descriptive set index,
-        -1 for none); or why it can't go anywhere."""
+    def _target(self, metric: str, attrs: dict[str, str]) -> Target | str:
+        """Where a point of ``metric`` with ``attrs`` goes (the core's identity rules), cached."""
         key = (metric, attrs_of(attrs))
-        found = self._series.get(key)
+        found = self._targets.get(key)
         if found is None:
-            if len(self._series) >= MAX_CACHED_SERIES:
-                self._series.clear()
-            found = self._series[key] = self._make_target(metric, attrs)
+            if len(self._targets) >= MAX_CACHED_SERIES:
+                self._targets.clear()
+            found = self._targets[key] = self._series.target(metric, attrs)
         return found
 
-    def _make_target(self, metric: str, attrs: dict[str, str]) -> tuple[int, int, int] | str:
-        """The replay decoder's identity rules (telemetry.md section 1)."""
-        hw_id = attrs.get(cv.HW_ID)
-        if not hw_id:
-            return f"has no {cv.HW_ID}"
-        parent = attrs.get(cv.HW_PARENT)
-        hw_type = attrs.get(cv.HW_TYPE)
-        rest = attrs_of({k: v for k, v in attrs.items() if k not in NOT_COLUMN_ATTRS and k != cv.HW_TYPE})
-        descr = -1
-        if parent:
-            if not hw_type:
-                return f"({_name(hw_id)}) has {cv.HW_PARENT} but no {cv.HW_TYPE}"
-            prefix = parent + "/"
-            sensor = hw_id[len(prefix) :] if hw_id.startswith(prefix) and len(hw_id) > len(prefix) else hw_id
-            column = Column(metric, rest, sensor, hw_type)
-            device = parent
-        else:
-            if hw_type in SENSOR_TYPES:
-                return f"({_name(hw_id)}) is a {hw_type} sensor without {cv.HW_PARENT}"
-            column = Column(metric, rest)
-            device = hw_id
-            pairs = tuple((k, attrs[k]) for k in DESCRIPTIVE if k in attrs)
-            if pairs:
-                descr = self._descr_index.get(pairs, -1)
-                if descr < 0:
-                    descr = self._descr_index[pairs] = len(self._descrs)
-                    self._descrs.append(pairs)
-        dev = self._dev_index.get(device)
-        if dev is None:
-            dev = self._dev_index[device] = len(self._dev_names)
-            self._dev_names.append(device)
-        return dev, self.schema.index(column), descr
-
     def _point_problem(self, dev: int, t: int, kind: int, value: float, counter: bool, floor: int, node: str) -> str:
-        """Why a point with a good target is not taken ("" when it is): the same checks, in the same
-        order, as the replay decoder; the fast path calls it for the points its arrays rejected."""
-        device = _name(self._dev_names[dev])
-        if t == 0:
-            return f"({device}) has no time_unix_nano"
-        if kind == _NONE:
-            return f"({device}) has no value (as_double or as_int)"
-        if math.isnan(value):
-            return f"({device}) has as_double NaN"
-        if math.isinf(value):
-            return f"({device}) has as_double {'Infinity' if value > 0 else '-Infinity'}"
-        if counter and value < 0.0:
-            return f"({device}) is {value:g} on a counter (cumulative, monotonic)"
-        if self._ceiling is not None and t > self._ceiling:
-            return future_problem(node, t, self._ceiling, self.max_future_ns or 0)
-        if floor >= 0 and t < floor:
-            return f"on node {_name(node)} is at {t}, older than {floor} already read for that node"
-        return ""
+        """Why a point with a good target is not taken ("" when it is): the core's checks; the fast
+        path calls it for the points its arrays rejected."""
+        device = self._series.device(dev)
+        checked = None if kind == _NONE else value
+        return point_problem(
+            PROTO_DIALECT, device, t, checked, counter, node, floor, self._ceiling, self.max_future_ns or 0
+        )
 
     # -- the request ------------------------------------------------------------------------------
-    def decode(self, request: bytes | bytearray | memoryview | ExportMetricsServiceRequest) -> ProtoDecodeResult:
+    def decode(self, request: bytes | bytearray | memoryview | ExportMetricsServiceRequest) -> DecodeResult:
         """One request into its frames (one per node and time, in time order) and its problems.
 
         Raises :class:`MalformedRequest` when the bytes are not a request; nothing else escapes."""
         self.requests += 1
-        self._now = now = self._clock()
-        if now - self._swept > SWEEP_EVERY_NS or now < self._swept:
+        if self._floors.due(self._tick()):
             self._sweep()
-        self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
         data = request.SerializeToString() if isinstance(request, ExportMetricsServiceRequest) else bytes(request)
-        if max(len(self._dev_names), len(self._descrs)) > MAX_INTERNED:
+        if self._series.size > MAX_INTERNED:
             self._reset()
         elif len(self._tables) > MAX_TABLES:
             self._tables.clear()
@@ -568,12 +487,12 @@ class OtlpProtoDecoder:
         frames = self._frames(req)
         for name, (ordinal, n) in req.unknown.items():
             req.problem_count += 1
-            req.problems.append((ordinal, f"unknown metric {_short(name)} ({n:,} points) skipped"))
+            req.problems.append((ordinal, unknown_problem(PROTO_DIALECT, name, n)))
         req.problems.sort(key=_first)
         self.points += req.points
         self.points_rejected += req.rejected
-        problems = tuple(_one_line(text) for _, text in req.problems[:MAX_PROBLEMS_PER_REQUEST])
-        return ProtoDecodeResult(frames, req.points, req.rejected, problems, req.problem_count)
+        problems = tuple(one_line(text) for _, text in req.problems[:MAX_PROBLEMS_PER_REQUEST])
+        return DecodeResult(frames, req.points, req.rejected, problems, req.problem_count)
 
     def _parse(self, data: bytes) -> ExportMetricsServiceRequest:
         try:
@@ -582,12 +501,12 @@ class OtlpProtoDecoder:
             self.requests_invalid += 1
             reason = str(exc) or type(exc).__name__
             message = f"not an ExportMetricsServiceRequest ({len(data):,} bytes): {reason}"
-            raise MalformedRequest(_one_line(message)) from None
+            raise MalformedRequest(one_line(message)) from None
 
     # -- the plain path ----------------------------------------------------------------------------
     def _scan(self, rm: ResourceMetrics) -> _Scan:
         """A section's structure: its node, metrics and each point's target (or why it has none)."""
-        node = _kv_dict(rm.resource.attributes).get(_NODE) or None
+        node = _kv_dict(rm.resource.attributes).get(NODE) or None
         scan = _Scan(node)
         ordinal = 0
         for sm in rm.scope_metrics:
@@ -607,27 +526,16 @@ class OtlpProtoDecoder:
                 if node is None or n == 0:
                     continue
                 name = metric.name
-                if not name:
+                delta = kind == "sum" and body.aggregation_temporality == _DELTA
+                problem = metric_problem(PROTO_DIALECT, name or None, kind, n, node, delta=delta)
+                if problem is not None:
                     scan.rejected += n
-                    scan.problems.append((first, f"a metric of node {_name(node)} has no name ({n:,} points skipped)"))
+                    if problem is UNKNOWN:
+                        scan.unknown.append((first, name, n))
+                    else:
+                        scan.problems.append((first, problem))
                     continue
-                if name not in cv.METRICS:
-                    scan.rejected += n
-                    scan.unknown.append((first, name, n))
-                    continue
-                if kind not in _NUMBER_KINDS:
-                    scan.rejected += n
-                    scan.problems.append((first, f"{name} is a {kind}, not a gauge or sum ({n:,} points skipped)"))
-                    continue
-                counter = False
-                if kind == "sum":
-                    if body.aggregation_temporality == _DELTA:
-                        scan.rejected += n
-                        scan.problems.append(
-                            (first, f"{name} is a delta sum; only cumulative sums are read ({n:,} points skipped)")
-                        )
-                        continue
-                    counter = bool(body.is_monotonic)
+                counter = kind == "sum" and bool(body.is_monotonic)
                 for k, point in enumerate(points):
                     target = self._target(name, _kv_dict(point.attributes))
                     if isinstance(target, str):
@@ -639,7 +547,7 @@ class OtlpProtoDecoder:
         if node is None:
             scan.rejected = ordinal
             if ordinal:
-                scan.problems.append((0, f"a resource without {_NODE}: its {ordinal:,} points rejected"))
+                scan.problems.append((0, f"a resource without {NODE}: its {ordinal:,} points rejected"))
         return scan
 
     def _plain_section(self, scan: _Scan, req: _Request) -> None:
@@ -649,13 +557,13 @@ class OtlpProtoDecoder:
         node = scan.node
         if node is None or not scan.candidates:
             return
-        floor = self._newest.get(node, -1)
+        floor = self._floors.floor(node)
         good: list[tuple[int, int, int, int, float]] = []
         for c in scan.candidates:
             point = c.point
             which = point.WhichOneof("value")
             kind = _NONE if which is None else _DOUBLE if which == "as_double" else _INT
-            value = point.as_double if kind == _DOUBLE else float(point.as_int) if kind == _INT else math.nan
+            value = point.as_double if kind == _DOUBLE else float(point.as_int) if kind == _INT else np.nan
             t = point.time_unix_nano
             problem = self._point_problem(c.dev, t, kind, value, c.counter, floor, node)
             if problem:
@@ -763,7 +671,7 @@ class OtlpProtoDecoder:
         if tmpl.any_counter:
             ok &= ~(tmpl.counter & (values < 0.0))
         ok &= times != 0
-        floor = self._newest.get(node, -1)
+        floor = self._floors.floor(node)
         if floor >= 0:
             ok &= times >= np.uint64(floor)
         if self._ceiling is not None:
@@ -811,15 +719,15 @@ class OtlpProtoDecoder:
     def _build(self, data: bytes, start: int, end: int, scan: _Scan) -> _Template:
         """The template of a section: the walker's offsets matched with upb's reading of the same bytes."""
         walked = _walk_section(data, start, end)
-        if [(kind, len(points)) if kind in _NUMBER_KINDS else kind for kind, points in walked] != [
-            (kind, n) if kind in _NUMBER_KINDS else kind for kind, n, _ in scan.shape
+        if [(kind, len(points)) if kind in NUMBER_KINDS else kind for kind, points in walked] != [
+            (kind, n) if kind in NUMBER_KINDS else kind for kind, n, _ in scan.shape
         ]:
             raise _Bail
         holes: list[int] = []
         at: dict[int, tuple[int, int, int]] = {}  # ordinal -> (time hole, value hole, kind)
         ordinal = 0
         for (kind, points), (_, n, ignored) in zip(walked, scan.shape, strict=True):
-            if kind not in _NUMBER_KINDS:
+            if kind not in NUMBER_KINDS:
                 ordinal += 0 if ignored else n
                 continue
             for start_off, time_off, double_off, int_off in points:
@@ -896,10 +804,7 @@ class OtlpProtoDecoder:
                 descr = np.concatenate([p.descr for p in parts])
                 values = np.concatenate([p.values for p in parts])
                 layout = self._layout(node, dev, col, descr)
-            frames.append(Frame(t, layout.table, layout.fill(values, ncols)))
-            self._seen[node] = self._now
-            if t > self._newest.get(node, -1):
-                self._newest[node] = t
+            frames.append(self._frame(node, t, layout.table, layout.fill(values, ncols)))
         return frames
 
     def _layout(self, node: str, dev: np.ndarray, col: np.ndarray, descr: np.ndarray) -> _Layout:
@@ -908,11 +813,8 @@ class OtlpProtoDecoder:
         points naming the same cell, the last one wins (as in replay)."""
         devs = np.unique(dev)
         rows = np.searchsorted(devs, dev).astype(np.int32)
-        keep = None
-        cell = rows.astype(np.int64) * (int(col.max()) + 1) + col
-        uniq, last_rev = np.unique(cell[::-1], return_index=True)
-        if len(uniq) != len(cell):
-            keep = np.sort(len(cell) - 1 - last_rev)
+        keep = last_wins(rows.astype(np.int64) * (int(col.max()) + 1) + col)
+        if keep is not None:
             rows, col = rows[keep], col[keep]
         attrs: list[dict[str, str]] = [{} for _ in range(len(devs))]
         with_descr = np.flatnonzero(descr >= 0)
@@ -920,15 +822,13 @@ class OtlpProtoDecoder:
             # Each distinct (device, set) once, at its last occurrence, in point order: the same
             # result as updating point by point.
             owner = np.searchsorted(devs, dev[with_descr]).astype(np.int64)
-            pair = owner * (len(self._descrs) + 1) + descr[with_descr]
+            descrs = self._series.descrs
+            pair = owner * (len(descrs) + 1) + descr[with_descr]
             _, last_rev = np.unique(pair[::-1], return_index=True)
             for p in np.sort(len(pair) - 1 - last_rev).tolist():
-                attrs[int(owner[p])].update(self._descrs[int(descr[with_descr[p]])])
-        ids = tuple(self._dev_names[d] for d in devs.tolist())
-        key = (node, ids, tuple(attrs_of(a) for a in attrs))
-        table = self._tables.get(key)
-        if table is None:
-            table = self._tables[key] = DeviceTable(node, ids, tuple(attrs))
+                attrs[int(owner[p])].update(descrs[int(descr[with_descr[p]])])
+        names = self._series.dev_names
+        table = self._tables.table(node, tuple(names[d] for d in devs.tolist()), tuple(attrs))
         return _Layout(table, rows, col.astype(np.int32), keep)
 
 

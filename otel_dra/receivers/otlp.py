@@ -42,8 +42,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from otel_dra import conventions as cv
+from otel_dra.decode.core import DecodeResult
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
-from otel_dra.decode.otlp_proto import MAX_PROBLEMS_PER_REQUEST, MalformedRequest, OtlpProtoDecoder
+from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
 from otel_dra.receivers.tls import CertificateReloader, TlsSettings, describe
 
@@ -73,8 +74,6 @@ GRPC_SERVICE: Final = _SERVICE.full_name
 GRPC_METHOD: Final = _SERVICE.methods_by_name["Export"].name
 _PROTOBUF, _JSON = "application/x-protobuf", "application/json"
 _LOG_EVERY_S: Final = 60.0
-#: A decoded request: frames, points accepted, points rejected, the partial-success message.
-_Decoded = tuple[list[Frame], int, int, str]
 _CONSUMER_FAILED: Final = "the receiver failed to take the request; see its log"
 
 
@@ -281,12 +280,12 @@ class OtlpReceiver:
             self._points["accepted"] += accepted
             self._points["rejected"] += rejected
 
-    def _take(self, transport: str, decode: Callable[[], _Decoded]) -> ExportMetricsServiceResponse:
+    def _take(self, transport: str, decode: Callable[[], DecodeResult]) -> ExportMetricsServiceResponse:
         """Decode one request and hand its frames on, under the lock; count the outcome. Raises
         MalformedRequest (the client's fault), or whatever decoding or ``on_frames`` raised (ours)."""
         with self._lock:
             try:
-                frames, accepted, rejected, message = decode()
+                result = decode()
             except MalformedRequest as exc:
                 self._count(transport, "invalid")
                 self._warn.warning("invalid", "OTLP/%s: invalid request refused: %s", transport, exc)
@@ -296,47 +295,39 @@ class OtlpReceiver:
                 log.exception("OTLP/%s: decoding a request failed (a bug: please report it)", transport)
                 raise
             try:
-                if frames:
-                    self._on_frames(frames)
+                if result.frames:
+                    self._on_frames(result.frames)
             except Exception:
                 self._count(transport, "error")
                 log.exception("OTLP/%s: the frames' consumer failed; request refused", transport)
                 raise
-        return self._respond(transport, accepted, rejected, message)
+        return self._respond(transport, result)
 
     def export_protobuf(self, data: bytes, transport: str) -> ExportMetricsServiceResponse:
         """One serialized ``ExportMetricsServiceRequest`` (see :meth:`_take` for what it raises)."""
 
-        def decode() -> _Decoded:
-            result = self._decoder.decode(data)
-            return result.frames, result.accepted, result.rejected, result.message
-
-        return self._take(transport, decode)
+        return self._take(transport, lambda: self._decoder.decode(data))
 
     def export_json(self, data: bytes) -> ExportMetricsServiceResponse:
         """A request in the JSON mapping (OTLP/HTTP ``application/json``), read by the replay decoder;
         a request it can't use as a whole (not JSON, a resource without ``k8s.node.name``) is refused
         as invalid."""
 
-        def decode() -> _Decoded:
-            dec = self._json_decoder
-            points, skipped, lines_skipped = dec.points, dec.points_skipped, dec.lines_skipped
-            frames, errors = dec.decode_line(data, dec.lines + 1)
-            if dec.lines_skipped != lines_skipped:
-                raise MalformedRequest(errors[0].message if errors else "not an ExportMetricsServiceRequest")
-            total, rejected = dec.points - points, dec.points_skipped - skipped
-            message = ""
-            if rejected:
-                shown = "; ".join(e.message for e in errors[:MAX_PROBLEMS_PER_REQUEST])
-                message = f"{rejected:,} of {total:,} data points rejected" + (f": {shown}" if shown else "")
-            return frames, total - rejected, rejected, message
+        def decode() -> DecodeResult:
+            result = self._json_decoder.decode(data, self._json_decoder.lines + 1)
+            if result.invalid is not None:
+                raise MalformedRequest(result.invalid)
+            return result
 
         return self._take("http", decode)
 
-    def _respond(self, transport: str, accepted: int, rejected: int, message: str) -> ExportMetricsServiceResponse:
-        self._count(transport, "partial" if rejected else "ok", accepted, rejected)
+    def _respond(self, transport: str, result: DecodeResult) -> ExportMetricsServiceResponse:
+        """Success, or partial success read off the decoder's result as it is."""
+        rejected = result.rejected
+        self._count(transport, "partial" if rejected else "ok", result.accepted, rejected)
         if not rejected:
             return ExportMetricsServiceResponse()
+        message = result.message
         log.debug("OTLP/%s: partial success: %s", transport, message)
         return ExportMetricsServiceResponse(
             partial_success=ExportMetricsPartialSuccess(rejected_data_points=rejected, error_message=message)

@@ -1,0 +1,391 @@
+"""The decoder core: what reading OTLP metrics into Frames means, whatever the encoding.
+
+The OpenTelemetry Collector turns OTLP/JSON and OTLP/protobuf into one request type; so do we.
+Both decoders (:mod:`~otel_dra.decode.otlp_json` for replay lines and JSON bodies,
+:mod:`~otel_dra.decode.otlp_proto` for the fleet's protobuf requests) keep only how to walk their
+input; everything that says what the input means lives here, once:
+
+- series identity: which device and column a point of (metric, attribute set) lands in, and the
+  descriptive attributes it carries (:class:`SeriesIndex`, telemetry.md section 1);
+- the metric and point checks, in their order and with their exact wording
+  (:func:`metric_problem`, :func:`point_problem` and its halves);
+- the per-node time floor (:class:`NodeFloors`) and frame assembly (:class:`TableCache`,
+  :func:`last_wins`, :func:`scatter`);
+- one result, :class:`DecodeResult`, that the receiver's partial success and replay read as it is.
+
+The two encodings name fields differently (``timeUnixNano`` / ``time_unix_nano``) and, for
+history's sake, print counts differently (replay's ``1000 points``, the receiver's ``1,000 points``):
+a :class:`Dialect` carries both, so the checks are written once and every message stays as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from otel_dra import conventions as cv
+from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.vocabulary import SENSOR_TYPES
+
+#: Problems quoted per request (the rest are counted): what goes into partial success's message.
+MAX_PROBLEMS_PER_REQUEST: Final = 5
+#: A node not decoded for this long (by the decoder's clock) loses its time floor: with node names that churn,
+#: the per-node floors would otherwise grow without end on a long-running receiver.
+NODE_IDLE_NS: Final = 60 * 60 * 10**9
+#: How often (by the decoder's clock) idle state is looked for.
+SWEEP_EVERY_NS: Final = 60 * 10**9
+#: The resource attribute that names a point's node (one Frame per node and time).
+NODE: Final = cv.K8S_NODE_NAME_ATTR
+#: The metric kinds read (numbers); histograms and summaries are rejected by name.
+NUMBER_KINDS: Final = ("gauge", "sum")
+
+#: Descriptive attributes of a device, taken from its own points into ``DeviceTable.attrs``.
+DESCRIPTIVE: Final[tuple[str, ...]] = (
+    cv.HW_TYPE,
+    cv.HW_NAME,
+    cv.HW_VENDOR,
+    cv.HW_MODEL,
+    cv.HW_SERIAL_NUMBER,
+    cv.HW_FIRMWARE_VERSION,
+    cv.HW_DRIVER_VERSION,
+    cv.DRA_DRIVER_NAME,
+    cv.DRA_POOL_NAME,
+    cv.DRA_DEVICE_NAME,
+)
+#: Attributes that say which series it is, not which kind: never part of a Column's attrs.
+NOT_COLUMN_ATTRS: Final = frozenset({cv.HW_ID, cv.HW_PARENT, *DESCRIPTIVE})
+
+
+# -- text: whatever the input holds, a message stays one short line ----------------------------------
+def name(text: str, limit: int = 60) -> str:
+    """A name from the input (node, device, key) as it goes into a one-line message."""
+    return text if len(text) <= limit and text.isprintable() else short(text, limit)
+
+
+def one_line(message: str) -> str:
+    """Whatever the input held, an error message stays on one line."""
+    return message if message.isprintable() else message.encode("unicode_escape").decode("ascii")
+
+
+def short(value: Any, limit: int = 40) -> str:
+    """A JSON value for a one-line message, cut short."""
+    if type(value) is list:
+        return "a list"
+    if type(value) is dict:
+        return "an object"
+    try:
+        text = repr(value[: limit + 2]) if type(value) is str else json.dumps(value)
+    except ValueError:  # an int too long to print
+        text = type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one encoding's messages name the point's fields and print counts (kept as they always were)."""
+
+    time: str
+    double: str
+    int: str
+    grouped: bool  # counts with thousands separators
+
+    def count(self, n: int) -> str:
+        return f"{n:,}" if self.grouped else str(n)
+
+
+JSON_DIALECT: Final = Dialect("timeUnixNano", "asDouble", "asInt", grouped=False)
+PROTO_DIALECT: Final = Dialect("time_unix_nano", "as_double", "as_int", grouped=True)
+
+
+# -- the result ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeError:
+    """One problem in the input, on one line: what is wrong and where."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """One request (a replay line, a JSON body, a protobuf message) decoded, whichever encoding it came in:
+    its frames and what was wrong with it, as OTLP partial success and replay's report need them."""
+
+    frames: list[Frame]
+    points: int = 0  # data points in the request, of any metric
+    rejected: int = 0  # of those, points not taken (bad, unknown metric, wrong kind, no node, out of order)
+    problems: tuple[str, ...] = ()  # the first few problems quoted, one line each, in request order
+    problem_count: int = 0  # problems the message speaks of (more than quoted: "; and N more")
+    errors: tuple[
+        DecodeError, ...
+    ] = ()  # the JSON decoder's numbered line log (capped; its last entry counts the rest)
+    invalid: str | None = None  # why the request as a whole can't be used (JSON: the line is skipped), else None
+
+    @property
+    def accepted(self) -> int:
+        return self.points - self.rejected
+
+    @property
+    def message(self) -> str:
+        """One line for ``partial_success.error_message``; empty when nothing was rejected."""
+        if not self.rejected:
+            return ""
+        more = self.problem_count - len(self.problems)
+        tail = f"; and {more:,} more" if more > 0 else ""
+        shown = ": " + "; ".join(self.problems) if self.problems else ""
+        return one_line(f"{self.rejected:,} of {self.points:,} data points rejected{shown}{tail}")
+
+
+# -- series identity -----------------------------------------------------------------------------------
+#: Where a point goes: (device index, column index, descriptive set index or -1 for none).
+Target = tuple[int, int, int]
+
+
+class SeriesIndex:
+    """Devices and descriptive attribute sets, interned, and the identity rules that map a point's
+    (metric, attributes) to them (telemetry.md section 1): one place, so both encodings agree."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.dev_index: dict[str, int] = {}
+        self.dev_names: list[str] = []
+        self.descr_index: dict[tuple[tuple[str, str], ...], int] = {}
+        self.descrs: list[tuple[tuple[str, str], ...]] = []
+
+    @property
+    def size(self) -> int:
+        """What the index holds (its caller bounds it by dropping the whole index)."""
+        return max(len(self.dev_names), len(self.descrs))
+
+    def device(self, dev: int) -> str:
+        """A device's name as it goes into a message."""
+        return name(self.dev_names[dev])
+
+    def target(self, metric: str, attrs: dict[str, str]) -> Target | str:
+        """Where a point of ``metric`` with ``attrs`` goes; or why it can't go anywhere. A sensor
+        (``hw.parent`` set) folds into its parent's row as its own column; a device keeps its
+        descriptive attributes."""
+        hw_id = attrs.get(cv.HW_ID)
+        if not hw_id:
+            return f"has no {cv.HW_ID}"
+        parent = attrs.get(cv.HW_PARENT)
+        hw_type = attrs.get(cv.HW_TYPE)
+        rest = attrs_of({k: v for k, v in attrs.items() if k not in NOT_COLUMN_ATTRS and k != cv.HW_TYPE})
+        descr = -1
+        if parent:
+            if not hw_type:
+                return f"({name(hw_id)}) has {cv.HW_PARENT} but no {cv.HW_TYPE}"
+            prefix = parent + "/"
+            sensor = hw_id[len(prefix) :] if hw_id.startswith(prefix) and len(hw_id) > len(prefix) else hw_id
+            column = Column(metric, rest, sensor, hw_type)
+            device = parent
+        else:
+            if hw_type in SENSOR_TYPES:
+                return f"({name(hw_id)}) is a {hw_type} sensor without {cv.HW_PARENT}"
+            column = Column(metric, rest)
+            device = hw_id
+            pairs = tuple((k, attrs[k]) for k in DESCRIPTIVE if k in attrs)
+            if pairs:
+                descr = self.descr_index.get(pairs, -1)
+                if descr < 0:
+                    descr = self.descr_index[pairs] = len(self.descrs)
+                    self.descrs.append(pairs)
+        dev = self.dev_index.get(device)
+        if dev is None:
+            dev = self.dev_index[device] = len(self.dev_names)
+            self.dev_names.append(device)
+        return dev, self.schema.index(column), descr
+
+
+# -- the checks, in their order ------------------------------------------------------------------------
+#: :func:`metric_problem`'s answer for a metric this project doesn't know: counted per name, reported once.
+UNKNOWN: Final = ""
+
+
+def metric_problem(
+    dialect: Dialect,
+    metric: str | None,
+    kind: str | None,
+    n: int,
+    node: str,
+    *,
+    delta: bool = False,
+    points_listed: bool = True,
+) -> str | None:
+    """Why a metric's ``n`` points are all skipped (None: they are read point by point; :data:`UNKNOWN`:
+    an unknown metric). ``metric`` None: it has no name; ``kind`` None: no data field at all;
+    ``points_listed`` False: its data points are not a list (JSON only); ``delta``: a delta sum."""
+    if metric is None:
+        return f"a metric of node {name(node)} has no name ({dialect.count(n)} points skipped)"
+    if metric not in cv.METRICS:
+        return UNKNOWN
+    if kind is None:
+        return f"{metric} has no gauge or sum; skipped"
+    if kind not in NUMBER_KINDS:
+        return f"{metric} is a {kind}, not a gauge or sum ({dialect.count(n)} points skipped)"
+    if not points_listed:
+        return f"{metric} has dataPoints that are not a list; skipped"
+    if delta:
+        return f"{metric} is a delta sum; only cumulative sums are read ({dialect.count(n)} points skipped)"
+    return None
+
+
+def unknown_problem(dialect: Dialect, metric: str, n: int) -> str:
+    """The one report of an unknown metric's points (all its points in the request together)."""
+    return f"unknown metric {short(metric)} ({dialect.count(n)} points) skipped"
+
+
+def value_problem(dialect: Dialect, device: str, field: str, value: float | None, counter: bool) -> str | None:
+    """Why a point's value is not taken (None: it is): absent, not finite, negative on a counter."""
+    if value is None:
+        return f"({device}) has no value ({dialect.double} or {dialect.int})"
+    if math.isnan(value):
+        return f"({device}) has {field} NaN"
+    if math.isinf(value):
+        return f"({device}) has {field} {'Infinity' if value > 0 else '-Infinity'}"
+    if counter and value < 0.0:
+        return f"({device}) is {value:g} on a counter (cumulative, monotonic)"
+    return None
+
+
+def time_problem(node: str, t: int, floor: int, ceiling: int | None, max_future_ns: int) -> str | None:
+    """Why a point's (valid) time is not taken (None: it is): too far ahead of the receiver's clock
+    (``ceiling``: the latest time taken, None: no bound), or older than its node's newest (``floor``)."""
+    if ceiling is not None and t > ceiling:
+        ahead_s = (t - ceiling + max_future_ns) / 1e9
+        return (
+            f"on node {name(node)} is at {t}, {ahead_s:,.0f} s ahead of this receiver's clock (more than "
+            f"{max_future_ns / 1e9:g} s): check that node's clock"
+        )
+    if floor >= 0 and t < floor:
+        return f"on node {name(node)} is at {t}, older than {floor} already read for that node"
+    return None
+
+
+def point_problem(
+    dialect: Dialect,
+    device: str,
+    t: int,
+    value: float | None,
+    counter: bool,
+    node: str,
+    floor: int,
+    ceiling: int | None,
+    max_future_ns: int,
+) -> str:
+    """Why a point with a good target is not taken ("" when it is), for an encoding whose time is a
+    plain integer (0: absent): its time, then its value, then time order."""
+    if t == 0:
+        return f"({device}) has no {dialect.time}"
+    return (
+        value_problem(dialect, device, dialect.double, value, counter)
+        or time_problem(node, t, floor, ceiling, max_future_ns)
+        or ""
+    )
+
+
+# -- time order ----------------------------------------------------------------------------------------
+class NodeFloors:
+    """Per node, the newest time decoded (an older point is rejected: input is in time order per node)
+    and when (the decoder's clock) the node was last decoded, so an idle node's floor can be forgotten."""
+
+    def __init__(self, now: int) -> None:
+        self.newest: dict[str, int] = {}
+        self.seen: dict[str, int] = {}
+        self.swept = now
+
+    def floor(self, node: str) -> int:
+        """The node's newest time, -1 when none."""
+        return self.newest.get(node, -1)
+
+    def due(self, now: int) -> bool:
+        """Whether it is time to look for idle nodes (or the clock went back)."""
+        return now - self.swept > SWEEP_EVERY_NS or now < self.swept
+
+    def forget_idle(self, now: int) -> None:
+        """Drop the floor of every node not decoded for NODE_IDLE_NS."""
+        self.swept = now
+        for node in [n for n, at in self.seen.items() if now - at > NODE_IDLE_NS]:
+            del self.seen[node]
+            self.newest.pop(node, None)
+
+    def advance(self, node: str, t: int, now: int) -> None:
+        """A frame of ``node`` at ``t`` was made."""
+        self.seen[node] = now
+        if t > self.newest.get(node, -1):
+            self.newest[node] = t
+
+
+# -- frames --------------------------------------------------------------------------------------------
+class TableCache:
+    """Equal device tables as one object, so consumers can cache per table."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[str, tuple[str, ...], tuple[Attrs, ...]], DeviceTable] = {}
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def clear(self) -> None:
+        self._tables.clear()
+
+    def table(self, node: str, ids: tuple[str, ...], attrs: tuple[dict[str, str], ...]) -> DeviceTable:
+        """The one table of ``node`` with these devices (ids in device-index order) and attributes."""
+        key = (node, ids, tuple(attrs_of(a) for a in attrs))
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = DeviceTable(node, ids, attrs)
+        return table
+
+
+def last_wins(cells: np.ndarray) -> np.ndarray | None:
+    """Of points naming the same cell, the last one in the input wins: the indices kept, in order;
+    None when every cell is distinct (all kept)."""
+    uniq, last_rev = np.unique(cells[::-1], return_index=True)
+    if len(uniq) == len(cells):
+        return None
+    return np.sort(len(cells) - 1 - last_rev)
+
+
+def scatter(rows: int, ncols: int, flat: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A frame's matrix: NaN (absent) but at the flat cell indices given."""
+    matrix = np.full(rows * ncols, np.nan)
+    matrix[flat] = values
+    return matrix.reshape(rows, ncols)
+
+
+class DecoderCore:
+    """State both decoders keep alike: the shared schema, the series index, the device tables, each
+    node's time floor, and the clock with the bound ahead of it that live input is held to."""
+
+    def __init__(self, schema: Schema, max_future_ns: int | None, clock: Callable[[], int]) -> None:
+        self.schema = schema
+        self.max_future_ns = max_future_ns
+        self._clock = clock
+        self._ceiling: int | None = None  # this request's latest acceptable time (None: no bound, as in replay)
+        self._now = clock()
+        self._floors = NodeFloors(self._now)
+        self._series = SeriesIndex(schema)
+        self._tables = TableCache()
+
+    def _tick(self) -> int:
+        """A request begins: read the clock (the decoder's now) and set the ceiling from it."""
+        self._now = now = self._clock()
+        self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
+        return now
+
+    def _time_problem(self, node: str, t: int, floor: int) -> str | None:
+        return time_problem(node, t, floor, self._ceiling, self.max_future_ns or 0)
+
+    def _frame(self, node: str, t: int, table: DeviceTable, matrix: np.ndarray) -> Frame:
+        """A frame made: the node's floor moves up to its time."""
+        self._floors.advance(node, t, self._now)
+        return Frame(t, table, matrix)
