@@ -21,8 +21,9 @@ import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_dra import cli as cli_mod
 from otel_dra.agent import Agent
+from otel_dra.cli import common as cli_common
+from otel_dra.cli import main as cli_main
 from otel_dra.fleet import Fleet
 
 JUNK = ["", "-1", "0", "nan", "inf", "-inf", "1e309", "abc", "☃", "x" * 300, "--", "-h"]
@@ -161,7 +162,7 @@ def test_every_command_line_ends_in_0_or_one_error_line_with_2(files, monkeypatc
     ran: list[str] = []
     monkeypatch.setattr(Agent, "run", lambda self: ran.append("run"))
     monkeypatch.setattr(Fleet, "run", lambda self: ran.append("fleet"))
-    monkeypatch.setattr(cli_mod, "_stop_on_signals", lambda stop: None)
+    monkeypatch.setattr(cli_common, "stop_on_signals", lambda stop: None)
     for key in [k for k in os.environ if k.startswith(("OTEL_", "NODE_NAME"))]:
         monkeypatch.delenv(key)
     monkeypatch.chdir(files["dir"])
@@ -174,7 +175,7 @@ def test_every_command_line_ends_in_0_or_one_error_line_with_2(files, monkeypatc
     def one(argv: list[str]) -> None:
         capsys.readouterr()
         try:
-            cli_mod.main(argv)
+            cli_main(argv)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1

@@ -30,8 +30,8 @@ import yaml
 from kubernetes.client import ApiClient
 
 import otel_dra
-from otel_dra.sinks.config import EndpointConfig
 from otel_dra.policy import load as load_policy
+from otel_dra.sinks.config import EndpointConfig
 from tests.conftest import free_port, http_get, wait_for
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,6 +14,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from otel_dra.cli.client import read_devices
 from otel_dra.cli.options import Seconds, driver_name, policy_option
 from otel_dra.sinks.k8s.versions import API_VERSIONS, DEFAULT_API_VERSION
 
@@ -30,21 +31,9 @@ def k8s() -> None:
 
 
 def _read_agent(url: str, timeout: float) -> tuple[list[Any], dict[tuple[str, str], str | None]]:
-    import json
-    import urllib.error
-    import urllib.request
-
     from otel_dra.sinks.k8s.render import read_devices_json
 
-    endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1/devices") else "/v1/devices")
-    try:
-        with urllib.request.urlopen(endpoint, timeout=timeout) as resp:
-            doc = json.load(resp)
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise click.ClickException(f"cannot read {endpoint}: {reason}; is 'otel-dra run' serving there?") from None
-    except ValueError as exc:
-        raise click.ClickException(f"{endpoint} did not answer with JSON ({exc})") from None
+    endpoint, doc = read_devices(url, timeout)
     return read_devices_json(doc, endpoint)
 
 

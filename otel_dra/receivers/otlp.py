@@ -46,6 +46,7 @@ from otel_dra.decode.core import DecodeResult
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
+from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.receivers.tls import CertificateReloader, TlsSettings, describe
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,10 @@ TRANSPORTS: Final = ("grpc", "http")
 OUTCOMES: Final = ("ok", "partial", "invalid", "too_large", "error")
 POINT_OUTCOMES: Final = ("accepted", "rejected")
 
-DEFAULT_GRPC_ENDPOINT: Final = "0.0.0.0:4317"
-DEFAULT_HTTP_ENDPOINT: Final = "0.0.0.0:4318"
-DEFAULT_MAX_REQUEST_BYTES: Final = 16 << 20
-#: Points further than this ahead of the receiver's clock are rejected (a node whose clock runs a year
-#: ahead would otherwise make its later, correct points "older" than what was read and so rejected).
-DEFAULT_MAX_FUTURE_S: Final = 600.0
+DEFAULT_GRPC_ENDPOINT: Final = ReceiverConfig().grpc_endpoint
+DEFAULT_HTTP_ENDPOINT: Final = ReceiverConfig().http_endpoint
+DEFAULT_MAX_REQUEST_BYTES: Final = ReceiverConfig.max_request_bytes
+DEFAULT_MAX_FUTURE_S: Final = ReceiverConfig.max_future_s  # see ReceiverConfig
 HTTP_PATH: Final = "/v1/metrics"
 #: gRPC refuses, by itself and uncounted, messages over this many times ``max_request_bytes``; between
 #: the two the receiver refuses them itself, counted (gRPC gives the application no word of its own refusals).
@@ -192,7 +191,7 @@ class OtlpReceiver:
             if self._http_addr is not None:
                 self._start_http(*self._http_addr)
         except BaseException:
-            self.stop(0)
+            self.shutdown(0)
             raise
         where = [f"gRPC on {self._grpc_addr[0]}:{self._grpc_port}"] if self._grpc_addr else []
         if self._http_addr:
@@ -243,8 +242,9 @@ class OtlpReceiver:
         self._http_thread = threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True)
         self._http_thread.start()
 
-    def stop(self, grace_s: float = 1.0) -> None:
-        """Stop listening; requests in flight get up to ``grace_s`` to finish."""
+    def shutdown(self, timeout_s: float = 1.0) -> None:
+        """Stop listening; requests in flight get most of ``timeout_s`` to finish."""
+        grace_s = timeout_s / 2  # half for work in flight, the rest for closing
         grpc_server, self._grpc_server = self._grpc_server, None
         http_server, self._http_server = self._http_server, None
         if grpc_server is not None:

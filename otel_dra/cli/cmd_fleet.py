@@ -1,0 +1,230 @@
+"""``otel-dra fleet``: every node's telemetry in over OTLP, one classifier, the fleet's verdicts out."""
+
+from __future__ import annotations
+
+import click
+
+from otel_dra.cli import common
+from otel_dra.cli.common import load_policy
+from otel_dra.cli.options import Seconds, k8s_driver_option, log_level_option, policy_option
+from otel_dra.config import ClusterWriterConfig, FleetConfig
+from otel_dra.logs import setup_logging
+from otel_dra.receivers.config import ReceiverConfig
+from otel_dra.sinks.config import EndpointConfig
+from otel_dra.sinks.k8s.lease import LeaseConfig
+from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
+
+
+@click.command()
+@click.option("--host", default=ReceiverConfig.host, show_default=True, help="Address every port binds to.")
+@click.option(
+    "--otlp-grpc-port",
+    type=click.IntRange(0, 65535),
+    default=ReceiverConfig.grpc_port,
+    show_default=True,
+    help="OTLP/gRPC metrics receiver port (0: off).",
+)
+@click.option(
+    "--otlp-http-port",
+    type=click.IntRange(0, 65535),
+    default=ReceiverConfig.http_port,
+    show_default=True,
+    help="OTLP/HTTP metrics receiver port, POST /v1/metrics (0: off).",
+)
+@click.option(
+    "--prometheus-port",
+    type=click.IntRange(0, 65535),
+    default=EndpointConfig.port,
+    show_default=True,
+    help="Port for /metrics (the fleet's verdicts), /v1/devices and /healthz (0: off).",
+)
+@policy_option("Health policy YAML merged over the default.")
+@click.option(
+    "--sample-interval",
+    type=Seconds(),
+    default=FleetConfig.sample_interval_s,
+    show_default=True,
+    help="How often the agents push (their OTEL_METRIC_EXPORT_INTERVAL): sizes each device's window.",
+)
+@click.option(
+    "--evaluate-every",
+    type=Seconds(),
+    default=FleetConfig.evaluate_every_s,
+    show_default=True,
+    help="Seconds between evaluations of the whole fleet.",
+)
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1024),
+    default=ReceiverConfig.max_request_bytes,
+    show_default=True,
+    help="Largest OTLP request accepted (bigger ones get RESOURCE_EXHAUSTED / 413).",
+)
+@click.option(
+    "--max-future",
+    type=Seconds(zero_ok=True),
+    default=ReceiverConfig.max_future_s,
+    show_default=True,
+    help="Reject data points more than this many seconds ahead of the fleet's clock (counted, reported as "
+    "partial success); a node whose clock ran ahead would otherwise make its later, correct points look old. "
+    "0: no bound.",
+)
+@click.option(
+    "--tls-cert-file",
+    default=None,
+    envvar="OTEL_DRA_TLS_CERT_FILE",
+    help="Serve both OTLP receivers over TLS with this PEM certificate (chain); needs --tls-key-file. "
+    "Agents then push to https://HOST:PORT with OTEL_EXPORTER_OTLP_CERTIFICATE set to its CA. "
+    "[env: OTEL_DRA_TLS_CERT_FILE]",
+)
+@click.option(
+    "--tls-key-file",
+    default=None,
+    envvar="OTEL_DRA_TLS_KEY_FILE",
+    help="The PEM private key of --tls-cert-file. [env: OTEL_DRA_TLS_KEY_FILE]",
+)
+@click.option(
+    "--tls-client-ca-file",
+    default=None,
+    envvar="OTEL_DRA_TLS_CLIENT_CA_FILE",
+    help="Mutual TLS: refuse OTLP clients without a certificate from this PEM CA (agents set "
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY). [env: OTEL_DRA_TLS_CLIENT_CA_FILE]",
+)
+@click.option(
+    "--k8s-apply",
+    is_flag=True,
+    envvar="OTEL_DRA_K8S_APPLY",
+    help="Reconcile the cluster's DeviceTaintRules from the whole fleet's verdicts (one rule per device and "
+    "reason; a device several nodes report gets one, per the policy's shared_devices.combine). Needs a "
+    "kubeconfig or a pod's service account, with the RBAC in deploy/kubernetes/fleet. [env: OTEL_DRA_K8S_APPLY]",
+)
+@click.option(
+    "--k8s-api-version",
+    type=click.Choice([AUTO_API_VERSION, *API_VERSIONS]),
+    default=AUTO_API_VERSION,
+    show_default=True,
+    help="resource.k8s.io version of the DeviceTaintRules; auto: the newest the API server serves (v1 on "
+    "Kubernetes 1.37+, v1beta2 on 1.36 behind the DRADeviceTaintRules gate, v1alpha3 on 1.33-1.35).",
+)
+@k8s_driver_option
+@click.option(
+    "--k8s-output",
+    default=None,
+    metavar="DIR",
+    help="With --k8s-apply, also write the rendered DeviceTaintRules here (devicetaintrules.yaml).",
+)
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    show_default=True,
+    help="With --k8s-apply, elect one writer among the fleet's replicas through a coordination.k8s.io/v1 "
+    "Lease; only the holder writes. Off: this process writes (run one replica only).",
+)
+@click.option(
+    "--leader-elect-lease-duration",
+    type=Seconds(),
+    default=LeaseConfig.lease_duration_s,
+    show_default=True,
+    help="How long a standby waits, after the leader's last renewal, before taking the Lease over: a dead "
+    "leader is replaced within this.",
+)
+@click.option(
+    "--leader-elect-renew-deadline",
+    type=Seconds(),
+    default=LeaseConfig.renew_deadline_s,
+    show_default=True,
+    help="The leader stops writing once this long has passed without a renewal; less than the lease "
+    "duration minus 1.2 x the retry period.",
+)
+@click.option(
+    "--leader-elect-retry-period",
+    type=Seconds(),
+    default=LeaseConfig.retry_period_s,
+    show_default=True,
+    help="How often the leader renews, and a standby tries to acquire (jittered up to 1.2x).",
+)
+@click.option("--leader-elect-resource-name", default=LeaseConfig.name, show_default=True, help="The Lease's name.")
+@click.option(
+    "--leader-elect-resource-namespace",
+    default="",
+    help="The Lease's namespace. Default: $POD_NAMESPACE, else the pod's service-account namespace, else "
+    "otel-dra. The candidate's identity is $POD_NAME, else <hostname>_<uuid>.",
+)
+@log_level_option
+def fleet(
+    host: str,
+    otlp_grpc_port: int,
+    otlp_http_port: int,
+    prometheus_port: int,
+    policy_file: str | None,
+    sample_interval: float,
+    evaluate_every: float,
+    max_request_bytes: int,
+    max_future: float,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    tls_client_ca_file: str | None,
+    k8s_apply: bool,
+    k8s_api_version: str,
+    k8s_driver: str | None,
+    k8s_output: str | None,
+    leader_elect: bool,
+    leader_elect_lease_duration: float,
+    leader_elect_renew_deadline: float,
+    leader_elect_retry_period: float,
+    leader_elect_resource_name: str,
+    leader_elect_resource_namespace: str,
+    log_level: str,
+) -> None:
+    """Classify a whole fleet: receive every node's hw.* telemetry over OTLP (from the agents,
+    usually through an OpenTelemetry Collector) and serve the verdicts like an agent does.
+
+    Point a Collector's otlp exporter (or agents' OTEL_EXPORTER_OTLP_ENDPOINT) at the gRPC or
+    HTTP port; scrape /metrics for hw_status and dra_device_health of every device.
+
+    With --k8s-apply it is also the cluster's one DeviceTaintRule writer: run two or more replicas,
+    each fed every node's telemetry, and the Lease holder writes (deploy/kubernetes/fleet).
+    """
+    from otel_dra.fleet import Fleet
+    from otel_dra.receivers.tls import TlsConfigError, TlsSettings
+    from otel_dra.sinks.k8s.apply import K8sApplyError
+    from otel_dra.sinks.k8s.validation import K8sValidationError
+
+    setup_logging(log_level)
+    policy = load_policy(policy_file)
+    try:
+        tls = TlsSettings.load(tls_cert_file, tls_key_file, tls_client_ca_file)
+    except TlsConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    k8s: ClusterWriterConfig | None = None
+    if not k8s_apply and k8s_output:
+        raise click.UsageError("--k8s-output needs --k8s-apply (the fleet writes files only as its writer does)")
+    try:
+        if k8s_apply:
+            lease = LeaseConfig(
+                leader_elect_resource_name,
+                leader_elect_resource_namespace,
+                "",
+                leader_elect_lease_duration,
+                leader_elect_renew_deadline,
+                leader_elect_retry_period,
+            )
+            k8s = ClusterWriterConfig(k8s_api_version, k8s_driver, k8s_output, leader_elect, lease)
+        config = FleetConfig(
+            receiver=ReceiverConfig(host, otlp_grpc_port, otlp_http_port, max_request_bytes, max_future, tls),
+            endpoint=EndpointConfig(host, prometheus_port),
+            sample_interval_s=sample_interval,
+            evaluate_every_s=evaluate_every,
+            k8s=k8s,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    runner = Fleet(config, policy)
+
+    common.stop_on_signals(runner.stop)
+    try:
+        runner.run()
+    except (K8sApplyError, K8sValidationError) as exc:
+        raise click.ClickException(f"--k8s-apply: {exc}") from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}: {exc.strerror or exc}; pick other ports") from exc

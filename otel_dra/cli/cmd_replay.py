@@ -1,0 +1,118 @@
+"""``otel-dra replay``: recorded telemetry through the classifier, as the fleet would judge it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from otel_dra.cli.common import load_policy
+from otel_dra.cli.options import Seconds, progress_bar
+from otel_dra.config import FleetConfig
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", default="-", show_default=True, help="Verdict lines go here ('-': stdout).")
+@click.option("--policy", "policy_file", default=None, help="Policy YAML merged over the default (see 'policy check').")
+@click.option(
+    "--strict", is_flag=True, help="Any bad input line is an error (exit code 2); by default bad lines are skipped."
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw a state timeline per device to this PNG (needs matplotlib: pip install 'otel-dra[plot]').",
+)
+@click.option(
+    "--evaluate-every",
+    type=Seconds(),
+    default=FleetConfig.evaluate_every_s,
+    show_default=True,
+    help="Judge the fleet every this much of the recording's time (as 'otel-dra fleet' does live).",
+)
+def replay(
+    files: tuple[Path, ...],
+    output: str,
+    policy_file: str | None,
+    strict: bool,
+    plot: Path | None,
+    evaluate_every: float,
+) -> None:
+    """Replay recorded telemetry (OTLP JSON lines, gzip too) through the classifier.
+
+    Streams the files, judges the fleet every --evaluate-every of the recording's own time
+    (the nodes' clocks with their offsets taken out, so a node whose clock is off neither
+    looks silent nor makes others look so) and writes one verdict line per change (telemetry.md section 3),
+    stamped with the device's node's time. Bad lines and points are skipped and counted; the
+    first few are shown on stderr with their line numbers. Exit code 0 when valid data was
+    replayed, 2 when nothing could be used (or, with --strict, when any line was bad).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from otel_dra.decode.otlp_json import InputFileError
+    from otel_dra.replay import plot_timeline, summary_rows
+    from otel_dra.replay import replay as run_replay
+
+    policy = load_policy(policy_file)
+    err = Console(stderr=True)
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--plot needs matplotlib: pip install 'otel-dra[plot]'") from None
+        folder = plot.parent if str(plot.parent) else Path(".")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise click.ClickException(f"cannot write --plot {plot}: {folder} is not a folder this user can write to")
+    total = sum(map(_size_or_zero, files))
+    progress = progress_bar(err)
+    out = sys.stdout if output == "-" else None
+    try:
+        out = out or open(output, "w")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror}") from exc
+    try:
+        with progress:
+            reading = progress.add_task("replaying", total=total or None)
+            result = run_replay(list(files), policy, out, lambda n: progress.advance(reading, n), evaluate_every)
+    except InputFileError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    for error in result.errors:
+        err.print(f"warning: {error}", highlight=False, markup=False)
+    if result.error_count > len(result.errors):
+        err.print(f"warning: ... and {result.error_count - len(result.errors)} more", highlight=False)
+    table = Table(title=f"replayed {result.lines} lines, {result.points} points, {result.evaluations} evaluations")
+    for col in ("health", "hw.state", "devices"):
+        table.add_column(col)
+    for health, state, n in summary_rows(result):
+        table.add_row(health, state, str(n))
+    err.print(table)
+    err.print(
+        f"skipped: {result.lines_skipped} lines, {result.points_skipped} points; "
+        f"wrote {result.verdict_lines} verdict lines to {output}",
+        highlight=False,
+    )
+    if plot is not None and result.usable:
+        try:
+            plot_timeline(result, plot)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write --plot {plot}: {exc.strerror or exc}") from exc
+        err.print(f"timeline: {plot}", highlight=False)
+    if not result.usable:
+        raise click.ClickException(f"nothing in {', '.join(map(str, files))} could be used (see the warnings above)")
+    if strict and result.error_count:
+        raise click.ClickException(f"--strict: {result.error_count} bad input problems (see the warnings above)")
+
+
+def _size_or_zero(path: Path) -> int:
+    """For the progress bar only: a file that can't be read is reported, with its reason, by the decoder."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
