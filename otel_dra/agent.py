@@ -98,7 +98,7 @@ class Agent:
             queue.register_metrics(meter)
         health = self.board if cfg.health_attribute == "all" else None
         MetricsSink(self.store, self.schema, meter, cfg.stale_after_s, exclude=VERDICT_METRICS, health=health)
-        combine_mode = self.policy.data["shared_devices"]["combine"]
+        combine_mode = self.policy.shared_devices.combine
         VerdictMetrics(self.board, meter, combine_mode)
         self._start_kubernetes(meter, combine_mode)
         if endpoint is not None:
@@ -138,7 +138,7 @@ class Agent:
                 k8s.driver,
                 apply_rules=k8s.apply,
                 attributes=k8s.attributes,
-                warmup_s=float(self.policy.data["min_samples"]) * cfg.interval_s,
+                warmup_s=float(self.policy.min_samples) * cfg.interval_s,
             )
             run.start("Kubernetes output", sink)
 

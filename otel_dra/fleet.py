@@ -117,7 +117,7 @@ class Fleet:
             resync_s=k8s.resync_s,
             retry_s=k8s.retry_s,
             # A fresh fleet has not yet seen enough samples to re-find a fault: not deleting its rule yet.
-            warmup_s=float(self.policy.data["min_samples"]) * self.config.sample_interval_s,
+            warmup_s=float(self.policy.min_samples) * self.config.sample_interval_s,
             api_client=api_client,
             leader=elector.is_leader if elector is not None else None,
             whole_fleet=True,
@@ -149,7 +149,7 @@ class Fleet:
         readers = [endpoint.reader()] if endpoint is not None else []
         node = cfg.node_name or socket.gethostname()
         meter = provider.start_meter_provider(run, node, readers, FLEET_SERIES_LIMIT, "otel_dra.fleet")
-        VerdictMetrics(self.board, meter, self.policy.data["shared_devices"]["combine"], states=False)
+        VerdictMetrics(self.board, meter, self.policy.shared_devices.combine, states=False)
         rc = cfg.receiver
         receiver = OtlpReceiver(
             self.schema,

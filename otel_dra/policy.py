@@ -586,12 +586,6 @@ class Policy:
             _raw=data,
         )
 
-    @property
-    def data(self) -> Mapping[str, Any]:
-        """The policy as its YAML, read-only (owned sections as their owners read them): only
-        for code not yet on the typed attributes; to be removed."""
-        return MappingProxyType({k: v if k in self.sections else _frozen(v) for k, v in self._raw.items()})
-
     def hold_s(self, reason: str) -> float:
         """How long a reason holds after its evidence ends: its own, else the default."""
         return self.hold.get(reason, self.hold["default"])

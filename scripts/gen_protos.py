@@ -30,7 +30,7 @@ def proto_files() -> list[Path]:
 
 def generated_files(root: Path) -> list[Path]:
     """The generated stubs under ``root``, relative to it."""
-    return sorted(p.relative_to(root) for p in (root / API_DIR).glob("*_pb2*.py"))
+    return sorted(p.relative_to(root) for p in (root / API_DIR).glob("*_pb2*.py*") if p.suffix in (".py", ".pyi"))
 
 
 def generate(out: Path) -> list[Path]:
@@ -47,6 +47,7 @@ def generate(out: Path) -> list[Path]:
         f"--proto_path={REPO}",
         f"--proto_path={well_known}",
         f"--python_out={out}",
+        f"--pyi_out={out}",  # type stubs: the generated messages are built at run time, so mypy needs these
         f"--grpc_python_out={out}",
         *protos,
     ]

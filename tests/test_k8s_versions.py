@@ -66,8 +66,8 @@ def policy_with(effect: str, **by_reason: str) -> policy_mod.Policy:
     """The default policy with this effect (set after loading: the policy file would refuse an
     unknown one, and the renderer's own check is what is under test)."""
     pol = policy_mod.load()
-    pol.data["kubernetes"]["taints"]["effect"]["default"] = effect
-    pol.data["kubernetes"]["taints"]["effect"]["by_reason"] = dict(by_reason)
+    pol.sections["kubernetes"]["taints"]["effect"]["default"] = effect
+    pol.sections["kubernetes"]["taints"]["effect"]["by_reason"] = dict(by_reason)
     return pol
 
 
