@@ -1,4 +1,4 @@
-"""Fault injection requests: ``DEVICE:REASON[@SECONDS]``, reasons as telemetry.md section 4 names them."""
+"""Fault injection requests: ``DEVICE:REASON[@SECONDS]``, reasons as ``otel_dra.vocabulary.REASONS`` names them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay: recorded OTLP JSON telemetry → the classifier → verdict lines (telemetry.md §3).
+"""Replay: recorded OTLP JSON telemetry → the classifier → verdict lines (README, "Replay recorded telemetry").
 
 Files are streamed: each line is decoded into frames (bad lines and points are skipped and
 counted, never fatal) and queued; every few seconds of the recording's own clock (read off

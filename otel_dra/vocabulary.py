@@ -1,4 +1,4 @@
-"""The closed vocabularies of the telemetry contract (telemetry.md sections 2 and 4).
+"""The closed vocabularies of the telemetry contract (error types, health, states, reasons, remediations).
 
 Kept in one place so that parsing (``--fault``), the simulator and the sinks agree
 on exactly the words the contract allows.
@@ -41,18 +41,6 @@ HEALTH: tuple[str, ...] = ("Healthy", "Unhealthy", "Unknown")
 
 #: Upstream ``hw.state`` values, taken from the semantic-conventions package.
 HW_STATES: tuple[str, ...] = tuple(s.value for s in HwStateValues)
-
-#: ``error.type`` values on ``hw.errors`` for a device (section 2).
-ERROR_TYPES: tuple[str, ...] = (
-    "corrected",
-    "uncorrected",
-    "retired_page",
-    "link",
-    "driver",
-    "reset",
-    "power",
-    "out_of_memory",
-)
 
 #: ``hw.type`` values of sensor components: folded into their parent device.
 SENSOR_TYPES: frozenset[str] = frozenset({"temperature", "fan", "voltage"})

@@ -6,7 +6,7 @@ devices, samples, series and reasons. Nothing here is shared with the vectorised
 except the policy (loaded and merged by :mod:`otel_dra.policy`), the data model
 (:mod:`otel_dra.frame`), the vocabularies and the ring length ``window_samples``.
 
-Semantics, as the contract (``telemetry.md``) and the classifier's docstrings state them:
+Semantics, as the README, ``otel_dra/vocabulary.py`` and the classifier's docstrings state them:
 
 - a frame row that is all NaN is no sample; NaN values are absent;
 - counters: a device's first sample is a baseline (increase 0); a series first seen on a

@@ -59,7 +59,8 @@ def rfc3339(unix_nano: int) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One device's verdict (telemetry.md §3-4, plus the seed thread's transition and report times)."""
+    """One device's verdict: the verdict line's fields, in the vocabulary of ``otel_dra.vocabulary``,
+    plus the seed thread's transition and report times."""
 
     time_unix_nano: int
     node: str
@@ -76,7 +77,7 @@ class Verdict:
     driver: str | None = None  # dra.driver.name, when the telemetry carries it
 
     def to_json(self) -> dict[str, Any]:
-        """The verdict line of telemetry.md §3 (extended by adding keys only)."""
+        """The verdict line (README, "Replay recorded telemetry"; extended by adding keys only)."""
         out: dict[str, Any] = {
             "time_unix_nano": self.time_unix_nano,
             cv.K8S_NODE_NAME_ATTR: self.node,

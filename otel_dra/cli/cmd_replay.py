@@ -45,7 +45,7 @@ def replay(
 
     Streams the files, judges the fleet every --evaluate-every of the recording's own time
     (the nodes' clocks with their offsets taken out, so a node whose clock is off neither
-    looks silent nor makes others look so) and writes one verdict line per change (telemetry.md section 3),
+    looks silent nor makes others look so) and writes one verdict line per change (README, 'Replay recorded telemetry'),
     stamped with the device's node's time. Bad lines and points are skipped and counted; the
     first few are shown on stderr with their line numbers. Exit code 0 when valid data was
     replayed, 2 when nothing could be used (or, with --strict, when any line was bad).

@@ -1,6 +1,6 @@
 """``otel-dra simulate`` and ``otel-dra score``: generate a labelled messy fleet, score verdicts on it.
 
-Registered on the main group by :func:`register` (one line at the end of ``otel_dra/cli.py``).
+Registered on the main group by :func:`register` (in ``otel_dra/cli/__init__.py``).
 Imports nothing heavy until a command runs. Every user error is one line with exit code 2:
 :class:`ScenarioError` for files that can't be read or written, ``click.UsageError`` for values.
 """

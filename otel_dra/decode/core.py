@@ -6,7 +6,7 @@ Both decoders (:mod:`~otel_dra.decode.otlp_json` for replay lines and JSON bodie
 input; everything that says what the input means lives here, once:
 
 - series identity: which device and column a point of (metric, attribute set) lands in, and the
-  descriptive attributes it carries (:class:`SeriesIndex`, telemetry.md section 1);
+  descriptive attributes it carries (:class:`SeriesIndex`; the attributes are in ``semconv/registry.yaml``);
 - the metric and point checks, in their order and with their exact wording
   (:func:`metric_problem`, :func:`point_problem` and its halves);
 - the per-node time floor (:class:`NodeFloors`) and frame assembly (:class:`TableCache`,
@@ -151,7 +151,7 @@ Target = tuple[int, int, int]
 
 class SeriesIndex:
     """Devices and descriptive attribute sets, interned, and the identity rules that map a point's
-    (metric, attributes) to them (telemetry.md section 1): one place, so both encodings agree."""
+    (metric, attributes) to them (``semconv/registry.yaml``): one place, so both encodings agree."""
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema

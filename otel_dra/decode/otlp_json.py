@@ -1,7 +1,7 @@
 """Replay input: OTLP JSON lines (the Collector ``file`` exporter's format) into Frames.
 
 Each line is one ``ExportMetricsServiceRequest`` in the protobuf JSON mapping
-(telemetry.md section 3). A line becomes one :class:`~otel_dra.frame.Frame` per
+(the Collector's file exporter format). A line becomes one :class:`~otel_dra.frame.Frame` per
 (``k8s.node.name``, ``timeUnixNano``) it holds: devices as rows, the shared
 :class:`~otel_dra.frame.Schema`'s columns as columns.
 

@@ -1,4 +1,4 @@
-"""Score verdict lines (telemetry.md section 3) against a scenario's labels.
+"""Score verdict lines (as ``otel-dra replay`` writes them) against a scenario's labels.
 
 Why its own scorer: a messy fleet asks more than "was each fault flagged". Hard faults must
 reach ``failed``/Unhealthy with a matching reason within their deadline; intermittent faults
@@ -306,7 +306,7 @@ def load_labels(path: Path | str) -> dict[str, Any]:
         check_labels(labels)
     except LabelsError as exc:
         raise LabelsError(f"{path}: {exc}") from None
-    return labels  # type: ignore[no-any-return]
+    return labels
 
 
 def read_verdict_lines(path: Path | str) -> Iterator[Any]:
@@ -345,7 +345,7 @@ def _overlaps(ep: _Episode, lo: float, hi: float) -> bool:
 
 
 def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
-    """Score verdict lines (dicts as telemetry.md section 3 writes them) against ``labels``.
+    """Score verdict lines (dicts, as ``otel-dra replay`` writes them) against ``labels``.
 
     An item that is not a well-formed verdict (``None`` for a line that wasn't JSON, a missing
     key, an unknown health) is counted in ``bad_lines`` and skipped. Raises :class:`LabelsError`

@@ -52,7 +52,6 @@ MANAGED_BY = "otel-dra"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 RULES_FILE = "devicetaintrules.yaml"
 ATTRIBUTES_FILE = "resourceslice-attributes.yaml"
-OUTPUTS: tuple[str, ...] = ("taints", "attributes")
 
 #: Which taint to keep first under the per-device cap, after the effect: lost and broken
 #: hardware before degraded performance, and ``stale`` (the node is silent, not the device) last.
@@ -363,7 +362,7 @@ _REQUIRED = (cv.K8S_NODE_NAME_ATTR, cv.HW_ID, "health")
 
 
 def verdict_from_json(row: Mapping[str, Any], where: str) -> tuple[Verdict, str | None]:
-    """A verdict line (telemetry.md §3, as ``replay`` writes and ``/v1/devices`` serves) and its
+    """A verdict line (as ``replay`` writes and ``/v1/devices`` serves: README, "Replay recorded telemetry") and its
     ``dra.driver.name`` when the line carries one."""
     if not isinstance(row, Mapping):
         raise VerdictInputError(f"{where}: expected a verdict object, got {type(row).__name__}")
