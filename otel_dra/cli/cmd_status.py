@@ -6,10 +6,11 @@ import click
 
 from otel_dra.cli.client import read_devices
 from otel_dra.cli.options import Seconds
+from otel_dra.sinks.config import EndpointConfig
 
 
 @click.command()
-@click.argument("url", default="http://localhost:9464", required=False)
+@click.argument("url", default=f"http://localhost:{EndpointConfig.port}", required=False)
 @click.option("--timeout", type=Seconds(), default=5.0, show_default=True, help="Seconds to wait for the agent.")
 def status(url: str, timeout: float) -> None:
     """Show every device's verdict from a running agent or fleet (URL/v1/devices).

@@ -19,6 +19,10 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 #: The kubelet's plugin watcher directory, and where it expects a DRA driver's plugin socket.
 KUBELET_PLUGIN_REGISTRY = "/var/lib/kubelet/plugins_registry"
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+#: The kubelet's health timeout when it uses none of ours: always on 1.34 (``healthTimeout`` in
+#: pkg/kubelet/cm/dra/healthinfo.go), and from 1.35 for a device whose health_check_timeout_seconds is 0
+#: or unset (``DefaultHealthTimeout``).
+KUBELET_DEFAULT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,11 @@ class OtlpPushConfig:
     endpoint: str | None = None
     protocol: str = "grpc"
     export_interval_s: float | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL, else the sampling interval
-    queue_max_age_s: float = 300.0  # pushes the collector could not take are retried this long (0: not at all)
-    queue_max_points: int = 100_000  # ... and this many data points at most
+    #: How long a collection waits in the queue for the collector before it is dropped (one classifier
+    #: window; 0: no queue, the SDK's one try).
+    queue_max_age_s: float = 300.0
+    #: Data points queued at most (about 21 MB at ~210 bytes each): the bound when many devices push.
+    queue_max_points: int = 100_000
 
     def __post_init__(self) -> None:
         if self.protocol not in OTLP_PROTOCOLS:
@@ -80,12 +87,17 @@ class OtlpPushConfig:
             raise ValueError(f"--otlp-queue-max-points must be at least 1, got {self.queue_max_points}")
 
 
+def default_endpoint(driver_name: str) -> str:
+    """Where the kubelet expects a DRA driver's plugin socket: ``/var/lib/kubelet/plugins/<driver>/dra.sock``."""
+    return os.path.join(KUBELET_PLUGINS_DIR, driver_name, "dra.sock")
+
+
 @dataclass(frozen=True)
 class KubeletConfig:
     """The ``DRAResourceHealth`` stream's socket (off without one) and its registration."""
 
     socket: str | None = None
-    health_timeout_s: float = 30.0  # the kubelet's own default health timeout
+    health_timeout_s: float = KUBELET_DEFAULT_TIMEOUT_S
     register_with: str | None = None  # the DRA driver name to register the socket under
     plugin_registry: str = KUBELET_PLUGIN_REGISTRY
 
@@ -101,7 +113,7 @@ class KubeletConfig:
         if self.socket:
             return self.socket
         if self.register_with:
-            return os.path.join(KUBELET_PLUGINS_DIR, self.register_with, "dra.sock")
+            return default_endpoint(self.register_with)
         return None
 
 

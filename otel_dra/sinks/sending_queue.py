@@ -32,13 +32,12 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from otel_dra import conventions as cv
+from otel_dra.sinks.config import OtlpPushConfig
 
 log = logging.getLogger(__name__)
 
-#: How long a collection waits in the queue for the collector before it is dropped (one classifier window).
-DEFAULT_MAX_AGE_S: Final = 300.0
-#: Data points queued at most (about 21 MB at ~210 bytes each): the bound when many devices push.
-DEFAULT_MAX_POINTS: Final = 100_000
+DEFAULT_MAX_AGE_S: Final = OtlpPushConfig.queue_max_age_s  # the push config owns the defaults
+DEFAULT_MAX_POINTS: Final = OtlpPushConfig.queue_max_points
 #: Backoff between failed attempts (on top of the exporter's own retries): first, then doubling up to the cap.
 BACKOFF_FIRST_S: Final = 1.0
 BACKOFF_MAX_S: Final = 15.0

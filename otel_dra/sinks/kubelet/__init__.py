@@ -5,16 +5,15 @@
 - :class:`RegistrationServer` optionally announces that socket to the kubelet's plugin watcher.
 """
 
+from otel_dra.sinks.config import KUBELET_DEFAULT_TIMEOUT_S, default_endpoint
 from otel_dra.sinks.kubelet._socket import KubeletSocketError
 from otel_dra.sinks.kubelet.registration import (
     DEFAULT_REGISTRY_DIR,
     RegistrationServer,
-    default_endpoint,
     registration_socket,
 )
 from otel_dra.sinks.kubelet.server import (
     HEALTH_SERVICES,
-    KUBELET_DEFAULT_TIMEOUT_S,
     MAX_MESSAGE,
     MAX_RESEND_S,
     UNIDENTIFIED_DEVICES,

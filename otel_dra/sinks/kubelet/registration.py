@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from otel_dra.sinks.config import KUBELET_PLUGIN_REGISTRY
 from otel_dra.sinks.kubelet import _socket
 from otel_dra.sinks.kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from otel_dra.sinks.kubelet.server import HEALTH_SERVICES
@@ -37,16 +38,10 @@ log = logging.getLogger(__name__)
 
 SERVICE = "pluginregistration.Registration"
 DRA_PLUGIN_TYPE = "DRAPlugin"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_REGISTRY_DIR = KUBELET_PLUGIN_REGISTRY
 
 # A DRA driver name: a DNS subdomain of at most 63 characters (the kubelet rejects anything else).
 _DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def default_endpoint(driver_name: str) -> str:
-    """Where the kubelet expects a DRA driver's plugin socket: ``/var/lib/kubelet/plugins/<driver>/dra.sock``."""
-    return os.path.join(DEFAULT_PLUGINS_DIR, driver_name, "dra.sock")
 
 
 def registration_socket(registry_dir: str, driver_name: str) -> str:

@@ -34,6 +34,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.classifier.views import combine
+from otel_dra.sinks.config import KUBELET_DEFAULT_TIMEOUT_S
 from otel_dra.sinks.kubelet import _socket
 from otel_dra.sinks.kubelet.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from otel_dra.state.board import VerdictBoard
@@ -52,10 +53,6 @@ _REQUEST_TYPES = {
 MAX_MESSAGE = 1024
 ELLIPSIS = "..."
 
-#: The kubelet's health timeout when it uses none of ours: always on 1.34 (``healthTimeout`` in
-#: pkg/kubelet/cm/dra/healthinfo.go), and from 1.35 for a device whose health_check_timeout_seconds is 0
-#: or unset (``DefaultHealthTimeout``).
-KUBELET_DEFAULT_TIMEOUT_S = 30.0
 #: The longest quiet gap between two full lists: a third of that 30 s, so a 1.34 kubelet, which
 #: ignores health_check_timeout_seconds, never times a device out, however long the configured timeout.
 MAX_RESEND_S = KUBELET_DEFAULT_TIMEOUT_S / 3.0
@@ -146,7 +143,7 @@ class KubeletHealthServer:
         self,
         socket_path: str,
         board: VerdictBoard,
-        health_check_timeout_s: float = 30.0,
+        health_check_timeout_s: float = KUBELET_DEFAULT_TIMEOUT_S,
         meter: Meter | None = None,
         *,
         max_workers: int = 32,
