@@ -100,9 +100,9 @@ def upstream(factory: Callable[..., Any]) -> MetricSpec:
     """The spec of an upstream metric, read from its semconv factory function."""
     recorder = _SpecRecorder()
     try:
-        return factory(recorder)  # type: ignore[no-any-return]
+        return factory(recorder)
     except TypeError:  # asynchronous factories take a callbacks argument
-        return factory(recorder, None)  # type: ignore[no-any-return]
+        return factory(recorder, None)
 
 
 def _extension(name: str, unit: str, instrument: str, description: str) -> MetricSpec:

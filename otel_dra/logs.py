@@ -11,7 +11,7 @@ import time
 class OneLineFormatter(logging.Formatter):
     """ISO-8601 UTC timestamps, ``key=value`` framing, exceptions folded into the line."""
 
-    converter = time.gmtime
+    converter = staticmethod(time.gmtime)
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s", "%Y-%m-%dT%H:%M:%SZ")

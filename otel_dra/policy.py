@@ -366,7 +366,7 @@ def parse(text: str, source: str) -> dict[str, Any]:
         raise PolicyError(f"{source}:{pos}not valid YAML: {problem}") from None
     if node is None:
         return {}
-    return SCHEMA(node, "", _where(source))  # type: ignore[no-any-return]
+    return SCHEMA(node, "", _where(source))
 
 
 # Maps whose keys are data (not schema): a user's table replaces the default's whole.

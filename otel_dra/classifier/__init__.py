@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import numpy as np
 
@@ -43,6 +44,14 @@ __all__ = ["Classifier", "Verdict"]
 
 #: Identity attributes that are not descriptive (they key the device or are per-series).
 _DESCRIPTIVE_SKIP = frozenset({cv.HW_ID, cv.HW_PARENT})
+
+
+class _RowState(Protocol):
+    """Per-row state that follows the registry: grown with its capacity, cleared with its rows."""
+
+    def resize(self, capacity: int) -> None: ...
+
+    def clear(self, rows: np.ndarray) -> None: ...
 
 
 def window_samples(window_s: float, interval_s: float) -> int:
@@ -91,7 +100,8 @@ class Classifier:
         self.unhealthy = np.zeros(4, dtype=bool)  # by state code: which states are Unhealthy
         self.unhealthy[[STATE_CODE[s] for s in policy.unhealthy_states]] = True
         self._ladders: np.ndarray | None = None
-        for part in (self.store, self.horizon, self.extractor, self.groups, self.engine, *self.events.values()):
+        parts: list[_RowState] = [self.store, self.horizon, self.extractor, self.groups, self.engine]
+        for part in parts + list(self.events.values()):
             self.registry.on_resize(part.resize)
             self.registry.on_release(part.clear)
         self.last_now_ns = 0

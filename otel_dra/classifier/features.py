@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
+import numpy.typing as npt
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.registry import grown
@@ -237,10 +238,10 @@ def _reduce(values: np.ndarray, cols: np.ndarray, op: np.ufunc) -> np.ndarray:
     """``op`` (fmax/fmin) across ``cols`` per row, ignoring NaN; NaN where all are NaN."""
     if cols.size == 0:
         return np.full(values.shape[0], np.nan)
-    return op.reduce(values[:, cols], axis=1)  # type: ignore[no-any-return]
+    return op.reduce(values[:, cols], axis=1)
 
 
-def _indicator(condition: np.ndarray, known: np.ndarray) -> np.ndarray:
+def _indicator(condition: npt.NDArray[np.bool_] | np.bool_, known: np.ndarray) -> np.ndarray:
     """1.0 / 0.0 where the inputs were known, NaN where they were not (absent from the window)."""
     return np.where(known, condition.astype(np.float64), np.nan)
 

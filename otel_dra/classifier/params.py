@@ -130,7 +130,7 @@ class PolicyGroups:
     def device_params(self, rows: np.ndarray) -> DeviceParams:
         """What the sample stage needs for these rows."""
         base = self.policy.rules["link"]["replays_per_lane_per_minute"]
-        tables = []
+        tables: list[dict[str, str]] = []
         for rules in self.rules:
             table = rules["driver_errors"]["code_tables"]
             vendor = self.vendors[len(tables)]

@@ -20,6 +20,7 @@ a :class:`Dialect` carries both, so the checks are written once and every messag
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 from collections.abc import Callable
@@ -94,7 +95,7 @@ class Dialect:
     int: str
     grouped: bool  # counts with thousands separators
 
-    def count(self, n: int) -> str:
+    def count(self, n: builtins.int) -> str:  # `int` in this class body is the field
         return f"{n:,}" if self.grouped else str(n)
 
 

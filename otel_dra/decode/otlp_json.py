@@ -442,7 +442,7 @@ class OtlpJsonDecoder(DecoderCore):
             log.metric(f"a metric of node {name(node)} is not an object; skipped")
             return
         metric_name = metric.get("name")
-        body = None
+        body: Any = None  # any JSON value
         kind: str | None = None
         for kind in _KINDS:
             body = metric.get(kind)
@@ -465,6 +465,7 @@ class OtlpJsonDecoder(DecoderCore):
         if problem is not None:
             line.skipped += n
             if problem is UNKNOWN:
+                assert type(metric_name) is str  # UNKNOWN is a named metric's problem
                 line.unknown[metric_name] = line.unknown.get(metric_name, 0) + n
             else:
                 log.metric(problem)

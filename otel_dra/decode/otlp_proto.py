@@ -525,6 +525,7 @@ class OtlpProtoDecoder(DecoderCore):
                 first, ordinal = ordinal, ordinal + n
                 if node is None or n == 0:
                     continue
+                assert body is not None  # it has points
                 name = metric.name
                 delta = kind == "sum" and body.aggregation_temporality == _DELTA
                 problem = metric_problem(PROTO_DIALECT, name or None, kind, n, node, delta=delta)
@@ -756,11 +757,11 @@ class OtlpProtoDecoder(DecoderCore):
         dev = np.asarray([c.dev for c in cands], np.int32)
         col = np.asarray([c.col for c in cands], np.int32)
         descr = np.asarray([c.descr for c in cands], np.int32)
-        time_hole = np.asarray([w[0] for w in wheres], np.int32)
-        value_hole = np.asarray([w[1] for w in wheres], np.int32)
+        time_holes = np.asarray([w[0] for w in wheres], np.int32)
+        value_holes = np.asarray([w[1] for w in wheres], np.int32)
         kinds = np.asarray([w[2] for w in wheres], np.int8)
         counter = np.asarray([c.counter for c in cands], bool)
-        simple = bool(len(cands)) and bool((time_hole >= 0).all() and (kinds == _DOUBLE).all())
+        simple = bool(len(cands)) and bool((time_holes >= 0).all() and (kinds == _DOUBLE).all())
         layout = self._layout(scan.node, dev, col, descr) if scan.node is not None and len(cands) else None
         names = tuple(dict.fromkeys(c.metric for c in cands))
         name_id = {name: i for i, name in enumerate(names)}
@@ -777,8 +778,8 @@ class OtlpProtoDecoder(DecoderCore):
             descr=descr,
             counter=counter,
             any_counter=bool(counter.any()),
-            time_hole=time_hole,
-            value_hole=value_hole,
+            time_hole=time_holes,
+            value_hole=value_holes,
             kind=kinds,
             simple=simple,
             layout=layout,

@@ -142,7 +142,7 @@ class CertificateReloader:
         """Credentials that ask for the current certificate at each new connection."""
         return grpc.dynamic_ssl_server_credentials(
             self._settings.grpc_certificate_configuration(),
-            self._grpc_fetch,
+            self._grpc_fetch,  # type: ignore[arg-type]  # why: grpc-stubs omit the None ("unchanged") grpc documents
             require_client_authentication=self.mutual,
         )
 

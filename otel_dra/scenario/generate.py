@@ -255,8 +255,9 @@ class _Sim:
             self.version[e.node] += 1
         elif e.op == "restart":  # every counter from zero, XID series gone until their next error
             rows = nodes[e.node].rows
-            V[np.ix_(rows, _COUNTERS)] = 0.0
-            self.on[np.ix_(rows, _DRIVERS)] = False
+            row_idx = np.asarray(rows, dtype=np.intp)
+            V[np.ix_(row_idx, _COUNTERS)] = 0.0
+            self.on[np.ix_(row_idx, _DRIVERS)] = False
             self.node_start[e.node] = self.plan.restart[2]
             self.start_override = {k: v for k, v in self.start_override.items() if k[0] not in rows}
             self.version[e.node] += 1
@@ -375,7 +376,7 @@ class _Writer:
 
     def __init__(self, path: Path) -> None:
         self._raw: IO[bytes] = path.open("wb")
-        self._out: IO[bytes] = self._raw
+        self._out: IO[bytes] | gzip.GzipFile = self._raw
         if path.name.endswith(".gz"):
             self._out = gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=self._raw, mtime=0)
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=4)

@@ -12,6 +12,7 @@ true time plus its skew; every time in the labels is in that node clock.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -256,7 +257,7 @@ class _Planner:
                 counts[best] -= 1
             by_name = {m.model: m for m in MODELS}
             models = [by_name[m] for m, k in counts.items() for _ in range(k)]
-            rng.shuffle(models)  # type: ignore[arg-type]
+            rng.shuffle(models)
             intervals = list(INTERVALS)[: min(n, len(INTERVALS))]
             intervals += [int(rng.choice(INTERVALS)) for _ in range(n - len(intervals))]
             rng.shuffle(intervals)
@@ -358,16 +359,19 @@ class _Planner:
                     return r
             raise ValueError(f"the fleet has no free GPU for {what}: raise --nodes or --devices-per-node")
 
+        def vendor_fits(nvidia_only: bool, d: Device) -> bool:
+            return not nvidia_only or (d.model is not None and d.model.vendor == "NVIDIA")
+
         r60 = take(lambda d: d.node == missed60.index, "the missed sample on a 60 s node")
         self.missed_sample(r60, "one_missed_sample")
         kinds = sorted(FAULT_KINDS, key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only))
         for _ in range(copies):
             for kind in kinds:
-                row = take(lambda d, k=kind: self.fits(k, d), f"a {kind.name} fault")
+                row = take(functools.partial(self.fits, kind), f"a {kind.name} fault")
                 self.fault(kind, row)
             for trap in DEVICE_TRAPS:
                 nvidia = trap == "single_app_error"
-                row = take(lambda d, nv=nvidia: not nv or (d.model is not None and d.model.vendor == "NVIDIA"), trap)
+                row = take(functools.partial(vendor_fits, nvidia), trap)
                 self.device_trap(trap, row)
         self.hot_history(hot_row)
 

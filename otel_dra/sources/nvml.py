@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -378,7 +379,7 @@ class NvmlSource:
         viol = nv.nvmlDeviceGetViolationStatus
         put("throttle.thermal", self._violation(i, "v.thermal", lambda: viol(h, nv.NVML_PERF_POLICY_THERMAL)), 1e-9)
         put("throttle.power", self._violation(i, "v.power", lambda: viol(h, nv.NVML_PERF_POLICY_POWER)), 1e-9)
-        other = [self._violation(i, f"v.{p}", lambda p=p: viol(h, p)) for p in self._other_policies]
+        other = [self._violation(i, f"v.{p}", functools.partial(viol, h, p)) for p in self._other_policies]
         known = [v for v in other if v is not None]
         put("throttle.other", sum(known) if known else None, 1e-9)
         for fan, speed in self._fan_speeds(i, h):
@@ -404,7 +405,7 @@ class NvmlSource:
             nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
             nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
         ):
-            pages = self._call(i, f"retired.{cause}", lambda c=cause: nv.nvmlDeviceGetRetiredPages(h, c))
+            pages = self._call(i, f"retired.{cause}", functools.partial(nv.nvmlDeviceGetRetiredPages, h, cause))
             if pages is not None:
                 total = (total or 0.0) + len(pages)
         rows = self._call(i, "remapped", lambda: nv.nvmlDeviceGetRemappedRows(h))
@@ -421,7 +422,7 @@ class NvmlSource:
             self._fans[i] = list(range(int(count or 0)))
         out = []
         for fan in self._fans[i] or ():
-            speed = self._call(i, f"fan.{fan}", lambda f=fan: nv.nvmlDeviceGetFanSpeed_v2(h, f))
+            speed = self._call(i, f"fan.{fan}", functools.partial(nv.nvmlDeviceGetFanSpeed_v2, h, fan))
             if speed is not None:
                 out.append((fan, float(speed)))
         return out

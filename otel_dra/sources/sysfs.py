@@ -320,9 +320,9 @@ class SysfsSource:
                 attrs[cv.HW_LINK_TYPE] = link_type
             self._put(r, count, cv.HW_ERRORS.name, attrs)
         for fname, attr in (("vbios_version", cv.HW_FIRMWARE_VERSION), ("serial_number", cv.HW_SERIAL_NUMBER)):
-            text = _read(dev / fname)
-            if text:
-                r.attrs[attr] = text
+            found = _read(dev / fname)
+            if found:
+                r.attrs[attr] = found
 
     def _read_nic(self, iface: Path, r: _Reading) -> None:
         """A NIC's error counters, plus its PCI function's AER and link state when it has one."""

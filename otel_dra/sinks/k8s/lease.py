@@ -101,13 +101,13 @@ class LeaseConfig:
                 f"{flag}renew-deadline ({self.renew_deadline_s:g}s) must be greater than 1.2 x {flag}retry-period "
                 f"({self.retry_period_s:g}s), so a leader gets more than one try to renew"
             )
-        for label, value, problem in (
+        for label, text, problem in (
             ("resource-name", self.name, val.dns1123_subdomain_problem),
             ("resource-namespace", self.namespace, val.dns1123_label_problem),
         ):
-            found = problem(value) if value or label == "resource-name" else None
+            found = problem(text) if text or label == "resource-name" else None
             if found:
-                raise ValueError(f"{flag}{label} {value!r}: {found}")
+                raise ValueError(f"{flag}{label} {text!r}: {found}")
 
     def resolved(self) -> LeaseConfig:
         """This config with the namespace and identity defaults filled in."""
