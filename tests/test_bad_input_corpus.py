@@ -530,7 +530,7 @@ def live() -> Iterator[Live]:
     try:
         yield Live(rec, schema, got)
     finally:
-        rec.stop()
+        rec.shutdown()
 
 
 def renode(doc: dict, node: str) -> dict:

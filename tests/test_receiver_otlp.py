@@ -441,7 +441,7 @@ def test_endpoints_and_ports():
         with pytest.raises(OSError, match="cannot listen for OTLP/HTTP"):
             busy.start()
     finally:
-        receiver.stop()
+        receiver.shutdown()
     assert receiver.http_port is None
     for bad in ("4317", "host:", "host:99999"):
         with pytest.raises(ValueError, match="not host:port"):
