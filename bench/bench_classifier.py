@@ -145,7 +145,7 @@ def _time_sim(fleet: Fleet, n: int) -> list[float]:
 
 def bench_twin(devices: int, timed_ticks: int = 2) -> dict[str, float]:
     """The evaluation tick, vectorised vs naive twin, on the same fleet and the same frames."""
-    from tests.naive_twin import NaiveClassifier
+    from tests.support.naive_twin import NaiveClassifier
 
     schema = Schema()
     source = SimulatedSource(SimulatorConfig("fleet", devices=devices, seed=2), schema)

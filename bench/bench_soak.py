@@ -65,7 +65,7 @@ START, END = "<!-- bench_soak:start -->", "<!-- bench_soak:end -->"
 INTERVAL_S = 10.0
 PER_NODE = 8
 RSS_GROWTH_LIMIT = 0.05
-SHORT_DEVICES = 1_000  # the short form, which CI runs (tests/test_soak.py)
+SHORT_DEVICES = 1_000  # the short form, which CI runs (tests/e2e/test_soak.py)
 #: A node name of fixed length: renaming a node (churn) must not move any byte of its request.
 PLACEHOLDER = "node-000000-g000"
 #: (No ``^`` with re.M: a pattern that starts with a literal is found by a fast scan, 3x faster on 250 MB.)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from otel_dra.sources.nvml import NvmlSource  # noqa: E402
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig  # noqa: E402
 from otel_dra.sources.sysfs import SysfsSource  # noqa: E402
-from tests.fake_nvml import FakeGpu, FakeNvml  # noqa: E402
+from tests.support.fake_nvml import FakeGpu, FakeNvml  # noqa: E402
 
 BENCHMARKS_MD = _report.BENCHMARKS_MD
 START, END = "<!-- bench_sources:start -->", "<!-- bench_sources:end -->"

@@ -15,9 +15,9 @@ from otel_dra.faults import Fault
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import REASONS
-from tests.helpers import collect
+from tests.support.helpers import collect
 
-REGISTRY = Path(__file__).resolve().parents[1] / "semconv" / "registry.yaml"
+REGISTRY = Path(__file__).resolve().parents[2] / "semconv" / "registry.yaml"
 
 
 @pytest.fixture(scope="module")

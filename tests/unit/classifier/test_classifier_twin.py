@@ -28,7 +28,7 @@ from otel_dra.classifier import Classifier
 from otel_dra.frame import DeviceTable, Frame, Schema
 from otel_dra.sources.simulated import driver_error_column, gpu_columns
 from otel_dra.vocabulary import HW_STATES
-from tests.naive_twin import NaiveClassifier
+from tests.support.naive_twin import NaiveClassifier
 
 INTERVAL_S = 10
 T0_S = 1_764_000_000

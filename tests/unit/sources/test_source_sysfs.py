@@ -18,7 +18,7 @@ from otel_dra.config import AgentConfig
 from otel_dra.frame import Column, Frame, attrs_of
 from otel_dra.sources.sysfs import SysfsSource, dns_label, link_generation
 
-DATA = Path(__file__).parent / "data" / "sysfs-amd"
+DATA = Path(__file__).resolve().parents[2] / "data" / "sysfs-amd"
 BDF = "0000:03:00.0"
 S = 10**9
 T0 = 1_764_000_000 * S

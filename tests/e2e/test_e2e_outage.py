@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, http_get, parse_rotel_debug, spawn_rotel, stop_rotel, wait_for
-from tests.test_kubelet_stream import Watch, health_of, pb
+from tests.unit.sinks.test_kubelet_stream import Watch, health_of, pb
 
 pytestmark = pytest.mark.e2e
 

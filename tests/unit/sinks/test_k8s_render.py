@@ -34,8 +34,8 @@ from otel_dra.sinks.k8s.sink import K8sOutputSink
 from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import REASONS
 from tests.conftest import free_port, http_get, wait_for
-from tests.fake_apiserver import FakeApiServer, kubeconfig, write_kubeconfig
-from tests.otlp_trace import read_verdicts, write_trace
+from tests.support.fake_apiserver import FakeApiServer, kubeconfig, write_kubeconfig
+from tests.support.otlp_trace import read_verdicts, write_trace
 
 DRIVER = "gpu.nvidia.com"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from otel_dra.faults import Fault
-from tests.otlp_trace import T0, S, read_verdicts, write_trace
+from tests.support.otlp_trace import T0, S, read_verdicts, write_trace
 
 CONTRACT_KEYS = {"time_unix_nano", "k8s.node.name", "hw.id", "health", "hw.state", "reasons", "remediation", "message"}
 NON_OK = {"degraded", "predicted_failure", "failed"}

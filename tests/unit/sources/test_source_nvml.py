@@ -20,7 +20,7 @@ from otel_dra.frame import Frame, Schema
 from otel_dra.sources import SourceUnavailable
 from otel_dra.sources import nvml as nvml_mod
 from otel_dra.sources.nvml import DRA_DRIVER, NvmlSource, nvml_available, nvml_gpus
-from tests.fake_nvml import (
+from tests.support.fake_nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_UNKNOWN,

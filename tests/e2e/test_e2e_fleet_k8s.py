@@ -23,8 +23,8 @@ from otel_dra.faults import Fault
 from otel_dra.frame import Schema
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from tests.conftest import REPO, FleetProcess, http_get, spawn_fleet, wait_for
-from tests.fake_apiserver import FakeApiServer, write_kubeconfig
-from tests.otlp_trace import request
+from tests.support.fake_apiserver import FakeApiServer, write_kubeconfig
+from tests.support.otlp_trace import request
 
 pytestmark = pytest.mark.e2e
 LEASE = {"duration": 3.0, "renew": 2.0, "retry": 0.5}

@@ -34,7 +34,7 @@ from otel_dra.policy import load as load_policy
 from otel_dra.sinks.config import EndpointConfig
 from tests.conftest import free_port, http_get, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 MANIFEST_DIR = DEPLOY / "kubernetes"
 FLEET_DIR = MANIFEST_DIR / "fleet"  # the cluster-level writer, applied on its own
@@ -1019,7 +1019,7 @@ def test_dockerignore_keeps_what_pip_install_needs(path):
     [
         ".venv/bin/python",
         ".git/HEAD",
-        "tests/test_deploy.py",
+        "tests/project/test_deploy.py",
         ".pytest_cache/README.md",
         ".hypothesis/examples",
         ".ruff_cache/CACHEDIR.TAG",

@@ -6,7 +6,7 @@ tick, nothing rejected, the registry bounded (issue #7)."""
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.bench_soak import RSS_GROWTH_LIMIT, SHORT_DEVICES, soak
 

@@ -47,7 +47,7 @@ from otel_dra.sinks.kubelet.api import (
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state.board import VerdictBoard
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 S = 10**9
 REPORTED_S = 1_800_000_000
 API = {

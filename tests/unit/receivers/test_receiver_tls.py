@@ -27,7 +27,7 @@ from otel_dra.receivers import OtlpReceiver
 from otel_dra.receivers.tls import RELOAD_CHECK_S, TlsConfigError, TlsSettings
 from otel_dra.sinks import provider
 from tests.conftest import REPO, Inbox, http_get, spawn_fleet, wait_for
-from tests.test_receiver_otlp import T0, Agent
+from tests.unit.receivers.test_receiver_otlp import T0, Agent
 
 S = 10**9
 

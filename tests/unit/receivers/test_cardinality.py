@@ -3,7 +3,7 @@ instrument allows, and every one of them arrives, none folded into the overflow 
 
 from otel_dra.agent import series_limit
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
-from tests.helpers import collect
+from tests.support.helpers import collect
 
 DEVICES = 1000
 

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
-TREE = Path(__file__).resolve().parent / "data" / "sysfs-amd"
+TREE = Path(__file__).resolve().parents[1] / "data" / "sysfs-amd"
 
 
 def test_sysfs_tree_is_served_with_its_limits(start_agent):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "otel_dra"
+PACKAGE = Path(__file__).resolve().parents[2] / "otel_dra"
 LAYERS: list[set[str]] = [
     {"__init__", "vocabulary", "conventions", "frame", "faults", "logs", "component"},  # foundations
     {"policy", "policies"},  # the policy: data (the default YAML), validated
@@ -108,4 +108,4 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         ):
             test_no_import_cycle_between_packages()
     finally:
-        globals()["PACKAGE"] = Path(__file__).resolve().parents[1] / "otel_dra"
+        globals()["PACKAGE"] = Path(__file__).resolve().parents[2] / "otel_dra"

@@ -1,0 +1,1 @@
+"""Test support: stand-ins, twins and fixtures shared by the tests (no tests here)."""
