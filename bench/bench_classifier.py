@@ -9,7 +9,7 @@ Benchmarks, not timed tests: each figure is set beside a baseline measured in th
    sampling (30 samples per device) is ingested; then one tick (ingest one sample per device,
    evaluate every device) is timed, median over several ticks, and the evaluation alone.
 2. **Naive twin**: the plain-Python, per-device, per-sample twin from the tests
-   (``tests/naive_twin.py``) judges the same data. It is too slow for the whole fleet, so both
+   (``tests/support/naive_twin.py``) judges the same data. It is too slow for the whole fleet, so both
    run on the same subset of devices and the per-device cost is compared; the twin's time
    for the whole fleet is extrapolated linearly (it is per device by construction).
 3. **Memory**: RSS of the process before and after building the fleet's state.
@@ -244,7 +244,7 @@ def markdown(tick: dict[str, float], twin: dict[str, float], quick: bool) -> str
         "devices, as the fleet receiver batches requests); the window is full before timing starts. The "
         "evaluation runs every rule for every device and the verdict engine (hysteresis, escalation, change "
         "detection); the window store's running sums make it O(devices), not O(devices x samples).",
-        "- The twin (`tests/naive_twin.py`) is the plain-Python, per-device, per-sample implementation of the "
+        "- The twin (`tests/support/naive_twin.py`) is the plain-Python, per-device, per-sample implementation of the "
         "same policy that the property tests check the classifier against. Both were fed the same per-node "
         "frames every tick; the evaluation ticks compared are those with full windows. The twin is too slow "
         "to judge 100,000 devices in a benchmark run, so its per-device cost is extrapolated (it loops over "

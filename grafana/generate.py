@@ -6,7 +6,7 @@
 Every panel and query uses the ``datasource`` variable (a Prometheus datasource, chosen in the
 dashboard), so the same JSON works imported by hand (``__inputs``) and provisioned from files.
 The fleet panels read the recording rules of prometheus/rules.yaml (``otel_dra:*``); that
-Prometheus must load them. tests/test_grafana_rules.py runs every query here against a real
+Prometheus must load them. tests/project/test_grafana_rules.py runs every query here against a real
 Prometheus scraping simulated agents and fails on any that returns nothing.
 """
 

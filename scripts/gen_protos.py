@@ -1,7 +1,7 @@
 """Regenerate the kubelet gRPC stubs (``otel_dra/sinks/kubelet/api/*_pb2*.py``) from the ``.proto`` files beside them.
 
 The one command that writes them: ``.venv/bin/python scripts/gen_protos.py``. ``--out DIR`` writes the
-tree under DIR instead (``tests/test_kubelet_stream.py`` does that and compares, so the committed stubs
+tree under DIR instead (``tests/unit/sinks/test_kubelet_stream.py`` does that and compares, so the committed stubs
 can't drift from the protos); ``--check`` does the comparison itself and exits 1 on any difference.
 
 The repository root is the proto path, so each file's descriptor name is its repository path

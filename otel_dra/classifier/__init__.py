@@ -345,7 +345,9 @@ class Classifier:
         node_age_s: float,
         evidence_now: np.ndarray,
     ) -> Verdict:
-        node, hw_id = self.registry.keys[row]  # type: ignore[misc]
+        key = self.registry.keys[row]
+        assert key is not None, "a verdict is built only for a registered row"
+        node, hw_id = key
         attrs = self.registry.attrs[row]
         reasons = reasons_of(bits)
         message = self._message(w, i, row, reasons, now_ns / 1e9, age_s, node_age_s, evidence_now)

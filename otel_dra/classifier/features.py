@@ -218,7 +218,7 @@ def build_plan(columns: tuple[Column, ...]) -> _Plan:
         driver_cols=driver_cols,
         retired_cols=ix(retired),
         temp=temp,
-        fans=[tuple(v) for v in fans.values()],  # type: ignore[misc]
+        fans=[(speed, ratio, low) for speed, ratio, low in fans.values()],
         volts=volts,
         power=ix(simple.get("power", [])),
         power_limit=ix(simple.get("power_limit", [])),

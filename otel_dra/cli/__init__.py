@@ -50,8 +50,23 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
 
 
+def give_every_option_an_environment_variable(command: click.Command) -> None:
+    """``OTEL_DRA_<LONG_FLAG>`` for every option of a long-running command that has none yet (the
+    container way to configure it), shown in ``--help``: ``--interval`` reads ``OTEL_DRA_INTERVAL``."""
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.envvar or param.name in ("help", "version"):
+            continue
+        flag = max((o for o in param.opts if o.startswith("--")), key=len, default=None)
+        if flag is None:
+            continue
+        param.envvar = "OTEL_DRA_" + flag.removeprefix("--").replace("-", "_").upper()
+        param.show_envvar = "[env:" not in (param.help or "")
+
+
 for command in (run, fleet, replay, policy, status, k8s_group):
     cli.add_command(command)
+for service in (run, fleet):
+    give_every_option_an_environment_variable(service)
 register_scenario(cli)  # simulate, score (otel_dra/cli/scenario.py)
 
 __all__ = ["USAGE_ERROR", "cli", "main"]

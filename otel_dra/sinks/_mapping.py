@@ -49,7 +49,7 @@ def prometheus_label(key: str) -> str:
 
     Restated from the exporter's private ``_mapping.sanitize_attribute`` so that a sink rendering its
     own text (:mod:`otel_dra.sinks.verdict_text`) does not import a private API that can change in
-    any 0.x release; tests/test_mapping.py holds it to what the exporter's public reader writes.
+    any 0.x release; tests/unit/sinks/test_mapping.py holds it to what the exporter's public reader writes.
     """
     if key and key[0].isdigit():
         key = "_" + key[1:]

@@ -240,10 +240,11 @@ class NvmlSource:
 
     def _device_table(self) -> tuple[DeviceTable, list[int]]:
         """The table of identified GPUs and their NVML indices (rebuilt only when one is identified)."""
-        known = [i for i in range(self._count) if self._identity[i] is not None]
+        identified = [(i, ident) for i, ident in enumerate(self._identity) if ident is not None]
+        known = [i for i, _ in identified]
         if self._table is None:
-            ids = tuple(self._identity[i][cv.HW_ID] for i in known)  # type: ignore[index]
-            attrs = tuple({k: v for k, v in self._identity[i].items() if k != cv.HW_ID} for i in known)  # type: ignore[union-attr]
+            ids = tuple(ident[cv.HW_ID] for _, ident in identified)
+            attrs = tuple({k: v for k, v in ident.items() if k != cv.HW_ID} for _, ident in identified)
             self._table = DeviceTable(node=self.node_name, ids=ids, attrs=attrs)
         return self._table, known
 
@@ -269,7 +270,9 @@ class NvmlSource:
             if handle is None:
                 continue
             self._by_handle[self._handle_key(handle)] = i
-            self._by_uuid[self._identity[i][cv.HW_ID]] = i  # type: ignore[index]
+            ident = self._identity[i]
+            if ident is not None:  # a GPU with a handle was identified when it was opened
+                self._by_uuid[ident[cv.HW_ID]] = i
             try:
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, self._event_set)
                 registered += 1
@@ -310,7 +313,8 @@ class NvmlSource:
         if row is None:
             log.warning("nvml: XID %s from an unknown GPU, not counted", code)
             return
-        log.warning("nvml: GPU %d (%s): XID %s", row, self._identity[row][cv.HW_ID], code)  # type: ignore[index]
+        ident = self._identity[row]
+        log.warning("nvml: GPU %d (%s): XID %s", row, ident[cv.HW_ID] if ident else "unidentified", code)
         with self._xid_lock:
             self._xids.setdefault(code, np.zeros(self._count))[row] += 1.0
 

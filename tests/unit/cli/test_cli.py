@@ -66,3 +66,31 @@ def test_port_in_use_is_a_clear_error():
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert f"127.0.0.1:{port}" in result.stderr and "--prometheus-port" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "fleet"])
+def test_every_option_of_a_service_has_an_environment_variable(command):
+    """Containers are configured through the environment: every flag of the long-running commands
+    reads OTEL_DRA_<FLAG> (or the variable its help names), and --help says which."""
+    import click
+
+    from otel_dra.cli import cli
+
+    options = [p for p in cli.commands[command].params if isinstance(p, click.Option) and p.name != "help"]
+    assert options and all(p.envvar for p in options), [p.name for p in options if not p.envvar]
+    assert "OTEL_DRA_INTERVAL" in " ".join(otel_dra("run", "--help").stdout.split())
+
+
+def test_an_environment_variable_is_read_and_named_in_its_error():
+    import os
+
+    env = {**os.environ, "OTEL_DRA_DEVICES": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_dra", "run", "--source", "simulated"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert "env var: 'OTEL_DRA_DEVICES'" in result.stderr and "--devices" in result.stderr

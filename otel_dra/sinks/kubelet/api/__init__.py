@@ -5,5 +5,5 @@
 - ``pluginregistration_v1``: the kubelet plugin-registration ``Registration`` service.
 
 The ``.proto`` files beside them are the source; ``.venv/bin/python scripts/gen_protos.py`` regenerates
-the stubs and ``tests/test_kubelet_stream.py`` fails when they drift.
+the stubs and ``tests/unit/sinks/test_kubelet_stream.py`` fails when they drift.
 """
