@@ -85,8 +85,8 @@ class ClusterWriterConfig:
     output_dir: str | None = None  # also write the rendered files here
     leader_elect: bool = True
     lease: LeaseConfig = field(default_factory=LeaseConfig)
-    resync_s: float = 60.0  # reapply this often even without a change (a rule deleted by hand returns)
-    retry_s: float = 10.0
+    resync_s: float = K8sOutputConfig.resync_s
+    retry_s: float = K8sOutputConfig.retry_s
 
     def __post_init__(self) -> None:
         if self.api_version != AUTO_API_VERSION and self.api_version not in API_VERSIONS:

@@ -19,6 +19,7 @@ from typing import IO
 import numpy as np
 
 from otel_dra.classifier import Classifier, Verdict
+from otel_dra.config import FleetConfig
 from otel_dra.decode.otlp_json import DecodeError, OtlpJsonDecoder, read_lines
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
@@ -112,7 +113,7 @@ def replay(
     policy: Policy,
     out: IO[str],
     progress: Callable[[int], None] | None = None,
-    evaluate_every_s: float = 5.0,
+    evaluate_every_s: float = FleetConfig.evaluate_every_s,
 ) -> ReplayResult:
     """Stream ``paths`` through the classifier, evaluating every ``evaluate_every_s`` of the
     recording's clock (:class:`TraceClock`); write changed verdicts to ``out``.

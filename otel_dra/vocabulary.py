@@ -47,3 +47,5 @@ SENSOR_TYPES: frozenset[str] = frozenset({"temperature", "fan", "voltage"})
 
 #: How several nodes' views of one shared (network-attached) device combine into its verdict.
 COMBINE_MODES: tuple[str, ...] = ("any", "majority", "all")
+#: The default policy's choice (``shared_devices.combine``), and what a sink given none assumes.
+DEFAULT_COMBINE = COMBINE_MODES[0]

@@ -126,6 +126,8 @@ class K8sOutputConfig:
     driver: str | None = None
     apply: bool = False
     attributes: bool = False  # experimental: also write ResourceSlice health attributes
+    resync_s: float = 60.0  # reapply this often even without a change (a rule deleted by hand returns)
+    retry_s: float = 10.0  # after a failed apply
 
     def __post_init__(self) -> None:
         if self.api_version not in API_VERSIONS and self.api_version != AUTO_API_VERSION:

@@ -18,7 +18,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_dra import conventions as cv
 from otel_dra.state.board import VerdictBoard
-from otel_dra.vocabulary import HW_STATES
+from otel_dra.vocabulary import DEFAULT_COMBINE, HW_STATES
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,9 @@ class VerdictMetrics:
     """``hw.status`` and ``dra.device.health`` instruments reading a :class:`VerdictBoard`, and
     ``dra.device.view.disagreement`` for devices seen from several nodes."""
 
-    def __init__(self, board: VerdictBoard, meter: Meter, combine_mode: str = "any", states: bool = True) -> None:
+    def __init__(
+        self, board: VerdictBoard, meter: Meter, combine_mode: str = DEFAULT_COMBINE, states: bool = True
+    ) -> None:
         """``states=False`` leaves ``hw.status`` and ``dra.device.health`` to another renderer
         (the fleet's :mod:`otel_dra.sinks.verdict_text`) and keeps only the disagreement gauge."""
         self._board = board

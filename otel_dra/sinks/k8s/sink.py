@@ -22,6 +22,7 @@ from typing import Any
 
 from otel_dra import conventions as cv
 from otel_dra.policy import Policy
+from otel_dra.sinks.config import K8sOutputConfig
 from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.apply import K8sApplyError, apply, connect, discover
 from otel_dra.sinks.k8s.render import (
@@ -54,8 +55,8 @@ class K8sOutputSink:
         *,
         apply_rules: bool = False,
         poll_s: float = 0.5,
-        resync_s: float = 60.0,
-        retry_s: float = 10.0,
+        resync_s: float = K8sOutputConfig.resync_s,
+        retry_s: float = K8sOutputConfig.retry_s,
         warmup_s: float = 0.0,
         api_client: Any = None,
         leader: Callable[[], bool] | None = None,

@@ -13,7 +13,7 @@ Threads: grpc's sync server runs each stream on a worker thread for the stream's
 (``max_workers``, default 32) bounds the concurrent streams; a stream beyond it is refused at once with
 RESOURCE_EXHAUSTED (the kubelet retries every 5 s) instead of queueing forever. The kubelet holds one
 stream per registered plugin, so a handful is the norm. One follower thread waits on the
-:class:`~otel_dra.sinks.verdicts.VerdictBoard` and wakes the streams; a stream whose client goes away is
+:class:`~otel_dra.state.board.VerdictBoard` and wakes the streams; a stream whose client goes away is
 woken by grpc's termination callback and frees its worker at once, and :meth:`KubeletHealthServer.stop`
 ends every stream immediately.
 """
@@ -38,6 +38,7 @@ from otel_dra.sinks.config import KUBELET_DEFAULT_TIMEOUT_S
 from otel_dra.sinks.kubelet import _socket
 from otel_dra.sinks.kubelet.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from otel_dra.state.board import VerdictBoard
+from otel_dra.vocabulary import DEFAULT_COMBINE
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def _report_time(verdict: Verdict, now_s: int) -> int:
 
 
 def build_response(
-    verdicts: Iterable[Verdict], timeout_s: int, now_s: int, combine_mode: str = "any"
+    verdicts: Iterable[Verdict], timeout_s: int, now_s: int, combine_mode: str = DEFAULT_COMBINE
 ) -> tuple[dra_health_v1alpha1_pb2.NodeWatchResourcesResponse, list[Verdict]]:
     """The complete device list, sorted by (pool, device), and the verdicts left out (no identity).
 
@@ -148,7 +149,7 @@ class KubeletHealthServer:
         *,
         max_workers: int = 32,
         liveness: Callable[[], bool] | None = None,
-        combine_mode: str = "any",
+        combine_mode: str = DEFAULT_COMBINE,
     ) -> None:
         """``liveness``, when given, says whether the verdicts are still being refreshed (e.g. the agent's
         store has a fresh sample); while it says no, the periodic resends stop, so the kubelet's own
