@@ -29,9 +29,9 @@ from otel_dra.sinks._mapping import series_per_device
 from otel_dra.sinks.http import PrometheusEndpoint, Route
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.sending_queue import SendingQueue
-from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
+from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictMetrics
 from otel_dra.sources import Source
-from otel_dra.state import FrameStore
+from otel_dra.state import FrameStore, VerdictBoard
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from otel_dra.frame import Frame, Schema
 from otel_dra.sinks import provider
 from otel_dra.sinks.kubelet import KubeletHealthServer
 from otel_dra.sinks.metrics import MetricsSink
-from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictBoard, VerdictMetrics
-from otel_dra.state import FrameStore
+from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictMetrics
+from otel_dra.state import FrameStore, VerdictBoard
 
 
 @dataclass(frozen=True)
