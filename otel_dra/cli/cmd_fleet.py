@@ -202,17 +202,29 @@ def fleet(
     try:
         if k8s_apply:
             lease = LeaseConfig(
-                leader_elect_resource_name,
-                leader_elect_resource_namespace,
-                "",
-                leader_elect_lease_duration,
-                leader_elect_renew_deadline,
-                leader_elect_retry_period,
+                name=leader_elect_resource_name,
+                namespace=leader_elect_resource_namespace,
+                lease_duration_s=leader_elect_lease_duration,
+                renew_deadline_s=leader_elect_renew_deadline,
+                retry_period_s=leader_elect_retry_period,
             )
-            k8s = ClusterWriterConfig(k8s_api_version, k8s_driver, k8s_output, leader_elect, lease)
+            k8s = ClusterWriterConfig(
+                api_version=k8s_api_version,
+                driver=k8s_driver,
+                output_dir=k8s_output,
+                leader_elect=leader_elect,
+                lease=lease,
+            )
         config = FleetConfig(
-            receiver=ReceiverConfig(host, otlp_grpc_port, otlp_http_port, max_request_bytes, max_future, tls),
-            endpoint=EndpointConfig(host, prometheus_port),
+            receiver=ReceiverConfig(
+                host=host,
+                grpc_port=otlp_grpc_port,
+                http_port=otlp_http_port,
+                max_request_bytes=max_request_bytes,
+                max_future_s=max_future,
+                tls=tls,
+            ),
+            endpoint=EndpointConfig(host=host, port=prometheus_port),
             sample_interval_s=sample_interval,
             evaluate_every_s=evaluate_every,
             k8s=k8s,

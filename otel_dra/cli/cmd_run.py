@@ -256,16 +256,27 @@ def run(
             seed=seed,
             policy_path=policy_file,
             health_attribute=health_attribute,
-            endpoint=EndpointConfig(prometheus_host, prometheus_port),
+            endpoint=EndpointConfig(host=prometheus_host, port=prometheus_port),
             otlp=OtlpPushConfig(
-                resolve_otlp_endpoint(otlp_endpoint),
-                resolve_otlp_protocol(otlp_protocol),
-                otlp_interval,
-                otlp_queue_max_age,
-                otlp_queue_max_points,
+                endpoint=resolve_otlp_endpoint(otlp_endpoint),
+                protocol=resolve_otlp_protocol(otlp_protocol),
+                export_interval_s=otlp_interval,
+                queue_max_age_s=otlp_queue_max_age,
+                queue_max_points=otlp_queue_max_points,
             ),
-            kubelet=KubeletConfig(kubelet_socket, kubelet_health_timeout, register_driver, plugin_registry),
-            k8s=K8sOutputConfig(k8s_output, k8s_api_version, k8s_driver, k8s_apply, k8s_attributes),
+            kubelet=KubeletConfig(
+                socket=kubelet_socket,
+                health_timeout_s=kubelet_health_timeout,
+                register_with=register_driver,
+                plugin_registry=plugin_registry,
+            ),
+            k8s=K8sOutputConfig(
+                output=k8s_output,
+                api_version=k8s_api_version,
+                driver=k8s_driver,
+                apply=k8s_apply,
+                attributes=k8s_attributes,
+            ),
         )
         agent = Agent(config)
     except (PolicyError, SourceUnavailable) as exc:
