@@ -21,6 +21,7 @@ Every object is built with the ``kubernetes`` client's models of its API version
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -322,8 +323,15 @@ def _through_model(client: Any, obj: dict[str, Any]) -> dict[str, Any]:
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise val.model_error(KIND, meta["name"], exc) from None
-    serialized: dict[str, Any] = client.ApiClient().sanitize_for_serialization(model)
+    serialized: dict[str, Any] = _serializer(client).sanitize_for_serialization(model)
     return serialized
+
+
+@functools.cache
+def _serializer(client: Any) -> Any:
+    """One ``ApiClient`` for turning models into plain dicts: each one builds a connection pool and
+    its configuration, which cost more than the serializing, and a rendering serializes every device."""
+    return client.ApiClient()
 
 
 def _attributes(client: Any, settings: K8sSettings, ref: DeviceRef, verdict: Verdict) -> dict[str, Any]:
@@ -344,7 +352,7 @@ def _attributes(client: Any, settings: K8sSettings, ref: DeviceRef, verdict: Ver
         )
     except ValueError as exc:
         raise val.model_error("device", where, exc) from None
-    serialized = client.ApiClient().sanitize_for_serialization(device)
+    serialized = _serializer(client).sanitize_for_serialization(device)
     return {
         "driver": ref.driver,
         "pool": ref.pool,
