@@ -70,6 +70,10 @@ class Schema:
                 self._index[column] = found
             return found
 
+    def find(self, column: Column) -> int | None:
+        """The column's index, None when it has none (a lookup that adds nothing: the caps ask first)."""
+        return self._index.get(column)
+
     def __len__(self) -> int:
         return len(self._columns)
 

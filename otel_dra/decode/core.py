@@ -24,12 +24,14 @@ import builtins
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 
 from otel_dra import conventions as cv
+from otel_dra.decode import limits as lim
+from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits, node_name_problem, shorten
 from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.vocabulary import SENSOR_TYPES
 
@@ -129,6 +131,8 @@ class DecodeResult:
         DecodeError, ...
     ] = ()  # the JSON decoder's numbered line log (capped; its last entry counts the rest)
     invalid: str | None = None  # why the request as a whole can't be used (JSON: the line is skipped), else None
+    #: Points refused by a cap, by reason (limits.LIMIT_REASONS): also counted in ``rejected``.
+    limited: dict[str, int] = field(default_factory=dict)
 
     @property
     def accepted(self) -> int:
@@ -145,17 +149,134 @@ class DecodeResult:
         return one_line(f"{self.rejected:,} of {self.points:,} data points rejected{shown}{tail}")
 
 
+# -- caps (limits.py): what one client may make the decoder hold --------------------------------------
+#: The reasons a point is refused by a cap (a target or a check answering one of these is a refusal).
+LIMITED: Final = frozenset(lim.LIMIT_REASONS)
+#: Refusals that depend on what other nodes hold (a slot may free up): never baked into a cache.
+VOLATILE: Final = frozenset({lim.NODES, lim.DEVICES})
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A point refused by a cap: the reason, what it would have added (counted once per request) and
+    that thing as a message names it."""
+
+    reason: str
+    key: Any
+    example: str
+
+
+@dataclass(slots=True)
+class _Count:
+    points: int
+    things: int
+    nodes: int
+    node: str  # the first node named
+    example: str  # the first thing named
+
+
+class Tally:
+    """Points refused by the caps in one request (or one template), by reason: one line each, so a
+    request naming 200,000 devices past a cap says so in one line, not 200,000."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, _Count] = {}
+        self._seen: set[tuple[str, Any]] = set()
+        self._nodes: set[tuple[str, str]] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def add(self, refusal: Refusal, node: str, n: int = 1) -> None:
+        """``n`` points refused for ``refusal``, on ``node``."""
+        reason = refusal.reason
+        count = self.counts.get(reason)
+        if count is None:
+            count = self.counts[reason] = _Count(0, 0, 0, node, refusal.example)
+        count.points += n
+        if (reason, refusal.key) not in self._seen:
+            self._seen.add((reason, refusal.key))
+            count.things += 1
+        if (reason, node) not in self._nodes:
+            self._nodes.add((reason, node))
+            count.nodes += 1
+
+    def merge(self, other: Tally) -> None:
+        """Add another section's counts (sections are counted apart: a device named in two is two)."""
+        for reason, theirs in other.counts.items():
+            mine = self.counts.get(reason)
+            if mine is None:
+                self.counts[reason] = _Count(theirs.points, theirs.things, theirs.nodes, theirs.node, theirs.example)
+            else:
+                mine.points += theirs.points
+                mine.things += theirs.things
+                mine.nodes += theirs.nodes
+
+    def frozen(self) -> Tally:
+        """The counts alone (a template keeps these, not the sets that made them)."""
+        copy = Tally()
+        copy.merge(self)
+        return copy
+
+    @property
+    def volatile(self) -> bool:
+        return not VOLATILE.isdisjoint(self.counts)
+
+    def limited(self) -> dict[str, int]:
+        """Points refused, by reason, in the order of LIMIT_REASONS."""
+        return {r: self.counts[r].points for r in lim.LIMIT_REASONS if r in self.counts}
+
+    def lines(self, limits: DecodeLimits) -> list[str]:
+        """One short line per reason."""
+        counts = self.counts
+        return [_limit_line(reason, counts[reason], limits) for reason in lim.LIMIT_REASONS if reason in counts]
+
+
+def _on(c: _Count, what: str) -> str:
+    return f"{what} {name(c.node)}" if c.nodes == 1 else f"{c.nodes:,} {what}s (first {name(c.node)})"
+
+
+def _limit_line(reason: str, c: _Count, limits: DecodeLimits) -> str:
+    p = f"{c.points:,} point{'s' if c.points != 1 else ''}"
+    if reason == lim.NODE_NAME:
+        return f"{p} of {_on(c, 'node')} refused: {NODE} {node_name_problem(c.node)}"
+    if reason == lim.NODES:
+        new = f"new node {name(c.node)}" if c.things == 1 else f"{c.things:,} new nodes (first {name(c.node)})"
+        return f"{p} of {new} refused: more than {limits.max_nodes:,} nodes (--max-nodes)"
+    if reason in (lim.DEVICES_PER_NODE, lim.DEVICES):
+        new = f"new device {name(c.example)}" if c.things == 1 else f"{c.things:,} new devices"
+        cap = (
+            f"more than {limits.max_devices_per_node:,} devices on one node (--max-devices-per-node)"
+            if reason == lim.DEVICES_PER_NODE
+            else f"more than {limits.max_devices:,} devices in all (--max-devices)"
+        )
+        return f"{p} of {new} on {_on(c, 'node')} refused: {cap}"
+    if reason == lim.SERIES:
+        new = "a new series kind" if c.things == 1 else f"{c.things:,} new series kinds"
+        return (
+            f"{p} of {new} (first of {name(c.example)}) refused: more than {limits.max_series:,} "
+            "series kinds (--max-series)"
+        )
+    return (
+        f"{p} (first of {name(c.example)}) refused: an identity attribute longer than "
+        f"{limits.max_attribute_length:,} characters (--max-attribute-length)"
+    )
+
+
 # -- series identity -----------------------------------------------------------------------------------
 #: Where a point goes: (device index, column index, descriptive set index or -1 for none).
 Target = tuple[int, int, int]
+#: Says whether a device may be added to the node being read: None (it may, and now it is), or the refusal.
+Admit = Callable[[str], "Refusal | None"]
 
 
 class SeriesIndex:
     """Devices and descriptive attribute sets, interned, and the identity rules that map a point's
     (metric, attributes) to them (``semconv/registry.yaml``): one place, so both encodings agree."""
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, limits: DecodeLimits = DEFAULT_LIMITS) -> None:
         self.schema = schema
+        self.limits = limits
         self.dev_index: dict[str, int] = {}
         self.dev_names: list[str] = []
         self.descr_index: dict[tuple[tuple[str, str], ...], int] = {}
@@ -170,17 +291,28 @@ class SeriesIndex:
         """A device's name as it goes into a message."""
         return name(self.dev_names[dev])
 
-    def target(self, metric: str, attrs: dict[str, str]) -> Target | str:
-        """Where a point of ``metric`` with ``attrs`` goes; or why it can't go anywhere. A sensor
-        (``hw.parent`` set) folds into its parent's row as its own column; a device keeps its
-        descriptive attributes."""
+    def target(self, metric: str, attrs: dict[str, str], admit: Admit | None = None) -> Target | str | Refusal:
+        """Where a point of ``metric`` with ``attrs`` goes; or why it can't go anywhere (a string), or
+        the cap that refuses it (a :class:`Refusal`: an identity attribute too long, a series kind or,
+        through ``admit``, a device too many). A sensor (``hw.parent`` set) folds into its parent's row
+        as its own column; a device keeps its descriptive attributes, shortened to the length cap.
+        A device is interned only once admitted, so refused devices cost no state."""
         hw_id = attrs.get(cv.HW_ID)
         if not hw_id:
             return f"has no {cv.HW_ID}"
+        cap = self.limits.max_attribute_length
         parent = attrs.get(cv.HW_PARENT)
         hw_type = attrs.get(cv.HW_TYPE)
         rest = attrs_of({k: v for k, v in attrs.items() if k not in NOT_COLUMN_ATTRS and k != cv.HW_TYPE})
+        if (
+            len(hw_id) > cap
+            or (parent is not None and len(parent) > cap)
+            or (parent and hw_type is not None and len(hw_type) > cap)
+            or any(len(k) > cap or len(v) > cap for k, v in rest)
+        ):
+            return Refusal(lim.ATTRIBUTE_LENGTH, metric, metric)
         descr = -1
+        pairs: tuple[tuple[str, str], ...] = ()
         if parent:
             if not hw_type:
                 return f"({name(hw_id)}) has {cv.HW_PARENT} but no {cv.HW_TYPE}"
@@ -193,17 +325,24 @@ class SeriesIndex:
                 return f"({name(hw_id)}) is a {hw_type} sensor without {cv.HW_PARENT}"
             column = Column(metric, rest)
             device = hw_id
-            pairs = tuple((k, attrs[k]) for k in DESCRIPTIVE if k in attrs)
-            if pairs:
-                descr = self.descr_index.get(pairs, -1)
-                if descr < 0:
-                    descr = self.descr_index[pairs] = len(self.descrs)
-                    self.descrs.append(pairs)
+            pairs = tuple((k, shorten(attrs[k], cap)) for k in DESCRIPTIVE if k in attrs)
+        col = self.schema.find(column)
+        if col is None and len(self.schema) >= self.limits.max_series:
+            return Refusal(lim.SERIES, column, metric)
+        if admit is not None:
+            refused = admit(device)
+            if refused is not None:
+                return refused
+        if pairs:
+            descr = self.descr_index.get(pairs, -1)
+            if descr < 0:
+                descr = self.descr_index[pairs] = len(self.descrs)
+                self.descrs.append(pairs)
         dev = self.dev_index.get(device)
         if dev is None:
             dev = self.dev_index[device] = len(self.dev_names)
             self.dev_names.append(device)
-        return dev, self.schema.index(column), descr
+        return dev, self.schema.index(column) if col is None else col, descr
 
 
 # -- the checks, in their order ------------------------------------------------------------------------
@@ -293,14 +432,20 @@ def point_problem(
     )
 
 
-# -- time order ----------------------------------------------------------------------------------------
+# -- time order and what each node holds ----------------------------------------------------------------
 class NodeFloors:
-    """Per node, the newest time decoded (an older point is rejected: input is in time order per node)
-    and when (the decoder's clock) the node was last decoded, so an idle node's floor can be forgotten."""
+    """Per node, the newest time decoded (an older point is rejected: input is in time order per node),
+    when (the decoder's clock) the node was last decoded, so an idle node can be forgotten, and the
+    devices it has named (the caps count them): forgetting a node frees its slot and its devices."""
 
     def __init__(self, now: int) -> None:
         self.newest: dict[str, int] = {}
         self.seen: dict[str, int] = {}
+        self.devices: dict[str, set[str]] = {}  # the nodes admitted, and each one's devices
+        self.device_count = 0
+        #: Each admitted node's admission number: a cache built on a node's devices checks it is still current.
+        self.generation: dict[str, int] = {}
+        self._generations = 0
         self.swept = now
 
     def floor(self, node: str) -> int:
@@ -312,11 +457,21 @@ class NodeFloors:
         return now - self.swept > SWEEP_EVERY_NS or now < self.swept
 
     def forget_idle(self, now: int) -> None:
-        """Drop the floor of every node not decoded for NODE_IDLE_NS."""
+        """Drop every node not decoded for NODE_IDLE_NS: its floor, its slot and its devices."""
         self.swept = now
         for node in [n for n, at in self.seen.items() if now - at > NODE_IDLE_NS]:
             del self.seen[node]
             self.newest.pop(node, None)
+            self.generation.pop(node, None)
+            self.device_count -= len(self.devices.pop(node, ()))
+
+    def admit(self, node: str, now: int) -> set[str]:
+        """A node taken in (the caller checked the caps): its device set, empty."""
+        self.seen[node] = now
+        self._generations += 1
+        self.generation[node] = self._generations
+        devices = self.devices[node] = set()
+        return devices
 
     def advance(self, node: str, t: int, now: int) -> None:
         """A frame of ``node`` at ``t`` was made."""
@@ -365,16 +520,24 @@ def scatter(rows: int, ncols: int, flat: np.ndarray, values: np.ndarray) -> np.n
 
 class DecoderCore:
     """State both decoders keep alike: the shared schema, the series index, the device tables, each
-    node's time floor, and the clock with the bound ahead of it that live input is held to."""
+    node's time floor and devices, the caps on them (``limits``), and the clock with the bound ahead of
+    it that live input is held to."""
 
-    def __init__(self, schema: Schema, max_future_ns: int | None, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        schema: Schema,
+        max_future_ns: int | None,
+        clock: Callable[[], int],
+        limits: DecodeLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.schema = schema
         self.max_future_ns = max_future_ns
+        self.limits = limits
         self._clock = clock
         self._ceiling: int | None = None  # this request's latest acceptable time (None: no bound, as in replay)
         self._now = clock()
         self._floors = NodeFloors(self._now)
-        self._series = SeriesIndex(schema)
+        self._series = SeriesIndex(schema, limits)
         self._tables = TableCache()
 
     def _tick(self) -> int:
@@ -382,6 +545,33 @@ class DecoderCore:
         self._now = now = self._clock()
         self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
         return now
+
+    def _admit_node(self, node: str) -> tuple[set[str] | None, Refusal | None]:
+        """A resource's node: its device set (None: refused, and why). A node known is touched (not idle);
+        a new one must have a Kubernetes node's name and a free slot (``max_nodes``)."""
+        floors = self._floors
+        devices = floors.devices.get(node)
+        if devices is not None:
+            floors.seen[node] = self._now
+            return devices, None
+        if node_name_problem(node) is not None:
+            return None, Refusal(lim.NODE_NAME, node, node)
+        if len(floors.devices) >= self.limits.max_nodes:
+            return None, Refusal(lim.NODES, node, node)
+        return floors.admit(node, self._now), None
+
+    def _admit_device(self, devices: set[str], device: str) -> Refusal | None:
+        """Whether a node (its ``devices``) may name ``device``: yes if it has; a new one while the node
+        and the fleet have room (``max_devices_per_node``, ``max_devices``), and then it is added."""
+        if device in devices:
+            return None
+        if len(devices) >= self.limits.max_devices_per_node:
+            return Refusal(lim.DEVICES_PER_NODE, device, device)
+        if self._floors.device_count >= self.limits.max_devices:
+            return Refusal(lim.DEVICES, device, device)
+        devices.add(device)
+        self._floors.device_count += 1
+        return None
 
     def _time_problem(self, node: str, t: int, floor: int) -> str | None:
         return time_problem(node, t, floor, self._ceiling, self.max_future_ns or 0)

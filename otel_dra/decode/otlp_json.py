@@ -37,16 +37,20 @@ from typing import Any, Final
 import numpy as np
 
 from otel_dra import conventions as cv
+from otel_dra.decode import limits as lim
 from otel_dra.decode.core import (
     JSON_DIALECT,
+    LIMITED,
     MAX_PROBLEMS_PER_REQUEST,
     NODE,
     UNKNOWN,
     DecodeError,
     DecoderCore,
     DecodeResult,
+    Refusal,
     SeriesIndex,
     TableCache,
+    Tally,
     last_wins,
     metric_problem,
     name,
@@ -56,6 +60,7 @@ from otel_dra.decode.core import (
     unknown_problem,
     value_problem,
 )
+from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
 from otel_dra.frame import DeviceTable, Frame, Schema, attrs_of
 
 #: Point-level problems reported per line; the rest are counted in one summary error.
@@ -64,6 +69,9 @@ MAX_POINT_ERRORS_PER_LINE: Final = 5
 MAX_METRIC_ERRORS_PER_LINE: Final = 10
 #: Distinct attribute lists cached before the caches are dropped (bounds memory on garbage).
 MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
+#: Entries kept in the per-node caches of entries each node may use (a cache only: past it they are dropped
+#: and relearned point by point, which costs only speed).
+MAX_NODE_ENTRIES: Final = 1_000_000
 
 _ATTRS_KEY: Final = b'"attributes":'
 # An attribute list up to its first "]": enough for string-valued lists (the normal case).
@@ -76,6 +84,7 @@ _UTF8: Final = ("utf-8", "utf-8-sig")  # json.loads also reads UTF-16/32, which 
 _DELTA: Final = frozenset({1, "AGGREGATION_TEMPORALITY_DELTA"})
 _MAX_TIME: Final = 1 << 64
 _KINDS: Final = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
+_DEVICE_REASONS: Final = frozenset({lim.DEVICES, lim.DEVICES_PER_NODE})
 
 
 class InputFileError(OSError):
@@ -94,6 +103,7 @@ class _LineLog:
 
     def __init__(self, lineno: int) -> None:
         self.lineno = lineno
+        self.limit_errors: list[DecodeError] = []  # one per cap reason, first: they say what many points share
         self.metric_errors: list[DecodeError] = []
         self.point_errors: list[DecodeError] = []
         self.hidden = 0
@@ -111,7 +121,7 @@ class _LineLog:
             self.hidden += 1
 
     def errors(self) -> list[DecodeError]:
-        out = self.metric_errors + self.point_errors
+        out = self.limit_errors + self.metric_errors + self.point_errors
         if self.hidden:
             out.append(DecodeError(self.lineno, f"{self.hidden:,} more problems on this line not shown"))
         return out
@@ -210,6 +220,7 @@ class _Line:
     slot_of: dict[tuple[str, int], int]
     unknown: dict[str, int]  # unknown metric name -> points skipped
     times: dict[str, dict[str, int]]  # node -> timeUnixNano text -> slot (-1: older than the node's newest)
+    tally: Tally  # points refused by the caps
     points: int = 0
     skipped: int = 0
 
@@ -221,13 +232,20 @@ class OtlpJsonDecoder(DecoderCore):
     replay input is in time order per node) and caches keyed by attribute list, so
     one decoder should read one replay stream. ``max_future_ns`` (live input only: the
     receiver's JSON bodies) also rejects points further than that ahead of ``clock``, and
-    forgets the time floor of nodes not seen for NODE_IDLE_NS.
+    forgets the time floor of nodes not seen for NODE_IDLE_NS. What input may create is capped by
+    ``limits`` (nodes, devices, series kinds, attribute lengths): past a cap points are refused and
+    counted by reason (``DecodeResult.limited``).
     """
 
     def __init__(
-        self, schema: Schema, *, max_future_ns: int | None = None, clock: Callable[[], int] = time.time_ns
+        self,
+        schema: Schema,
+        *,
+        max_future_ns: int | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        limits: DecodeLimits = DEFAULT_LIMITS,
     ) -> None:
-        super().__init__(schema, max_future_ns, clock)
+        super().__init__(schema, max_future_ns, clock, limits)
         self.lines = 0
         self.lines_skipped = 0
         self.points = 0
@@ -240,12 +258,16 @@ class OtlpJsonDecoder(DecoderCore):
         self._token_of_attrs: dict[tuple[tuple[str, str], ...] | str, int] = {}
         self._attrs_of_token: list[dict[str, str] | str] = []  # str: why the list is malformed
         self._entries: dict[str, dict[int, int]] = {}  # metric -> token -> entry (< 0: error index)
-        self._entry_errors: list[str] = []
+        self._entry_errors: list[str | Refusal] = []
         self._entry_dev: list[int] = []
         self._entry_col: list[int] = []
         self._entry_descr: list[int] = []  # index into the series index's descriptive sets, -1: none
         self._entry_np: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
-        self._series = SeriesIndex(self.schema)
+        self._series = SeriesIndex(self.schema, self.limits)
+        # node -> metric -> token -> entry, for the entries whose device the node has named (the caps let
+        # it): what the per-point fast path reads, so it needs no check of its own.
+        self._node_entries: dict[str, dict[str, dict[int, int]]] = {}  # (cleared with the entries they name)
+        self._node_entry_count = 0
         self._frame_tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
         self._tables = TableCache()
 
@@ -315,18 +337,25 @@ class OtlpJsonDecoder(DecoderCore):
         return self._attrs_of_token[self._token_of_list(raw)]
 
     # -- entries: (metric, attribute set) -> device and column -------------------------------
-    def _entry(self, metric: str, token: int) -> int:
-        """The entry of a point of ``metric`` with attribute set ``token``: >= 0 an index into
-        the entry tables; < 0 an error (``-1 - index`` into ``_entry_errors``)."""
+    def _entry(self, metric: str, token: int, devices: set[str]) -> int | Refusal:
+        """The entry of a point of ``metric`` with attribute set ``token`` on a node that has named
+        ``devices``: >= 0 an index into the entry tables; < 0 an error (``-1 - index`` into
+        ``_entry_errors``); a device refused by a cap (not cached: another node may have room)."""
         attrs = self._attrs_of_token[token]
-        entry = self._make_entry(metric, attrs)
-        self._entries[metric][token] = entry
+        entry = self._make_entry(metric, attrs, devices)
+        if not isinstance(entry, Refusal):
+            self._entries[metric][token] = entry
         return entry
 
-    def _make_entry(self, metric: str, attrs: dict[str, str] | str) -> int:
-        """A new entry for the core's target of (metric, attributes), or an error."""
-        target = f"has malformed attributes: {attrs}" if isinstance(attrs, str) else self._series.target(metric, attrs)
-        if isinstance(target, str):
+    def _make_entry(self, metric: str, attrs: dict[str, str] | str, devices: set[str]) -> int | Refusal:
+        """A new entry for the core's target of (metric, attributes), or an error, or a device refused."""
+        if isinstance(attrs, str):
+            target: tuple[int, int, int] | str | Refusal = f"has malformed attributes: {attrs}"
+        else:
+            target = self._series.target(metric, attrs, lambda device: self._admit_device(devices, device))
+        if isinstance(target, Refusal) and target.reason in _DEVICE_REASONS:
+            return target
+        if isinstance(target, str | Refusal):
             self._entry_errors.append(target)
             return -len(self._entry_errors)
         dev, col, descr = target
@@ -349,11 +378,13 @@ class OtlpJsonDecoder(DecoderCore):
         # Replay stays deterministic: it forgets nothing by the clock.
         if self.max_future_ns is not None and self._floors.due(now):
             self._floors.forget_idle(now)
+            for node in [n for n in self._node_entries if n not in self._floors.devices]:
+                del self._node_entries[node]
         if max(len(self._attrs_of_token), len(self._token_of_text)) > MAX_CACHED_ATTRIBUTE_SETS:
             self._reset_caches()
         log = _LineLog(lineno)
         doc, tokenized, problem = self._parse(text)
-        line = _Line(log, [], [], [], [], [], {}, {}, {})
+        line = _Line(log, [], [], [], [], [], {}, {}, {}, Tally())
         if problem is None:
             try:
                 problem = self._walk(doc, tokenized, line)
@@ -365,12 +396,14 @@ class OtlpJsonDecoder(DecoderCore):
             return DecodeResult([], errors=(error,), invalid=error.message)
         for metric, n in line.unknown.items():
             log.metric(unknown_problem(JSON_DIALECT, metric, n))
+        log.limit_errors = [DecodeError(lineno, one_line(text)) for text in line.tally.lines(self.limits)]
         self.points += line.points
         self.points_skipped += line.skipped
         errors = tuple(log.errors())
         # The log already counts what it cuts (its last entry), so the message quotes and counts no more.
         quoted = tuple(e.message for e in errors[:MAX_PROBLEMS_PER_REQUEST])
-        return DecodeResult(self._frames(line), line.points, line.skipped, quoted, len(quoted), errors)
+        limited = line.tally.limited()
+        return DecodeResult(self._frames(line), line.points, line.skipped, quoted, len(quoted), errors, limited=limited)
 
     def _parse(self, text: str | bytes) -> tuple[Any, bool, str | None]:
         """The parsed request and whether its attribute lists are tokens; or why it can't be read."""
@@ -417,6 +450,7 @@ class OtlpJsonDecoder(DecoderCore):
                 return f"resource {i} has no {NODE}"
             nodes.append(node)
         for rm, node in zip(resources, nodes, strict=True):
+            devices, refused = self._admit_node(node)
             scopes = rm.get("scopeMetrics", [])
             if type(scopes) is not list:
                 line.log.metric(f"scopeMetrics of node {name(node)} is not a list; skipped")
@@ -432,10 +466,30 @@ class OtlpJsonDecoder(DecoderCore):
                     # An otel-dra agent's hw.status is its verdict: not the device's own report.
                     if from_agent and type(metric) is dict and metric.get("name") == cv.HW_STATUS.name:
                         continue
-                    self._metric(metric, node, tokenized, line)
+                    if devices is None:
+                        assert refused is not None  # what _admit_node says
+                        self._refused_metric(metric, node, refused, line)
+                    else:
+                        self._metric(metric, node, devices, tokenized, line)
         return None
 
-    def _metric(self, metric: Any, node: str, tokenized: bool, line: _Line) -> None:
+    def _refused_metric(self, metric: Any, node: str, refused: Refusal, line: _Line) -> None:
+        """A metric of a node the caps refuse: its points counted as refused (as the protobuf decoder
+        counts a section's points: every data point, whatever its metric)."""
+        body = None
+        if type(metric) is dict:
+            for kind in _KINDS:
+                body = metric.get(kind)
+                if body is not None:
+                    break
+        points = body.get("dataPoints", []) if type(body) is dict else None
+        n = len(points) if type(points) is list else 0
+        line.points += n
+        line.skipped += n
+        if n:
+            line.tally.add(refused, node, n)
+
+    def _metric(self, metric: Any, node: str, devices: set[str], tokenized: bool, line: _Line) -> None:
         """One metric's points into the line's scratch lists."""
         log = line.log
         if type(metric) is not dict:
@@ -475,13 +529,19 @@ class OtlpJsonDecoder(DecoderCore):
         entries = self._entries.get(metric_name)
         if entries is None:
             entries = self._entries[metric_name] = {}
+        node_entries = self._node_entries.get(node)
+        if node_entries is None:
+            node_entries = self._node_entries[node] = {}
+        admitted = node_entries.get(metric_name)
+        if admitted is None:
+            admitted = node_entries[metric_name] = {}
         times = line.times.get(node)
         if times is None:
             times = line.times[node] = {}
         floor = self._floors.floor(node)
         # The fast path reads the common case: cached entry, cached time, a plain number.
         # Anything else (first sight, or a problem) goes through _slow_point.
-        fast_entries = entries if tokenized else {}
+        fast_entries = admitted if tokenized else {}
         add_entry, add_slot, add_value = line.entries.append, line.slots.append, line.values.append
         for i, point in enumerate(points):
             try:
@@ -502,10 +562,13 @@ class OtlpJsonDecoder(DecoderCore):
                     continue
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
                 pass
-            problem = self._slow_point(point, metric_name, counter, node, floor, entries, times, tokenized, line)
+            problem = self._slow_point(
+                point, metric_name, counter, node, floor, entries, admitted, devices, times, tokenized, line
+            )
             if problem is not None:
                 line.skipped += 1
-                log.point(f"point {i + 1} of {metric_name} {problem}")
+                if problem not in LIMITED:  # the caps' refusals are counted in one line each
+                    log.point(f"point {i + 1} of {metric_name} {problem}")
 
     def _slow_point(
         self,
@@ -515,11 +578,14 @@ class OtlpJsonDecoder(DecoderCore):
         node: str,
         floor: int,
         entries: dict[int, int],
+        admitted: dict[int, int],
+        devices: set[str],
         times: dict[str, int],
         tokenized: bool,
         line: _Line,
     ) -> str | None:
-        """A point off the fast path: fill the caches, keep it, or say what is wrong with it."""
+        """A point off the fast path: fill the caches, keep it, or say what is wrong with it (a cap's
+        refusal: its reason, counted in the line's tally)."""
         if type(point) is not dict:
             return "is not an object"
         raw = point.get("attributes")
@@ -529,11 +595,31 @@ class OtlpJsonDecoder(DecoderCore):
             token = self._token_of_list(raw or [])
         else:
             return "has attributes that are not a list"
-        entry = entries.get(token)
-        if entry is None:
-            entry = self._entry(metric, token)
+        found: int | Refusal | None = entries.get(token)
+        if found is None:
+            found = self._entry(metric, token, devices)
+        if isinstance(found, Refusal):
+            line.tally.add(found, node)
+            return found.reason
+        entry = found
         if entry < 0:
-            return self._entry_errors[-1 - entry]
+            error = self._entry_errors[-1 - entry]
+            if isinstance(error, Refusal):
+                line.tally.add(error, node)
+                return error.reason
+            return error
+        if token not in admitted:
+            dev_name = self._series.dev_names[self._entry_dev[entry]]
+            refused = self._admit_device(devices, dev_name)
+            if refused is not None:
+                line.tally.add(refused, node)
+                return refused.reason
+            if self._node_entry_count >= MAX_NODE_ENTRIES:
+                for cache in self._node_entries.values():
+                    cache.clear()  # (the dicts stay: callers hold them)
+                self._node_entry_count = 0
+            admitted[token] = entry
+            self._node_entry_count += 1
         device = self._series.device(self._entry_dev[entry])
         try:
             t = _to_time(point.get("timeUnixNano"))

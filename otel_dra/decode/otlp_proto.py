@@ -45,6 +45,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, ResourceMetrics
 
 from otel_dra import conventions as cv
+from otel_dra.decode import limits as lim
 from otel_dra.decode.core import (
     MAX_PROBLEMS_PER_REQUEST,
     NODE,
@@ -53,8 +54,10 @@ from otel_dra.decode.core import (
     UNKNOWN,
     DecoderCore,
     DecodeResult,
+    Refusal,
     SeriesIndex,
     TableCache,
+    Tally,
     Target,
     last_wins,
     metric_problem,
@@ -63,6 +66,7 @@ from otel_dra.decode.core import (
     scatter,
     unknown_problem,
 )
+from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
 from otel_dra.frame import Attrs, DeviceTable, Frame, Schema, attrs_of
 
 #: Series (metric, attribute set) whose device and column are cached for the plain path (a cache only: at
@@ -95,6 +99,7 @@ _METRIC_KIND_FIELDS: Final = {5: "gauge", 7: "sum", 9: "histogram", 10: "exponen
 _P_START, _P_TIME, _P_DOUBLE, _P_INT = 2, 3, 4, 6
 _NONE, _DOUBLE, _INT = 0, 1, 2  # a point's value kind
 _AR8: Final = np.arange(8, dtype=np.intp)
+_DEVICE_REASONS: Final = frozenset({lim.DEVICES, lim.DEVICES_PER_NODE})
 
 
 class MalformedRequest(ValueError):
@@ -277,6 +282,7 @@ class _Scan:
     unknown: list[tuple[int, str, int]] = field(default_factory=list)  # (first ordinal, metric, points)
     candidates: list[_Candidate] = field(default_factory=list)
     shape: list[tuple[str | None, int, bool]] = field(default_factory=list)  # (kind, points, ignored) per metric
+    tally: Tally = field(default_factory=Tally)  # points refused by the caps
 
 
 @dataclass
@@ -321,6 +327,8 @@ class _Template:
     rejected: int
     problems: list[tuple[int, str]]
     unknown: list[tuple[int, str, int]]
+    tally: Tally  # points refused by the caps: they stay refused while the node's devices are these
+    generation: int  # the node's admission its devices were counted in; -1: a node refused (or none)
     # Candidates, as arrays: where each one goes and what it reads from the gathered payloads.
     dev: np.ndarray
     col: np.ndarray
@@ -355,6 +363,7 @@ class _Request:
     problems: list[tuple[int, str]] = field(default_factory=list)  # the first few, by ordinal
     problem_count: int = 0
     unknown: dict[str, list[int]] = field(default_factory=dict)  # metric -> [first ordinal, points]
+    tally: Tally = field(default_factory=Tally)  # points refused by the caps, by reason
     slots: dict[tuple[str, int], list[_Points]] = field(default_factory=dict)  # (node, time) -> parts
 
     def problem(self, ordinal: int, text: str) -> None:
@@ -382,7 +391,8 @@ class OtlpProtoDecoder(DecoderCore):
     by idleness (TEMPLATE_IDLE_NS; a node's time floor by NODE_IDLE_NS, both by ``clock``),
     the per-series lookup cache by :data:`MAX_CACHED_SERIES`, device tables by :data:`MAX_TABLES`,
     device names and descriptive attribute sets by :data:`MAX_INTERNED` (past it everything is
-    dropped and relearned).
+    dropped and relearned). What input may create is capped by ``limits`` (nodes, devices, series kinds,
+    attribute lengths): past a cap points are refused and counted by reason (``DecodeResult.limited``).
     """
 
     def __init__(
@@ -393,8 +403,9 @@ class OtlpProtoDecoder(DecoderCore):
         max_template_bytes: int = MAX_TEMPLATE_BYTES,
         max_future_ns: int | None = None,
         clock: Callable[[], int] = time.time_ns,
+        limits: DecodeLimits = DEFAULT_LIMITS,
     ) -> None:
-        super().__init__(schema, max_future_ns, clock)
+        super().__init__(schema, max_future_ns, clock, limits)
         self.fast = fast
         self.max_template_bytes = max_template_bytes
         self.requests = 0
@@ -412,8 +423,8 @@ class OtlpProtoDecoder(DecoderCore):
 
     def _reset(self) -> None:
         """Drop what indexes devices (templates and tables refer to those indices, so they go too)."""
-        self._targets: dict[tuple[str, Attrs], Target | str] = {}  # a cache only
-        self._series = SeriesIndex(self.schema)
+        self._targets: dict[tuple[str, Attrs], Target | str | Refusal] = {}  # a cache only
+        self._series = SeriesIndex(self.schema, self.limits)
         self._tables = TableCache()
         self._templates: dict[tuple[bytes, int], list[_Template]] = {}  # least recently used first
         self._used: dict[tuple[bytes, int], int] = {}  # key -> when (clock) a template of it was last used
@@ -434,14 +445,22 @@ class OtlpProtoDecoder(DecoderCore):
         self._floors.forget_idle(now)
 
     # -- series: (metric, attribute set) -> device, column, descriptive attributes ------------------
-    def _target(self, metric: str, attrs: dict[str, str]) -> Target | str:
-        """Where a point of ``metric`` with ``attrs`` goes (the core's identity rules), cached."""
+    def _target(self, metric: str, attrs: dict[str, str], devices: set[str]) -> Target | str | Refusal:
+        """Where a point of ``metric`` with ``attrs`` goes on a node that has named ``devices`` (the core's
+        identity rules and caps), cached; a device refused is not (another node may have room for it)."""
         key = (metric, attrs_of(attrs))
         found = self._targets.get(key)
         if found is None:
-            if len(self._targets) >= MAX_CACHED_SERIES:
-                self._targets.clear()
-            found = self._targets[key] = self._series.target(metric, attrs)
+            found = self._series.target(metric, attrs, lambda device: self._admit_device(devices, device))
+            if not (isinstance(found, Refusal) and found.reason in _DEVICE_REASONS):
+                if len(self._targets) >= MAX_CACHED_SERIES:
+                    self._targets.clear()
+                self._targets[key] = found
+            return found
+        if type(found) is tuple:
+            device = self._series.dev_names[found[0]]
+            if device not in devices:
+                return self._admit_device(devices, device) or found
         return found
 
     def _point_problem(self, dev: int, t: int, kind: int, value: float, counter: bool, floor: int, node: str) -> str:
@@ -488,11 +507,14 @@ class OtlpProtoDecoder(DecoderCore):
         for name, (ordinal, n) in req.unknown.items():
             req.problem_count += 1
             req.problems.append((ordinal, unknown_problem(PROTO_DIALECT, name, n)))
+        for line in reversed(req.tally.lines(self.limits)):  # first: one line says what many points share
+            req.problem_count += 1
+            req.problems.append((-1, line))
         req.problems.sort(key=_first)
         self.points += req.points
         self.points_rejected += req.rejected
         problems = tuple(one_line(text) for _, text in req.problems[:MAX_PROBLEMS_PER_REQUEST])
-        return DecodeResult(frames, req.points, req.rejected, problems, req.problem_count)
+        return DecodeResult(frames, req.points, req.rejected, problems, req.problem_count, limited=req.tally.limited())
 
     def _parse(self, data: bytes) -> ExportMetricsServiceRequest:
         try:
@@ -508,6 +530,11 @@ class OtlpProtoDecoder(DecoderCore):
         """A section's structure: its node, metrics and each point's target (or why it has none)."""
         node = _kv_dict(rm.resource.attributes).get(NODE) or None
         scan = _Scan(node)
+        devices: set[str] = set()
+        refused: Refusal | None = None
+        if node is not None:
+            admitted, refused = self._admit_node(node)
+            devices = admitted if admitted is not None else devices
         ordinal = 0
         for sm in rm.scope_metrics:
             from_agent = sm.scope.name == cv.AGENT_SCOPE
@@ -523,7 +550,7 @@ class OtlpProtoDecoder(DecoderCore):
                 if ignored:
                     continue
                 first, ordinal = ordinal, ordinal + n
-                if node is None or n == 0:
+                if node is None or n == 0 or refused is not None:
                     continue
                 assert body is not None  # it has points
                 name = metric.name
@@ -538,8 +565,11 @@ class OtlpProtoDecoder(DecoderCore):
                     continue
                 counter = kind == "sum" and bool(body.is_monotonic)
                 for k, point in enumerate(points):
-                    target = self._target(name, _kv_dict(point.attributes))
-                    if isinstance(target, str):
+                    target = self._target(name, _kv_dict(point.attributes), devices)
+                    if isinstance(target, Refusal):
+                        scan.rejected += 1
+                        scan.tally.add(target, node)
+                    elif isinstance(target, str):
                         scan.rejected += 1
                         scan.problems.append((first + k, f"point {k + 1} of {name} {target}"))
                     else:
@@ -549,12 +579,17 @@ class OtlpProtoDecoder(DecoderCore):
             scan.rejected = ordinal
             if ordinal:
                 scan.problems.append((0, f"a resource without {NODE}: its {ordinal:,} points rejected"))
+        elif refused is not None:
+            scan.rejected = ordinal
+            if ordinal:
+                scan.tally.add(refused, node, ordinal)
         return scan
 
     def _plain_section(self, scan: _Scan, req: _Request) -> None:
         """Times and values of a scanned section, read from upb's messages one point at a time."""
         base = req.points
         self._static(scan.points, scan.rejected, scan.problems, scan.unknown, base, req)
+        req.tally.merge(scan.tally)
         node = scan.node
         if node is None or not scan.candidates:
             return
@@ -635,7 +670,10 @@ class OtlpProtoDecoder(DecoderCore):
         if candidates is None:
             return False
         section = memoryview(data)[start:end]
+        generation = self._floors.generation
         for tmpl in candidates:
+            if tmpl.generation >= 0 and generation.get(tmpl.node or "") != tmpl.generation:
+                continue  # its node was forgotten since: its devices are counted again, the plain way
             copy = bytearray(section)
             buf = np.frombuffer(copy, np.uint8)
             index = (tmpl.holes[:, None] + _AR8).ravel()
@@ -645,6 +683,8 @@ class OtlpProtoDecoder(DecoderCore):
                 self._templates[key] = self._templates.pop(key)  # most recently used last
                 self._used[key] = self._now
                 self._streak.pop(key, None)
+                if tmpl.generation >= 0:
+                    self._floors.seen[tmpl.node or ""] = self._now  # as the plain path's admission does
                 self._apply(tmpl, raw.view("<u8"), req)
                 return True
         return False
@@ -653,6 +693,8 @@ class OtlpProtoDecoder(DecoderCore):
         """A template's points with this request's times and values."""
         base = req.points
         self._static(tmpl.points, tmpl.rejected, tmpl.problems, tmpl.unknown, base, req)
+        if tmpl.tally:
+            req.tally.merge(tmpl.tally)
         node = tmpl.node
         if node is None or not len(tmpl.dev):
             return
@@ -693,7 +735,10 @@ class OtlpProtoDecoder(DecoderCore):
         self._add_points(node, tmpl.dev[ok], tmpl.col[ok], tmpl.descr[ok], times[ok], values[ok], req)
 
     def _remember(self, data: bytes, start: int, end: int, scan: _Scan) -> None:
-        """Keep a template of a section just scanned, unless its bytes can't be trusted to repeat."""
+        """Keep a template of a section just scanned, unless its bytes can't be trusted to repeat or
+        what it refused depends on other nodes (a slot may free up: it is asked again each time)."""
+        if scan.tally.volatile:
+            return
         key = _template_key(data, start, end)
         streak = self._streak.get(key, 0)
         if key in self._templates or streak:
@@ -773,6 +818,8 @@ class OtlpProtoDecoder(DecoderCore):
             rejected=scan.rejected,
             problems=list(scan.problems),
             unknown=list(scan.unknown),
+            tally=scan.tally.frozen(),
+            generation=-1 if scan.node is None else self._floors.generation.get(scan.node, -1),
             dev=dev,
             col=col,
             descr=descr,
