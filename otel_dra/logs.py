@@ -1,15 +1,64 @@
 """One log line per event: timestamp, level, component, message; an exception is
-summarised on the same line (type and text), never as a traceback."""
+summarised on the same line (type and text), never as a traceback.
+
+No input can flood the log (issue #14: 200,000 warnings once made 200,000 lines, 51 MB, and a 1 MB
+attribute value a 2 MB line). Records of one kind (logger, level, message template) past a burst in
+a window are counted, not written, and one summary line says how many there were; a string argument
+is shortened before formatting and every line is capped.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TextIO
+
+#: Records of one kind (same logger, level and unformatted message template) written per window;
+#: the rest of the window's are counted and summarised in one line when it ends.
+BURST: Final = 5
+#: The burst for ERROR and above: errors are rarer and each says more, so more of them get through.
+ERROR_BURST: Final = 20
+#: How long a kind's window lasts, in seconds (its summary line says "in the last 10 s").
+WINDOW_S: Final = 10.0
+#: Most kinds tracked at once, so the limiter's state is bounded whatever is logged; past it the
+#: least recently seen kind is forgotten (its summary written first, so no count is lost).
+MAX_KEYS: Final = 1_000
+#: A string argument (``record.args``) longer than this is shortened before formatting.
+MAX_ARG_CHARS: Final = 512
+#: No line is longer than this, its end marked with an ellipsis.
+MAX_LINE_CHARS: Final = 4_096
+#: What marks a cut.
+ELLIPSIS: Final = "…"
+#: How much of a message template is kept to key its kind: a bound on the state of each key.
+_KEY_CHARS: Final = MAX_ARG_CHARS
+#: Words of the template a summary line quotes, so a reader knows which message it counts.
+_SUMMARY_WORDS: Final = 8
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + ELLIPSIS
+
+
+def _short_args(args: Any) -> Any:
+    """``record.args`` with each over-long string shortened: a 1 MB value is never formatted whole."""
+    if isinstance(args, tuple):
+        if any(isinstance(a, str) and len(a) > MAX_ARG_CHARS for a in args):
+            return tuple(_cut(a, MAX_ARG_CHARS) if isinstance(a, str) else a for a in args)
+        return args
+    if isinstance(args, Mapping):  # log.info("%(key)s", {"key": ...})
+        return {k: _cut(v, MAX_ARG_CHARS) if isinstance(v, str) else v for k, v in args.items()}
+    return args
 
 
 class OneLineFormatter(logging.Formatter):
-    """ISO-8601 UTC timestamps, ``key=value`` framing, exceptions folded into the line."""
+    """ISO-8601 UTC timestamps, ``key=value`` framing, exceptions folded into the line; long
+    arguments shortened and the line capped at :data:`MAX_LINE_CHARS`."""
 
     converter = staticmethod(time.gmtime)
 
@@ -18,17 +67,226 @@ class OneLineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         exc = record.exc_info
+        # A copy: other handlers (a test's capture) see the record as it was logged.
+        record = logging.makeLogRecord(record.__dict__)
         record.exc_info, record.exc_text, record.stack_info = None, None, None
+        record.args = _short_args(record.args)
         line = super().format(record)
         if exc and exc[1] is not None:
-            line += f" error={type(exc[1]).__name__}: {exc[1]}"
-        return line.replace("\n", " | ")
+            line += f" error={type(exc[1]).__name__}: {_cut(str(exc[1]), MAX_ARG_CHARS)}"
+        return _cut(line.replace("\n", " | "), MAX_LINE_CHARS)
+
+
+Key = tuple[str, int, str]
+
+
+@dataclass
+class _Window:
+    """One kind's current window: when it started, how many came in it, how many were not written."""
+
+    start: float
+    count: int = 0
+    suppressed: int = 0
+    head: str = ""
+
+
+def _head(template: str) -> str:
+    """The template's first words, for the summary line."""
+    words = template.split()
+    head = " ".join(words[:_SUMMARY_WORDS])
+    return _cut(head, 120)
+
+
+class FloodLimiter:
+    """Which records to write: per kind (logger, level, template), the first ``burst`` of each
+    ``window_s`` window; the rest are counted and come back as one summary record when the window
+    ends. DEBUG is not limited (it is off unless asked for). Thread-safe; holds at most ``max_keys``
+    kinds."""
+
+    def __init__(
+        self,
+        burst: int = BURST,
+        error_burst: int = ERROR_BURST,
+        window_s: float = WINDOW_S,
+        max_keys: int = MAX_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if burst < 1 or error_burst < 1 or window_s <= 0 or max_keys < 1:
+            raise ValueError("FloodLimiter: burst, error_burst and max_keys must be at least 1, window_s positive")
+        self.burst, self.error_burst, self.window_s, self.max_keys = burst, error_burst, window_s, max_keys
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._windows: OrderedDict[Key, _Window] = OrderedDict()  # least recently seen first
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    @staticmethod
+    def key(record: logging.LogRecord) -> Key:
+        msg = record.msg if isinstance(record.msg, str) else type(record.msg).__name__
+        return record.name, record.levelno, msg[:_KEY_CHARS]
+
+    def admit(self, record: logging.LogRecord) -> tuple[bool, list[logging.LogRecord]]:
+        """(write ``record``?, summaries to write before it: its kind's ended window, an evicted kind's)."""
+        if record.levelno < logging.INFO:
+            return True, []
+        key = self.key(record)
+        now = self.clock()
+        summaries: list[logging.LogRecord] = []
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None:
+                while len(self._windows) >= self.max_keys:
+                    old_key, old = self._windows.popitem(last=False)
+                    if old.suppressed:
+                        summaries.append(self._summary(old_key, old))
+                window = self._windows[key] = _Window(now, head=_head(key[2]))
+            else:
+                self._windows.move_to_end(key)
+                if now >= window.start + self.window_s:
+                    if window.suppressed:
+                        summaries.append(self._summary(key, window))
+                    window.start, window.count, window.suppressed = now, 0, 0
+            window.count += 1
+            burst = self.error_burst if record.levelno >= logging.ERROR else self.burst
+            if window.count <= burst:
+                return True, summaries
+            window.suppressed += 1
+            return False, summaries
+
+    def next_due(self) -> float | None:
+        """When the earliest window with a count to summarise ends (None: nothing to summarise)."""
+        with self._lock:
+            due = [w.start + self.window_s for w in self._windows.values() if w.suppressed]
+        return min(due, default=None)
+
+    def expired(self, everything: bool = False) -> list[logging.LogRecord]:
+        """Summaries of the windows that have ended (``everything``: of every window, at shutdown),
+        in the order their windows started; their counts are reset."""
+        now = self.clock()
+        out: list[tuple[float, logging.LogRecord]] = []
+        with self._lock:
+            for key, window in self._windows.items():
+                if window.suppressed and (everything or now >= window.start + self.window_s):
+                    out.append((window.start, self._summary(key, window)))
+                    window.suppressed = 0
+        return [record for _, record in sorted(out, key=lambda pair: pair[0])]
+
+    def _summary(self, key: Key, window: _Window) -> logging.LogRecord:
+        name, level, _ = key
+        text = f"{window.head} ... and {window.suppressed:,} more like it in the last {self.window_s:g} s"
+        return logging.makeLogRecord(
+            {"name": name, "levelno": level, "levelname": logging.getLevelName(level), "msg": text, "args": None}
+        )
+
+
+class OneLineHandler(logging.StreamHandler[TextIO]):
+    """A stream handler with the one-line formatter and the :class:`FloodLimiter`.
+
+    A window's summary is written when it ends, by a daemon thread that runs only while a count is
+    waiting, even if no record follows; :meth:`close` (``logging.shutdown`` calls it at exit) writes
+    whatever is still counted and stops that thread, so nothing is lost and no thread outlives it.
+    """
+
+    def __init__(self, stream: TextIO | None = None, limiter: FloodLimiter | None = None) -> None:
+        super().__init__(stream if stream is not None else sys.stderr)
+        self.setFormatter(OneLineFormatter())
+        self.limiter = limiter if limiter is not None else FloodLimiter()
+        self._stop = threading.Event()
+        self._thread_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if not self.filter(record):
+            return False
+        write, summaries = self.limiter.admit(record)
+        if summaries or write:
+            with self._locked():
+                for summary in summaries:
+                    self.emit(summary)
+                if write:
+                    self.emit(record)
+        if not write:
+            self._ensure_flusher()
+        return write
+
+    def _locked(self) -> _HandlerLock:
+        return _HandlerLock(self)
+
+    def _ensure_flusher(self) -> None:
+        """Start the summary thread if none runs (it stops by itself once nothing is counted)."""
+        if self._stop.is_set():
+            return
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._flush_loop, name="otel-dra-log-summaries", daemon=True)
+                self._thread.start()
+
+    def _flush_loop(self) -> None:
+        """Write each window's summary when it ends; exit when nothing is left to summarise."""
+        while not self._stop.is_set():
+            with self._thread_lock:
+                due = self.limiter.next_due()
+                if due is None:
+                    self._thread = None
+                    return
+            if self._stop.wait(max(0.0, due - self.limiter.clock()) + 0.001):
+                return
+            # Take the lock before the summaries, and give up if closing: close() holds the lock
+            # (logging.shutdown does) while it writes the rest and waits for this thread.
+            while not self.acquire_timeout(0.05):
+                if self._stop.is_set():
+                    return
+            try:
+                if self._stop.is_set():
+                    return
+                for summary in self.limiter.expired():
+                    self.emit(summary)
+            finally:
+                self.release()
+
+    def acquire_timeout(self, timeout: float) -> bool:
+        """The handler's I/O lock, waiting at most ``timeout`` seconds."""
+        return self.lock.acquire(timeout=timeout) if self.lock is not None else True
+
+    def flush_summaries(self) -> None:
+        """Write the summary of every window that has a count, ended or not."""
+        with self._locked():
+            for summary in self.limiter.expired(everything=True):
+                self.emit(summary)
+
+    def close(self) -> None:
+        """Write what is still counted, then stop the summary thread."""
+        with self._locked():
+            if not self._stop.is_set():
+                self._stop.set()
+                for summary in self.limiter.expired(everything=True):
+                    self.emit(summary)
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        super().close()
+
+
+class _HandlerLock:
+    """``with``: the handler's I/O lock (``Handler.acquire``/``release``)."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        self.handler = handler
+
+    def __enter__(self) -> None:
+        self.handler.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.handler.release()
 
 
 def setup_logging(level: str = "info") -> None:
-    """Route every logger (ours, the SDK's, grpc's) through the one-line formatter on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(OneLineFormatter())
+    """Route every logger (ours, the SDK's, grpc's) through the one-line, flood-limited handler on stderr."""
+    handler = OneLineHandler(sys.stderr)
     root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, OneLineHandler):
+            old.close()  # its counts are written and its thread stopped
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
