@@ -36,6 +36,8 @@ class ReplayResult:
     lines_skipped: int = 0
     points: int = 0
     points_skipped: int = 0
+    #: Of the points skipped, those refused by a cap (limits.py), by reason.
+    limited: Counter[str] = field(default_factory=Counter)
     frames: int = 0
     evaluations: int = 0
     verdict_lines: int = 0
@@ -148,6 +150,8 @@ def replay(
     for _path, lineno, raw in read_lines(paths):
         decoded = decoder.decode(raw, lineno)
         frames, errors = decoded.frames, decoded.errors
+        if decoded.limited:
+            result.limited.update(decoded.limited)
         if errors:
             result.error_count += len(errors)
             room = SHOWN_ERRORS - len(result.errors)
@@ -176,6 +180,13 @@ def replay(
     result.points = decoder.points
     result.points_skipped = decoder.points_skipped
     return result
+
+
+def skip_summary(result: ReplayResult) -> str:
+    """What was skipped, in one line: lines, points and, of the points, those the caps refused by reason."""
+    refused = ", ".join(f"{reason} {n}" for reason, n in result.limited.items())
+    by_cap = f" (refused by caps: {refused})" if refused else ""
+    return f"skipped: {result.lines_skipped} lines, {result.points_skipped} points{by_cap}"
 
 
 def summary_rows(result: ReplayResult) -> list[tuple[str, str, int]]:

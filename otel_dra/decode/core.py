@@ -311,28 +311,31 @@ class SeriesIndex:
             or any(len(k) > cap or len(v) > cap for k, v in rest)
         ):
             return Refusal(lim.ATTRIBUTE_LENGTH, metric, metric)
-        descr = -1
-        pairs: tuple[tuple[str, str], ...] = ()
         if parent:
             if not hw_type:
                 return f"({name(hw_id)}) has {cv.HW_PARENT} but no {cv.HW_TYPE}"
-            prefix = parent + "/"
-            sensor = hw_id[len(prefix) :] if hw_id.startswith(prefix) and len(hw_id) > len(prefix) else hw_id
-            column = Column(metric, rest, sensor, hw_type)
             device = parent
         else:
             if hw_type in SENSOR_TYPES:
                 return f"({name(hw_id)}) is a {hw_type} sensor without {cv.HW_PARENT}"
-            column = Column(metric, rest)
             device = hw_id
+        if admit is not None:  # before the series cap: each refusal stays what it was when the point repeats
+            refused = admit(device)
+            if refused is not None:
+                return refused
+        descr = -1
+        pairs: tuple[tuple[str, str], ...] = ()
+        if parent:
+            assert hw_type  # checked above
+            prefix = parent + "/"
+            sensor = hw_id[len(prefix) :] if hw_id.startswith(prefix) and len(hw_id) > len(prefix) else hw_id
+            column = Column(metric, rest, sensor, hw_type)
+        else:
+            column = Column(metric, rest)
             pairs = tuple((k, shorten(attrs[k], cap)) for k in DESCRIPTIVE if k in attrs)
         col = self.schema.find(column)
         if col is None and len(self.schema) >= self.limits.max_series:
             return Refusal(lim.SERIES, column, metric)
-        if admit is not None:
-            refused = admit(device)
-            if refused is not None:
-                return refused
         if pairs:
             descr = self.descr_index.get(pairs, -1)
             if descr < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import subprocess
@@ -160,3 +161,33 @@ def test_plot_draws_a_png(tmp_path, trace):
     result = otel_dra("replay", str(trace), "-o", str(tmp_path / "v.jsonl"), "--plot", str(png))
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_points_refused_by_the_caps_are_skipped_and_counted_by_reason(tmp_path):
+    """Issue #14: a line naming a node that is no Kubernetes name and more devices than a node may have
+    is read for what it may keep; the rest is skipped, counted by reason in the summary."""
+    from otel_dra.decode.limits import DEVICES_PER_NODE, NODE_NAME
+    from otel_dra.policy import load
+    from otel_dra.replay import replay, skip_summary
+
+    def line(node: str, n: int) -> str:
+        pts = [
+            {
+                "attributes": [{"key": "hw.id", "value": {"stringValue": f"gpu-{i}"}}],
+                "timeUnixNano": "1",
+                "asDouble": 1.0,
+            }
+            for i in range(n)
+        ]
+        res = {"attributes": [{"key": "k8s.node.name", "value": {"stringValue": node}}]}
+        metric = {"name": "hw.power", "gauge": {"dataPoints": pts}}
+        return json.dumps({"resourceMetrics": [{"resource": res, "scopeMetrics": [{"metrics": [metric]}]}]})
+
+    trace = write_trace(tmp_path / "t.jsonl", {"n": (2, [])}, 30, extra_lines=[line("Bad_Node", 3), line("big", 300)])
+    result = replay([trace], load(), io.StringIO())
+    assert dict(result.limited) == {NODE_NAME: 3, DEVICES_PER_NODE: 300 - 256}
+    assert result.points_skipped >= 3 + 44 and result.lines_skipped == 0
+    assert skip_summary(result) == (
+        f"skipped: 0 lines, {result.points_skipped} points (refused by caps: node_name 3, devices_per_node 44)"
+    )
+    assert any("more than 256 devices on one node" in e.message for e in result.errors)
