@@ -5,6 +5,9 @@ Each source class also owns its discovery: :meth:`SourceClass.probe` says what i
 on this machine with the very code it reads with, so ``--source auto`` (:func:`choose`) can never
 pick a source by one rule that then reports nothing by another (a server whose only display
 device is its BMC's VGA once got sysfs chosen and no GPU reported).
+
+Every source :func:`build` opens is bounded (:mod:`otel_dra.sources.bounds`): a node showing
+thousands of devices, or a driver reporting a multi-kB serial, can't make unbounded rows or labels.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from otel_dra.frame import Frame, Schema
 
 if TYPE_CHECKING:
+    from otel_dra.decode.limits import DecodeLimits
     from otel_dra.faults import Fault
 
 
@@ -137,7 +141,10 @@ def reason(name: str, probes: tuple[Probe, ...]) -> str:
     return f"{said}; running the {name} source"
 
 
-def build(config: SourceSettings, schema: Schema) -> tuple[Source, str]:
-    """The source ``--source`` names (``auto`` picks one), opened, and why it was chosen."""
+def build(config: SourceSettings, schema: Schema, limits: DecodeLimits | None = None) -> tuple[Source, str]:
+    """The source ``--source`` names (``auto`` picks one), opened, and why it was chosen; its frames
+    bounded by ``limits`` (default :class:`~otel_dra.decode.limits.DecodeLimits`), as the decoders' are."""
+    from otel_dra.sources.bounds import BoundedSource  # here: the decoders' limits are not for the CLI's import
+
     name, probes = choose(config)
-    return source_class(name).from_config(config, schema), reason(name, probes)
+    return BoundedSource(source_class(name).from_config(config, schema), limits), reason(name, probes)
