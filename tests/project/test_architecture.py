@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "otel_dra"
 LAYERS: list[set[str]] = [
     {"__init__", "vocabulary", "conventions", "frame", "faults", "logs", "component"},  # foundations
     {"policy", "policies"},  # the policy: data (the default YAML), validated
-    {"sources", "decode", "classifier", "scenario"},  # samples in, verdicts out
+    {"sources", "decode", "classifier", "scenario", "serve"},  # samples in, verdicts out; serving HTTP
     {"state"},  # shared between stages: the board, the newest frames
     {"receivers", "sinks"},  # the pipeline's edges
     {"config"},  # the agent's and the fleet's configs, made of the components'

@@ -1,0 +1,380 @@
+"""One bounded HTTP/1.1 server for the OTLP/HTTP receiver and the ``/metrics`` endpoint.
+
+The protocol is aiohttp's: its llhttp parser handles the request line, headers, ``Content-Length``,
+chunked bodies, and refuses a request that has both ``Content-Length`` and ``Transfer-Encoding``
+(request smuggling) with 400. What this module adds is what a server facing a whole network needs
+and aiohttp leaves to the application, after Go's ``net/http`` (which the Collector uses) and nginx:
+
+- **asyncio, not a thread per connection**: a held connection costs a file descriptor and a few
+  kB, nothing else. Work that takes CPU (decoding a request, rendering a page) goes to a small
+  worker pool (:meth:`HttpServer.offload`), so the event loop keeps accepting and timing out.
+- **a connection cap** (:class:`~otel_dra.serve.config.HttpServerConfig`): past it, the connection
+  idle the longest is closed to make room (nginx's reuse of keep-alive connections), so one client
+  holding connections cannot lock the others out; with none idle, the newcomer is closed.
+- **a header timeout** from a connection's arrival, or from the first byte of its next request,
+  to complete headers (slowloris); **an idle timeout** between requests; **a body timeout** and a
+  size cap in :func:`read_body`; header line and count limits in the parser.
+- **no spin at the fd limit**: asyncio stops accepting for a second when ``accept()`` fails with
+  EMFILE, and keeps serving the connections it has; the log line about it is rate-limited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import ssl
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, TypeVar
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+
+from otel_dra.serve.config import HttpServerConfig
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
+
+#: Connections waiting in the kernel to be accepted (asyncio's default is 100).
+BACKLOG: Final = 512
+#: Bytes read from a body at a time.
+_CHUNK: Final = 1 << 16
+#: Seconds a connection is read (and the bytes dropped) after an answer given before its body was read
+#: (413, 408), so that the client sees the answer rather than a reset; then it is closed.
+LINGER_S: Final = 2.0
+#: Counters of :meth:`HttpServer.stats`. ``bad_requests``: refused by the parser (malformed request line or
+#: headers, headers too long, Content-Length with Transfer-Encoding), answered 400 by aiohttp.
+STATS: Final = ("accepted", "evicted", "refused", "header_timeouts", "bad_requests")
+
+
+class BodyError(Exception):
+    """A request body that can't be taken: ``status`` is the HTTP answer (413, 408, 400, 411)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> bytes:
+    """The request's body, at most ``limit`` bytes, all of it within ``timeout_s``. A declared length
+    over the limit is refused before a byte of it is read; a chunked body is refused at the first
+    byte past it. Raises :class:`BodyError`."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise BodyError(413, f"{length:,}")
+    if length is None and request.headers.get("Transfer-Encoding", "").lower().find("chunked") < 0:
+        if request.method in ("POST", "PUT", "PATCH"):
+            raise BodyError(411, "Content-Length required")
+        return b""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                chunk = await request.content.readany()
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise BodyError(413, f"more than {limit:,}")
+                parts.append(chunk)
+    except TimeoutError:
+        raise BodyError(408, f"the body did not arrive within {timeout_s:g} s") from None
+    except (ConnectionError, RequestPayloadError) as exc:  # the client went away mid-body, or sent a bad chunk
+        raise BodyError(400, f"the body could not be read: {exc}") from None
+    if length is not None and size < length:
+        raise BodyError(400, f"the body ended after {size:,} of {length:,} bytes")
+    return b"".join(parts)
+
+
+def gunzip(body: bytes, limit: int) -> bytes:
+    """A gzip body (one or more members), refusing to inflate past ``limit`` bytes (a gzip bomb is
+    refused after ``limit`` bytes of work, however small it was on the wire). Raises
+    :class:`BodyError`: 413 past the limit, 400 for bytes that are not gzip."""
+    out: list[bytes] = []
+    size = 0
+    data = body
+    while data:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            chunk = inflater.decompress(data, limit + 1 - size)
+        except zlib.error as exc:
+            raise BodyError(400, f"body is not valid gzip: {exc}") from None
+        size += len(chunk)
+        if size > limit:
+            raise BodyError(413, f"more than {limit:,} (inflated)")
+        if not inflater.eof:
+            raise BodyError(400, "body is not valid gzip: truncated")
+        out.append(chunk)
+        data = inflater.unused_data
+    return b"".join(out)
+
+
+class _Connection(RequestHandler):
+    """aiohttp's connection, with the header timeout: armed when the connection arrives and at the
+    first byte after a response, disarmed when a request's headers are complete."""
+
+    def __init__(self, manager: _Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.owner = manager
+        self.busy = False
+        self.header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.arm()
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy and self.header_timer is None:
+            self.arm()
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.disarm()
+        super().connection_lost(exc)
+
+    def remote_address(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return str(peer[0]) if peer else "?"
+
+    def arm(self) -> None:
+        self.header_timer = self._loop.call_later(self.owner.config.header_timeout_s, self._headers_late)
+
+    def disarm(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _headers_late(self) -> None:
+        self.header_timer = None
+        if not self.busy:
+            self.owner.count("header_timeouts")
+            self.force_close()
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        """aiohttp's report of a request it could not take, as one line: a parser refusal (the
+        client's fault, answered 400) is counted and logged without a traceback (a flood of them is
+        summarised by the log's limiter)."""
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            self.owner.count("bad_requests")
+            first = str(exc.message).strip().splitlines()[0] if exc.message else type(exc).__name__
+            log.warning("refused a malformed request from %s: %s", self.remote_address(), first)
+            return
+        log.warning("a request failed: %s", exc if isinstance(exc, BaseException) else args[0] if args else "?")
+
+
+class _Server(web.Server):
+    """aiohttp's low-level server, holding the connection cap: idle connections in the order they
+    became idle, the oldest closed first when a new one needs the room."""
+
+    def __init__(self, handler: Handler, config: HttpServerConfig, counts: dict[str, int], **kwargs: Any) -> None:
+        super().__init__(self._handle, **kwargs)
+        self.config = config
+        self.max_connections = config.connections()
+        self._user_handler = handler
+        self._idle: OrderedDict[RequestHandler, None] = OrderedDict()
+        self._counts = counts
+
+    def count(self, what: str) -> None:
+        self._counts[what] += 1
+
+    def __call__(self) -> RequestHandler:
+        return _Connection(self, loop=self._loop, **self._kwargs)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self.count("accepted")
+        self._idle[handler] = None
+        if len(self._connections) <= self.max_connections:
+            return
+        victim = next((h for h in self._idle if h is not handler), None)
+        if victim is None:  # every other connection is busy with a request: the newcomer waits outside
+            self.count("refused")
+            self._idle.pop(handler, None)
+            handler.force_close()
+            return
+        self.count("evicted")
+        del self._idle[victim]
+        victim.force_close()
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self._idle.pop(handler, None)
+        super().connection_lost(handler, exc)
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        conn = request.protocol
+        if isinstance(conn, _Connection):
+            conn.busy = True
+            conn.disarm()
+        self._idle.pop(conn, None)
+        try:
+            response = await self._user_handler(request)
+            response.headers.setdefault("Server", "otel-dra")  # not aiohttp's, with its version
+            return response
+        finally:
+            if isinstance(conn, _Connection):
+                conn.busy = False
+            if conn.transport is not None:
+                self._idle[conn] = None
+
+
+class HttpServer:
+    """One listening socket served by an asyncio loop on its own thread; ``handler`` answers each
+    request (aiohttp's request and response types). The socket is bound when this is built, so a
+    port in use fails before anything starts (:class:`OSError`, one line naming the port).
+
+    ``tls``: called for each new connection's context (the newest certificate; see
+    :mod:`otel_dra.receivers.tls`). ``workers``: threads for :meth:`offload`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        handler: Handler,
+        config: HttpServerConfig | None = None,
+        *,
+        tls: Callable[[], ssl.SSLContext] | None = None,
+        workers: int = 1,
+    ) -> None:
+        self.name = name
+        self.config = config or HttpServerConfig()
+        self._handler = handler
+        self._tls = tls
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self._sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            hint = f" (is another process using port {port}?)" if exc.errno == errno.EADDRINUSE else ""
+            raise OSError(f"cannot listen for {name} on {host}:{port}: {why}{hint}") from None
+        self._sock.setblocking(False)
+        self.host = host
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{name.replace(' ', '-')}-work")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: _Server | None = None
+        self._listener: asyncio.base_events.Server | None = None
+        self._counts = dict.fromkeys(STATS, 0)
+        self.max_connections = self.config.connections()
+
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
+
+    def stats(self) -> dict[str, int]:
+        """Counters so far (:data:`STATS`) and ``open``, the connections open now."""
+        server = self._server
+        return {**self._counts, "open": len(server.connections) if server is not None else 0}
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the worker pool: CPU work must not stall the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name}: already started")
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            loop.set_exception_handler(self._loop_error)
+            try:
+                loop.run_until_complete(self._listen())
+            except BaseException as exc:
+                failure.append(exc)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=self.name.replace(" ", "-"), daemon=True)
+        self._thread.start()
+        started.wait()
+        if failure:
+            self._thread = None
+            raise failure[0]
+
+    async def _listen(self) -> None:
+        cfg = self.config
+        self._server = _Server(
+            self._handler,
+            cfg,
+            self._counts,
+            keepalive_timeout=cfg.idle_timeout_s,
+            max_line_size=cfg.max_header_line_bytes,
+            max_field_size=cfg.max_header_line_bytes,
+            max_headers=cfg.max_headers,
+            auto_decompress=False,  # bodies are inflated by gunzip(), bounded
+            lingering_time=LINGER_S,
+            access_log=None,
+        )
+        context = None
+        if self._tls is not None:
+            provider = self._tls
+            context = provider()
+
+            def newest(ssl_object: ssl.SSLObject, _server_name: str | None, _context: ssl.SSLContext) -> None:
+                ssl_object.context = provider()  # a renewed certificate, for this connection on
+
+            context.sni_callback = newest
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._server,
+            sock=self._sock,
+            ssl=context,
+            ssl_handshake_timeout=cfg.header_timeout_s if context is not None else None,
+            backlog=BACKLOG,
+        )
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's complaints (``accept()`` out of file descriptors: it retries in a second) as one line."""
+        exc = context.get("exception")
+        log.warning("%s: %s%s", self.name, context.get("message", "event loop error"), f": {exc}" if exc else "")
+
+    def shutdown(self, timeout_s: float = 1.0) -> None:
+        """Stop listening; requests in flight get half of ``timeout_s`` to finish, then every
+        connection is closed."""
+        loop, thread = self._loop, self._thread
+        self._thread = None
+        if loop is None or thread is None:
+            self._sock.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
+
+        async def stop() -> None:
+            if self._listener is not None:
+                self._listener.close()
+            if self._server is not None:
+                await self._server.shutdown(timeout_s / 2)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:  # connections still open (held idle, mid-body): their handlers end here
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout_s / 2 + 1.0)
+        except Exception as exc:  # a connection that would not close: the loop's end closes it
+            log.debug("%s: shutdown: %s", self.name, exc)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout_s / 2 + 1.0)
+        self._sock.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,142 @@
+"""The bounded HTTP server, over real sockets: the connection cap makes room for a newcomer, slow
+headers and slow bodies are cut off, a smuggling attempt is refused, bodies are capped before and
+after inflation, and the server shuts down with connections still held."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import web
+
+from otel_dra.serve.config import AUTO_MAX_CONNECTIONS, AUTO_MIN_CONNECTIONS, HttpServerConfig
+from otel_dra.serve.http import BodyError, HttpServer, gunzip, read_body
+
+LIMIT = 1000
+
+
+async def echo(request: web.BaseRequest) -> web.Response:
+    try:
+        body = await read_body(request, LIMIT, 1.0)
+    except BodyError as exc:
+        reply = web.Response(status=exc.status, text=str(exc))
+        reply.force_close()
+        return reply
+    return web.Response(text=f"got {len(body)}")
+
+
+@pytest.fixture
+def server() -> Iterator[HttpServer]:
+    config = HttpServerConfig(max_connections=8, header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=3.0)
+    srv = HttpServer("test server", "127.0.0.1", 0, echo, config)
+    srv.start()
+    yield srv
+    srv.shutdown(1.0)
+
+
+def exchange(port: int, data: bytes, wait_s: float = 3.0) -> tuple[bytes, float]:
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return out, time.monotonic() - started
+
+
+def post(body: bytes, *headers: str) -> bytes:
+    lines = ["POST / HTTP/1.1", "Host: x", "Connection: close", f"Content-Length: {len(body)}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def test_a_request_is_served_and_the_server_says_who_it_is(server):
+    answer, _ = exchange(server.port, post(b"abc"))
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"got 3")
+    assert b"Server: otel-dra\r\n" in answer and b"aiohttp" not in answer
+
+
+def test_held_connections_past_the_cap_make_room_for_a_newcomer(server):
+    held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+    try:
+        time.sleep(0.3)
+        answer, took = exchange(server.port, post(b"x"))
+        assert answer.startswith(b"HTTP/1.1 200") and took < 0.5
+        stats = server.stats()
+        assert stats["open"] <= 8 and stats["evicted"] >= 40 - 8
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_slow_headers_are_cut_off(server):
+    answer, took = exchange(server.port, b"POST / HTTP/1.1\r\nHost: x\r\n", wait_s=5)
+    assert answer == b"" and 0.9 < took < 2.5
+    assert server.stats()["header_timeouts"] == 1
+
+
+def test_a_silent_connection_is_cut_off_at_the_header_timeout(server):
+    _, took = exchange(server.port, b"", wait_s=5)
+    assert 0.9 < took < 2.5
+
+
+def test_a_trickled_body_gets_408(server):
+    answer, took = exchange(server.port, b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
+    assert answer.startswith(b"HTTP/1.1 408") and took < 5
+
+
+def test_content_length_with_transfer_encoding_is_refused_whole(server):
+    second = post(b"smuggled")
+    answer, _ = exchange(
+        server.port, post(b"0\r\n\r\n", "Transfer-Encoding: chunked").replace(b"Connection: close\r\n", b"") + second
+    )
+    assert answer.split(b"\r\n", 1)[0].split(b" ")[1] == b"400"
+    assert b"got" not in answer
+    assert server.stats()["bad_requests"] == 1
+
+
+def test_bodies_are_capped_by_declared_length_by_chunks_and_after_inflation(server):
+    declared = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\nonly the start"
+    assert exchange(server.port, declared)[0].startswith(b"HTTP/1.1 413")  # refused before the body is read
+    chunk = b"200\r\n" + b"y" * 512 + b"\r\n"
+    chunked = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 2 + b"0\r\n\r\n"
+    assert exchange(server.port, chunked)[0].startswith(b"HTTP/1.1 413")
+    bomb = gzip.compress(b"\0" * (10 << 20))
+    with pytest.raises(BodyError) as refused:
+        gunzip(bomb, LIMIT)
+    assert refused.value.status == 413
+    assert gunzip(gzip.compress(b"ab") + gzip.compress(b"cd"), LIMIT) == b"abcd"  # several members
+    with pytest.raises(BodyError, match="not valid gzip"):
+        gunzip(b"\x1f\x8b nope", LIMIT)
+
+
+def test_shutdown_with_connections_held_is_prompt():
+    srv = HttpServer("test server", "127.0.0.1", 0, echo, HttpServerConfig(max_connections=4))
+    srv.start()
+    held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
+    started = time.monotonic()
+    srv.shutdown(1.0)
+    assert time.monotonic() - started < 2.5
+    for s in held:
+        s.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=1)
+
+
+def test_a_port_in_use_is_one_line_naming_it(server):
+    taken = rf"cannot listen for test server on 127.0.0.1:{server.port}: Address already in use \(is another process"
+    with pytest.raises(OSError, match=taken):
+        HttpServer("test server", "127.0.0.1", server.port, echo)
+
+
+def test_config_bounds():
+    assert AUTO_MIN_CONNECTIONS <= HttpServerConfig().connections() <= AUTO_MAX_CONNECTIONS
+    assert HttpServerConfig(max_connections=3).connections() == 3
+    for bad in ({"max_connections": 0}, {"header_timeout_s": 0}, {"idle_timeout_s": -1}):
+        with pytest.raises(ValueError, match="must be"):
+            HttpServerConfig(**bad)
