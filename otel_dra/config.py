@@ -9,6 +9,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from otel_dra.decode.limits import DecodeLimits
 from otel_dra.faults import Fault
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig, K8sOutputConfig, KubeletConfig, OtlpPushConfig
@@ -59,8 +60,11 @@ class AgentConfig:
             raise ConfigError(f"--source {self.source!r} is not known; use one of: {', '.join(SOURCES)}")
         if self.faults and self.source not in ("simulated", "auto"):
             raise ConfigError("--fault injects into the simulated source only; use --source simulated")
-        if self.devices < 1:
-            raise ConfigError(f"--devices must be at least 1, got {self.devices}")
+        if not 1 <= self.devices <= DecodeLimits.max_devices_per_node:
+            raise ConfigError(
+                f"--devices must be 1 to {DecodeLimits.max_devices_per_node} (the per-node device limit), "
+                f"got {self.devices}"
+            )
         if not (self.interval_s > 0):
             raise ConfigError(f"--interval must be a positive number of seconds, got {self.interval_s}")
         if self.health_attribute not in HEALTH_ATTRIBUTE_MODES:
@@ -103,7 +107,12 @@ class FleetConfig:
     evaluate_every_s: float = 5.0
     node_name: str = ""  # the fleet's own k8s.node.name on its self-telemetry; default: the host name
     k8s: ClusterWriterConfig | None = None  # --k8s-apply: the cluster's one DeviceTaintRule writer
+    #: Points decoded but not yet ingested (the queue between the receivers and the next tick). Past it the
+    #: receivers answer with backpressure until a tick drains it (``--max-queued-points``): about 12 bytes a point.
+    max_queued_points: int = 4_000_000
 
     def __post_init__(self) -> None:
         if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:
             raise ConfigError("--sample-interval and --evaluate-every must be positive numbers of seconds")
+        if self.max_queued_points < 1:
+            raise ConfigError(f"--max-queued-points must be at least 1, got {self.max_queued_points}")

@@ -206,7 +206,7 @@ OTEL_DRA_RECEIVER_REQUESTS = _extension(
     "{request}",
     COUNTER,
     "OTLP metrics export requests received, by transport (grpc, http) and outcome "
-    "(ok, partial, invalid, too_large, error).",
+    "(ok, partial, invalid, too_large, error, overloaded).",
 )
 OTEL_DRA_RECEIVER_POINTS = _extension(
     "otel_dra.receiver.points",
@@ -214,8 +214,29 @@ OTEL_DRA_RECEIVER_POINTS = _extension(
     COUNTER,
     "Data points in OTLP metrics export requests that were decoded, by outcome (accepted into frames, rejected).",
 )
+OTEL_DRA_RECEIVER_REFUSED = _extension(
+    "otel_dra.receiver.refused",
+    "{point}",
+    COUNTER,
+    "Data points refused past a cardinality or size limit, by reason (node_name, nodes, devices, devices_per_node, "
+    "series, attribute_length); also counted as rejected.",
+)
+OTEL_DRA_RECEIVER_CONNECTIONS = _extension(
+    "otel_dra.receiver.connections",
+    "{connection}",
+    GAUGE,
+    "Connections open to the OTLP/HTTP receiver (bounded by --max-connections).",
+)
 #: Metrics only `otel-dra fleet` emits, by name.
-FLEET_METRICS: dict[str, MetricSpec] = {s.name: s for s in (OTEL_DRA_RECEIVER_REQUESTS, OTEL_DRA_RECEIVER_POINTS)}
+FLEET_METRICS: dict[str, MetricSpec] = {
+    s.name: s
+    for s in (
+        OTEL_DRA_RECEIVER_REQUESTS,
+        OTEL_DRA_RECEIVER_POINTS,
+        OTEL_DRA_RECEIVER_REFUSED,
+        OTEL_DRA_RECEIVER_CONNECTIONS,
+    )
+}
 
 # The agent's OTLP push (its sending queue: otel_dra/sinks/sending_queue.py).
 PUSH_OUTCOME: Final = "outcome"

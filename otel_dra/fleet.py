@@ -57,6 +57,7 @@ class Fleet:
         self.classifier = Classifier(policy, self.schema, interval_s=config.sample_interval_s, capacity=1024)
         self.board = VerdictBoard()
         self._pending: list[Frame] = []
+        self._pending_points = 0  # cells of the queued frames' matrices: what the queue holds
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         self._last_tick = 0.0
@@ -71,13 +72,22 @@ class Fleet:
     def on_frames(self, frames: list[Frame]) -> None:
         """A request's frames (called on the receiver's threads): queued for the next tick."""
         if frames:
+            cells = sum(f.values.size for f in frames)
             with self._pending_lock:
                 self._pending.extend(frames)
+                self._pending_points += cells
+
+    def backlog(self) -> float | None:
+        """Asked by the receivers before each request: None to take it, or seconds to wait when the queue
+        is full (the next tick drains it)."""
+        if self._pending_points < self.config.max_queued_points:
+            return None
+        return self.config.evaluate_every_s
 
     def tick(self, now_unix_nano: int | None = None) -> list[Verdict]:
         """Ingest everything queued since the last tick, judge every device, publish the changes."""
         with self._pending_lock:
-            frames, self._pending = self._pending, []
+            frames, self._pending, self._pending_points = self._pending, [], 0
         now = time.time_ns() if now_unix_nano is None else now_unix_nano
         if frames:
             # The fleet's clock is the reference: a node is fresh when it was heard, whatever its own clock says.
@@ -160,6 +170,10 @@ class Fleet:
             meter,
             tls=rc.tls,
             max_future_s=rc.max_future_s or None,
+            limits=rc.limits,
+            http=rc.http,
+            backlog=self.backlog,
+            max_pending=rc.max_pending_requests,
         )
         self.receiver = run.start("OTLP receiver", receiver)
         self._last_tick = time.monotonic()

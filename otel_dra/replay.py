@@ -20,6 +20,7 @@ import numpy as np
 
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.config import FleetConfig
+from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.otlp_json import DecodeError, OtlpJsonDecoder, read_lines
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
@@ -116,16 +117,18 @@ def replay(
     out: IO[str],
     progress: Callable[[int], None] | None = None,
     evaluate_every_s: float = FleetConfig.evaluate_every_s,
+    limits: DecodeLimits | None = None,
 ) -> ReplayResult:
     """Stream ``paths`` through the classifier, evaluating every ``evaluate_every_s`` of the
     recording's clock (:class:`TraceClock`); write changed verdicts to ``out``.
 
     Decoded frames are ingested in batches, once per evaluation, and dropped: a replay costs
     O(samples), and holds the classifier's state, not the recording. Verdict times are each
-    device's own node's time (the input's time base), so they line up with its samples."""
+    device's own node's time (the input's time base), so they line up with its samples. ``limits``:
+    the caps on what the input may create, as the fleet's receiver has them (skipped and counted)."""
     result = ReplayResult()
     schema = Schema()
-    decoder = OtlpJsonDecoder(schema)
+    decoder = OtlpJsonDecoder(schema, limits=limits or DecodeLimits())
     classifier = Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True)
     clock = TraceClock()
     pending: list[Frame] = []

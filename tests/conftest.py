@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -73,6 +74,7 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
 REALTIME_MODULES = frozenset(
     {
         "test_deploy.py",
+        "test_e2e_attacks.py",
         "test_e2e_fleet.py",
         "test_e2e_fleet_k8s.py",
         "test_e2e_kubelet.py",
@@ -213,17 +215,23 @@ class FleetProcess:
             self.proc.kill()
 
 
-def spawn_fleet(tmp_path: Path, *args: str, env: dict[str, str] | None = None, name: str = "fleet") -> FleetProcess:
+def spawn_fleet(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, name: str = "fleet", nofile: int | None = None
+) -> FleetProcess:
     """``otel-dra fleet`` as a user runs it, on free loopback ports, 1 s sampling and evaluation; healthy.
-    ``name``: its log is ``<name>.log`` (several fleets in one test)."""
+    ``name``: its log is ``<name>.log`` (several fleets in one test). ``nofile``: its open-files limit
+    (``ulimit -n``), soft and hard."""
     ports = {"grpc": free_port(), "http": free_port(), "prom": free_port()}
     log = tmp_path / f"{name}.log"
     argv = [sys.executable, "-m", "otel_dra", "fleet", "--host", "127.0.0.1", "--otlp-grpc-port", str(ports["grpc"])]
     argv += ["--otlp-http-port", str(ports["http"]), "--prometheus-port", str(ports["prom"])]
     argv += ["--sample-interval", "1", "--evaluate-every", "1", *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    limit = None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**clean, **(env or {})})
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**clean, **(env or {})}, preexec_fn=limit
+        )
     fleet = FleetProcess(ports, proc, log)
     wait_for(lambda: http_get(fleet.url + "/healthz", 1)[0] == 200 or proc.poll() is not None, 30, "the fleet")
     assert proc.poll() is None, log.read_text()

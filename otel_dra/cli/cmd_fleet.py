@@ -6,7 +6,16 @@ import click
 
 from otel_dra.cli import common
 from otel_dra.cli.common import load_policy
-from otel_dra.cli.options import Seconds, k8s_driver_option, log_level_option, policy_option
+from otel_dra.cli.options import (
+    Seconds,
+    decode_limits,
+    http_server_config,
+    http_server_options,
+    k8s_driver_option,
+    limit_options,
+    log_level_option,
+    policy_option,
+)
 from otel_dra.config import ClusterWriterConfig, FleetConfig
 from otel_dra.logs import setup_logging
 from otel_dra.receivers.config import ReceiverConfig
@@ -69,6 +78,24 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
     "partial success); a node whose clock ran ahead would otherwise make its later, correct points look old. "
     "0: no bound.",
 )
+@click.option(
+    "--max-pending-requests",
+    type=click.IntRange(min=1),
+    default=ReceiverConfig.max_pending_requests,
+    show_default=True,
+    help="Requests at most being read or waiting to be decoded; past it clients are told to retry later "
+    "(UNAVAILABLE / 503 with Retry-After), as the Collector's memory limiter does.",
+)
+@click.option(
+    "--max-queued-points",
+    type=click.IntRange(min=1),
+    default=FleetConfig.max_queued_points,
+    show_default=True,
+    help="Values decoded but not yet evaluated at most (about 8 bytes each); past it clients are told to retry "
+    "after the next evaluation.",
+)
+@limit_options
+@http_server_options
 @click.option(
     "--tls-cert-file",
     default=None,
@@ -161,6 +188,17 @@ def fleet(
     evaluate_every: float,
     max_request_bytes: int,
     max_future: float,
+    max_pending_requests: int,
+    max_queued_points: int,
+    max_nodes: int,
+    max_devices: int,
+    max_devices_per_node: int,
+    max_series: int,
+    max_attribute_length: int,
+    max_connections: int | None,
+    header_timeout: float,
+    body_timeout: float,
+    idle_timeout: float,
     tls_cert_file: str | None,
     tls_key_file: str | None,
     tls_client_ca_file: str | None,
@@ -215,6 +253,8 @@ def fleet(
                 leader_elect=leader_elect,
                 lease=lease,
             )
+        http = http_server_config(max_connections, header_timeout, body_timeout, idle_timeout)
+        limits = decode_limits(max_nodes, max_devices, max_devices_per_node, max_series, max_attribute_length)
         config = FleetConfig(
             receiver=ReceiverConfig(
                 host=host,
@@ -223,8 +263,12 @@ def fleet(
                 max_request_bytes=max_request_bytes,
                 max_future_s=max_future,
                 tls=tls,
+                max_pending_requests=max_pending_requests,
+                limits=limits,
+                http=http,
             ),
-            endpoint=EndpointConfig(host=host, port=prometheus_port),
+            endpoint=EndpointConfig(host=host, port=prometheus_port, http=http),
+            max_queued_points=max_queued_points,
             sample_interval_s=sample_interval,
             evaluate_every_s=evaluate_every,
             k8s=k8s,

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from otel_dra.cli.common import load_policy
-from otel_dra.cli.options import Seconds, progress_bar
+from otel_dra.cli.options import Seconds, decode_limits, limit_options, progress_bar
 from otel_dra.config import FleetConfig
 
 
@@ -33,6 +33,7 @@ from otel_dra.config import FleetConfig
     show_default=True,
     help="Judge the fleet every this much of the recording's time (as 'otel-dra fleet' does live).",
 )
+@limit_options
 def replay(
     files: tuple[Path, ...],
     output: str,
@@ -40,6 +41,11 @@ def replay(
     strict: bool,
     plot: Path | None,
     evaluate_every: float,
+    max_nodes: int,
+    max_devices: int,
+    max_devices_per_node: int,
+    max_series: int,
+    max_attribute_length: int,
 ) -> None:
     """Replay recorded telemetry (OTLP JSON lines, gzip too) through the classifier.
 
@@ -54,7 +60,7 @@ def replay(
     from rich.table import Table
 
     from otel_dra.decode.otlp_json import InputFileError
-    from otel_dra.replay import plot_timeline, summary_rows
+    from otel_dra.replay import plot_timeline, skip_summary, summary_rows
     from otel_dra.replay import replay as run_replay
 
     policy = load_policy(policy_file)
@@ -77,7 +83,10 @@ def replay(
     try:
         with progress:
             reading = progress.add_task("replaying", total=total or None)
-            result = run_replay(list(files), policy, out, lambda n: progress.advance(reading, n), evaluate_every)
+            limits = decode_limits(max_nodes, max_devices, max_devices_per_node, max_series, max_attribute_length)
+            result = run_replay(
+                list(files), policy, out, lambda n: progress.advance(reading, n), evaluate_every, limits
+            )
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
@@ -94,8 +103,7 @@ def replay(
         table.add_row(health, state, str(n))
     err.print(table)
     err.print(
-        f"skipped: {result.lines_skipped} lines, {result.points_skipped} points; "
-        f"wrote {result.verdict_lines} verdict lines to {output}",
+        f"{skip_summary(result)}; wrote {result.verdict_lines} verdict lines to {output}",
         highlight=False,
     )
     if plot is not None and result.usable:

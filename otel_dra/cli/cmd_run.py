@@ -5,7 +5,14 @@ from __future__ import annotations
 import click
 
 from otel_dra.cli import common
-from otel_dra.cli.options import Seconds, k8s_driver_option, log_level_option, policy_option
+from otel_dra.cli.options import (
+    Seconds,
+    http_server_config,
+    http_server_options,
+    k8s_driver_option,
+    log_level_option,
+    policy_option,
+)
 from otel_dra.config import HEALTH_ATTRIBUTE_MODES, AgentConfig, ConfigError, resolve_node_name
 from otel_dra.faults import Fault, FaultSpecError, parse_fault
 from otel_dra.logs import setup_logging
@@ -202,6 +209,7 @@ class FaultType(click.ParamType):
     "deploy/kubernetes/taints/rbac.yaml). For a single node; in a cluster, `otel-dra fleet --k8s-apply` is the "
     "one writer, from every node's view.",
 )
+@http_server_options
 @log_level_option
 def run(
     source: str,
@@ -229,6 +237,10 @@ def run(
     k8s_api_version: str,
     k8s_driver: str | None,
     k8s_apply: bool,
+    max_connections: int | None,
+    header_timeout: float,
+    body_timeout: float,
+    idle_timeout: float,
     log_level: str,
 ) -> None:
     """Run the node agent until SIGTERM or Ctrl-C.
@@ -256,7 +268,11 @@ def run(
             seed=seed,
             policy_path=policy_file,
             health_attribute=health_attribute,
-            endpoint=EndpointConfig(host=prometheus_host, port=prometheus_port),
+            endpoint=EndpointConfig(
+                host=prometheus_host,
+                port=prometheus_port,
+                http=http_server_config(max_connections, header_timeout, body_timeout, idle_timeout),
+            ),
             otlp=OtlpPushConfig(
                 endpoint=resolve_otlp_endpoint(otlp_endpoint),
                 protocol=resolve_otlp_protocol(otlp_protocol),
@@ -291,6 +307,6 @@ def run(
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # the port is taken, the address can't be bound
         raise click.ClickException(
-            f"cannot serve on {prometheus_host}:{prometheus_port}: {exc.strerror}; "
+            f"cannot serve on {prometheus_host}:{prometheus_port}: {exc.strerror or exc}; "
             "pick another --prometheus-port (0 turns the endpoint off)"
         ) from exc

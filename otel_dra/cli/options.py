@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
+    from otel_dra.decode.limits import DecodeLimits
+    from otel_dra.serve.config import HttpServerConfig
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 #: ``--log-level`` (``OTEL_DRA_LOG_LEVEL``).
@@ -88,4 +91,100 @@ def progress_bar(console: Console) -> Progress:
         console=console,
         transient=True,
         disable=not console.is_terminal,
+    )
+
+
+def http_server_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--max-connections``, ``--header-timeout``, ``--body-timeout``, ``--idle-timeout``: the bounds of
+    every HTTP server the command runs (and the gRPC receiver's connections); see ``serve/config.py``."""
+    from otel_dra.serve.config import HttpServerConfig
+
+    d = HttpServerConfig()
+    for option in reversed(
+        (
+            click.option(
+                "--max-connections",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Open connections per server at most; past it the one idle longest is closed to make room. "
+                "Default: a quarter of the open-files limit (ulimit -n), 16 to 4,096.",
+            ),
+            click.option(
+                "--header-timeout",
+                type=Seconds(),
+                default=d.header_timeout_s,
+                show_default=True,
+                help="Seconds a client has, from connecting or from its next request's first byte, to send complete "
+                "headers (a TLS handshake included); then it is disconnected.",
+            ),
+            click.option(
+                "--body-timeout",
+                type=Seconds(),
+                default=d.body_timeout_s,
+                show_default=True,
+                help="Seconds to send a whole request body once its headers are in (408 after).",
+            ),
+            click.option(
+                "--idle-timeout",
+                type=Seconds(),
+                default=d.idle_timeout_s,
+                show_default=True,
+                help="Seconds a keep-alive connection may stay idle between requests.",
+            ),
+        )
+    ):
+        f = option(f)
+    return f
+
+
+def http_server_config(
+    max_connections: int | None, header_timeout: float, body_timeout: float, idle_timeout: float
+) -> HttpServerConfig:
+    """The :class:`~otel_dra.serve.config.HttpServerConfig` of :func:`http_server_options`' values."""
+    from otel_dra.serve.config import HttpServerConfig
+
+    return HttpServerConfig(
+        max_connections=max_connections,
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
+        idle_timeout_s=idle_timeout,
+    )
+
+
+def limit_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--max-nodes``, ``--max-devices``, ``--max-devices-per-node``, ``--max-series``,
+    ``--max-attribute-length``: what input may create (``decode/limits.py``); past a cap points are
+    refused and counted."""
+    from otel_dra.decode.limits import DecodeLimits
+
+    d = DecodeLimits()
+    specs = (
+        ("--max-nodes", d.max_nodes, "Nodes at most (a node silent for an hour frees its place)."),
+        ("--max-devices", d.max_devices, "Devices at most, over all nodes."),
+        ("--max-devices-per-node", d.max_devices_per_node, "Devices at most on one node."),
+        ("--max-series", d.max_series, "Distinct series kinds (metric and attributes) at most, fleet-wide."),
+        (
+            "--max-attribute-length",
+            d.max_attribute_length,
+            "Characters at most in an attribute value: longer descriptive values are shortened, longer hw.id "
+            "or hw.parent values refused. (k8s.node.name must be a DNS subdomain of at most 253.)",
+        ),
+    )
+    for flag, default, text in reversed(specs):
+        f = click.option(flag, type=click.IntRange(min=1), default=default, show_default=True, help=text)(f)
+    return f
+
+
+def decode_limits(
+    max_nodes: int, max_devices: int, max_devices_per_node: int, max_series: int, max_attribute_length: int
+) -> DecodeLimits:
+    """The :class:`~otel_dra.decode.limits.DecodeLimits` of :func:`limit_options`' values."""
+    from otel_dra.decode.limits import DecodeLimits
+
+    return DecodeLimits(
+        max_devices_per_node=max_devices_per_node,
+        max_nodes=max_nodes,
+        max_devices=max_devices,
+        max_series=max_series,
+        max_attribute_length=max_attribute_length,
     )

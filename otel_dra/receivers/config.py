@@ -6,8 +6,11 @@ The ports are OTLP's registered defaults, as the Collector's ``otlpreceiver`` us
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from otel_dra.decode.limits import DecodeLimits
+from otel_dra.serve.config import HttpServerConfig
 
 if TYPE_CHECKING:
     from otel_dra.receivers.tls import TlsSettings
@@ -26,6 +29,11 @@ class ReceiverConfig:
     #: a year ahead would otherwise make its later, correct points "older" than what was read.
     max_future_s: float = 600.0
     tls: TlsSettings | None = None  # both transports; None: plaintext
+    #: Requests at most being read or waiting to be decoded, per process (each may hold max_request_bytes);
+    #: past it the answer is UNAVAILABLE / 503 with a retry delay (``--max-pending-requests``).
+    max_pending_requests: int = 16
+    limits: DecodeLimits = field(default_factory=DecodeLimits)  # caps on nodes, devices, series, value length
+    http: HttpServerConfig = field(default_factory=HttpServerConfig)  # connections and timeouts (gRPC's too)
 
     def __post_init__(self) -> None:
         for flag, port in (("--otlp-grpc-port", self.grpc_port), ("--otlp-http-port", self.http_port)):
@@ -33,6 +41,8 @@ class ReceiverConfig:
                 raise ValueError(f"{flag} must be a TCP port (0 turns it off), got {port}")
         if self.max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be at least 1, got {self.max_request_bytes}")
+        if self.max_pending_requests < 1:
+            raise ValueError(f"--max-pending-requests must be at least 1, got {self.max_pending_requests}")
         if not self.max_future_s >= 0:
             raise ValueError(f"--max-future must be 0 (no bound) or a number of seconds, got {self.max_future_s}")
 

@@ -8,9 +8,16 @@ under one lock: the decoder keeps per-node time order, so two requests of a node
 callback in the order they were decoded, and the classifier is single-threaded anyway.
 
 Answers follow the OTLP specification: success, or partial success with the number of rejected
-points and a one-line message; bytes that don't parse are INVALID_ARGUMENT (HTTP 400 with a
+points and a one-line message (points past a cap of :class:`~otel_dra.decode.limits.DecodeLimits`
+among them, counted by reason); bytes that don't parse are INVALID_ARGUMENT (HTTP 400 with a
 ``google.rpc.Status`` body); a request over ``max_request_bytes`` is RESOURCE_EXHAUSTED (HTTP 413).
-Neither is retryable by the client, and neither stops the receiver.
+Neither is retryable by the client, and neither stops the receiver. When the fleet falls behind
+(its queue of frames is full, or too many requests wait to be decoded) the answer is backpressure,
+as the Collector's memory limiter gives it: UNAVAILABLE with ``RetryInfo`` / HTTP 503 with
+``Retry-After``, which the OTLP exporters (and the agent's sending queue behind them) retry.
+
+HTTP is served by :class:`~otel_dra.serve.http.HttpServer` (asyncio, bounded connections and
+timeouts); decoding runs on its one worker thread, off the event loop.
 
 gRPC takes the request as bytes (a generic handler for the generated service's method) rather
 than through the generated servicer registration: that one parses with ``FromString`` first, which
@@ -21,19 +28,18 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import ssl
+import math
 import threading
-import time
-import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
 import grpc
+from aiohttp import web
+from google.protobuf import any_pb2
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToJson
-from google.rpc import code_pb2, status_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -43,20 +49,26 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from otel_dra import conventions as cv
 from otel_dra.decode.core import DecodeResult
+from otel_dra.decode.limits import LIMIT_REASONS, DecodeLimits
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.receivers.tls import CertificateReloader, TlsSettings, describe
+from otel_dra.serve.config import HttpServerConfig
+from otel_dra.serve.http import BodyError, HttpServer, gunzip, read_body
 
 log = logging.getLogger(__name__)
 
 #: Observable counters of the receiver (project extensions, registered in semconv/registry.yaml).
 REQUESTS: Final = cv.OTEL_DRA_RECEIVER_REQUESTS
 POINTS: Final = cv.OTEL_DRA_RECEIVER_POINTS
+REFUSED: Final = cv.OTEL_DRA_RECEIVER_REFUSED
+CONNECTIONS: Final = cv.OTEL_DRA_RECEIVER_CONNECTIONS
 TRANSPORTS: Final = ("grpc", "http")
 #: ``error``: the frames' consumer (``on_frames``) failed; the client gets INTERNAL / HTTP 500.
-OUTCOMES: Final = ("ok", "partial", "invalid", "too_large", "error")
+#: ``overloaded``: refused for now (backpressure); the client gets UNAVAILABLE / HTTP 503 and retries.
+OUTCOMES: Final = ("ok", "partial", "invalid", "too_large", "error", "overloaded")
 POINT_OUTCOMES: Final = ("accepted", "rejected")
 
 DEFAULT_GRPC_ENDPOINT: Final = ReceiverConfig().grpc_endpoint
@@ -72,7 +84,10 @@ _SERVICE = metrics_service_pb2.DESCRIPTOR.services_by_name["MetricsService"]
 GRPC_SERVICE: Final = _SERVICE.full_name
 GRPC_METHOD: Final = _SERVICE.methods_by_name["Export"].name
 _PROTOBUF, _JSON = "application/x-protobuf", "application/json"
-_LOG_EVERY_S: Final = 60.0
+#: An HTTP request body smaller than this is decoded on the event loop's thread when the decoder is free (a
+#: typical agent request, about 100 kB, takes a fraction of a millisecond); a larger one, or one arriving
+#: while another is decoded, on the worker, so the loop never waits.
+INLINE_BYTES: Final = 256 << 10
 _CONSUMER_FAILED: Final = "the receiver failed to take the request; see its log"
 
 
@@ -86,31 +101,6 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _TooLarge(Exception):
-    """Internal: a body over the limit (compressed or not)."""
-
-
-class _EveryMinute:
-    """One log line per kind of trouble per minute, with how many were not logged: a client sending
-    garbage in a loop must not flood the log."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
-        self._quiet: dict[str, int] = {}
-
-    def warning(self, kind: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(kind, -_LOG_EVERY_S) < _LOG_EVERY_S:
-                self._quiet[kind] = self._quiet.get(kind, 0) + 1
-                return
-            self._last[kind] = now
-            quiet = self._quiet.pop(kind, 0)
-        suffix = f" ({quiet} more since the last such line)" if quiet else ""
-        log.warning(message + suffix, *args)
-
-
 class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     """The generated service's ``Export``, taking the request's bytes (see the module docstring)."""
 
@@ -121,12 +111,25 @@ class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
         return self._receiver._grpc_export(request, context)
 
 
+class Overloaded(Exception):
+    """The fleet can't take more now: the client should retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class OtlpReceiver:
     """Receives OTLP metrics over gRPC and/or HTTP and hands each request's frames to ``on_frames``.
 
     ``grpc_endpoint`` / ``http_endpoint``: ``host:port`` to listen on, port 0 for any free one,
     None to leave that transport off. ``meter``: where the request and point counters go.
     ``tls``: serve both over TLS. ``max_future_s``: reject points further ahead of this clock.
+    ``limits``: the caps on nodes, devices, series and attribute length. ``http``: the HTTP
+    server's connection cap and timeouts. ``backlog``: asked before each request is decoded; a
+    number of seconds means the consumer is behind, and the request is refused with that retry
+    delay. ``max_pending``: requests at most being read or waiting to be decoded (each may hold
+    ``max_request_bytes``); past it, new ones are refused the same way.
     """
 
     def __init__(
@@ -141,6 +144,10 @@ class OtlpReceiver:
         max_workers: int = 8,
         tls: TlsSettings | None = None,
         max_future_s: float | None = DEFAULT_MAX_FUTURE_S,
+        limits: DecodeLimits | None = None,
+        http: HttpServerConfig | None = None,
+        backlog: Callable[[], float | None] | None = None,
+        max_pending: int = ReceiverConfig.max_pending_requests,
     ) -> None:
         if grpc_endpoint is None and http_endpoint is None:
             raise ValueError("OtlpReceiver needs at least one of grpc_endpoint and http_endpoint")
@@ -148,28 +155,36 @@ class OtlpReceiver:
             raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self._grpc_addr = parse_endpoint(grpc_endpoint) if grpc_endpoint is not None else None
         self._http_addr = parse_endpoint(http_endpoint) if http_endpoint is not None else None
         self.schema = schema
         self.max_request_bytes = max_request_bytes
         self.max_workers = max_workers
         self.tls = tls
+        self.http_config = http or HttpServerConfig()
+        self.limits = limits or DecodeLimits()
+        self.max_pending = max_pending
+        self._backlog = backlog
+        self._pending = 0  # requests being read or decoded (both transports)
         self._certs: CertificateReloader | None = None  # made at start: both transports ask it per connection
         self._on_frames = on_frames
         if max_future_s is not None and not max_future_s > 0:
             raise ValueError(f"max_future_s must be positive (or None: no bound), got {max_future_s}")
         future_ns = None if max_future_s is None else int(max_future_s * 1e9)
-        self._decoder = OtlpProtoDecoder(schema, max_future_ns=future_ns)
-        self._json_decoder = OtlpJsonDecoder(schema, max_future_ns=future_ns)
-        self._lock = threading.Lock()  # one request decoded and handed on at a time (see the module docstring)
+        self._decoder = OtlpProtoDecoder(schema, max_future_ns=future_ns, limits=self.limits)
+        self._json_decoder = OtlpJsonDecoder(schema, max_future_ns=future_ns, limits=self.limits)
+        # One request decoded and handed on at a time (see the module docstring); reentrant, as the HTTP side
+        # takes it before decoding on the event loop's thread (``_http_export``).
+        self._lock = threading.RLock()
         self._stats_lock = threading.Lock()
         self._requests = {(t, o): 0 for t in TRANSPORTS for o in OUTCOMES}
         self._points = dict.fromkeys(POINT_OUTCOMES, 0)
+        self._refused = dict.fromkeys(LIMIT_REASONS, 0)
         self._grpc_server: grpc.Server | None = None
         self._grpc_port: int | None = None
-        self._http_server: ThreadingHTTPServer | None = None
-        self._http_thread: threading.Thread | None = None
-        self._warn = _EveryMinute()
+        self._http: HttpServer | None = None
         if meter is not None:
             meter.create_observable_counter(
                 REQUESTS.name, callbacks=[self._observe_requests], unit=REQUESTS.unit, description=REQUESTS.description
@@ -177,11 +192,20 @@ class OtlpReceiver:
             meter.create_observable_counter(
                 POINTS.name, callbacks=[self._observe_points], unit=POINTS.unit, description=POINTS.description
             )
+            meter.create_observable_counter(
+                REFUSED.name, callbacks=[self._observe_refused], unit=REFUSED.unit, description=REFUSED.description
+            )
+            meter.create_observable_gauge(
+                CONNECTIONS.name,
+                callbacks=[self._observe_connections],
+                unit=CONNECTIONS.unit,
+                description=CONNECTIONS.description,
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Listen on the configured endpoints; raises OSError (one line) when one can't be bound."""
-        if self._grpc_server is not None or self._http_server is not None:
+        if self._grpc_server is not None or self._http is not None:
             raise RuntimeError("OtlpReceiver already started")
         if self.tls is not None:
             self._certs = CertificateReloader(self.tls)
@@ -197,20 +221,33 @@ class OtlpReceiver:
         if self._http_addr:
             where.append(f"HTTP on {self._http_addr[0]}:{self.http_port}{HTTP_PATH}")
         log.info(
-            "receiving OTLP metrics: %s (%s; requests up to %d bytes)",
+            "receiving OTLP metrics: %s (%s; requests up to %d bytes, %d connections at most)",
             " and ".join(where),
             describe(self.tls),
             self.max_request_bytes,
+            self.http_config.connections(),
         )
 
     def _start_grpc(self, host: str, port: int) -> None:
         limit = self.max_request_bytes * GRPC_HARD_LIMIT_FACTOR
         servicer = _Servicer(self)
         method = grpc.unary_unary_rpc_method_handler(servicer.Export)  # bytes in, bytes out
+        cfg = self.http_config
         server = grpc.server(
             ThreadPoolExecutor(self.max_workers, thread_name_prefix="otlp-grpc"),
             handlers=[grpc.method_handlers_generic_handler(GRPC_SERVICE, {GRPC_METHOD: method})],
-            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+            # Calls past max_pending get UNAVAILABLE with a retry delay from _admit; gRPC itself answers
+            # RESOURCE_EXHAUSTED past this many (the workers' queue stays bounded). A connection that says
+            # nothing is dropped after the header timeout, one idle after the idle timeout, and there are at
+            # most as many as the HTTP side allows.
+            maximum_concurrent_rpcs=self.max_pending + self.max_workers,
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_allowed_incoming_connections", cfg.connections()),
+                ("grpc.server_handshake_timeout_ms", int(cfg.header_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", int(cfg.idle_timeout_s * 1000)),
+            ],
         )
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
@@ -221,41 +258,25 @@ class OtlpReceiver:
         except RuntimeError as exc:
             raise OSError(f"cannot listen for OTLP/gRPC on {address}: {exc}") from None
         if not bound:
-            raise OSError(f"cannot listen for OTLP/gRPC on {address}")
+            raise OSError(f"cannot listen for OTLP/gRPC on {address} (is another process using port {port}?)")
         server.start()
         self._grpc_server, self._grpc_port = server, bound
 
     def _start_http(self, host: str, port: int) -> None:
-        handler = type("_BoundHandler", (_HttpHandler,), {"receiver": self})
-        server_class = _HttpServer6 if ":" in host else _HttpServer
-        try:
-            server = server_class((host, port), handler)
-        except OSError as exc:
-            raise OSError(f"cannot listen for OTLP/HTTP on {host}:{port}: {exc.strerror or exc}") from None
-        if self._certs is not None:
-            # The handshake happens on the connection's own thread (at its first read), never in accept():
-            # a client that stalls it holds only its own thread, for the handler's timeout at most.
-            server.socket = self._certs.ssl_context().wrap_socket(
-                server.socket, server_side=True, do_handshake_on_connect=False
-            )
-        self._http_server = server
-        self._http_thread = threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True)
-        self._http_thread.start()
+        tls = self._certs.ssl_context if self._certs is not None else None
+        self._http = HttpServer("OTLP/HTTP", host, port, self._http_request, self.http_config, tls=tls)
+        self._http.start()
 
     def shutdown(self, timeout_s: float = 1.0) -> None:
         """Stop listening; requests in flight get most of ``timeout_s`` to finish."""
         grace_s = timeout_s / 2  # half for work in flight, the rest for closing
         grpc_server, self._grpc_server = self._grpc_server, None
-        http_server, self._http_server = self._http_server, None
+        http, self._http = self._http, None
         if grpc_server is not None:
             grpc_server.stop(grace_s).wait(grace_s + 1.0)
-        if http_server is not None:
-            http_server.shutdown()
-            http_server.server_close()
-            if self._http_thread is not None:
-                self._http_thread.join(grace_s + 1.0)
-        self._http_thread = None
-        if grpc_server is not None or http_server is not None:
+        if http is not None:
+            http.shutdown(timeout_s)
+        if grpc_server is not None or http is not None:
             log.info("OTLP metrics receiver stopped")
 
     @property
@@ -266,12 +287,19 @@ class OtlpReceiver:
     @property
     def http_port(self) -> int | None:
         """The bound HTTP port; None when not listening."""
-        return int(self._http_server.server_address[1]) if self._http_server is not None else None
+        return self._http.port if self._http is not None else None
 
     def stats(self) -> dict[str, dict[Any, int]]:
-        """Counters so far: ``requests`` by (transport, outcome), ``points`` by outcome."""
+        """Counters so far: ``requests`` by (transport, outcome), ``points`` by outcome, ``refused``
+        points by cap reason, and the HTTP server's ``connections`` counters."""
         with self._stats_lock:
-            return {"requests": dict(self._requests), "points": dict(self._points)}
+            counts: dict[str, dict[Any, int]] = {
+                "requests": dict(self._requests),
+                "points": dict(self._points),
+                "refused": dict(self._refused),
+            }
+        counts["connections"] = self._http.stats() if self._http is not None else {}
+        return counts
 
     # -- the request -------------------------------------------------------------------------
     def _count(self, transport: str, outcome: str, accepted: int = 0, rejected: int = 0) -> None:
@@ -279,6 +307,26 @@ class OtlpReceiver:
             self._requests[(transport, outcome)] += 1
             self._points["accepted"] += accepted
             self._points["rejected"] += rejected
+
+    def _admit(self, transport: str) -> None:
+        """Take a pending slot, or raise :class:`Overloaded` (counted) when the fleet is behind."""
+        retry_s = self._backlog() if self._backlog is not None else None
+        with self._stats_lock:
+            if retry_s is None and self._pending >= self.max_pending:
+                retry_s = 1.0
+                why = f"{self._pending} requests are already waiting to be decoded"
+            else:
+                why = "the fleet's queue of frames is full"
+            if retry_s is None:
+                self._pending += 1
+                return
+            self._requests[(transport, "overloaded")] += 1
+        log.warning("OTLP/%s: overloaded, a request was refused for now: %s", transport, why)
+        raise Overloaded(f"overloaded: {why}; retry in {retry_s:g} s", retry_s)
+
+    def _release(self) -> None:
+        with self._stats_lock:
+            self._pending -= 1
 
     def _take(self, transport: str, decode: Callable[[], DecodeResult]) -> ExportMetricsServiceResponse:
         """Decode one request and hand its frames on, under the lock; count the outcome. Raises
@@ -288,7 +336,7 @@ class OtlpReceiver:
                 result = decode()
             except MalformedRequest as exc:
                 self._count(transport, "invalid")
-                self._warn.warning("invalid", "OTLP/%s: invalid request refused: %s", transport, exc)
+                log.warning("OTLP/%s: invalid request refused: %s", transport, exc)
                 raise
             except Exception:
                 self._count(transport, "error")
@@ -325,6 +373,11 @@ class OtlpReceiver:
         """Success, or partial success read off the decoder's result as it is."""
         rejected = result.rejected
         self._count(transport, "partial" if rejected else "ok", result.accepted, rejected)
+        if result.limited:
+            with self._stats_lock:
+                for reason, n in result.limited.items():
+                    self._refused[reason] = self._refused.get(reason, 0) + n
+            log.warning("OTLP/%s: points refused past a limit: %s", transport, result.message)
         if not rejected:
             return ExportMetricsServiceResponse()
         message = result.message
@@ -336,7 +389,7 @@ class OtlpReceiver:
     def _too_large(self, transport: str, size: str) -> str:
         self._count(transport, "too_large")
         message = f"request of {size} bytes is over the limit of {self.max_request_bytes:,} bytes"
-        self._warn.warning("too_large", "OTLP/%s: %s; refused", transport, message)
+        log.warning("OTLP/%s: %s; refused", transport, message)
         return message
 
     # -- gRPC --------------------------------------------------------------------------------
@@ -344,60 +397,83 @@ class OtlpReceiver:
         if len(request) > self.max_request_bytes:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._too_large("grpc", f"{len(request):,}"))
         try:
+            self._admit("grpc")
+        except Overloaded as exc:
+            context.set_trailing_metadata(_retry_metadata(str(exc), exc.retry_after_s))
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        try:
             response = self.export_protobuf(request, "grpc")
         except MalformedRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception:
             context.abort(grpc.StatusCode.INTERNAL, _CONSUMER_FAILED)
+        finally:
+            self._release()
         return response.SerializeToString()
 
     # -- HTTP --------------------------------------------------------------------------------
-    def _http_post(self, handler: _HttpHandler) -> None:
-        path = handler.path.split("?", 1)[0]
-        if path != HTTP_PATH:
-            handler.discard_body(self.max_request_bytes)
-            handler.reply_status(404, code_pb2.NOT_FOUND, f"not found: OTLP metrics go to POST {HTTP_PATH}")
-            return
-        ctype = handler.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    async def _http_request(self, request: web.BaseRequest) -> web.Response:
+        """``POST /v1/metrics``: read the body (bounded in size and time), decode it on the worker."""
+        if request.method != "POST":
+            return _status(405, code_pb2.UNIMPLEMENTED, f"method not allowed: OTLP metrics go to POST {HTTP_PATH}")
+        if request.path != HTTP_PATH:
+            return _status(404, code_pb2.NOT_FOUND, f"not found: OTLP metrics go to POST {HTTP_PATH}")
+        ctype = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         as_json = ctype == _JSON
         if ctype not in (_PROTOBUF, _JSON):
             self._count("http", "invalid")
-            handler.discard_body(self.max_request_bytes)
-            handler.reply_status(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Type {ctype!r}: use {_PROTOBUF}")
-            return
-        encoding = handler.headers.get("Content-Encoding", "identity").strip().lower()
+            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Type {ctype[:60]!r}: use {_PROTOBUF}")
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip", ""):
             self._count("http", "invalid")
-            handler.discard_body(self.max_request_bytes)
-            handler.reply_status(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}", as_json)
-            return
+            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding[:40]!r}", as_json)
         try:
-            body = handler.read_body(self.max_request_bytes)
-            if body is None:
-                return  # the client went away, or sent no length (answered)
-            if encoding == "gzip":
-                body = _gunzip(body, self.max_request_bytes)
-        except _TooLarge as exc:
-            message = self._too_large("http", str(exc))
-            handler.reply_status(413, code_pb2.RESOURCE_EXHAUSTED, message, as_json, close=True)
-            return
-        except ValueError as exc:
-            self._count("http", "invalid")
-            self._warn.warning("invalid", "OTLP/http: unreadable body refused: %s", exc)
-            handler.reply_status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-            return
+            self._admit("http")
+        except Overloaded as exc:
+            reply = _status(503, code_pb2.UNAVAILABLE, str(exc), as_json, close=True)
+            reply.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+            return reply
         try:
-            response = self.export_json(body) if as_json else self.export_protobuf(body, "http")
+            return await self._http_export(request, as_json, encoding == "gzip")
+        finally:
+            self._release()
+
+    async def _http_export(self, request: web.BaseRequest, as_json: bool, gz: bool) -> web.Response:
+        assert self._http is not None
+        try:
+            body = await read_body(request, self.max_request_bytes, self.http_config.body_timeout_s)
+        except BodyError as exc:
+            return self._body_error("http", exc, as_json)
+
+        def export() -> ExportMetricsServiceResponse:
+            data = gunzip(body, self.max_request_bytes) if gz else body
+            return self.export_json(data) if as_json else self.export_protobuf(data, "http")
+
+        try:
+            if not gz and len(body) < INLINE_BYTES and self._lock.acquire(blocking=False):
+                try:  # the decoder is free and the body small: no thread hop
+                    response = export()
+                finally:
+                    self._lock.release()
+            else:  # a large or gzip body, or a gRPC request decoding: the loop must not wait on the lock
+                response = await self._http.offload(export)
+        except BodyError as exc:
+            return self._body_error("http", exc, as_json)
         except MalformedRequest as exc:
-            handler.reply_status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-            return
+            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
         except Exception:
-            handler.reply_status(500, code_pb2.INTERNAL, _CONSUMER_FAILED, as_json)
-            return
+            return _status(500, code_pb2.INTERNAL, _CONSUMER_FAILED, as_json)
         if as_json:
-            handler.reply(200, _JSON, MessageToJson(response, indent=None).encode())
-        else:
-            handler.reply(200, _PROTOBUF, response.SerializeToString())
+            return web.Response(body=MessageToJson(response, indent=None).encode(), content_type=_JSON)
+        return web.Response(body=response.SerializeToString(), content_type=_PROTOBUF)
+
+    def _body_error(self, transport: str, exc: BodyError, as_json: bool) -> web.Response:
+        """A body refused: too large (RESOURCE_EXHAUSTED), too slow or unreadable (INVALID_ARGUMENT)."""
+        if exc.status == 413:
+            return _status(413, code_pb2.RESOURCE_EXHAUSTED, self._too_large(transport, str(exc)), as_json, close=True)
+        self._count(transport, "invalid")
+        log.warning("OTLP/%s: unreadable body refused: %s", transport, exc)
+        return _status(exc.status, code_pb2.INVALID_ARGUMENT, str(exc), as_json, close=True)
 
     # -- metrics -----------------------------------------------------------------------------
     def _observe_requests(self, _: CallbackOptions) -> Iterable[Observation]:
@@ -409,154 +485,37 @@ class OtlpReceiver:
         counts = self.stats()["points"]
         return [Observation(counts[o], {"outcome": o}) for o in POINT_OUTCOMES]
 
+    def _observe_refused(self, _: CallbackOptions) -> Iterable[Observation]:
+        counts = self.stats()["refused"]
+        return [Observation(n, {"reason": reason}) for reason, n in counts.items()]
 
-def _gunzip(body: bytes, limit: int) -> bytes:
-    """A gzip body (one or more members), refusing to inflate past ``limit`` bytes."""
-    out: list[bytes] = []
-    size = 0
-    data = body
-    while data:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            chunk = inflater.decompress(data, limit + 1 - size)
-        except zlib.error as exc:
-            raise ValueError(f"body is not valid gzip: {exc}") from None
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge(f"more than {limit:,} (inflated)")
-        if not inflater.eof:
-            raise ValueError("body is not valid gzip: truncated")
-        out.append(chunk)
-        data = inflater.unused_data
-    return b"".join(out)
+    def _observe_connections(self, _: CallbackOptions) -> Iterable[Observation]:
+        counts = self.stats()["connections"]
+        return [Observation(counts.get("open", 0), {"transport": "http"})]
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _retry_metadata(message: str, retry_after_s: float) -> tuple[tuple[str, bytes], ...]:
+    """gRPC trailers that say when to retry: ``RetryInfo`` as the OpenTelemetry Python exporter reads it
+    (``google.rpc.retryinfo-bin``) and inside the rich status the Go exporter reads (``grpc-status-details-bin``)."""
+    delay = Duration(seconds=int(retry_after_s), nanos=int((retry_after_s % 1) * 1e9))
+    info = error_details_pb2.RetryInfo(retry_delay=delay)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message, details=[detail])
+    return (
+        ("google.rpc.retryinfo-bin", info.SerializeToString()),
+        ("grpc-status-details-bin", status.SerializeToString()),
+    )
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that broke in a way the handler didn't expect: one debug line, not a traceback."""
-        log.debug("OTLP/http: connection from %s ended with an error", client_address, exc_info=True)
 
-
-class _HttpServer6(_HttpServer):
-    address_family = socket.AF_INET6
-
-
-class _HttpHandler(BaseHTTPRequestHandler):
-    """HTTP/1.1 with keep-alive (the OTLP/HTTP exporters reuse connections); quiet access log."""
-
-    protocol_version = "HTTP/1.1"
-    server_version = "otel-dra"
-    #: Seconds a connection may stall (in the TLS handshake, between requests, mid-body) before it is dropped.
-    timeout = 30.0
-    receiver: OtlpReceiver
-
-    def setup(self) -> None:
-        super().setup()  # applies ``timeout`` to the connection, the handshake included
-        self.tls_failed = False
-        if isinstance(self.connection, ssl.SSLSocket):
-            certs = self.receiver._certs
-            try:
-                if certs is not None:
-                    self.connection.context = certs.ssl_context()  # the newest certificate (see tls.py)
-                self.connection.do_handshake()
-            except (OSError, ssl.SSLError) as exc:  # plaintext, no client certificate, a stalled client
-                self.tls_failed = True
-                self.receiver._warn.warning(
-                    "tls", "OTLP/http: TLS handshake with %s failed: %s", self.client_address[0], exc
-                )
-
-    def handle(self) -> None:
-        if self.tls_failed:
-            return
-        try:
-            super().handle()
-        except (ConnectionError, TimeoutError, ssl.SSLError):
-            self.close_connection = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-    def do_POST(self) -> None:
-        try:
-            self.receiver._http_post(self)
-        except (ConnectionError, TimeoutError):
-            self.close_connection = True
-
-    def _not_allowed(self) -> None:
-        self.discard_body(self.receiver.max_request_bytes)
-        self.reply_status(405, code_pb2.UNIMPLEMENTED, f"method not allowed: OTLP metrics go to POST {HTTP_PATH}")
-
-    do_GET = do_PUT = do_DELETE = do_PATCH = _not_allowed
-
-    def read_body(self, limit: int) -> bytes | None:
-        """The request body, up to ``limit`` bytes; raises _TooLarge (the body is left unread and the
-        connection will close), ValueError for a bad length. None: answered or the client left."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(limit)
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            self.reply_status(411, code_pb2.INVALID_ARGUMENT, "Content-Length required", close=True)
-            return None
-        if not length_text.strip().isdigit():
-            self.close_connection = True
-            raise ValueError(f"bad Content-Length {length_text[:40]!r}")
-        length = int(length_text)
-        if length > limit:
-            raise _TooLarge(f"{length:,}")
-        body = self.rfile.read(length)
-        if len(body) < length:
-            self.close_connection = True
-            return None
-        return body
-
-    def _read_chunked(self, limit: int) -> bytes | None:
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                n = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                self.close_connection = True
-                raise ValueError("bad chunked encoding") from None
-            if n == 0:
-                while self.rfile.readline(1024).strip():  # trailers
-                    pass
-                return b"".join(parts)
-            size += n
-            if size > limit:
-                raise _TooLarge(f"more than {limit:,}")
-            chunk = self.rfile.read(n)
-            self.rfile.readline(8)
-            if len(chunk) < n:
-                self.close_connection = True
-                return None
-            parts.append(chunk)
-
-    def discard_body(self, limit: int) -> None:
-        """Read and drop a body we won't use, so the connection can carry the next request."""
-        length_text = self.headers.get("Content-Length", "")
-        if length_text.isdigit() and int(length_text) <= limit:
-            self.rfile.read(int(length_text))
-        elif length_text or "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-
-    def reply(self, status: int, content_type: str, body: bytes, close: bool = False) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        if close or self.close_connection:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
-
-    def reply_status(self, status: int, code: int, message: str, as_json: bool = False, close: bool = False) -> None:
-        """An error as OTLP/HTTP wants it: a ``google.rpc.Status`` in the request's encoding."""
-        if as_json:
-            self.reply(status, _JSON, json.dumps({"code": code, "message": message}).encode(), close)
-        else:
-            self.reply(status, _PROTOBUF, status_pb2.Status(code=code, message=message).SerializeToString(), close)
+def _status(status: int, code: int, message: str, as_json: bool = False, close: bool = False) -> web.Response:
+    """An error as OTLP/HTTP wants it: a ``google.rpc.Status`` in the request's encoding."""
+    if as_json:
+        body = json.dumps({"code": code, "message": message}).encode()
+        reply = web.Response(status=status, body=body, content_type=_JSON)
+    else:
+        body = status_pb2.Status(code=code, message=message).SerializeToString()
+        reply = web.Response(status=status, body=body, content_type=_PROTOBUF)
+    if close:
+        reply.force_close()
+    return reply

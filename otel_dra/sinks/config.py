@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from otel_dra.serve.config import HttpServerConfig
 from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION, DEFAULT_API_VERSION
 
 #: The OTLP exporters the SDK ships (``OTEL_EXPORTER_OTLP_PROTOCOL``'s values this project supports).
@@ -31,6 +32,7 @@ class EndpointConfig:
 
     host: str = "0.0.0.0"
     port: int = 9464  # the OpenTelemetry Prometheus exporter's default; 0: off
+    http: HttpServerConfig = field(default_factory=HttpServerConfig)  # connections and timeouts
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -1,9 +1,10 @@
 """Sink: the HTTP endpoint of the agent and the fleet: ``/metrics`` for Prometheus, ``/healthz``
 for probes, ``/v1/devices`` for people and scripts.
 
-A small WSGI dispatcher, served by ``prometheus_client``'s threading WSGI server, so
-scrapes never wait on each other or on sampling. ``/metrics`` serves the
-:class:`~otel_dra.sinks.exposition.ExpositionCache` rendered after each sample.
+Served by the bounded :class:`~otel_dra.serve.http.HttpServer` (the OTLP/HTTP receiver's): scrapes
+never wait on each other or on sampling, and a client holding connections or trickling headers
+can't lock Prometheus out. ``/metrics`` serves the :class:`~otel_dra.sinks.exposition.ExpositionCache`
+rendered after each sample; the other routes render on the server's worker thread.
 :class:`PrometheusEndpoint` is the whole scrape side as one component, built the same way by
 the agent and the fleet.
 """
@@ -11,15 +12,14 @@ the agent and the fleet.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterable
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from collections.abc import Callable
 
+from aiohttp import web
 from opentelemetry.sdk.metrics.export import MetricReader
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.exposition import ThreadingWSGIServer
 
+from otel_dra.serve.config import HttpServerConfig
+from otel_dra.serve.http import HttpServer
 from otel_dra.sinks import provider
 from otel_dra.sinks.config import EndpointConfig
 from otel_dra.sinks.exposition import ExpositionCache, Renderer
@@ -30,61 +30,61 @@ log = logging.getLogger(__name__)
 Route = Callable[[], tuple[str, str, bytes]]
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Access logs off: a scrape every few seconds is not an event worth a line."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-
 class HttpEndpoint:
-    """Serves ``/metrics`` from ``exposition`` and extra routes (``/healthz``, ...) on one port."""
+    """Serves ``/metrics`` from ``exposition`` and extra routes (``/healthz``, ...) on one port
+    (bound when built)."""
 
-    def __init__(self, host: str, port: int, exposition: ExpositionCache, routes: dict[str, Route]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        exposition: ExpositionCache,
+        routes: dict[str, Route],
+        config: HttpServerConfig | None = None,
+    ) -> None:
         self._exposition = exposition
         self._routes = routes
-        self._server = make_server(host, port, self._app, ThreadingWSGIServer, handler_class=_QuietHandler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self._server = HttpServer("HTTP endpoint", host, port, self._handle, config)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_port)
+        return self._server.port
 
-    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
+    async def _handle(self, request: web.BaseRequest) -> web.Response:
+        path = request.path
         route = self._routes.get(path)
         if route is not None:
-            return self._reply(start_response, *route())
+            return self._reply(*await self._server.offload(route))
         if path == "/metrics":
-            gz = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+            gz = "gzip" in request.headers.get("Accept-Encoding", "")
             body = self._exposition.body(gz)
             if body is None:
-                return self._reply(start_response, "503 Service Unavailable", "text/plain", b"no sample yet\n")
-            headers = [("Content-Encoding", "gzip")] if gz else []
-            return self._reply(start_response, "200 OK", self._exposition.content_type, body, headers)
+                return self._reply("503 Service Unavailable", "text/plain", b"no sample yet\n")
+            reply = self._reply("200 OK", self._exposition.content_type, body)
+            if gz:
+                reply.headers["Content-Encoding"] = "gzip"
+            return reply
         body = b"not found: try /metrics or " + b", ".join(r.encode() for r in self._routes) + b"\n"
-        return self._reply(start_response, "404 Not Found", "text/plain", body)
+        return self._reply("404 Not Found", "text/plain", body)
 
     @staticmethod
-    def _reply(
-        start_response: Callable[..., Any],
-        status: str,
-        content_type: str,
-        body: bytes,
-        headers: list[tuple[str, str]] | None = None,
-    ) -> list[bytes]:
-        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *(headers or [])])
-        return [body]
+    def _reply(status: str, content_type: str, body: bytes) -> web.Response:
+        code, _, reason = status.partition(" ")
+        return web.Response(status=int(code), reason=reason or None, body=body, headers={"Content-Type": content_type})
 
     def start(self) -> None:
-        self._thread.start()
-        log.info("serving /metrics and %s on %s:%d", ", ".join(self._routes), *self._server.server_address[:2])
+        self._server.start()
+        log.info(
+            "serving /metrics and %s on %s:%d (%d connections at most)",
+            ", ".join(self._routes),
+            self._server.host,
+            self.port,
+            self._server.max_connections,
+        )
 
     def shutdown(self, timeout_s: float = 1.0) -> None:
-        """Stop serving (the serve loop notices within its 0.5 s poll) and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
+        """Stop serving and close the socket."""
+        self._server.shutdown(timeout_s)
 
 
 class PrometheusEndpoint:
@@ -105,7 +105,7 @@ class PrometheusEndpoint:
         ProcessCollector(registry=self.registry)
         self.cache = ExpositionCache(self.registry, max_age_s, extra=extra)
         self._renderer = Renderer(self.cache)
-        self._http = HttpEndpoint(config.host, config.port, self.cache, routes)
+        self._http = HttpEndpoint(config.host, config.port, self.cache, routes, config.http)
 
     @property
     def port(self) -> int:

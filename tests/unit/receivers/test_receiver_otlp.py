@@ -48,10 +48,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportR
 from otel_dra import __version__
 from otel_dra import conventions as cv
 from otel_dra.decode import DecodeResult, OtlpJsonDecoder
+from otel_dra.decode.limits import LIMIT_REASONS
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Column, Frame, Schema, attrs_of
 from otel_dra.receivers import OtlpReceiver
-from otel_dra.receivers.otlp import GRPC_METHOD, GRPC_SERVICE, POINTS, REQUESTS
+from otel_dra.receivers.otlp import CONNECTIONS, GRPC_METHOD, GRPC_SERVICE, POINTS, REFUSED, REQUESTS
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.verdicts import VERDICT_METRICS
@@ -405,7 +406,7 @@ def test_receiver_metrics_through_the_meter(start_receiver):
     for rm in data.resource_metrics:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
-                assert m.data.is_monotonic, m.name
+                assert m.name == CONNECTIONS.name or m.data.is_monotonic, m.name
                 for p in m.data.data_points:
                     seen[(m.name, m.unit, *sorted(p.attributes.items()))] = p.value
     requests = (REQUESTS.name, REQUESTS.unit)
@@ -415,6 +416,9 @@ def test_receiver_metrics_through_the_meter(start_receiver):
     assert seen[(*requests, ("outcome", "too_large"), ("transport", "http"))] == 0
     assert seen[(POINTS.name, POINTS.unit, ("outcome", "rejected"))] == bad
     assert seen[(POINTS.name, POINTS.unit, ("outcome", "accepted"))] == 3
+    assert seen[(*requests, ("outcome", "overloaded"), ("transport", "grpc"))] == 0
+    assert {k[2] for k in seen if k[0] == REFUSED.name} == {("reason", r) for r in LIMIT_REASONS}
+    assert seen[(CONNECTIONS.name, CONNECTIONS.unit, ("transport", "http"))] >= 0
 
 
 def test_a_failing_consumer_is_internal_and_the_receiver_keeps_serving(start_receiver):
