@@ -253,7 +253,8 @@ def test_every_panel_query_and_rule_parses():
 
 def test_queries_name_only_metrics_that_exist():
     p = promql()
-    known = {prom_name(spec) for spec in (*cv.METRICS.values(), *cv.PUSH_METRICS.values())} | set(recordings())
+    specs = (*cv.METRICS.values(), *cv.PUSH_METRICS.values(), *cv.FLEET_METRICS.values())
+    known = {prom_name(spec) for spec in specs} | set(recordings())
     known |= {
         "up",
         "target_info",
@@ -412,6 +413,13 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
                 "an agent",
             )
             assert proc.poll() is None, "an agent exited early: see " + str(work)
+        # A fleet (nobody pushes to it): its receiver's counters, which the fleet's alerts read.
+        fleet_port = free_port()
+        argv = [sys.executable, "-m", "otel_dra", "fleet", "--host", "127.0.0.1", "--prometheus-port", str(fleet_port)]
+        argv += ["--otlp-grpc-port", str(free_port()), "--otlp-http-port", str(free_port()), "--evaluate-every", "1"]
+        with (work / "fleet.log").open("wb") as log:
+            agents.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO))
+        wait_for(lambda: http_get(f"http://127.0.0.1:{fleet_port}/healthz", 1)[0] == 200, 30, "the fleet")
         port = free_port()
         targets = json.dumps([f"127.0.0.1:{p}" for p in ports])
         config = work / "prometheus.yml"
@@ -420,6 +428,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
             f"rule_files: [{json.dumps(str(RULES))}]\n"
             "scrape_configs:\n"
             f"  - job_name: {AGENT_JOB}\n    static_configs: [{{targets: {targets}}}]\n"
+            f"  - job_name: otel-dra-fleet\n    static_configs: [{{targets: ['127.0.0.1:{fleet_port}']}}]\n"
         )
         argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}"]
         argv += [f"--web.listen-address=127.0.0.1:{port}"]
@@ -519,6 +528,7 @@ def test_every_alert_expression_evaluates_and_its_parts_return_data(fleet):
     assert series("OtelDraNodeStale") == {("node-b", "")}
     assert series("OtelDraPushDropping") == {("node-a", "")}  # node-b does not push: no series, no alert
     assert series("OtelDraAgentDown") == series("OtelDraAgentAbsent") == set()
+    assert series("OtelDraFleetOverloaded") == series("OtelDraFleetRefusingPoints") == set()
     assert series("OtelDraDeviceUnknown") == set()  # node-b's devices are the stale node's alert
 
 
