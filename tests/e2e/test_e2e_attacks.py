@@ -1,0 +1,401 @@
+"""`otel-dra fleet` probed as an attacker or a broken agent would probe it, on loopback (issue #14).
+
+One fleet process for the module, with an open-files limit of 256, short timeouts and small caps, and
+one honest agent pushing two simulated GPUs into it over OTLP/gRPC all along. Each attack checks what
+the attacker gets (a refusal, a closed connection, a bounded answer) and what everyone else keeps: the
+honest node's verdicts, a fleet that answers OTLP/HTTP, OTLP/gRPC and /metrics, memory within a stated
+bound, and (where the attacker only holds connections) a CPU that stays idle.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from tests.conftest import REPO, FleetProcess, http_get, spawn_fleet, wait_for
+
+pytestmark = pytest.mark.e2e
+
+NOFILE = 1024  # the fleet's open-files limit (a common default); its HTTP servers take a quarter each: 256 connections
+HEADER_TIMEOUT_S = 2.0
+BODY_TIMEOUT_S = 2.0
+MAX_NODES = 400
+MAX_DEVICES_PER_NODE = 64
+#: What the fleet may grow by, through all the attacks of this module, over its size at the start.
+RSS_GROWTH_BOUND_MB = 300
+EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+
+
+@dataclass
+class Target:
+    fleet: FleetProcess
+    agent: subprocess.Popen
+    rss_start_mb: float
+
+    @property
+    def pid(self) -> int:
+        return self.fleet.proc.pid
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM")
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def devices(self) -> list[dict]:
+        return json.loads(http_get(self.fleet.url + "/v1/devices")[1])["devices"]
+
+    def honest_healthy(self) -> bool:
+        mine = [d for d in self.devices() if d["k8s.node.name"] == "honest-1"]
+        return len(mine) == 2 and all(d["health"] == "Healthy" for d in mine)
+
+    def log_text(self) -> str:
+        return self.fleet.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Iterator[Target]:
+    tmp = tmp_path_factory.mktemp("attacks")
+    fleet = spawn_fleet(
+        tmp,
+        "--header-timeout",
+        str(HEADER_TIMEOUT_S),
+        "--body-timeout",
+        str(BODY_TIMEOUT_S),
+        "--idle-timeout",
+        "5",
+        "--max-nodes",
+        str(MAX_NODES),
+        "--max-devices-per-node",
+        str(MAX_DEVICES_PER_NODE),
+        nofile=NOFILE,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{fleet.ports['grpc']}", OTEL_METRIC_EXPORT_INTERVAL="1000"
+    )
+    argv = [sys.executable, "-m", "otel_dra", "run", "--source", "simulated", "--devices", "2", "--interval", "1"]
+    argv += ["--node-name", "honest-1", "--prometheus-port", "0"]
+    with (tmp / "agent.log").open("wb") as out:
+        agent = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    t = Target(fleet, agent, 0.0)
+    try:
+        wait_for(t.honest_healthy, 60, "the honest node's two GPUs Healthy at the fleet")
+        t.rss_start_mb = t.rss_mb()
+        yield t
+    finally:
+        agent.kill()
+        agent.wait(10)
+        fleet.stop()
+
+
+def everyone_else_is_fine(t: Target) -> None:
+    """The honest node keeps its verdicts; every port answers; memory stays within the bound."""
+    assert t.fleet.proc.poll() is None, t.log_text()[-3000:]
+    wait_for(t.honest_healthy, 10, "the honest node Healthy")
+    assert post(t.fleet.ports["http"], request([node("probe-1", devices=1)]).SerializeToString())[0] == 200
+    assert grpc_export(t.fleet.ports["grpc"], request([node("probe-1", devices=1)]))[0] is grpc.StatusCode.OK
+    status, body = http_get(t.fleet.url + "/metrics")
+    assert status == 200 and b"hw_status" in body
+    grown = t.rss_mb() - t.rss_start_mb
+    assert grown < RSS_GROWTH_BOUND_MB, f"the fleet grew by {grown:.0f} MB"
+
+
+# -- requests ----------------------------------------------------------------------------------
+def kv(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def node(name: str, devices: int = 1, first: int = 0) -> ResourceMetrics:
+    t = time.time_ns()
+    points = [
+        NumberDataPoint(time_unix_nano=t, as_double=250.0, attributes=[kv("hw.id", f"gpu-{i}"), kv("hw.type", "gpu")])
+        for i in range(first, first + devices)
+    ]
+    metric = Metric(name="hw.power", unit="W", gauge=Gauge(data_points=points))
+    return ResourceMetrics(
+        resource=Resource(attributes=[kv("k8s.node.name", name)]), scope_metrics=[ScopeMetrics(metrics=[metric])]
+    )
+
+
+def request(resources: list[ResourceMetrics]) -> ExportMetricsServiceRequest:
+    return ExportMetricsServiceRequest(resource_metrics=resources)
+
+
+def post(port: int, body: bytes, **headers: str) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/metrics",
+        data=body,
+        headers={"Content-Type": "application/x-protobuf", **headers},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def grpc_export(
+    port: int, message: ExportMetricsServiceRequest
+) -> tuple[grpc.StatusCode, ExportMetricsServiceResponse | None]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(
+            EXPORT,
+            request_serializer=ExportMetricsServiceRequest.SerializeToString,
+            response_deserializer=ExportMetricsServiceResponse.FromString,
+        )
+        try:
+            return grpc.StatusCode.OK, call(message, timeout=10)
+        except grpc.RpcError as err:
+            return err.code(), None
+
+
+def refused(metrics: bytes, reason: str) -> float:
+    """The fleet's count of points refused for ``reason``, from its /metrics."""
+    pattern = rb'^otel_dra_receiver_refused_total\{[^}]*reason="' + reason.encode() + rb'"[^}]*\} (\S+)$'
+    found = re.search(pattern, metrics, re.M)
+    assert found, f"no refused count for {reason}"
+    return float(found.group(1))
+
+
+def raw(port: int, data: bytes, wait_s: float) -> tuple[bytes, float]:
+    """Send ``data`` on a fresh connection; what came back until the server closed it (or ``wait_s``)."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return out, time.monotonic() - started
+
+
+# -- the attacks -------------------------------------------------------------------------------
+def test_held_idle_connections_up_to_the_fd_limit(target: Target):
+    """The fd limit's worth of idle connections, held: a new legitimate request is served at once (the
+    connection idle longest makes room), every port answers, and the CPU stays idle."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(NOFILE - 4):  # as in the issue: 1,020 of 1,024
+            held.append(socket.create_connection(("127.0.0.1", target.fleet.ports["http"]), timeout=5))
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert post(target.fleet.ports["http"], request([node("probe-1")]).SerializeToString())[0] == 200
+        assert time.monotonic() - started < HEADER_TIMEOUT_S
+        cpu, wall = target.cpu_s(), time.monotonic()
+        time.sleep(3.0)
+        used = (target.cpu_s() - cpu) / (time.monotonic() - wall)
+        assert used < 0.25, f"the fleet used {used:.0%} of a core while connections were only held"
+        everyone_else_is_fine(target)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_held_idle_grpc_connections(target: Target):
+    """The same against the gRPC port: gRPC's own cap and handshake timeout bound them."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(NOFILE):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", target.fleet.ports["grpc"]), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        cpu, wall = target.cpu_s(), time.monotonic()
+        time.sleep(3.0)
+        used = (target.cpu_s() - cpu) / (time.monotonic() - wall)
+        assert used < 0.25, f"the fleet used {used:.0%} of a core while connections were only held"
+        everyone_else_is_fine(target)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_slow_headers_are_cut_off_at_the_header_timeout(target: Target):
+    port = target.fleet.ports["http"]
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\n")
+        closed_after = None
+        for i in range(20):  # one header line a second, never the blank line
+            time.sleep(0.5)
+            try:
+                s.sendall(f"X-Slow-{i}: y\r\n".encode())
+                s.settimeout(0.01)
+                if s.recv(1) == b"":
+                    closed_after = time.monotonic() - started
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed_after = time.monotonic() - started
+                break
+    assert closed_after is not None and closed_after < HEADER_TIMEOUT_S + 2.0
+    everyone_else_is_fine(target)
+
+
+def test_a_never_ending_body_is_cut_off_at_the_body_timeout(target: Target):
+    port = target.fleet.ports["http"]
+    head = b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
+        answer = b""
+        for _ in range(30):
+            try:
+                s.sendall(b"1\r\n\x0a\r\n")  # one byte a chunk, forever
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            s.settimeout(0.3)
+            try:
+                chunk = s.recv(4096)
+            except TimeoutError:
+                continue
+            answer += chunk
+            if not chunk or b"\r\n\r\n" in answer:
+                break
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert time.monotonic() - started < BODY_TIMEOUT_S + 3.0
+    everyone_else_is_fine(target)
+
+
+def test_content_length_with_transfer_encoding_is_refused(target: Target):
+    """Request smuggling: the message is refused whole, and the request hidden in its body never runs."""
+    smuggled = request([node("smuggled-1")]).SerializeToString()
+    inner = (
+        b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        + f"Content-Length: {len(smuggled)}\r\n\r\n".encode()
+        + smuggled
+    )
+    outer = (
+        b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        + inner
+    )
+    answer, _ = raw(target.fleet.ports["http"], outer, 5)
+    assert b" 400 " in answer.split(b"\r\n", 1)[0]
+    assert answer.count(b"HTTP/1.") == 1  # nothing after the refusal was read as a request
+    time.sleep(2.5)
+    assert all(d["k8s.node.name"] != "smuggled-1" for d in target.devices())
+    everyone_else_is_fine(target)
+
+
+def test_a_gzip_bomb_is_refused_by_its_inflated_size(target: Target):
+    """One bomb past the cap is 413; 32 at once just under it (15 MiB of zeros each, 15 kB on the wire) are
+    inflated one at a time on the decode worker, not all together: the fleet's peak memory barely moves."""
+    bomb = gzip.compress(b"\0" * (64 << 20), 9)  # 64 MiB inflated, 64 kB on the wire
+    assert len(bomb) < 100_000
+    status, _ = post(target.fleet.ports["http"], bomb, **{"Content-Encoding": "gzip"})
+    assert status == 413
+    small_bomb = gzip.compress(b"\0" * (15 << 20), 9)
+    peak_before = target.peak_rss_mb()
+    port = target.fleet.ports["http"]
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(lambda _: post(port, small_bomb, **{"Content-Encoding": "gzip"})[0], range(32)))
+    assert set(answers) <= {400, 503}  # zeros are not a request; past --max-pending-requests: retry later
+    assert target.peak_rss_mb() - peak_before < 120
+    everyone_else_is_fine(target)
+
+
+def test_200000_devices_in_one_request(target: Target):
+    body = request([node("greedy-1", devices=200_000)]).SerializeToString()
+    status, answer = post(target.fleet.ports["http"], body)
+    assert status == 200
+    reply = ExportMetricsServiceResponse.FromString(answer)
+    assert reply.partial_success.rejected_data_points == 200_000 - MAX_DEVICES_PER_NODE
+    assert "devices" in reply.partial_success.error_message and len(reply.partial_success.error_message) < 1000
+    time.sleep(2.5)
+    greedy = [d for d in target.devices() if d["k8s.node.name"] == "greedy-1"]
+    assert len(greedy) == MAX_DEVICES_PER_NODE
+    status, metrics = http_get(target.fleet.url + "/metrics")
+    assert status == 200 and len(metrics) < 5_000_000
+    assert refused(metrics, "devices_per_node") >= 200_000 - MAX_DEVICES_PER_NODE
+    everyone_else_is_fine(target)
+
+
+def test_a_1mb_node_name(target: Target):
+    huge = "n" * (1 << 20)
+    status, answer = post(target.fleet.ports["http"], request([node(huge)]).SerializeToString())
+    assert status == 200
+    reply = ExportMetricsServiceResponse.FromString(answer)
+    assert reply.partial_success.rejected_data_points == 1
+    assert len(reply.partial_success.error_message) < 1000
+    time.sleep(2.5)
+    assert all(len(d["k8s.node.name"]) <= 253 for d in target.devices())
+    status, metrics = http_get(target.fleet.url + "/metrics")
+    assert max(len(line) for line in metrics.splitlines()) < 4096
+    assert max(len(line) for line in target.log_text().splitlines()) < 4096
+    everyone_else_is_fine(target)
+
+
+def test_100000_nodes(target: Target):
+    for first in range(0, 100_000, 20_000):
+        resources = [node(f"swarm-{i}") for i in range(first, first + 20_000)]
+        status, _ = grpc_export(target.fleet.ports["grpc"], request(resources))
+        assert status is grpc.StatusCode.OK
+    time.sleep(2.5)
+    nodes = {d["k8s.node.name"] for d in target.devices()}
+    assert len(nodes) <= MAX_NODES
+    assert "honest-1" in nodes
+    status, metrics = http_get(target.fleet.url + "/metrics")
+    assert refused(metrics, "nodes") >= 100_000 - MAX_NODES
+    everyone_else_is_fine(target)
+
+
+def test_a_warning_flood_gives_a_few_lines_and_a_summary(target: Target):
+    """Hundreds of requests that each earn a warning (headers the parser refuses, bytes that are not a
+    request, bodies that are not gzip): the log grows by a few lines, and says how many it left out."""
+    lines_before = len(target.log_text().splitlines())
+    port = target.fleet.ports["http"]
+    for i in range(600):
+        kind = i % 3
+        if kind == 0:
+            raw(port, b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 2)
+        elif kind == 1:
+            post(port, b"\xff\xfe garbage " + str(i).encode())
+        else:
+            post(port, b"\x1f\x8b not gzip", **{"Content-Encoding": "gzip"})
+
+    def summarised() -> list[str]:
+        return [line for line in target.log_text().splitlines()[lines_before:] if "more like it in the last" in line]
+
+    wait_for(lambda: len(summarised()) >= 3, 15, "a summary line for each kind of warning")
+    counted = sum(int(re.search(r"and ([\d,]+) more like it", line).group(1).replace(",", "")) for line in summarised())
+    assert counted >= 600 - 3 * 10
+    added = len(target.log_text().splitlines()) - lines_before
+    assert added < 40, target.log_text().splitlines()[-40:]
+    everyone_else_is_fine(target)
