@@ -66,8 +66,9 @@ class BodyError(Exception):
 
 async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> bytes:
     """The request's body, at most ``limit`` bytes, all of it within ``timeout_s``. A declared length
-    over the limit is refused before a byte of it is read; a chunked body is refused at the first
-    byte past it. Raises :class:`BodyError`."""
+    over the limit is refused before a byte of it is read (and before ``Expect: 100-continue`` is
+    answered, so the client need not send it); a chunked body is refused at the first byte past it.
+    Raises :class:`BodyError`."""
     length = request.content_length
     if length is not None and length > limit:
         raise BodyError(413, f"{length:,}")
@@ -75,6 +76,8 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
         if request.method in ("POST", "PUT", "PATCH"):
             raise BodyError(411, "Content-Length required")
         return b""
+    if request.headers.get("Expect", "").lower() == "100-continue":  # curl asks before a body over 1 MB
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     parts: list[bytes] = []
     size = 0
     try:

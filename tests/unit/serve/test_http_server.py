@@ -140,3 +140,14 @@ def test_config_bounds():
     for bad in ({"max_connections": 0}, {"header_timeout_s": 0}, {"idle_timeout_s": -1}):
         with pytest.raises(ValueError, match="must be"):
             HttpServerConfig(**bad)
+
+
+def test_expect_100_continue_is_answered_and_an_oversized_body_refused_before_it_is_sent(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=3) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(b"abc")
+        assert b"got 3" in s.recv(1000)
+    big = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
+    answer, _ = exchange(server.port, big)
+    assert answer.startswith(b"HTTP/1.1 413") and b"100 Continue" not in answer
