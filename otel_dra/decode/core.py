@@ -159,11 +159,14 @@ VOLATILE: Final = frozenset({lim.NODES, lim.DEVICES})
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """A point refused by a cap: the reason, what it would have added (counted once per request) and
-    that thing as a message names it."""
+    that thing as a message names it. A series kind refused names its ``device`` too: the device step
+    comes first, so whoever reuses the refusal for another point takes that step again
+    (:meth:`DecoderCore._reuse`)."""
 
     reason: str
     key: Any
     example: str
+    device: str | None = None
 
 
 @dataclass(slots=True)
@@ -335,7 +338,7 @@ class SeriesIndex:
             pairs = tuple((k, shorten(attrs[k], cap)) for k in DESCRIPTIVE if k in attrs)
         col = self.schema.find(column)
         if col is None and len(self.schema) >= self.limits.max_series:
-            return Refusal(lim.SERIES, column, metric)
+            return Refusal(lim.SERIES, column, metric, device)
         if pairs:
             descr = self.descr_index.get(pairs, -1)
             if descr < 0:
@@ -575,6 +578,22 @@ class DecoderCore:
         devices.add(device)
         self._floors.device_count += 1
         return None
+
+    def _reuse(self, devices: set[str], found: Target | str | Refusal) -> Target | str | Refusal:
+        """What :meth:`SeriesIndex.target` answers now for a point of the node that has named ``devices``,
+        from its answer cached for the same (metric, attributes), maybe on another node. The cache is not
+        per node, so the device step is taken again: a new device must fit this node (and the fleet),
+        and is then admitted, before the cached column, or the cached refusal of its series kind, holds.
+        Answers decided before the device step (a string, an identity attribute too long) stay as cached."""
+        if type(found) is tuple:
+            device = self._series.dev_names[found[0]]
+        elif isinstance(found, Refusal) and found.device is not None:
+            device = found.device
+        else:
+            return found
+        if device in devices:
+            return found
+        return self._admit_device(devices, device) or found
 
     def _time_problem(self, node: str, t: int, floor: int) -> str | None:
         return time_problem(node, t, floor, self._ceiling, self.max_future_ns or 0)

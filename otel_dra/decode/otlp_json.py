@@ -605,8 +605,11 @@ class OtlpJsonDecoder(DecoderCore):
         if entry < 0:
             error = self._entry_errors[-1 - entry]
             if isinstance(error, Refusal):
-                line.tally.add(error, node)
-                return error.reason
+                # Cached from any node: a series kind refused is so only once its device fits this node.
+                reused = self._reuse(devices, error)
+                assert isinstance(reused, Refusal)  # a refusal: the device's or the one cached
+                line.tally.add(reused, node)
+                return reused.reason
             return error
         if token not in admitted:
             dev_name = self._series.dev_names[self._entry_dev[entry]]

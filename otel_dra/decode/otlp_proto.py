@@ -447,7 +447,8 @@ class OtlpProtoDecoder(DecoderCore):
     # -- series: (metric, attribute set) -> device, column, descriptive attributes ------------------
     def _target(self, metric: str, attrs: dict[str, str], devices: set[str]) -> Target | str | Refusal:
         """Where a point of ``metric`` with ``attrs`` goes on a node that has named ``devices`` (the core's
-        identity rules and caps), cached; a device refused is not (another node may have room for it)."""
+        identity rules and caps), cached; a device refused is not (another node may have room for it), and a
+        cached answer takes its device step again on this node (the core's ``_reuse``)."""
         key = (metric, attrs_of(attrs))
         found = self._targets.get(key)
         if found is None:
@@ -457,11 +458,7 @@ class OtlpProtoDecoder(DecoderCore):
                     self._targets.clear()
                 self._targets[key] = found
             return found
-        if type(found) is tuple:
-            device = self._series.dev_names[found[0]]
-            if device not in devices:
-                return self._admit_device(devices, device) or found
-        return found
+        return self._reuse(devices, found)
 
     def _point_problem(self, dev: int, t: int, kind: int, value: float, counter: bool, floor: int, node: str) -> str:
         """Why a point with a good target is not taken ("" when it is): the core's checks; the fast
