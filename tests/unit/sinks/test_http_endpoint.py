@@ -1,0 +1,94 @@
+"""The agent's and the fleet's HTTP endpoint over a real socket: ``/`` is a landing page linking to
+every route (as node_exporter's), ``/metrics`` and the routes answer, anything else is a 404."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from otel_dra import __version__
+from otel_dra.sinks.exposition import ExpositionCache
+from otel_dra.sinks.http import DEFAULT_DESCRIPTION, HttpEndpoint, Route
+
+
+def get(url: str) -> tuple[int, str, str]:
+    """(status, content type, body) of a GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read().decode()
+
+
+def devices() -> tuple[str, str, bytes]:
+    return "200 OK", "application/json", b'{"devices": []}'
+
+
+def healthz() -> tuple[str, str, bytes]:
+    return "200 OK", "text/plain", b"ok\n"
+
+
+ROUTES: dict[str, Route] = {"/healthz": healthz, "/v1/devices": devices}
+
+
+def serve(routes: dict[str, Route], description: str = DEFAULT_DESCRIPTION) -> HttpEndpoint:
+    cache = ExpositionCache(CollectorRegistry(), 60.0)
+    cache.render()
+    endpoint = HttpEndpoint("127.0.0.1", 0, cache, routes, description=description)
+    endpoint.start()
+    return endpoint
+
+
+@pytest.fixture
+def agent_endpoint() -> Iterator[str]:
+    endpoint = serve(ROUTES, description="otel-dra node agent on node n7 <&>")
+    yield f"http://127.0.0.1:{endpoint.port}"
+    endpoint.shutdown()
+
+
+def test_the_landing_page_names_the_program_says_what_this_is_and_links_to_every_route(agent_endpoint):
+    code, content_type, page = get(agent_endpoint + "/")
+    assert code == 200 and content_type.startswith("text/html")
+    assert f"<title>otel-dra {__version__}</title>" in page
+    assert "otel-dra node agent on node n7 &lt;&amp;&gt;" in page  # escaped, not markup
+    links = re.findall(r'href="([^"]+)"', page)
+    assert links == ["metrics", "healthz", "v1/devices"]  # relative: it works behind a path prefix too
+    for link in links:  # each one followed from the page answers
+        assert get(f"{agent_endpoint}/{link}")[0] == 200, link
+
+
+def test_a_query_string_still_gets_the_landing_page(agent_endpoint):
+    code, _, page = get(agent_endpoint + "/?from=browser")
+    assert code == 200 and 'href="metrics"' in page
+
+
+@pytest.mark.parametrize("path", ["/index.html", "/metricsx", "/v1", "//"])
+def test_anywhere_else_is_still_a_404_naming_the_routes(agent_endpoint, path):
+    code, content_type, body = get(agent_endpoint + path)
+    assert code == 404 and content_type.startswith("text/plain")
+    assert "/metrics" in body and "/v1/devices" in body
+
+
+def test_without_a_description_the_page_says_what_otel_dra_is():
+    endpoint = serve(ROUTES)
+    try:
+        code, _, page = get(f"http://127.0.0.1:{endpoint.port}/")
+    finally:
+        endpoint.shutdown()
+    assert code == 200 and f"<p>{DEFAULT_DESCRIPTION}</p>" in page
+
+
+def test_a_route_for_the_root_replaces_the_landing_page():
+    def root() -> tuple[str, str, bytes]:
+        return "200 OK", "text/plain", b"mine\n"
+
+    endpoint = serve({"/": root, **ROUTES})
+    try:
+        assert get(f"http://127.0.0.1:{endpoint.port}/")[2] == "mine\n"
+    finally:
+        endpoint.shutdown()
