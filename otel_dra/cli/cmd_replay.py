@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from otel_dra.cli.common import load_policy
 from otel_dra.cli.options import Seconds, decode_limits, limit_options, progress_bar
 from otel_dra.config import FleetConfig
+
+if TYPE_CHECKING:
+    from otel_dra.replay import ReplayResult
 
 
 @click.command()
@@ -92,30 +96,55 @@ def replay(
     finally:
         if out is not sys.stdout:
             out.close()
+    if not result.usable:  # one line, not warnings and an empty table above it
+        raise click.ClickException(_nothing_usable(files, result))
     for error in result.errors:
         err.print(f"warning: {error}", highlight=False, markup=False)
     if result.error_count > len(result.errors):
         err.print(f"warning: ... and {result.error_count - len(result.errors)} more", highlight=False)
-    table = Table(title=f"replayed {result.lines} lines, {result.points} points, {result.evaluations} evaluations")
-    for col in ("health", "hw.state", "devices"):
-        table.add_column(col)
-    for health, state, n in summary_rows(result):
-        table.add_row(health, state, str(n))
-    err.print(table)
+    rows = summary_rows(result)
+    title = f"replayed {result.lines} lines, {result.points} points, {result.evaluations} evaluations"
+    if rows:
+        table = Table(title=title)
+        for col in ("health", "hw.state", "devices"):
+            table.add_column(col)
+        for health, state, n in rows:
+            table.add_row(health, state, str(n))
+        err.print(table)
+    else:
+        err.print(title, highlight=False)
     err.print(
         f"{skip_summary(result)}; wrote {result.verdict_lines} verdict lines to {output}",
         highlight=False,
     )
-    if plot is not None and result.usable:
+    if plot is not None:
         try:
             plot_timeline(result, plot)
         except OSError as exc:
             raise click.ClickException(f"cannot write --plot {plot}: {exc.strerror or exc}") from exc
         err.print(f"timeline: {plot}", highlight=False)
-    if not result.usable:
-        raise click.ClickException(f"nothing in {', '.join(map(str, files))} could be used (see the warnings above)")
     if strict and result.error_count:
-        raise click.ClickException(f"--strict: {result.error_count} bad input problems (see the warnings above)")
+        above = " (see the warnings above)" if result.errors else ""
+        raise click.ClickException(f"--strict: {result.error_count} bad input problems{above}")
+
+
+def _nothing_usable(files: tuple[Path, ...], result: ReplayResult) -> str:
+    """Why nothing could be replayed, in one line: what was read, and the first problem in it."""
+    names = ", ".join(map(str, files))
+    first = f" (first problem: {str(result.errors[0]).removesuffix('; line skipped')})" if result.errors else ""
+    if not result.lines:
+        return f"nothing in {names} could be used: no lines to read"
+    if result.lines_skipped == result.lines:
+        lines = "the one line is" if result.lines == 1 else f"the {result.lines} lines are"
+        return f"nothing in {names} could be used: {lines} not OTLP JSON metrics{first}"
+    return (
+        f"nothing in {names} could be used: {_count(result.lines, 'line')}, {_count(result.points, 'point')}, "
+        f"no device samples among them{first}"
+    )
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _size_or_zero(path: Path) -> int:
