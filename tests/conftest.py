@@ -74,6 +74,7 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
 REALTIME_MODULES = frozenset(
     {
         "test_deploy.py",
+        "test_e2e_alertmanager.py",
         "test_e2e_attacks.py",
         "test_e2e_fleet.py",
         "test_e2e_fleet_k8s.py",

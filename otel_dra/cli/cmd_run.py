@@ -51,7 +51,8 @@ class FaultType(click.ParamType):
     show_default=True,
     help="Where samples come from: 'nvml' (NVIDIA GPUs, needs otel-dra[nvidia]), 'sysfs' (Linux hwmon, PCIe "
     "AER, amdgpu, NICs), 'simulated' (GPUs that behave like real ones; --fault works here), or 'auto': NVML "
-    "if it finds GPUs, else sysfs if it finds devices, else the simulator (logged). --fault implies simulated.",
+    "if it finds GPUs, else sysfs if it finds accelerators, else exit 2 saying what it looked for (auto never "
+    "serves simulated GPUs; the choice and why are logged). --fault with auto means simulated.",
 )
 @click.option(
     "--sysfs-root",
@@ -260,7 +261,7 @@ def run(
     try:
         config = AgentConfig(
             node_name=resolve_node_name(node_name),
-            source="simulated" if faults and source == "auto" else source,
+            source=source,  # auto with --fault is the simulator: sources.choose says so in the log
             sysfs_root=sysfs_root,
             devices=devices,
             faults=faults,
