@@ -91,8 +91,9 @@ class Agent:
             if queue is not None:
                 kept = f"queue: {push.queue_max_age_s:g}s, {push.queue_max_points:,} points"
             log.info("pushing OTLP (%s) to %s (%s)", push.protocol, push.endpoint, kept)
+        # otel_dra.source on the resource: metrics of simulated devices say so wherever they end up.
         meter = provider.start_meter_provider(
-            run, cfg.node_name, readers, series_limit(self.schema, devices), cv.AGENT_SCOPE
+            run, cfg.node_name, readers, series_limit(self.schema, devices), cv.AGENT_SCOPE, source=self.source.name
         )
         if queue is not None:
             queue.register_metrics(meter)

@@ -53,6 +53,10 @@ DRA_DEVICE_HEALTH_REASONS: Final = "dra.device.health.reasons"
 DRA_DEVICE_HEALTH_REMEDIATION: Final = "dra.device.health.remediation"
 DRA_DEVICE_VIEW_NODE: Final = "dra.device.view.node"
 
+#: Resource attribute: the source the agent samples (``simulated``, ``nvml``, ``sysfs``), so pretend GPUs
+#: can never pass for real ones on a dashboard.
+OTEL_DRA_SOURCE: Final = "otel_dra.source"
+
 #: The instrumentation scope of everything an otel-dra agent emits. Its ``hw.status`` is a verdict,
 #: not a device's own report: a fleet reading agents' telemetry must not take it as input.
 AGENT_SCOPE: Final = "otel_dra"

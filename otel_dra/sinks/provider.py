@@ -32,12 +32,16 @@ log = logging.getLogger(__name__)
 SDK_DEFAULT_CARDINALITY_LIMIT = 2000
 
 
-def build_resource(node_name: str) -> Resource:
+def build_resource(node_name: str, source: str | None = None) -> Resource:
     """``service.name`` and ``k8s.node.name``, overridable by ``OTEL_RESOURCE_ATTRIBUTES`` /
-    ``OTEL_SERVICE_NAME`` (the SDK's own detector), except that ``--node-name`` wins."""
+    ``OTEL_SERVICE_NAME`` (the SDK's own detector), except that ``--node-name`` wins; an agent's
+    ``source`` as ``otel_dra.source``, which nothing overrides (simulated devices must say so)."""
     defaults = Resource({cv.SERVICE_NAME_ATTR: "otel-dra", "service.version": __version__})
     env = OTELResourceDetector().detect()
-    return Resource.create({}).merge(defaults).merge(env).merge(Resource({cv.K8S_NODE_NAME_ATTR: node_name}))
+    ours: dict[str, str] = {cv.K8S_NODE_NAME_ATTR: node_name}
+    if source is not None:
+        ours[cv.OTEL_DRA_SOURCE] = source
+    return Resource.create({}).merge(defaults).merge(env).merge(Resource(ours))
 
 
 def cardinality_limit(devices: int, series_per_device: int) -> int:
@@ -115,10 +119,11 @@ def build_meter_provider(
     node_name: str,
     readers: list[MetricReader],
     limit: int,
+    source: str | None = None,
 ) -> MeterProvider:
-    """The provider every instrument of the agent hangs off."""
+    """The provider every instrument of the agent hangs off (``source``: the agent's, on its resource)."""
     view = View(instrument_name="*", aggregation_cardinality_limit=limit)
-    return MeterProvider(resource=build_resource(node_name), metric_readers=readers, views=[view])
+    return MeterProvider(resource=build_resource(node_name, source), metric_readers=readers, views=[view])
 
 
 def prometheus_reader(registry: CollectorRegistry) -> MetricReader:
@@ -133,10 +138,16 @@ def prometheus_reader(registry: CollectorRegistry) -> MetricReader:
 
 
 def start_meter_provider(
-    components: Components, node_name: str, readers: list[MetricReader], limit: int, scope: str
+    components: Components,
+    node_name: str,
+    readers: list[MetricReader],
+    limit: int,
+    scope: str,
+    source: str | None = None,
 ) -> Meter:
     """The provider of every instrument, as a component (started with the others, shut down, so
-    flushed, after every sink that reads through it), and its meter for ``scope``."""
-    meter_provider = build_meter_provider(node_name, readers, limit)
+    flushed, after every sink that reads through it), and its meter for ``scope``; an agent names
+    its ``source`` (the fleet has none)."""
+    meter_provider = build_meter_provider(node_name, readers, limit, source)
     components.start("meter provider", OnShutdown(lambda t: meter_provider.shutdown(timeout_millis=t * 1000)))
     return meter_provider.get_meter(scope, __version__)

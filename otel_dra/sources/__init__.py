@@ -97,14 +97,28 @@ _CLASSES: dict[str, str] = {
     "nvml": "otel_dra.sources.nvml:NvmlSource",
     "sysfs": "otel_dra.sources.sysfs:SysfsSource",
 }
-#: The real sources ``auto`` asks, in order; the first that finds an accelerator is chosen.
+#: The real sources ``auto`` asks, in order; the first that finds an accelerator is chosen. ``auto`` never
+#: chooses the simulator: a node missing NVML or its ``/sys`` mount must not report healthy pretend GPUs.
 AUTO_ORDER: tuple[str, ...] = ("nvml", "sysfs")
-#: What ``auto`` runs when no real source finds an accelerator.
-AUTO_FALLBACK = "simulated"
+#: The source ``--fault`` asks for under ``auto`` (faults are injected into simulated devices only).
+FAULT_SOURCE = "simulated"
 
 #: ``--source`` choices. ``auto``: NVML when the library loads and finds GPUs, else sysfs when it
-#: finds accelerators, else the simulator.
+#: finds accelerators, else :class:`NoAccelerator` (the simulator only when asked for, or by ``--fault``).
 SOURCES: tuple[str, ...] = ("auto", *_CLASSES)
+
+
+class NoAccelerator(SourceUnavailable):
+    """``--source auto`` found no real accelerator: the message says what each source saw and how to
+    fix it, so the CLI's one line is enough (the agent does not start)."""
+
+    def __init__(self, probes: tuple[Probe, ...]) -> None:
+        self.probes = probes
+        said = "; ".join(p.why for p in probes)
+        super().__init__(
+            f"--source auto found no accelerator ({said}): pip install 'otel-dra[nvidia]' for NVIDIA GPUs, mount the "
+            "host's /sys (--sysfs-root, e.g. /host/sys in a container), or pass --source simulated for simulated GPUs"
+        )
 
 
 def source_class(name: str) -> SourceClass:
@@ -117,28 +131,29 @@ def source_class(name: str) -> SourceClass:
 def choose(config: SourceSettings) -> tuple[str, tuple[Probe, ...]]:
     """The source to run and the probes that decided it (none when ``--source`` names one).
 
-    ``auto`` asks :data:`AUTO_ORDER` in turn and stops at the first that finds an accelerator;
-    if none does, it falls back to :data:`AUTO_FALLBACK`.
+    ``auto`` with ``--fault`` is the simulator (the only source faults go into; its probe says so). Otherwise
+    ``auto`` asks :data:`AUTO_ORDER` in turn and stops at the first that finds an accelerator; if none does,
+    it raises :class:`NoAccelerator`.
     """
     if config.source != "auto":
         return config.source, ()
+    if config.faults:
+        why = f"--fault given: {config.devices} simulated device(s), the only source faults are injected into"
+        return FAULT_SOURCE, (Probe(FAULT_SOURCE, config.devices, why),)
     probes: list[Probe] = []
     for name in AUTO_ORDER:
         probe = source_class(name).probe(config)
         probes.append(probe)
         if probe.found > 0:
             return name, tuple(probes)
-    return AUTO_FALLBACK, tuple(probes)
+    raise NoAccelerator(tuple(probes))
 
 
 def reason(name: str, probes: tuple[Probe, ...]) -> str:
     """Why ``name`` runs, for the log: each probe's answer, in the order they were asked."""
     if not probes:
         return "chosen with --source"
-    said = "; ".join(p.why for p in probes)
-    if probes[-1].source == name:
-        return said
-    return f"{said}; running the {name} source"
+    return "; ".join(p.why for p in probes)
 
 
 def build(config: SourceSettings, schema: Schema, limits: DecodeLimits | None = None) -> tuple[Source, str]:

@@ -276,8 +276,9 @@ def test_a_path_that_is_not_a_socket_is_a_one_line_error(start_agent, tmp_path):
 
     taken = tmp_path / "not-a-socket"
     taken.write_text("precious")
+    argv = ["run", "--source", "simulated", "--prometheus-port", "0", "--kubelet-socket", str(taken)]
     result = subprocess.run(
-        [sys.executable, "-m", "otel_dra", "run", "--prometheus-port", "0", "--kubelet-socket", str(taken)],
+        [sys.executable, "-m", "otel_dra", *argv],
         capture_output=True,
         text=True,
         timeout=30,

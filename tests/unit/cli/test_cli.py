@@ -62,7 +62,9 @@ def test_port_in_use_is_a_clear_error():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = otel_dra("run", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port))
+        result = otel_dra(
+            "run", "--source", "simulated", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port)
+        )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert f"127.0.0.1:{port}" in result.stderr and "--prometheus-port" in result.stderr
