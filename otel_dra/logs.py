@@ -5,10 +5,16 @@ No input can flood the log (issue #14: 200,000 warnings once made 200,000 lines,
 attribute value a 2 MB line). Records of one kind (logger, level, message template) past a burst in
 a window are counted, not written, and one summary line says how many there were; a string argument
 is shortened before formatting and every line is capped.
+
+Two formats (issue #15), both one line per record and both read by log tools as they are:
+``logfmt`` (the default: ``time=... level=INFO logger=... msg="..."``, every value with a space,
+quote, ``=`` or non-printable character quoted and escaped as logfmt requires) and ``json`` (one
+JSON object per line, with the same fields). The flood limiter and the line cap hold in both.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -56,25 +62,110 @@ def _short_args(args: Any) -> Any:
     return args
 
 
+#: The formats :func:`setup_logging` takes (``--log-format``).
+LOG_FORMATS: Final = ("logfmt", "json")
+
+#: Characters that some readers take for a line break (``str.splitlines``, JavaScript, Unicode's
+#: line and paragraph separators): never written raw, in either format.
+_LINE_BREAKS: Final = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+_LOGFMT_ESCAPES: Final = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _u_escape(char: str) -> str:
+    """``\\uXXXX`` (a UTF-16 surrogate pair past the BMP), as JSON and logfmt decoders read it."""
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def _needs_quotes(value: str) -> bool:
+    """Whether a logfmt value must be quoted: empty, or holding a space, ``=``, ``"`` or anything
+    not printable (the go-logfmt rule, which Loki's and Grafana's parsers follow)."""
+    return not value or any(c in ' ="\\' or not c.isprintable() for c in value)
+
+
+def logfmt_value(value: str) -> str:
+    """``value`` as a logfmt value: bare when it can be, else double-quoted with ``"`` and ``\\``
+    backslash-escaped, control and other non-printable characters as ``\\n``, ``\\t`` or ``\\uXXXX``."""
+    if not _needs_quotes(value):
+        return value
+    out = [_LOGFMT_ESCAPES.get(c) or (c if c.isprintable() or c == " " else _u_escape(c)) for c in value]
+    return '"' + "".join(out) + '"'
+
+
+def _json_line(fields: Mapping[str, str]) -> str:
+    """One JSON object, non-ASCII kept readable but no character a reader could take for a line break."""
+    text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    if any(_json_escaped(c) for c in text):  # json.dumps escapes only those below U+0020
+        text = "".join(_u_escape(c) if _json_escaped(c) else c for c in text)
+    return text
+
+
+def _json_escaped(char: str) -> bool:
+    """A character :func:`_json_line` writes as ``\\uXXXX``: a line break, or a lone surrogate (a
+    file name decoded with ``surrogateescape``), which no UTF-8 stream can carry raw."""
+    return char in _LINE_BREAKS or "\ud800" <= char <= "\udfff"
+
+
 class OneLineFormatter(logging.Formatter):
-    """ISO-8601 UTC timestamps, ``key=value`` framing, exceptions folded into the line; long
-    arguments shortened and the line capped at :data:`MAX_LINE_CHARS`."""
+    """ISO-8601 UTC timestamps, logfmt ``key=value`` framing (or, ``fmt="json"``, a JSON object),
+    exceptions folded into the line as an ``error`` field; long arguments shortened and the line capped
+    at :data:`MAX_LINE_CHARS` by shortening its values, so a capped line still parses."""
 
     converter = staticmethod(time.gmtime)
 
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s", "%Y-%m-%dT%H:%M:%SZ")
+    def __init__(self, fmt: str = "logfmt") -> None:
+        if fmt not in LOG_FORMATS:
+            raise ValueError(f"log format {fmt!r}: expected one of {', '.join(LOG_FORMATS)}")
+        super().__init__("%(message)s")
+        self.log_format = fmt
 
-    def format(self, record: logging.LogRecord) -> str:
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """``2024-05-01T12:00:00.123Z``."""
+        return time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created)) + f".{int(record.msecs):03d}Z"
+
+    def fields(self, record: logging.LogRecord) -> dict[str, str]:
+        """The line's fields, in order: time, level, logger, msg and, for an exception, error."""
         exc = record.exc_info
         # A copy: other handlers (a test's capture) see the record as it was logged.
         record = logging.makeLogRecord(record.__dict__)
         record.exc_info, record.exc_text, record.stack_info = None, None, None
         record.args = _short_args(record.args)
-        line = super().format(record)
+        message = _cut(record.getMessage(), MAX_LINE_CHARS)
+        out = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name, "msg": message}
         if exc and exc[1] is not None:
-            line += f" error={type(exc[1]).__name__}: {_cut(str(exc[1]), MAX_ARG_CHARS)}"
-        return _cut(line.replace("\n", " | "), MAX_LINE_CHARS)
+            out["error"] = f"{type(exc[1]).__name__}: {_cut(str(exc[1]), MAX_ARG_CHARS)}"
+        # One line: a multi-line message reads as its lines joined by " | ".
+        return {key: value.replace("\r\n", "\n").replace("\n", " | ") for key, value in out.items()}
+
+    def encode(self, fields: Mapping[str, str]) -> str:
+        if self.log_format == "json":
+            return _json_line(fields)
+        return " ".join(f"{key}={logfmt_value(value)}" for key, value in fields.items())
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = self.fields(record)
+        line = self.encode(fields)
+        # Too long: shorten the values (the message first) rather than cut the line, which would
+        # leave an open quote or brace: the longest cut of each that fits (escapes make the encoded
+        # length grow faster than the text's, so it is searched for).
+        for key in ("msg", "error", "logger"):
+            value = fields.get(key)
+            if len(line) <= MAX_LINE_CHARS or not value:
+                continue
+            fits, low, high = "", 0, len(value) - 1
+            while low <= high:
+                mid = (low + high) // 2
+                fields[key] = _cut(value, mid) if mid else ""
+                if len(self.encode(fields)) <= MAX_LINE_CHARS:
+                    fits, low = fields[key], mid + 1
+                else:
+                    high = mid - 1
+            fields[key] = fits
+            line = self.encode(fields)
+        return line
 
 
 Key = tuple[str, int, str]
@@ -188,9 +279,11 @@ class OneLineHandler(logging.StreamHandler[TextIO]):
     whatever is still counted and stops that thread, so nothing is lost and no thread outlives it.
     """
 
-    def __init__(self, stream: TextIO | None = None, limiter: FloodLimiter | None = None) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, limiter: FloodLimiter | None = None, log_format: str = "logfmt"
+    ) -> None:
         super().__init__(stream if stream is not None else sys.stderr)
-        self.setFormatter(OneLineFormatter())
+        self.setFormatter(OneLineFormatter(log_format))
         self.limiter = limiter if limiter is not None else FloodLimiter()
         self._stop = threading.Event()
         self._thread_lock = threading.Lock()
@@ -281,12 +374,45 @@ class _HandlerLock:
         self.handler.release()
 
 
-def setup_logging(level: str = "info") -> None:
-    """Route every logger (ours, the SDK's, grpc's) through the one-line, flood-limited handler on stderr."""
-    handler = OneLineHandler(sys.stderr)
+def setup_logging(level: str = "info", log_format: str = "logfmt") -> None:
+    """Route every logger (ours, the SDK's, grpc's) through the one-line, flood-limited handler on
+    stderr, writing ``log_format`` (:data:`LOG_FORMATS`)."""
+    handler = OneLineHandler(sys.stderr, log_format=log_format)
     root = logging.getLogger()
     for old in root.handlers:
         if isinstance(old, OneLineHandler):
             old.close()  # its counts are written and its thread stopped
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+#: OTEL_LOG_LEVEL's names (the OpenTelemetry SDKs' own log level) as :mod:`logging` levels.
+_OTEL_LEVEL_NAMES: Final = {
+    "all": "debug",
+    "verbose": "debug",
+    "trace": "debug",
+    "debug": "debug",
+    "info": "info",
+    "warn": "warning",
+    "warning": "warning",
+    "error": "error",
+    "fatal": "critical",
+    "critical": "critical",
+    "none": "critical",
+    "off": "critical",
+}
+
+
+def otel_log_level(value: str) -> str | None:
+    """An ``OTEL_LOG_LEVEL`` value as a :mod:`logging` level name, None if it is not one.
+
+    Names as the SDKs take them, any case (``debug``, ``info``, ``warn``/``warning``, ``error``, and
+    ``trace``/``verbose``/``all`` as debug, ``fatal``, ``none``/``off`` as critical only), or an
+    OpenTelemetry severity number: 1-8 debug (TRACE, DEBUG), 9-12 info, 13-16 warning, 17-20 error,
+    21-24 critical (FATAL)."""
+    text = value.strip().lower()
+    if text in _OTEL_LEVEL_NAMES:
+        return _OTEL_LEVEL_NAMES[text]
+    if text.isdigit() and 1 <= int(text) <= 24:
+        return ("debug", "debug", "info", "warning", "error", "critical")[(int(text) - 1) // 4]
+    return None

@@ -1,7 +1,11 @@
 """Issue #14: no input floods the log. Repeated records are counted and summarised, long values are
-shortened, every line is capped, and the summary is written even when the flood stops."""
+shortened, every line is capped, and the summary is written even when the flood stops.
+
+Issue #15: log tools parse every line: logfmt values quoted and escaped as the grammar requires
+(checked by a strict parser of it below), or one JSON object per line; OTEL_LOG_LEVEL is honoured."""
 
 import io
+import json
 import logging
 import re
 import subprocess
@@ -16,6 +20,34 @@ from otel_dra.logs import BURST, ERROR_BURST, MAX_LINE_CHARS, FloodLimiter, OneL
 
 SUMMARY = re.compile(r"\.\.\. and ([\d,]+) more like it in the last ([\d.]+) s$")
 
+#: The logfmt grammar, strictly (go-logfmt's, which Loki's and Grafana's parsers follow): pairs
+#: separated by one space; a key has no space, "=", quote or control character; a value is bare (the
+#: same characters) or double-quoted, with only \" \\ \n \r \t \uXXXX escapes and no raw control.
+_KEY = r'[^\s="\\\x00-\x1f\x7f]+'
+_QUOTED = r'"(?:[^"\\\x00-\x1f\x7f]|\\["\\nrt]|\\u[0-9a-fA-F]{4})*"'
+_PAIR = re.compile(rf"({_KEY})=({_QUOTED}|{_KEY})(?: |$)")
+
+
+def logfmt(line: str) -> dict[str, str]:
+    """``line``'s fields, or an AssertionError saying where it breaks the grammar."""
+    assert line and len(line.splitlines()) == 1, f"not one line: {line!r}"
+    fields: dict[str, str] = {}
+    pos = 0
+    while pos < len(line):
+        match = _PAIR.match(line, pos)
+        assert match, f"not logfmt at {pos}: {line[pos : pos + 40]!r} in {line[:200]!r}"
+        key, raw = match[1], match[2]
+        assert key not in fields, f"{key} twice in {line!r}"
+        assert all(c.isprintable() for c in raw), f"raw non-printable in {raw!r}"
+        fields[key] = json.loads(raw) if raw.startswith('"') else raw
+        pos = match.end()
+    assert not line.endswith(" "), line
+    return fields
+
+
+def msg(line: str) -> str:
+    return logfmt(line)["msg"]
+
 
 class Clock:
     """A clock the test moves."""
@@ -29,7 +61,7 @@ class Clock:
 
 def counted(lines: list[str]) -> int:
     """Records the summary lines say were not written."""
-    return sum(int(m[1].replace(",", "")) for line in lines if (m := SUMMARY.search(line)))
+    return sum(int(m[1].replace(",", "")) for line in lines if (m := SUMMARY.search(msg(line))))
 
 
 @pytest.fixture
@@ -37,9 +69,11 @@ def logger():
     """A logger of its own, written to one handler (returned beside it), closed at the end."""
     made: list[tuple[logging.Logger, OneLineHandler]] = []
 
-    def make(limiter: FloodLimiter | None = None) -> tuple[logging.Logger, OneLineHandler, io.StringIO]:
+    def make(
+        limiter: FloodLimiter | None = None, log_format: str = "logfmt"
+    ) -> tuple[logging.Logger, OneLineHandler, io.StringIO]:
         stream = io.StringIO()
-        handler = OneLineHandler(stream, limiter)
+        handler = OneLineHandler(stream, limiter, log_format)
         log = logging.getLogger(f"test.logs.{len(made)}.{id(handler)}")
         log.handlers[:] = [handler]
         log.propagate = False
@@ -60,10 +94,10 @@ def test_a_flood_of_warnings_is_a_burst_and_one_summary(logger):
     handler.close()
     lines = stream.getvalue().splitlines()
     assert len(lines) == BURST + 1
-    assert all("msg=disk sda is full" in line for line in lines[:BURST])
-    summary = lines[-1]
-    assert "level=WARNING" in summary and "disk %s is full" in summary
-    assert summary.endswith(f"... and {200_000 - BURST:,} more like it in the last 10 s")
+    assert all(msg(line) == "disk sda is full" for line in lines[:BURST])
+    summary = logfmt(lines[-1])
+    assert summary["level"] == "WARNING" and "disk %s is full" in summary["msg"]
+    assert summary["msg"].endswith(f"... and {200_000 - BURST:,} more like it in the last 10 s")
     assert len(stream.getvalue()) < 2_000
 
 
@@ -94,8 +128,8 @@ def test_a_new_window_writes_the_last_ones_summary_first(logger):
     log.warning("fan %d stalled", 3)
     lines = stream.getvalue().splitlines()
     assert len(lines) == BURST + 2
-    assert lines[-2].endswith(f"and {50 - BURST:,} more like it in the last 10 s")
-    assert lines[-1].endswith("msg=fan 3 stalled")
+    assert msg(lines[-2]).endswith(f"and {50 - BURST:,} more like it in the last 10 s")
+    assert msg(lines[-1]) == "fan 3 stalled"
 
 
 def test_distinct_messages_are_not_merged(logger):
@@ -107,9 +141,9 @@ def test_distinct_messages_are_not_merged(logger):
     log.info("GPU %d is hot", 0)  # another level: its own kind
     handler.close()
     lines = stream.getvalue().splitlines()
-    summaries = [line for line in lines if SUMMARY.search(line)]
+    summaries = [line for line in lines if SUMMARY.search(msg(line))]
     assert len(summaries) == 3  # the child logger's records reach this handler: a kind of their own
-    kinds = {(s.split("logger=")[1].split(" ")[0], s.split("msg=")[1].split(" ...")[0]) for s in summaries}
+    kinds = {(logfmt(s)["logger"], msg(s).split(" ...")[0]) for s in summaries}
     assert kinds == {
         (log.name, "GPU %d is hot"),
         (log.name, "GPU %d lost its link"),
@@ -161,12 +195,13 @@ def test_a_megabyte_argument_gives_a_short_line(logger):
     lines = stream.getvalue().splitlines()
     assert len(lines) == 6
     assert all(len(line) <= MAX_LINE_CHARS for line in lines)
-    assert "gpu-0 has model " + "x" * 511 + "…" in lines[0] and len(lines[0]) < 700
-    assert lines[1].endswith("y" * 511 + "…")
-    assert len(lines[2]) == MAX_LINE_CHARS and lines[2].endswith("…")
-    assert len(lines[3]) == MAX_LINE_CHARS and lines[3].endswith("…")
-    assert lines[4].endswith("msg=two | lines a | b")
-    assert "error=ValueError: " in lines[5] and len(lines[5]) < 700
+    assert "gpu-0 has model " + "x" * 511 + "…" in msg(lines[0]) and len(lines[0]) < 700
+    assert msg(lines[1]).endswith("y" * 511 + "…")
+    # The cap shortens the message, not the line: it still parses, its quote closed.
+    assert MAX_LINE_CHARS - 2 <= len(lines[2]) <= MAX_LINE_CHARS and msg(lines[2]).endswith("…")
+    assert MAX_LINE_CHARS - 2 <= len(lines[3]) <= MAX_LINE_CHARS and msg(lines[3]).endswith("…")
+    assert msg(lines[4]) == "two | lines a | b"
+    assert logfmt(lines[5])["error"].startswith("ValueError: ") and len(lines[5]) < 700
 
 
 def test_the_record_is_not_changed_for_other_handlers(logger):
@@ -231,10 +266,10 @@ def test_a_flooding_process_writes_a_short_stderr_with_its_summary():
     lines = result.stderr.splitlines()
     assert len(result.stderr) < 20_000
     assert all(len(line) <= MAX_LINE_CHARS for line in lines)
-    written = [line for line in lines if not SUMMARY.search(line) and "too long" in line]
+    written = [line for line in lines if not SUMMARY.search(msg(line)) and "too long" in line]
     # One window unless the loop outlasts it on a slow machine: every record is either written or counted.
     assert len(written) + counted(lines) == 200_000
-    assert any(line.endswith("m" * 511 + "…") for line in lines)
+    assert any(msg(line).endswith("m" * 511 + "…") for line in lines)
     assert len(lines) <= 4 * (BURST + 1)
     assert any("device %s: attribute %s too long ... and" in line for line in lines)
 
@@ -243,3 +278,155 @@ def test_constants_are_sane():
     assert logs.BURST < logs.ERROR_BURST
     assert logs.WINDOW_S == 10.0 and logs.MAX_KEYS == 1_000
     assert logs.MAX_ARG_CHARS < logs.MAX_LINE_CHARS
+
+
+# Issue #15: lines log tools parse.
+
+AWKWARD = [
+    "plain",
+    "two words",
+    'a "quoted" word',
+    "key=value inside",
+    "back\\slash",
+    "tab\there",
+    "nul\x00bell\x07del\x7f",
+    "carriage\rreturn",
+    "unicode … é 漢字",
+    "separators \u2028 \u2029 \x85 \x0b \x0c",
+    "lone surrogate \udcff",
+    "emoji 🛠 and a private-use \U000f0000",
+    "",
+    " leading and trailing ",
+    '"',
+    "=",
+]
+
+
+def _expected(text: str) -> str:
+    """What a parser reads back: the text, with line breaks joined as the handler does."""
+    return text.replace("\r\n", "\n").replace("\n", " | ")
+
+
+@pytest.mark.parametrize("text", AWKWARD)
+def test_every_logfmt_value_parses_back_to_itself(logger, text):
+    """Spaces, quotes, "=", backslashes and non-printables in a value are quoted and escaped as logfmt
+    requires, so a parser reads the same fields back (before #15 `msg=two words` split in two)."""
+    log, handler, stream = logger()
+    log.warning("device %s said %s", "gpu-0", text)
+    named = logging.getLogger(f"{log.name}.{text.replace('.', '')}")  # a logger name is a value too
+    named.warning("%s", text)
+    try:
+        raise RuntimeError(text)
+    except RuntimeError as err:
+        log.error("failed: %s", text, exc_info=err)
+    handler.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    first, second, third = (logfmt(line) for line in lines)
+    assert list(first) == ["time", "level", "logger", "msg"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["time"])
+    assert first["level"] == "WARNING" and first["logger"] == log.name
+    assert first["msg"] == f"device gpu-0 said {_expected(text)}"
+    assert second["msg"] == _expected(text) and second["logger"] == named.name
+    assert third["error"] == f"RuntimeError: {_expected(text)}" and third["level"] == "ERROR"
+
+
+def test_a_message_with_spaces_is_one_quoted_field(logger):
+    log, handler, stream = logger()
+    log.info("source %s: chosen with --source", "simulated")
+    handler.close()
+    line = stream.getvalue().strip()
+    assert line.endswith(' msg="source simulated: chosen with --source"'), line
+    assert line.startswith("time=") and " level=INFO " in line
+
+
+@pytest.mark.parametrize("text", AWKWARD)
+def test_json_lines_are_one_object_each(logger, text):
+    log, handler, stream = logger(log_format="json")
+    log.warning("device %s said %s", "gpu-0", text)
+    try:
+        raise ValueError(text)
+    except ValueError as err:
+        log.error("failed", exc_info=err)
+    handler.close()
+    lines = stream.getvalue().splitlines()  # splitlines: no U+2028 or NEL left raw to split on
+    assert len(lines) == 2, lines
+    first, second = (json.loads(line) for line in lines)
+    assert list(first) == ["time", "level", "logger", "msg"]
+    assert first["level"] == "WARNING" and first["logger"] == log.name
+    assert first["msg"] == f"device gpu-0 said {_expected(text)}"
+    assert second["error"] == f"ValueError: {_expected(text)}"
+    assert all(line.encode("utf-8") for line in lines)  # a lone surrogate is escaped, not written raw
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_flood_summaries_and_the_cap_hold_in_both_formats(logger, log_format):
+    log, handler, stream = logger(FloodLimiter(clock=Clock()), log_format)
+    for _ in range(1_000):
+        log.warning("disk %s is full", "sda")
+    log.warning('whole "message" ' + "z\\" * 1_000_000)  # escapes make the encoded value twice as long
+    log.warning("unicode " + "\x01" * 100_000)  # each escaped as six characters
+    try:
+        raise ValueError("v" * 1_000_000)
+    except ValueError as err:
+        log.error("x" * 1_000_000, exc_info=err)
+    handler.close()
+    lines = stream.getvalue().splitlines()
+    parse = json.loads if log_format == "json" else logfmt
+    records = [parse(line) for line in lines]
+    assert len(lines) == BURST + 1 + 3
+    assert all(len(line) <= MAX_LINE_CHARS for line in lines)
+    summaries = [r for r in records if SUMMARY.search(r["msg"])]
+    assert len(summaries) == 1 and summaries[0]["msg"].endswith(f"and {1_000 - BURST:,} more like it in the last 10 s")
+    assert summaries[0]["level"] == "WARNING" and summaries[0]["logger"] == log.name
+    long = records[BURST : BURST + 3]  # the summary comes last, at close
+    assert all(r["msg"].endswith("…") for r in long)
+    assert long[0]["msg"].startswith('whole "message" z\\z\\') and len(lines[BURST]) > MAX_LINE_CHARS - 8
+    assert long[2]["error"].startswith("ValueError: vvv")
+
+
+def test_setup_logging_writes_json_when_asked(monkeypatch):
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    try:
+        setup_logging("info", "json")
+        logging.getLogger("otel_dra.test").info("first sample: %d devices", 8)
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:], root.level = saved
+    record = json.loads(stream.getvalue())
+    assert record["msg"] == "first sample: 8 devices" and record["logger"] == "otel_dra.test"
+    with pytest.raises(ValueError, match="log format"):
+        setup_logging("info", "xml")
+
+
+@pytest.mark.parametrize(
+    ("value", "level"),
+    [
+        ("debug", "debug"),
+        ("DEBUG", "debug"),
+        ("trace", "debug"),
+        ("info", "info"),
+        (" Info ", "info"),
+        ("warn", "warning"),
+        ("warning", "warning"),
+        ("WARN", "warning"),
+        ("error", "error"),
+        ("fatal", "critical"),
+        ("none", "critical"),
+        ("5", "debug"),
+        ("9", "info"),
+        ("13", "warning"),
+        ("17", "error"),
+        ("21", "critical"),
+        ("0", None),
+        ("25", None),
+        ("loud", None),
+        ("", None),
+    ],
+)
+def test_otel_log_level_values(value, level):
+    assert logs.otel_log_level(value) == level
