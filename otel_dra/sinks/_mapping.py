@@ -2,8 +2,8 @@
 attribute keys to Prometheus label names.
 
 Kept free of servers and SDK state (as the Prometheus exporter keeps its ``_mapping.py``) so the
-identity rules (every series carries the device's ``hw.id``; a sensor's series carry ``hw.parent``:
-README "Metrics", ``semconv/registry.yaml``) can be tested alone.
+identity rules (every series carries the device's ``hw.id``; a sensor's series carry ``hw.parent``
+and the device's DRA identity: README "Metrics", ``semconv/registry.yaml``) can be tested alone.
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from collections.abc import Mapping
 from otel_dra import conventions as cv
 from otel_dra.frame import Column
 
+#: The device's DRA identity, which its sensors' series carry too.
+DRA_IDENTITY = (cv.DRA_DRIVER_NAME, cv.DRA_POOL_NAME, cv.DRA_DEVICE_NAME)
+
 
 def series_attributes(device_id: str, device_attrs: Mapping[str, str], column: Column) -> dict[str, str]:
     """Attributes of one device's series for ``column``.
 
     Device series carry the device's identity and descriptive attributes; sensor
     series are child components: their own ``hw.id``, their ``hw.type`` and
-    ``hw.parent`` pointing at the device.
+    ``hw.parent`` pointing at the device, and the device's DRA identity (``dra.*``),
+    which is what dashboards and alerts filter by.
     """
     if column.sensor is None:
         return {cv.HW_ID: device_id, **device_attrs, **dict(column.attrs)}
@@ -29,6 +33,7 @@ def series_attributes(device_id: str, device_attrs: Mapping[str, str], column: C
         cv.HW_ID: f"{device_id}/{column.sensor}",
         cv.HW_TYPE: column.sensor_type,
         cv.HW_PARENT: device_id,
+        **{k: device_attrs[k] for k in DRA_IDENTITY if k in device_attrs},
         **dict(column.attrs),
     }
 

@@ -22,15 +22,22 @@ def test_device_series_carry_the_device_identity():
     }
 
 
-def test_sensor_series_are_child_components_with_a_parent():
+def test_sensor_series_are_child_components_with_a_parent_and_the_devices_dra_identity():
+    """What users filter dashboards by (dra_pool_name, dra_device_name) is on the sensors too; the
+    device's descriptive attributes (hw.vendor) are not: they describe the device, not the sensor."""
     col = Column("hw.temperature", attrs_of({"hw.sensor_location": "gpu"}), "temp/gpu", "temperature")
-    attrs = series_attributes("gpu-2", DEVICE, col)
+    device = {**DEVICE, "dra.pool.name": "node-1", "dra.driver.name": "gpu.example.com"}
+    attrs = series_attributes("gpu-2", device, col)
     assert attrs == {
         "hw.id": "gpu-2/temp/gpu",
         "hw.type": "temperature",
         "hw.parent": "gpu-2",
+        "dra.driver.name": "gpu.example.com",
+        "dra.pool.name": "node-1",
+        "dra.device.name": "gpu-2",
         "hw.sensor_location": "gpu",
     }
+    assert "dra.pool.name" not in series_attributes("gpu-2", {"hw.type": "gpu"}, col)  # none known: none added
 
 
 #: Keys that exercise every rule: dots, a leading digit, runs of unsafe characters, underscores.
