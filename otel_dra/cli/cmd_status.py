@@ -1,48 +1,258 @@
-"""``otel-dra status``: every device's verdict from a running agent or fleet."""
+"""``otel-dra status``: every device's verdict from a running agent or fleet, as a table for people
+or as the ``/v1/devices`` document for scripts, once or refreshed (``--watch``).
+
+The table never splits a word: identifiers (device, health, state, remediation, ...) are never
+wrapped, the evidence wraps between words, and where the terminal is too narrow for every column
+the reasons column goes (the evidence names each reason). When stdout is not a terminal there is
+no wrapping at all: one line per device, whatever ``COLUMNS`` says, for grep and friends.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
 import click
 
-from otel_dra.cli.client import read_devices
+from otel_dra.cli.client import DEFAULT_PORT, URL_FORMS, base_url, read_devices
 from otel_dra.cli.options import Seconds
-from otel_dra.sinks.config import EndpointConfig
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+
+OUTPUTS = ("table", "json")
+
+#: Narrower than this, the evidence column is not worth having beside the reasons column.
+EVIDENCE_MIN_WIDTH = 24
+
+#: Spaces between two columns of the table (a cell's right padding and the blank divider).
+_GAP = 2
+
+_COLORS = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}
+
+
+def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return base_url(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r}: {exc}; write {URL_FORMS}", ctx, param) from None
+
+
+def _env(name: str) -> dict[str, Any]:
+    return {"envvar": f"OTEL_DRA_{name}", "show_envvar": True}
 
 
 @click.command()
-@click.argument("url", default=f"http://localhost:{EndpointConfig.port}", required=False)
-@click.option("--timeout", type=Seconds(), default=5.0, show_default=True, help="Seconds to wait for the agent.")
-def status(url: str, timeout: float) -> None:
+@click.argument("url", default=f"localhost:{DEFAULT_PORT}", required=False, callback=_url, envvar="OTEL_DRA_URL")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(OUTPUTS),
+    default="table",
+    show_default=True,
+    help="'table' for people; 'json' for scripts: the /v1/devices document as served, one JSON document "
+    "(with --watch, one per line and refresh).",
+    **_env("OUTPUT"),
+)
+@click.option(
+    "--watch",
+    "-w",
+    is_flag=True,
+    help="Refresh every --interval until Ctrl-C: in place on a terminal; piped, one table (or JSON "
+    "line) per refresh. A failed refresh is shown and retried.",
+    **_env("WATCH"),
+)
+@click.option(
+    "--interval",
+    type=Seconds(),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+    **_env("INTERVAL"),
+)
+@click.option(
+    "--timeout",
+    type=Seconds(),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for the agent.",
+    **_env("TIMEOUT"),
+)
+def status(url: str, output: str, watch: bool, interval: float, timeout: float) -> None:
     """Show every device's verdict from a running agent or fleet (URL/v1/devices).
 
     Unhealthy devices first, then Unknown, then the rest; with the reasons, the
     remediation and how long the verdict has stood.
-    """
-    import time
 
+    URL is http://HOST:PORT, or HOST:PORT (http:// assumed), HOST (port 9464) or
+    :PORT (this host); default localhost:9464, or OTEL_DRA_URL.
+    """
     from rich.console import Console
+
+    # Not a terminal: no wrapping at all (a width no table reaches), so each device is one line.
+    console = Console() if sys.stdout.isatty() else Console(width=100_000)
+    _, doc = read_devices(url, timeout)
+    if not watch:
+        _emit(console, output, doc, url, None, once=True)
+        return
+    try:
+        if output == "table" and console.is_terminal:
+            _watch_in_place(console, doc, url, interval, timeout)
+        else:
+            _watch_lines(console, output, doc, url, interval, timeout)
+    except KeyboardInterrupt:  # Ctrl-C is how a watch ends: not an error
+        return
+
+
+def _emit(console: Console, output: str, doc: dict[str, Any], url: str, when: str | None, once: bool) -> None:
+    if output == "json":
+        text = json.dumps(doc, indent=2 if once else None)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    elif console.is_terminal:
+        console.print(device_table(doc, url, width=console.width, when=when))
+    else:  # piped: the lines as they are, without the padding to the table's width
+        with console.capture() as captured:
+            console.print(device_table(doc, url, when=when))
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+        sys.stdout.flush()
+
+
+def _watch_lines(console: Console, output: str, doc: dict[str, Any], url: str, interval: float, timeout: float) -> None:
+    """Piped (or JSON): each refresh printed after the last, a blank line between tables."""
+    while True:
+        _emit(console, output, doc, url, _clock(interval), once=False)
+        while True:
+            time.sleep(interval)
+            try:
+                _, doc = read_devices(url, timeout)
+                break
+            except click.ClickException as exc:
+                click.echo(f"otel-dra status: {exc.format_message()} (retrying every {interval:g}s)", err=True)
+        if output == "table":
+            console.print()
+
+
+def _watch_in_place(console: Console, doc: dict[str, Any], url: str, interval: float, timeout: float) -> None:
+    """On a terminal: one table redrawn in place (rich's Live), the last one left on screen."""
+    from rich.console import Group
+    from rich.live import Live
+    from rich.text import Text
+
+    def table() -> Table:
+        return device_table(doc, url, width=console.width, when=_clock(interval))
+
+    shown: RenderableType = table()
+    with Live(shown, console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            time.sleep(interval)
+            try:
+                _, doc = read_devices(url, timeout)
+                shown = table()
+            except click.ClickException as exc:
+                error = Text(f"{time.strftime('%H:%M:%S')}: {exc.format_message()}; retrying", style="red")
+                shown = Group(error, device_table(doc, url, width=console.width, when="last read"))
+            live.update(shown, refresh=True)
+
+
+def _clock(interval: float) -> str:
+    return f"{time.strftime('%H:%M:%S')}, every {interval:g}s"
+
+
+def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: str | None = None) -> Table:
+    """The devices of a ``/v1/devices`` document as a table fitted to ``width`` columns without
+    splitting a word (``None``: as wide as its rows, nothing wrapped)."""
+    from rich import box
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from otel_dra.classifier.verdicts import human_duration
 
-    _, doc = read_devices(url, timeout)
-    devices = [d for d in doc["devices"] if isinstance(d, dict)]
+    devices = [d for d in doc.get("devices", []) if isinstance(d, dict)]
     now = time.time_ns()
-    colors = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}
-    table = Table(title=f"{len(devices)} devices at {url}")
-    for col in ("node", "device", "health", "hw.state", "reasons", "remediation", "since", "evidence"):
-        table.add_column(col, overflow="fold")
+    nodes = sorted({str(d.get("k8s.node.name") or "") for d in devices})
+    one_node = len(nodes) == 1
+    rows: list[dict[str, str]] = []
     for d in devices:
-        health = d.get("health", "?")
-        age = human_duration(max(0.0, (now - int(d.get("last_transition_time", now))) / 1e9))
-        table.add_row(
-            d.get("k8s.node.name", ""),
-            d.get("dra.device.name") or d.get("hw.id", ""),
-            f"[{colors.get(health, 'white')}]{health}[/]",
-            d.get("hw.state") or "-",
-            ", ".join(d.get("reasons", [])) or "-",
-            d.get("remediation", ""),
-            age,
-            d.get("message", ""),
+        health = str(d.get("health") or "?")
+        try:
+            age = human_duration(max(0.0, (now - int(d.get("last_transition_time", now))) / 1e9))
+            since = "".join(re.findall(r"\d+[dhms]", age)[:2])  # 1d1h, not 1d1h1m2s
+        except (TypeError, ValueError):
+            since = "?"
+        reasons = d.get("reasons")
+        rows.append(
+            {
+                "node": str(d.get("k8s.node.name") or "-"),
+                "device": str(d.get("dra.device.name") or d.get("hw.id") or "?"),
+                "health": health,
+                "hw.state": str(d.get("hw.state") or "-"),
+                # One a line on a terminal (a narrow column), else one line per device for grep.
+                "reasons": ("\n" if width else ", ").join(str(r) for r in reasons)
+                if isinstance(reasons, list) and reasons
+                else "-",
+                "remediation": str(d.get("remediation") or "-"),
+                "since": since,
+                "evidence": " ".join(str(d.get("message") or "").split()),
+            }
         )
-    Console().print(table)
+    columns = ["node", "device", "health", "hw.state", "reasons", "remediation", "since", "evidence"]
+    if one_node:
+        columns.remove("node")  # in the title instead
+
+    def natural(col: str) -> int:
+        return max([len(col), *(len(line) for r in rows for line in r[col].splitlines())])
+
+    def longest_word(col: str) -> int:
+        return max([len(col), *(len(w) for r in rows for w in r[col].split())])
+
+    hidden: list[str] = []
+    if width is not None:
+        evidence_min = max(EVIDENCE_MIN_WIDTH, longest_word("evidence"))
+
+        def needed() -> int:
+            fixed = sum(evidence_min if c == "evidence" else natural(c) for c in columns)
+            return fixed + _GAP * (len(columns) - 1)
+
+        for col in ("reasons", "hw.state", "evidence", "since"):  # the evidence names each reason
+            if needed() <= width:
+                break
+            columns.remove(col)
+            hidden.append(col)
+
+    counts = Counter(r["health"] for r in rows)
+    worst = ", ".join(f"{counts[h]} {h}" for h in ("Unhealthy", "Unknown") if counts[h])
+    where = f" on node {nodes[0]}" if one_node and nodes[0] else f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
+    title = f"{len(rows)} device{'s' * (len(rows) != 1)}{where} at {url}" + (f" ({worst})" if worst else "")
+    table = Table(
+        title=escape(title + (f", {when}" if when else "")),
+        box=box.SIMPLE_HEAD if width else None,  # piped: plain columns, as kubectl prints them
+        show_edge=False,
+        padding=(0, _GAP - 1 if width else _GAP, 0, 0),
+        expand=False,
+        title_justify="left",
+        caption=_caption(rows, hidden),
+        caption_justify="left",
+    )
+    for col in columns:
+        if col == "evidence":
+            table.add_column(col, overflow="fold", min_width=longest_word(col) if width else None)
+        else:
+            table.add_column(col, no_wrap=True, overflow="ellipsis")
+    for r in rows:
+        table.add_row(*(Text(r[c], style=_COLORS.get(r[c], "") if c == "health" else "") for c in columns))
+    return table
+
+
+def _caption(rows: list[dict[str, str]], hidden: list[str]) -> str | None:
+    if not rows:
+        return "no devices yet: a freshly started agent lists them once its first verdicts are in"
+    if hidden:
+        return f"too narrow for {', '.join(hidden)}: widen the terminal, pipe the output or use --output json"
+    return None

@@ -1,0 +1,297 @@
+"""``otel-dra status`` as people and scripts use it (issue #15), run as its own process against a
+real HTTP endpoint (the agent's own :class:`HttpEndpoint`) serving a ``/v1/devices`` document:
+a table that splits no word at 80 columns or piped, ``--output json``, URLs without a scheme,
+``--watch`` in place on a terminal (a pty) and line by line when piped, an env var per option."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from otel_dra.sinks.exposition import ExpositionCache
+from otel_dra.sinks.http import HttpEndpoint
+
+NODE = "gpu-node-17.us-east1.example.internal"
+CAPTION = "too narrow for: widen the terminal, pipe the output or use --output json"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+def device(node: str, i: int, health: str, state: str, reasons: list[str], remediation: str, message: str) -> dict:
+    now = time.time_ns()
+    return {
+        "time_unix_nano": now,
+        "k8s.node.name": node,
+        "hw.id": f"gpu-{i}",
+        "health": health,
+        "hw.state": state,
+        "reasons": reasons,
+        "remediation": remediation,
+        "message": message,
+        "dra.pool.name": node,
+        "dra.device.name": f"gpu-{i}",
+        "dra.driver.name": "gpu.simulated.otel-dra.io",
+        "last_transition_time": now - 200 * 10**9,
+        "last_reported_time": now,
+        "since": "2026-12-02T05:50:42Z",
+    }
+
+
+def agent_document(node: str = NODE) -> dict[str, Any]:
+    """As an agent serves it (the messages are the classifier's), unhealthy first."""
+    return {
+        "devices": [
+            device(
+                node,
+                6,
+                "Unhealthy",
+                "failed",
+                ["memory_ecc", "power_throttling"],
+                "reset_device",
+                "memory_ecc: uncorrected ECC errors: 3 in 5m; power_throttling: throttled by power in 80% of samples",
+            ),
+            device(
+                node,
+                2,
+                "Unhealthy",
+                "degraded",
+                ["thermal"],
+                "reduce_load",
+                "thermal: temperature above its high.degraded limit in 100% of samples over 5m",
+            ),
+            device(node, 3, "Unknown", "unknown", ["stale"], "check_workload", "stale: no sample for 45s"),
+            *(
+                device(node, i, "Healthy", "ok", [], "none", "no evidence of a fault in the last 5m")
+                for i in (0, 1, 4, 5, 7)
+            ),
+        ]
+    }
+
+
+class Served:
+    """A /v1/devices document on a real socket; ``doc`` may be replaced between reads."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        cache = ExpositionCache(CollectorRegistry(), 60.0)
+        cache.render()
+        self.endpoint = HttpEndpoint("127.0.0.1", 0, cache, {"/v1/devices": self._devices})
+        self.endpoint.start()
+        self.port = self.endpoint.port
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _devices(self) -> tuple[str, str, bytes]:
+        return "200 OK", "application/json", json.dumps(self.doc).encode()
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = Served(agent_document())
+    yield s
+    s.endpoint.shutdown()
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k not in ("COLUMNS", "LINES")}
+    return {**base, "NO_COLOR": "1", **extra}
+
+
+def status(*args: str, timeout: float = 30, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "otel_dra", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(**extra_env),
+    )
+
+
+def on_a_terminal(args: list[str], columns: int, seconds: float, interrupt: bool) -> tuple[int, str]:
+    """Run status with stdout on a pty ``columns`` wide; (exit code, what it showed without escapes)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_dra", "status", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env=env(COLUMNS=str(columns), LINES="50", TERM="xterm"),
+    )
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + seconds
+    while True:
+        timeout = deadline - time.monotonic() if interrupt else 30
+        if interrupt and timeout <= 0:
+            proc.send_signal(signal.SIGINT)
+            interrupt = False
+            deadline = time.monotonic() + 30
+            continue
+        ready, _, _ = select.select([master], [], [], max(0.0, min(timeout, 0.2)))
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the pty
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None and not interrupt:
+            break
+    code = proc.wait(timeout=30)
+    os.close(master)
+    # An escape (cursor up, erase line) ends what was drawn before it, as a new line does.
+    return code, ANSI.sub("\n", out.decode("utf-8", "replace").replace("\r\n", "\n"))
+
+
+def words_of(doc: dict[str, Any], url: str) -> set[str]:
+    """Every word the table may show: headers, the title's, the caption's and each device's values."""
+    known = {"device", "health", "hw.state", "reasons", "remediation", "since", "evidence", "node", "-"}
+    known |= set(f"8 devices on node {NODE} at {url} (2 Unhealthy, 1 Unknown) on 2 nodes".split())
+    known |= set(
+        ["too", "narrow", "for:", "widen", "the", "terminal,", "pipe", "the", "output", "or", "use", "--output", "json"]
+    )
+    for d in doc["devices"]:
+        known |= {d["k8s.node.name"], d["hw.id"], d["health"], d["hw.state"], d["remediation"]}
+        known |= set(d["message"].split()) | set(d["reasons"])
+    return {w.rstrip(",:;") for w in known}
+
+
+def assert_no_word_split(text: str, known: set[str]) -> None:
+    """A word split across lines leaves pieces ("remediati", "on") that are no word of the table."""
+    table_chars = re.compile(r"^[─━│┃┏┓┗┛┡┩╇╋┳┻ ]+$")
+    pieces = {w for line in text.splitlines() if not table_chars.match(line) for w in line.split()}
+    pieces = {w.strip("│┃").rstrip(",:;") for w in pieces} - {""}
+    pieces = {w for w in pieces if not re.fullmatch(r"\d+[dhms](\d+[dhms])?|[\d:]+|every|0.3s", w)}
+    assert pieces <= known, sorted(pieces - known)
+
+
+def test_piped_each_device_is_one_line_and_no_word_is_split(served):
+    shown = status(served.url, COLUMNS="80")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    rows = [line for line in lines if re.match(r"gpu-\d ", line)]
+    assert len(rows) == 8 and rows[0].startswith("gpu-6") and rows[2].startswith("gpu-3")
+    assert "memory_ecc, power_throttling" in rows[0] and "reset_device" in rows[0] and "80% of samples" in rows[0]
+    assert lines[1].split() == ["device", "health", "hw.state", "reasons", "remediation", "since", "evidence"]
+    assert all(line == line.rstrip() for line in lines)
+    assert_no_word_split(shown.stdout, words_of(served.doc, f"http://127.0.0.1:{served.port}"))
+
+
+def test_at_80_columns_on_a_terminal_nothing_is_wider_and_no_word_is_split(served):
+    code, shown = on_a_terminal([served.url], 80, 0, interrupt=False)
+    assert code == 0, shown
+    lines = [line for line in shown.splitlines() if line.strip()]
+    assert max(len(line) for line in lines) <= 80, shown
+    assert any(line.startswith("gpu-6") and "Unhealthy" in line and "reset_device" in line for line in lines), shown
+    assert "remediation" in shown and "evidence" in shown
+    assert_no_word_split(shown, words_of(served.doc, served.url))
+
+
+def test_a_fleet_at_80_columns_keeps_the_node_and_says_what_it_left_out(served):
+    served.doc = agent_document()
+    served.doc["devices"][1]["k8s.node.name"] = "n2"
+    code, shown = on_a_terminal([served.url], 80, 0, interrupt=False)
+    assert code == 0, shown
+    assert "8 devices on 2 nodes" in shown and NODE in shown and "too narrow for" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80
+    assert_no_word_split(shown, words_of(served.doc, served.url))
+
+
+def test_output_json_is_the_document_as_served(served):
+    shown = status(served.url, "--output", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == served.doc
+
+
+def test_every_option_has_an_environment_variable_shown_in_help(served):
+    shown = status("--help")
+    assert shown.returncode == 0
+    for var in ("OTEL_DRA_OUTPUT", "OTEL_DRA_WATCH", "OTEL_DRA_INTERVAL", "OTEL_DRA_TIMEOUT", "OTEL_DRA_URL"):
+        assert var in shown.stdout, var
+    by_env = status(OTEL_DRA_URL=f"127.0.0.1:{served.port}", OTEL_DRA_OUTPUT="json")
+    assert by_env.returncode == 0, by_env.stderr
+    assert json.loads(by_env.stdout) == served.doc
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1:{port}", ":{port}", "http://127.0.0.1:{port}/v1/devices"])
+def test_a_url_without_a_scheme_or_host_works(served, form):
+    shown = status(form.format(port=served.port), "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert len(json.loads(shown.stdout)["devices"]) == 8
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "http://[::1", "host:port", "http://", "a b", "x" * 300, "http:/x"])
+def test_a_bad_url_is_one_line_and_exit_2(url):
+    shown = status(url)
+    assert shown.returncode == 2, shown
+    lines = shown.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("otel-dra status: error:"), shown.stderr
+    assert "HOST:PORT" in lines[0] and "Traceback" not in shown.stderr
+
+
+def test_nothing_listening_is_one_line_and_exit_2():
+    shown = status("127.0.0.1:1", "--timeout", "2")
+    assert shown.returncode == 2
+    assert shown.stderr.strip().splitlines() == [
+        "otel-dra: error: cannot read http://127.0.0.1:1/v1/devices: [Errno 111] Connection refused; "
+        "is 'otel-dra run' serving there?"
+    ]
+
+
+def test_watch_piped_prints_a_table_per_refresh_and_ends_cleanly_on_ctrl_c(served):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_dra", "status", served.url, "--watch", "--interval", "0.3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    first = [proc.stdout.readline() for _ in range(11)] if proc.stdout else []
+    served.doc = {"devices": served.doc["devices"][2:]}
+    second: list[str] = []
+    while proc.stdout and not any(line.startswith("6 devices") for line in second):
+        second.append(proc.stdout.readline())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert first[0].startswith("8 devices") and ", every 0.3s" in first[0]
+    assert any(line.startswith("6 devices") for line in second)
+
+
+def test_watch_json_is_one_document_per_line(served):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_dra", "status", served.url, "-w", "--interval", "0.2", "-o", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    assert proc.stdout is not None
+    docs = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert docs == [served.doc] * 3
+
+
+def test_watch_on_a_terminal_redraws_in_place_and_ends_cleanly_on_ctrl_c(served):
+    code, shown = on_a_terminal([served.url, "--watch", "--interval", "0.3"], 80, 2.5, interrupt=True)
+    assert code == 0, shown
+    assert shown.count("8 devices on node") >= 2, shown  # drawn, then redrawn
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown
+    assert_no_word_split(shown, words_of(served.doc, served.url))
