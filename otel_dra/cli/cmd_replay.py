@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Also draw a state timeline per device to this PNG (needs matplotlib: pip install 'otel-dra[plot]').",
+    help="Also draw a state timeline to this PNG: a row per device, past 40 only those ever not ok and one counting "
+    "the rest; episodes labelled with their reasons, UTC time (needs matplotlib: pip install 'otel-dra[plot]').",
 )
 @click.option(
     "--evaluate-every",
