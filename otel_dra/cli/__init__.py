@@ -50,23 +50,62 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
 
 
-def give_every_option_an_environment_variable(command: click.Command) -> None:
-    """``OTEL_DRA_<LONG_FLAG>`` for every option of a long-running command that has none yet (the
-    container way to configure it), shown in ``--help``: ``--interval`` reads ``OTEL_DRA_INTERVAL``."""
+#: Commands whose options read no environment variable, and why.
+NO_ENVIRONMENT: dict[str, str] = {
+    "simulate": "an offline generator run by hand: its files must follow from the command line alone",
+    "score": "an offline scorer run by hand: a benchmark's figures must follow from the command line alone",
+}
+#: Options of any command that read no environment variable, and why.
+NO_ENVIRONMENT_OPTIONS: dict[str, str] = {
+    "help": "prints the help and exits: not a setting",
+    "version": "prints the version and exits: not a setting",
+}
+#: Options shared by several commands that read one variable whatever the command.
+SHARED_ENVIRONMENT: dict[str, str] = {"policy_file": "OTEL_DRA_POLICY"}
+
+
+def give_every_option_an_environment_variable(command: click.Command, prefix: str = "OTEL_DRA_") -> None:
+    """``<prefix><LONG_FLAG>`` for every option of ``command`` that has none yet (the container way to
+    configure it), shown in ``--help``: ``run --interval`` reads ``OTEL_DRA_INTERVAL``, ``status
+    --timeout`` ``OTEL_DRA_STATUS_TIMEOUT``."""
     for param in command.params:
-        if not isinstance(param, click.Option) or param.envvar or param.name in ("help", "version"):
+        if not isinstance(param, click.Option) or param.envvar or param.name in NO_ENVIRONMENT_OPTIONS:
             continue
         flag = max((o for o in param.opts if o.startswith("--")), key=len, default=None)
         if flag is None:
             continue
-        param.envvar = "OTEL_DRA_" + flag.removeprefix("--").replace("-", "_").upper()
+        param.envvar = SHARED_ENVIRONMENT.get(param.name or "") or (
+            prefix + flag.removeprefix("--").replace("-", "_").upper()
+        )
         param.show_envvar = "[env:" not in (param.help or "")
+
+
+def environment_prefix(path: tuple[str, ...]) -> str:
+    """The services (``run``, ``fleet``) read ``OTEL_DRA_<FLAG>``, as they share most flags; every other
+    command ``OTEL_DRA_<COMMAND>_<FLAG>`` (``k8s render --output``: ``OTEL_DRA_K8S_RENDER_OUTPUT``), so
+    no variable means one thing to one command and another to the next."""
+    if path in (("run",), ("fleet",)):
+        return "OTEL_DRA_"
+    return "OTEL_DRA_" + "_".join(p.replace("-", "_").upper() for p in path) + "_"
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+    """Every command under ``group`` (groups too), with its path: [(("k8s",), k8s), (("k8s", "render"), ...)]."""
+    out: list[tuple[tuple[str, ...], click.Command]] = []
+    for name, command in group.commands.items():
+        out.append(((*path, name), command))
+        if isinstance(command, click.Group):
+            out.extend(_commands(command, (*path, name)))
+    return out
 
 
 for command in (run, fleet, replay, policy, status, k8s_group):
     cli.add_command(command)
-for service in (run, fleet):
-    give_every_option_an_environment_variable(service)
 register_scenario(cli)  # simulate, score (otel_dra/cli/scenario.py)
+for path, command in _commands(cli):
+    if not any(p.name == "version" for p in command.params):  # `otel-dra run --version` as `otel-dra --version`
+        click.version_option(__version__, prog_name="otel-dra")(command)
+    if path[0] not in NO_ENVIRONMENT:
+        give_every_option_an_environment_variable(command, environment_prefix(path))
 
-__all__ = ["USAGE_ERROR", "cli", "main"]
+__all__ = ["NO_ENVIRONMENT", "NO_ENVIRONMENT_OPTIONS", "USAGE_ERROR", "cli", "main"]

@@ -13,11 +13,11 @@ from otel_dra.cli.options import (
     http_server_options,
     k8s_driver_option,
     limit_options,
-    log_level_option,
+    log_options,
     policy_option,
+    start_logging,
 )
 from otel_dra.config import ClusterWriterConfig, FleetConfig
-from otel_dra.logs import setup_logging
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
 from otel_dra.sinks.k8s.lease import LeaseConfig
@@ -25,7 +25,12 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
 
 
 @click.command()
-@click.option("--host", default=ReceiverConfig.host, show_default=True, help="Address every port binds to.")
+@click.option(
+    "--host",
+    default=ReceiverConfig.host,
+    show_default=True,
+    help="Address every port binds to (the agent's --host names the same).",
+)
 @click.option(
     "--otlp-grpc-port",
     type=click.IntRange(0, 65535),
@@ -177,7 +182,7 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
     help="The Lease's namespace. Default: $POD_NAMESPACE, else the pod's service-account namespace, else "
     "otel-dra. The candidate's identity is $POD_NAME, else <hostname>_<uuid>.",
 )
-@log_level_option
+@log_options
 def fleet(
     host: str,
     otlp_grpc_port: int,
@@ -212,7 +217,8 @@ def fleet(
     leader_elect_retry_period: float,
     leader_elect_resource_name: str,
     leader_elect_resource_namespace: str,
-    log_level: str,
+    log_level: str | None,
+    log_format: str,
 ) -> None:
     """Classify a whole fleet: receive every node's hw.* telemetry over OTLP (from the agents,
     usually through an OpenTelemetry Collector) and serve the verdicts like an agent does.
@@ -228,7 +234,7 @@ def fleet(
     from otel_dra.sinks.k8s.apply import K8sApplyError
     from otel_dra.sinks.k8s.validation import K8sValidationError
 
-    setup_logging(log_level)
+    start_logging(log_level, log_format)
     policy = load_policy(policy_file)
     try:
         tls = TlsSettings.load(tls_cert_file, tls_key_file, tls_client_ca_file)
@@ -275,6 +281,9 @@ def fleet(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    # gRPC's own error says only "Failed to bind" (and its C core logs a line of its own first): a
+    # taken gRPC port is told before it tries. The HTTP servers say "in use" themselves.
+    common.check_ports_free(host, {"--otlp-grpc-port": otlp_grpc_port})
     runner = Fleet(config, policy)
 
     common.stop_on_signals(runner.stop)
@@ -283,4 +292,5 @@ def fleet(
     except (K8sApplyError, K8sValidationError) as exc:
         raise click.ClickException(f"--k8s-apply: {exc}") from exc
     except OSError as exc:
-        raise click.ClickException(f"cannot serve on {host}: {exc.strerror or exc}; pick other ports") from exc
+        flags = {"OTLP/gRPC": "--otlp-grpc-port", "OTLP/HTTP": "--otlp-http-port", "HTTP endpoint": "--prometheus-port"}
+        raise click.ClickException(common.listen_error(exc, flags)) from exc

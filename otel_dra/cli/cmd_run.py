@@ -10,12 +10,12 @@ from otel_dra.cli.options import (
     http_server_config,
     http_server_options,
     k8s_driver_option,
-    log_level_option,
+    log_options,
     policy_option,
+    start_logging,
 )
 from otel_dra.config import HEALTH_ATTRIBUTE_MODES, AgentConfig, ConfigError, resolve_node_name
 from otel_dra.faults import Fault, FaultSpecError, parse_fault
-from otel_dra.logs import setup_logging
 from otel_dra.sinks.config import (
     OTLP_PROTOCOLS,
     EndpointConfig,
@@ -89,11 +89,14 @@ class FaultType(click.ParamType):
     help="Port for /metrics and /healthz; 0 turns the endpoint off. [env: OTEL_EXPORTER_PROMETHEUS_PORT]",
 )
 @click.option(
+    "--host",
     "--prometheus-host",
+    "prometheus_host",
     default=EndpointConfig.host,
     show_default=True,
-    envvar="OTEL_EXPORTER_PROMETHEUS_HOST",
-    help="Address the endpoint binds to. [env: OTEL_EXPORTER_PROMETHEUS_HOST]",
+    envvar=["OTEL_DRA_HOST", "OTEL_EXPORTER_PROMETHEUS_HOST"],
+    help="Address the endpoint binds to, as the fleet's --host. --prometheus-host is the same flag. "
+    "[env: OTEL_DRA_HOST, else OTEL_EXPORTER_PROMETHEUS_HOST]",
 )
 @click.option(
     "--otlp-endpoint",
@@ -211,7 +214,7 @@ class FaultType(click.ParamType):
     "one writer, from every node's view.",
 )
 @http_server_options
-@log_level_option
+@log_options
 def run(
     source: str,
     sysfs_root: str,
@@ -242,7 +245,8 @@ def run(
     header_timeout: float,
     body_timeout: float,
     idle_timeout: float,
-    log_level: str,
+    log_level: str | None,
+    log_format: str,
 ) -> None:
     """Run the node agent until SIGTERM or Ctrl-C.
 
@@ -257,7 +261,7 @@ def run(
     from otel_dra.sinks.k8s.validation import K8sValidationError
     from otel_dra.sinks.kubelet import KubeletSocketError
 
-    setup_logging(log_level)
+    start_logging(log_level, log_format)
     try:
         config = AgentConfig(
             node_name=resolve_node_name(node_name),
@@ -307,7 +311,4 @@ def run(
     except (KubeletSocketError, K8sApplyError, K8sValidationError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # the port is taken, the address can't be bound
-        raise click.ClickException(
-            f"cannot serve on {prometheus_host}:{prometheus_port}: {exc.strerror or exc}; "
-            "pick another --prometheus-port (0 turns the endpoint off)"
-        ) from exc
+        raise click.ClickException(common.listen_error(exc, {"HTTP endpoint": "--prometheus-port"})) from exc

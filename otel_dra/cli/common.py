@@ -1,9 +1,13 @@
-"""What every command shares: the exit code for user errors, signal handling, policy loading."""
+"""What every command shares: the exit code for user errors, signal handling, policy loading, the
+one line for a port that cannot be listened on."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import re
 import signal
+import socket
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -35,3 +39,60 @@ def load_policy(path: str | None) -> Policy:
         return load(path)
     except PolicyError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+#: The servers' message for a port they cannot listen on (``serve/http.py``, ``receivers/otlp.py``):
+#: ``cannot listen for NAME on HOST:PORT[: WHY][ (is another process using port PORT?)]``.
+_LISTEN = re.compile(
+    r"cannot listen for (?P<name>.+?) on (?P<host>\[[^\]]*\]|[^\s]*):(?P<port>\d+)"
+    r"(?:: (?P<why>.*?))?(?P<busy> \(is another process using port \d+\?\))?$"
+)
+_BUSY = ("address already in use", "eaddrinuse")
+
+
+def port_busy(flag: str, port: int) -> str:
+    """The line for a port another process holds."""
+    return f"{flag} {port} is in use by another process: stop it or pick another port (0 turns the endpoint off)"
+
+
+def listen_error(exc: OSError, flags: dict[str, str]) -> str:
+    """One line for a server that could not listen, naming the flag of its port and the port:
+    ``--prometheus-port 9464 is in use by another process: stop it or pick another port (0 turns
+    the endpoint off)``. ``flags``: each server's name (as its error says it) to its port flag."""
+    text = " ".join(str(exc).split())
+    port = getattr(exc, "port", None)
+    name = getattr(exc, "server", None)
+    host, why, busy = None, text, exc.errno == errno.EADDRINUSE
+    match = _LISTEN.search(text)
+    if match:
+        name = name or match["name"]
+        port = port if port is not None else int(match["port"])
+        host, why = match["host"], match["why"] or ""
+        busy = busy or bool(match["busy"]) or any(b in why.lower() for b in _BUSY)
+    flag = flags.get(name or "")
+    if not busy and host is not None and port:
+        busy = port_in_use(host.strip("[]"), port)  # gRPC's error does not say why it could not bind
+    if flag is None or port is None:
+        return f"{text}; pick other ports (0 turns an endpoint off)"
+    if busy:
+        return port_busy(flag, port)
+    where = f" on {host}" if host else ""
+    return f"{flag} {port}: cannot listen{where}: {why or 'refused'}; pick another port or --host (0: off)"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another process listens on ``host:port`` (binding it, as the servers do, says so)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        socket.create_server((host, port), family=family).close()
+    except OSError as exc:
+        return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def check_ports_free(host: str, ports: dict[str, int]) -> None:
+    """Before any server starts: a port (``ports``: flag to port, 0 for off) another process holds is
+    one line naming its flag, not whatever a server's library says (gRPC logs its own lines first)."""
+    for flag, port in ports.items():
+        if port and port_in_use(host, port):
+            raise click.ClickException(port_busy(flag, port))

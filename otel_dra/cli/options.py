@@ -17,14 +17,46 @@ if TYPE_CHECKING:
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-#: ``--log-level`` (``OTEL_DRA_LOG_LEVEL``).
-log_level_option = click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS),
-    default="info",
-    show_default=True,
-    envvar="OTEL_DRA_LOG_LEVEL",
-)
+
+def log_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--log-level`` (``OTEL_DRA_LOG_LEVEL``, else ``OTEL_LOG_LEVEL``, else info) and ``--log-format``
+    (``OTEL_DRA_LOG_FORMAT``) of every command that logs; pass their values to :func:`start_logging`."""
+    from otel_dra.logs import LOG_FORMATS
+
+    f = click.option(
+        "--log-format",
+        type=click.Choice(LOG_FORMATS),
+        default="logfmt",
+        show_default=True,
+        envvar="OTEL_DRA_LOG_FORMAT",
+        show_envvar=True,
+        help="logfmt: key=value lines (time, level, logger, msg, error), values quoted as logfmt parsers "
+        "(Loki, Grafana, lnav) require. json: one JSON object per line with the same fields.",
+    )(f)
+    return click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default=None,
+        envvar="OTEL_DRA_LOG_LEVEL",
+        show_envvar=True,
+        help="Default: OTEL_LOG_LEVEL, the OpenTelemetry SDKs' variable, if set (debug, info, warn, error, "
+        "or a severity number: 1-8 debug, 9-12 info, 13-16 warn, 17-20 error), else info.",
+    )(f)
+
+
+def start_logging(log_level: str | None, log_format: str) -> None:
+    """Log as :func:`log_options` say: an explicit ``--log-level`` wins over ``OTEL_LOG_LEVEL``; an
+    ``OTEL_LOG_LEVEL`` that is no level is logged and info used, as the SDKs do."""
+    import logging
+    import os
+
+    from otel_dra.logs import otel_log_level, setup_logging
+
+    otel = os.environ.get("OTEL_LOG_LEVEL", "").strip()
+    level = log_level or (otel_log_level(otel) if otel else None) or "info"
+    setup_logging(level, log_format)
+    if log_level is None and otel and otel_log_level(otel) is None:
+        logging.getLogger("otel_dra.cli").warning("OTEL_LOG_LEVEL=%s is not a log level: logging at info", otel)
 
 
 def driver_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
