@@ -155,6 +155,7 @@ class Fleet:
                 3 * cfg.evaluate_every_s + 5,
                 self.routes(),
                 extra=lambda: verdict_text.render(self.board.snapshot()),
+                description="The otel-dra fleet: verdicts for every node that pushes to it.",
             )
         readers = [endpoint.reader()] if endpoint is not None else []
         node = cfg.node_name or socket.gethostname()
