@@ -44,11 +44,11 @@ def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _env(name: str) -> dict[str, Any]:
-    return {"envvar": f"OTEL_DRA_{name}", "show_envvar": True}
+    return {"envvar": f"OTEL_DRA_STATUS_{name}", "show_envvar": True}  # OTEL_DRA_<COMMAND>_<FLAG>, as the CLI has it
 
 
 @click.command()
-@click.argument("url", default=f"localhost:{DEFAULT_PORT}", required=False, callback=_url, envvar="OTEL_DRA_URL")
+@click.argument("url", default=f"localhost:{DEFAULT_PORT}", required=False, callback=_url, envvar="OTEL_DRA_STATUS_URL")
 @click.option(
     "--output",
     "-o",
@@ -90,7 +90,7 @@ def status(url: str, output: str, watch: bool, interval: float, timeout: float) 
     remediation and how long the verdict has stood.
 
     URL is http://HOST:PORT, or HOST:PORT (http:// assumed), HOST (port 9464) or
-    :PORT (this host); default localhost:9464, or OTEL_DRA_URL.
+    :PORT (this host); default localhost:9464, or OTEL_DRA_STATUS_URL.
     """
     from rich.console import Console
 

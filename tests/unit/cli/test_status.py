@@ -221,9 +221,9 @@ def test_output_json_is_the_document_as_served(served):
 def test_every_option_has_an_environment_variable_shown_in_help(served):
     shown = status("--help")
     assert shown.returncode == 0
-    for var in ("OTEL_DRA_OUTPUT", "OTEL_DRA_WATCH", "OTEL_DRA_INTERVAL", "OTEL_DRA_TIMEOUT", "OTEL_DRA_URL"):
-        assert var in shown.stdout, var
-    by_env = status(OTEL_DRA_URL=f"127.0.0.1:{served.port}", OTEL_DRA_OUTPUT="json")
+    for flag in ("OUTPUT", "WATCH", "INTERVAL", "TIMEOUT", "URL"):
+        assert f"OTEL_DRA_STATUS_{flag}" in shown.stdout, flag
+    by_env = status(OTEL_DRA_STATUS_URL=f"127.0.0.1:{served.port}", OTEL_DRA_STATUS_OUTPUT="json")
     assert by_env.returncode == 0, by_env.stderr
     assert json.loads(by_env.stdout) == served.doc
 
