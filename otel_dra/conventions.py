@@ -216,7 +216,8 @@ OTEL_DRA_RECEIVER_POINTS = _extension(
     "otel_dra.receiver.points",
     "{point}",
     COUNTER,
-    "Data points in OTLP metrics export requests that were decoded, by outcome (accepted into frames, rejected).",
+    "Data points in OTLP metrics export requests that were decoded, by outcome (accepted into frames, rejected, "
+    "ignored: otel-dra's own telemetry in an agent's push, such as its otel_dra.push.* queue metrics).",
 )
 OTEL_DRA_RECEIVER_REFUSED = _extension(
     "otel_dra.receiver.refused",

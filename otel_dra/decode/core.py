@@ -123,7 +123,7 @@ class DecodeResult:
     its frames and what was wrong with it, as OTLP partial success and replay's report need them."""
 
     frames: list[Frame]
-    points: int = 0  # data points in the request, of any metric
+    points: int = 0  # data points in the request, of any metric but otel-dra's own telemetry (``ignored``)
     rejected: int = 0  # of those, points not taken (bad, unknown metric, wrong kind, no node, out of order)
     problems: tuple[str, ...] = ()  # the first few problems quoted, one line each, in request order
     problem_count: int = 0  # problems the message speaks of (more than quoted: "; and N more")
@@ -133,6 +133,9 @@ class DecodeResult:
     invalid: str | None = None  # why the request as a whole can't be used (JSON: the line is skipped), else None
     #: Points refused by a cap, by reason (limits.LIMIT_REASONS): also counted in ``rejected``.
     limited: dict[str, int] = field(default_factory=dict)
+    #: Points of otel-dra's own telemetry (:func:`self_telemetry`): taken and set aside, neither in ``points``
+    #: nor rejected, so an agent's push of its queue's metrics is a success, not a partial one.
+    ignored: int = 0
 
     @property
     def accepted(self) -> int:
@@ -352,6 +355,23 @@ class SeriesIndex:
 
 
 # -- the checks, in their order ------------------------------------------------------------------------
+#: otel-dra's own telemetry that is not a device's: what an agent derives (verdicts, views, its kubelet
+#: stream's gauges), its OTLP push queue's metrics, a fleet's receiver's. An agent pushes the first two
+#: beside its hw.* samples; none is input (a verdict re-read as a column would make a series kind per
+#: transition), and none is a mistake of the sender's.
+SELF_TELEMETRY: Final = frozenset((set(cv.METRICS) - cv.SAMPLED_METRICS) | set(cv.PUSH_METRICS) | set(cv.FLEET_METRICS))
+
+
+def self_telemetry(metric: object, from_agent: bool) -> bool:
+    """Whether a metric's points are otel-dra's own telemetry, set aside before any check (counted in
+    :attr:`DecodeResult.ignored`, never rejected): :data:`SELF_TELEMETRY` by name, whoever sent it, and
+    ``hw.status`` from an agent's scope (``from_agent``), which is its verdict, not the device's own report
+    (the same name from anyone else is a device's)."""
+    if type(metric) is not str:
+        return False
+    return metric in SELF_TELEMETRY or (from_agent and metric == cv.HW_STATUS.name)
+
+
 #: :func:`metric_problem`'s answer for a metric this project doesn't know: counted per name, reported once.
 UNKNOWN: Final = ""
 
@@ -368,7 +388,8 @@ def metric_problem(
 ) -> str | None:
     """Why a metric's ``n`` points are all skipped (None: they are read point by point; :data:`UNKNOWN`:
     an unknown metric). ``metric`` None: it has no name; ``kind`` None: no data field at all;
-    ``points_listed`` False: its data points are not a list (JSON only); ``delta``: a delta sum."""
+    ``points_listed`` False: its data points are not a list (JSON only); ``delta``: a delta sum.
+    Asked only of metrics that are not :func:`self_telemetry` (those are set aside first)."""
     if metric is None:
         return f"a metric of node {name(node)} has no name ({dialect.count(n)} points skipped)"
     if metric not in cv.METRICS:

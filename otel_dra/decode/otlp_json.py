@@ -56,6 +56,7 @@ from otel_dra.decode.core import (
     name,
     one_line,
     scatter,
+    self_telemetry,
     short,
     unknown_problem,
     value_problem,
@@ -170,6 +171,18 @@ def _attributes_of(items: Any) -> dict[str, str]:
     return out
 
 
+def _point_count(metric: Any) -> int:
+    """The data points of a metric read only to be counted (0 when it has no list of them)."""
+    body = None
+    if type(metric) is dict:
+        for kind in _KINDS:
+            body = metric.get(kind)
+            if body is not None:
+                break
+    points = body.get("dataPoints", []) if type(body) is dict else None
+    return len(points) if type(points) is list else 0
+
+
 def _to_time(ts: Any) -> int:
     """``timeUnixNano`` (a decimal string in the JSON mapping, or an int) as nanoseconds."""
     if type(ts) is str and ts.isascii() and ts.isdigit():
@@ -223,6 +236,7 @@ class _Line:
     tally: Tally  # points refused by the caps
     points: int = 0
     skipped: int = 0
+    ignored: int = 0  # points of otel-dra's own telemetry, set aside (core.self_telemetry)
 
 
 class OtlpJsonDecoder(DecoderCore):
@@ -250,6 +264,7 @@ class OtlpJsonDecoder(DecoderCore):
         self.lines_skipped = 0
         self.points = 0
         self.points_skipped = 0
+        self.points_ignored = 0  # otel-dra's own telemetry, set aside
         self._reset_caches()
 
     def _reset_caches(self) -> None:
@@ -399,11 +414,15 @@ class OtlpJsonDecoder(DecoderCore):
         log.limit_errors = [DecodeError(lineno, one_line(text)) for text in line.tally.lines(self.limits)]
         self.points += line.points
         self.points_skipped += line.skipped
+        self.points_ignored += line.ignored
         errors = tuple(log.errors())
         # The log already counts what it cuts (its last entry), so the message quotes and counts no more.
         quoted = tuple(e.message for e in errors[:MAX_PROBLEMS_PER_REQUEST])
         limited = line.tally.limited()
-        return DecodeResult(self._frames(line), line.points, line.skipped, quoted, len(quoted), errors, limited=limited)
+        frames = self._frames(line)
+        return DecodeResult(
+            frames, line.points, line.skipped, quoted, len(quoted), errors, limited=limited, ignored=line.ignored
+        )
 
     def _parse(self, text: str | bytes) -> tuple[Any, bool, str | None]:
         """The parsed request and whether its attribute lists are tokens; or why it can't be read."""
@@ -463,8 +482,10 @@ class OtlpJsonDecoder(DecoderCore):
                 info = scope.get("scope")
                 from_agent = type(info) is dict and info.get("name") == cv.AGENT_SCOPE
                 for metric in metrics:
-                    # An otel-dra agent's hw.status is its verdict: not the device's own report.
-                    if from_agent and type(metric) is dict and metric.get("name") == cv.HW_STATUS.name:
+                    # otel-dra's own telemetry (an agent's verdicts, its push queue's metrics): not input, not a
+                    # rejection; counted apart.
+                    if type(metric) is dict and self_telemetry(metric.get("name"), from_agent):
+                        line.ignored += _point_count(metric)
                         continue
                     if devices is None:
                         assert refused is not None  # what _admit_node says
@@ -476,14 +497,7 @@ class OtlpJsonDecoder(DecoderCore):
     def _refused_metric(self, metric: Any, node: str, refused: Refusal, line: _Line) -> None:
         """A metric of a node the caps refuse: its points counted as refused (as the protobuf decoder
         counts a section's points: every data point, whatever its metric)."""
-        body = None
-        if type(metric) is dict:
-            for kind in _KINDS:
-                body = metric.get(kind)
-                if body is not None:
-                    break
-        points = body.get("dataPoints", []) if type(body) is dict else None
-        n = len(points) if type(points) is list else 0
+        n = _point_count(metric)
         line.points += n
         line.skipped += n
         if n:

@@ -64,6 +64,7 @@ from otel_dra.decode.core import (
     one_line,
     point_problem,
     scatter,
+    self_telemetry,
     unknown_problem,
 )
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
@@ -278,6 +279,7 @@ class _Scan:
     node: str | None
     points: int = 0
     rejected: int = 0
+    ignored: int = 0  # points of otel-dra's own telemetry, set aside (core.self_telemetry)
     problems: list[tuple[int, str]] = field(default_factory=list)  # (ordinal, text), in order
     unknown: list[tuple[int, str, int]] = field(default_factory=list)  # (first ordinal, metric, points)
     candidates: list[_Candidate] = field(default_factory=list)
@@ -325,6 +327,7 @@ class _Template:
     node: str | None
     points: int
     rejected: int
+    ignored: int
     problems: list[tuple[int, str]]
     unknown: list[tuple[int, str, int]]
     tally: Tally  # points refused by the caps: they stay refused while the node's devices are these
@@ -360,6 +363,7 @@ class _Request:
 
     points: int = 0
     rejected: int = 0
+    ignored: int = 0
     problems: list[tuple[int, str]] = field(default_factory=list)  # the first few, by ordinal
     problem_count: int = 0
     unknown: dict[str, list[int]] = field(default_factory=dict)  # metric -> [first ordinal, points]
@@ -412,6 +416,7 @@ class OtlpProtoDecoder(DecoderCore):
         self.requests_invalid = 0
         self.points = 0
         self.points_rejected = 0
+        self.points_ignored = 0  # otel-dra's own telemetry, set aside
         self.sections_fast = 0  # ResourceMetrics read from a template
         self.sections_plain = 0  # ... read the plain way
         self._reset()
@@ -510,8 +515,12 @@ class OtlpProtoDecoder(DecoderCore):
         req.problems.sort(key=_first)
         self.points += req.points
         self.points_rejected += req.rejected
+        self.points_ignored += req.ignored
         problems = tuple(one_line(text) for _, text in req.problems[:MAX_PROBLEMS_PER_REQUEST])
-        return DecodeResult(frames, req.points, req.rejected, problems, req.problem_count, limited=req.tally.limited())
+        limited = req.tally.limited()
+        return DecodeResult(
+            frames, req.points, req.rejected, problems, req.problem_count, limited=limited, ignored=req.ignored
+        )
 
     def _parse(self, data: bytes) -> ExportMetricsServiceRequest:
         try:
@@ -540,11 +549,12 @@ class OtlpProtoDecoder(DecoderCore):
                 body = getattr(metric, kind) if kind is not None else None
                 points = body.data_points if body is not None else ()
                 n = len(points)
-                # An otel-dra agent's hw.status is its verdict, not the device's own report: not input,
-                # not counted (as in replay).
-                ignored = from_agent and metric.name == cv.HW_STATUS.name
+                # otel-dra's own telemetry (an agent's verdicts, its push queue's metrics): not input, not a
+                # rejection; counted apart (as in replay).
+                ignored = self_telemetry(metric.name, from_agent)
                 scan.shape.append((kind, n, ignored))
                 if ignored:
+                    scan.ignored += n
                     continue
                 first, ordinal = ordinal, ordinal + n
                 if node is None or n == 0 or refused is not None:
@@ -585,7 +595,7 @@ class OtlpProtoDecoder(DecoderCore):
     def _plain_section(self, scan: _Scan, req: _Request) -> None:
         """Times and values of a scanned section, read from upb's messages one point at a time."""
         base = req.points
-        self._static(scan.points, scan.rejected, scan.problems, scan.unknown, base, req)
+        self._static(scan.points, scan.rejected, scan.ignored, scan.problems, scan.unknown, base, req)
         req.tally.merge(scan.tally)
         node = scan.node
         if node is None or not scan.candidates:
@@ -620,6 +630,7 @@ class OtlpProtoDecoder(DecoderCore):
     def _static(
         points: int,
         rejected: int,
+        ignored: int,
         problems: list[tuple[int, str]],
         unknown: list[tuple[int, str, int]],
         base: int,
@@ -628,6 +639,7 @@ class OtlpProtoDecoder(DecoderCore):
         """A section's counts and structural problems into the request."""
         req.points += points
         req.rejected += rejected
+        req.ignored += ignored
         for ordinal, text in problems:
             req.problem(base + ordinal, text)
         for ordinal, name, n in unknown:
@@ -689,7 +701,7 @@ class OtlpProtoDecoder(DecoderCore):
     def _apply(self, tmpl: _Template, words: np.ndarray, req: _Request) -> None:
         """A template's points with this request's times and values."""
         base = req.points
-        self._static(tmpl.points, tmpl.rejected, tmpl.problems, tmpl.unknown, base, req)
+        self._static(tmpl.points, tmpl.rejected, tmpl.ignored, tmpl.problems, tmpl.unknown, base, req)
         if tmpl.tally:
             req.tally.merge(tmpl.tally)
         node = tmpl.node
@@ -813,6 +825,7 @@ class OtlpProtoDecoder(DecoderCore):
             node=scan.node,
             points=scan.points,
             rejected=scan.rejected,
+            ignored=scan.ignored,
             problems=list(scan.problems),
             unknown=list(scan.unknown),
             tally=scan.tally.frozen(),

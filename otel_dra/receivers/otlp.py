@@ -55,7 +55,7 @@ from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.receivers.tls import CertificateReloader, TlsSettings, describe
-from otel_dra.serve.config import HttpServerConfig
+from otel_dra.serve.config import HttpServerConfig, ListenError
 from otel_dra.serve.http import BodyError, HttpServer, gunzip, read_body
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,9 @@ TRANSPORTS: Final = ("grpc", "http")
 #: ``error``: the frames' consumer (``on_frames``) failed; the client gets INTERNAL / HTTP 500.
 #: ``overloaded``: refused for now (backpressure); the client gets UNAVAILABLE / HTTP 503 and retries.
 OUTCOMES: Final = ("ok", "partial", "invalid", "too_large", "error", "overloaded")
-POINT_OUTCOMES: Final = ("accepted", "rejected")
+#: ``ignored``: otel-dra's own telemetry in an agent's push (its verdicts, its queue's metrics), taken and set
+#: aside: neither input nor a rejection, so it never makes a request partial.
+POINT_OUTCOMES: Final = ("accepted", "rejected", "ignored")
 
 DEFAULT_GRPC_ENDPOINT: Final = ReceiverConfig().grpc_endpoint
 DEFAULT_HTTP_ENDPOINT: Final = ReceiverConfig().http_endpoint
@@ -255,10 +257,10 @@ class OtlpReceiver:
                 bound = server.add_secure_port(address, self._certs.grpc_credentials())
             else:
                 bound = server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen for OTLP/gRPC on {address}: {exc}") from None
+        except RuntimeError as exc:  # gRPC's core says only "Failed to bind", never why
+            raise ListenError("OTLP/gRPC", host, port, str(exc)) from None
         if not bound:
-            raise OSError(f"cannot listen for OTLP/gRPC on {address} (is another process using port {port}?)")
+            raise ListenError("OTLP/gRPC", host, port, "the address could not be bound")
         server.start()
         self._grpc_server, self._grpc_port = server, bound
 
@@ -290,8 +292,8 @@ class OtlpReceiver:
         return self._http.port if self._http is not None else None
 
     def stats(self) -> dict[str, dict[Any, int]]:
-        """Counters so far: ``requests`` by (transport, outcome), ``points`` by outcome, ``refused``
-        points by cap reason, and the HTTP server's ``connections`` counters."""
+        """Counters so far: ``requests`` by (transport, outcome), ``points`` by outcome (accepted, rejected,
+        ignored), ``refused`` points by cap reason, and the HTTP server's ``connections`` counters."""
         with self._stats_lock:
             counts: dict[str, dict[Any, int]] = {
                 "requests": dict(self._requests),
@@ -302,11 +304,12 @@ class OtlpReceiver:
         return counts
 
     # -- the request -------------------------------------------------------------------------
-    def _count(self, transport: str, outcome: str, accepted: int = 0, rejected: int = 0) -> None:
+    def _count(self, transport: str, outcome: str, accepted: int = 0, rejected: int = 0, ignored: int = 0) -> None:
         with self._stats_lock:
             self._requests[(transport, outcome)] += 1
             self._points["accepted"] += accepted
             self._points["rejected"] += rejected
+            self._points["ignored"] += ignored
 
     def _admit(self, transport: str) -> None:
         """Take a pending slot, or raise :class:`Overloaded` (counted) when the fleet is behind."""
@@ -370,9 +373,9 @@ class OtlpReceiver:
         return self._take("http", decode)
 
     def _respond(self, transport: str, result: DecodeResult) -> ExportMetricsServiceResponse:
-        """Success, or partial success read off the decoder's result as it is."""
+        """Success, or partial success read off the decoder's result as it is (ignored points are neither)."""
         rejected = result.rejected
-        self._count(transport, "partial" if rejected else "ok", result.accepted, rejected)
+        self._count(transport, "partial" if rejected else "ok", result.accepted, rejected, result.ignored)
         if result.limited:
             with self._stats_lock:
                 for reason, n in result.limited.items():

@@ -737,3 +737,53 @@ def test_both_encodings_decode_into_one_result():
     skipped = jd.decode(b"[1, 2]", 2)
     assert skipped.invalid == "is a JSON list, not an ExportMetricsServiceRequest object; line skipped"
     assert not skipped.frames and [e.message for e in skipped.errors] == [skipped.invalid]
+
+
+def test_otel_dras_own_telemetry_is_ignored_alike_by_both_decoders():
+    """An agent pushes its verdicts, its kubelet stream's gauges and its push queue's metrics beside hw.*:
+    none is input and none a rejection (counted as ignored), in the JSON decoder, the protobuf decoder and its
+    template path alike; hw.status is ignored only from an agent's scope (from anyone else it is a device's),
+    and a truly unknown metric is still rejected."""
+    from google.protobuf.json_format import Parse
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_dra import conventions as cv
+    from otel_dra.decode.otlp_proto import OtlpProtoDecoder
+
+    def doc(t: int) -> dict:
+        agents = [
+            gauge("hw.power", pt(dev(), 300.0, t)),
+            updown(
+                "hw.status", pt(dev(**{"hw.state": "ok"}), 1, t, True), pt(dev(**{"hw.state": "failed"}), 0, t, True)
+            ),
+            gauge(cv.OTEL_DRA_PUSH_QUEUE_SIZE.name, pt({}, 12, t, True)),
+            counter(
+                cv.OTEL_DRA_PUSH_POINTS.name,
+                pt({"outcome": "sent"}, 90, t, True),
+                pt({"outcome": "dropped"}, 0, t, True),
+            ),
+            gauge(cv.DRA_DEVICE_HEALTH.name, pt(dev(**{"dra.device.health.state": "Healthy"}), 1, t, True)),
+            gauge(cv.DRA_KUBELET_WATCHERS.name, pt({}, 1, t, True)),  # no hw.id: rejected if it were read
+        ]
+        others = [
+            updown("hw.status", pt(dev("gpu-1", **{"hw.state": "ok"}), 1, t, True)),
+            counter(cv.OTEL_DRA_PUSH_POINTS.name, pt({"outcome": "sent"}, 5, t, True)),
+            gauge("made.up.metric", pt(dev(), 1.0, t)),
+        ]
+        attrs = kv({"k8s.node.name": "node-1"})
+        scopes = [{"scope": {"name": cv.AGENT_SCOPE}, "metrics": agents}, {"scope": {"name": "x"}, "metrics": others}]
+        return request(None, resources=[{"resource": {"attributes": attrs}, "scopeMetrics": scopes}])
+
+    ignored, points, rejected = 2 + 1 + 2 + 1 + 1 + 1, 1 + 1 + 1, 1
+    as_json, fast, plain = OtlpJsonDecoder(Schema()), OtlpProtoDecoder(Schema()), OtlpProtoDecoder(Schema(), fast=False)
+    for t in (T0, T0 + S):
+        proto = Parse(json.dumps(doc(t)), ExportMetricsServiceRequest()).SerializeToString()
+        results = [as_json.decode(dumps(doc(t))), fast.decode(proto), plain.decode(proto)]
+        for result in results:
+            assert (result.points, result.rejected, result.ignored) == (points, rejected, ignored)
+            assert "made.up.metric" in result.message and "otel_dra" not in result.message
+            (frame,) = result.frames
+            assert frame.devices.ids == ("gpu-0", "gpu-1")
+    assert fast.sections_fast == 1, "the second request took the template path"
+    assert as_json.points_ignored == fast.points_ignored == plain.points_ignored == 2 * ignored
+    assert {c.metric for c in as_json.schema.columns} == {"hw.power", "hw.status"}

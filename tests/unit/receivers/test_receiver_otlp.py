@@ -9,9 +9,11 @@ import json
 import math
 import os
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -374,7 +376,65 @@ def test_bad_points_are_a_partial_success_with_the_count_and_one_line(start_rece
     assert status == 200
     answer = json.loads(body)["partialSuccess"]
     assert int(answer["rejectedDataPoints"]) == bad - 1 and "NaN" in answer["errorMessage"]
-    assert receiver.stats()["points"] == {"accepted": 2 + 2 + 2, "rejected": bad * 2 + bad - 1}
+    assert receiver.stats()["points"] == {"accepted": 2 + 2 + 2, "rejected": bad * 2 + bad - 1, "ignored": 0}
+
+
+def self_telemetry_points(request: ExportMetricsServiceRequest) -> tuple[int, set[str]]:
+    """The points (and names) of an agent's request that are not device input, counted without the decoder:
+    everything but hw.*, and the agent's hw.status (its verdict)."""
+    n, names = 0, set()
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            assert sm.scope.name == cv.AGENT_SCOPE
+            for m in sm.metrics:
+                if m.name not in cv.SAMPLED_METRICS or m.name == cv.HW_STATUS.name:
+                    n += len(getattr(m, m.WhichOneof("data")).data_points)
+                    names.add(m.name)
+    return n, names
+
+
+def test_an_agents_own_push_is_ok_and_its_self_telemetry_ignored(start_receiver):
+    """`otel-dra run`'s push as it really is (the Agent itself: its sinks, verdicts and sending queue on the
+    SDK's gRPC exporter) carries otel_dra.push.* and its verdicts beside hw.*: every request is ok, with no
+    partial success, and those points are counted as ignored; the protobuf decoder (fast and plain) and the
+    JSON decoder count them alike."""
+    from otel_dra.agent import Agent as RealAgent
+    from otel_dra.config import AgentConfig
+    from otel_dra.sinks.config import EndpointConfig, OtlpPushConfig
+
+    receiver, inbox = start_receiver()
+    sent: list[bytes] = []
+    decode = receiver._decoder.decode
+    receiver._decoder.decode = lambda data: (sent.append(bytes(data)), decode(data))[1]  # type: ignore[method-assign]
+    push = OtlpPushConfig(endpoint=f"http://127.0.0.1:{receiver.grpc_port}", protocol="grpc", export_interval_s=0.2)
+    config = AgentConfig("node-self", source="simulated", devices=2, interval_s=0.2, seed=3)
+    agent = RealAgent(replace(config, endpoint=EndpointConfig(port=0), otlp=push))
+    running = threading.Thread(target=agent.run, daemon=True)
+    running.start()
+    try:
+        wait_for(lambda: len(sent) >= 4, 20, "four pushes of the agent")
+    finally:
+        agent.stop()
+        running.join(10)
+    stats = receiver.stats()
+    requests = {outcome: n for (_, outcome), n in stats["requests"].items() if n}
+    assert set(requests) == {"ok"}, requests
+    assert stats["points"]["rejected"] == 0 and stats["points"]["accepted"] > 0
+    assert inbox.frames("node-self")
+    parsed = [ExportMetricsServiceRequest.FromString(data) for data in sent]
+    counted = [self_telemetry_points(request) for request in parsed]
+    names = set().union(*(n for _, n in counted))
+    assert set(cv.PUSH_METRICS) | {cv.HW_STATUS.name, cv.DRA_DEVICE_HEALTH.name} <= names, names
+    assert stats["points"]["ignored"] == sum(n for n, _ in counted) > 0
+    # Both decoders, and the protobuf one's template path, agree on every request.
+    fast, plain = OtlpProtoDecoder(Schema()), OtlpProtoDecoder(Schema(), fast=False)
+    as_json = OtlpJsonDecoder(Schema())
+    for data, request, (ignored, _) in zip(sent, parsed, counted, strict=True):
+        results = [fast.decode(data), plain.decode(data), as_json.decode(MessageToJson(request))]
+        assert {(r.points, r.rejected, r.ignored, r.message) for r in results} == {(results[0].points, 0, ignored, "")}
+        assert all(r.accepted == r.points > 0 for r in results)
+    assert fast.sections_fast > 0, "the template path read none of the agent's requests"
+    assert fast.points_ignored == plain.points_ignored == as_json.points_ignored == stats["points"]["ignored"]
 
 
 def test_json_and_gzip_bodies_over_http(start_receiver):
