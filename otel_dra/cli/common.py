@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import re
 import signal
 import socket
 from collections.abc import Callable
@@ -41,15 +40,6 @@ def load_policy(path: str | None) -> Policy:
         raise click.ClickException(str(exc)) from exc
 
 
-#: The servers' message for a port they cannot listen on (``serve/http.py``, ``receivers/otlp.py``):
-#: ``cannot listen for NAME on HOST:PORT[: WHY][ (is another process using port PORT?)]``.
-_LISTEN = re.compile(
-    r"cannot listen for (?P<name>.+?) on (?P<host>\[[^\]]*\]|[^\s]*):(?P<port>\d+)"
-    r"(?:: (?P<why>.*?))?(?P<busy> \(is another process using port \d+\?\))?$"
-)
-_BUSY = ("address already in use", "eaddrinuse")
-
-
 def port_busy(flag: str, port: int) -> str:
     """The line for a port another process holds."""
     return f"{flag} {port} is in use by another process: stop it or pick another port (0 turns the endpoint off)"
@@ -58,26 +48,19 @@ def port_busy(flag: str, port: int) -> str:
 def listen_error(exc: OSError, flags: dict[str, str]) -> str:
     """One line for a server that could not listen, naming the flag of its port and the port:
     ``--prometheus-port 9464 is in use by another process: stop it or pick another port (0 turns
-    the endpoint off)``. ``flags``: each server's name (as its error says it) to its port flag."""
+    the endpoint off)``. ``flags``: each server's name (:class:`ListenError`'s ``server``) to its port flag."""
+    from otel_dra.serve.config import ListenError
+
     text = " ".join(str(exc).split())
-    port = getattr(exc, "port", None)
-    name = getattr(exc, "server", None)
-    host, why, busy = None, text, exc.errno == errno.EADDRINUSE
-    match = _LISTEN.search(text)
-    if match:
-        name = name or match["name"]
-        port = port if port is not None else int(match["port"])
-        host, why = match["host"], match["why"] or ""
-        busy = busy or bool(match["busy"]) or any(b in why.lower() for b in _BUSY)
-    flag = flags.get(name or "")
-    if not busy and host is not None and port:
-        busy = port_in_use(host.strip("[]"), port)  # gRPC's error does not say why it could not bind
-    if flag is None or port is None:
+    flag = flags.get(exc.server) if isinstance(exc, ListenError) else None
+    if not isinstance(exc, ListenError) or flag is None:
         return f"{text}; pick other ports (0 turns an endpoint off)"
+    # gRPC's core does not say why it could not bind: binding the port ourselves does.
+    busy = exc.errno == errno.EADDRINUSE or (not exc.errno and port_in_use(exc.host, exc.port))
     if busy:
-        return port_busy(flag, port)
-    where = f" on {host}" if host else ""
-    return f"{flag} {port}: cannot listen{where}: {why or 'refused'}; pick another port or --host (0: off)"
+        return port_busy(flag, exc.port)
+    why = exc.why or "refused"
+    return f"{flag} {exc.port}: cannot listen on {exc.host}: {why}; pick another port or --host (0: off)"
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -7,6 +7,7 @@ follow Go's ``net/http`` server, which the Collector's ``confighttp`` exposes (`
 
 from __future__ import annotations
 
+import errno
 import resource
 from dataclasses import dataclass
 from typing import Final
@@ -60,3 +61,13 @@ class HttpServerConfig:
         if self.max_connections is not None:
             return self.max_connections
         return max(AUTO_MIN_CONNECTIONS, min(AUTO_MAX_CONNECTIONS, fd_limit() // 4))
+
+
+class ListenError(OSError):
+    """A server that could not listen: which one (``server``, as its flags name it), where, and why
+    (``errno`` when the OS said; gRPC's core does not), so the CLI can name the flag and the port."""
+
+    def __init__(self, server: str, host: str, port: int, why: str, err: int | None = None) -> None:
+        busy = " (is another process using it?)" if err == errno.EADDRINUSE else ""
+        super().__init__(err or 0, f"cannot listen for {server} on {host}:{port}: {why}{busy}")
+        self.server, self.host, self.port, self.why = server, host, port, why

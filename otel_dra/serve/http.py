@@ -21,7 +21,6 @@ and aiohttp leaves to the application, after Go's ``net/http`` (which the Collec
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import socket
@@ -37,7 +36,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from otel_dra.serve.config import HttpServerConfig
+from otel_dra.serve.config import HttpServerConfig, ListenError
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +233,7 @@ class _Server(web.Server):
 class HttpServer:
     """One listening socket served by an asyncio loop on its own thread; ``handler`` answers each
     request (aiohttp's request and response types). The socket is bound when this is built, so a
-    port in use fails before anything starts (:class:`OSError`, one line naming the port).
+    port in use fails before anything starts (:class:`~otel_dra.serve.config.ListenError`, naming the port).
 
     ``tls``: called for each new connection's context (the newest certificate; see
     :mod:`otel_dra.receivers.tls`). ``workers``: threads for :meth:`offload`.
@@ -260,8 +259,7 @@ class HttpServer:
             self._sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
         except OSError as exc:
             why = os.strerror(exc.errno) if exc.errno else str(exc)
-            hint = f" (is another process using port {port}?)" if exc.errno == errno.EADDRINUSE else ""
-            raise OSError(f"cannot listen for {name} on {host}:{port}: {why}{hint}") from None
+            raise ListenError(name, host, port, why, exc.errno) from None
         self._sock.setblocking(False)
         self.host = host
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{name.replace(' ', '-')}-work")
