@@ -155,7 +155,8 @@ class Footprint:
 def measure_footprint(window_s: float) -> Footprint:
     """Run the real CLI and the bare baseline side by side; sample both over ``window_s``."""
     port = free_port()
-    cmd = [sys.executable, "-m", "otel_dra", "run", "--devices", str(FOOTPRINT_DEVICES), "--interval", "1"]
+    cmd = [sys.executable, "-m", "otel_dra", "run", "--source", "simulated", "--devices", str(FOOTPRINT_DEVICES)]
+    cmd += ["--interval", "1"]
     cmd += ["--prometheus-port", str(port), "--node-name", NODE]
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as agent_log:

@@ -75,7 +75,10 @@ class Agent:
         board (woken first, so no sink thread waits on it)."""
         cfg = self.config
         run = self.components
-        endpoint = PrometheusEndpoint(cfg.endpoint, cfg.stale_after_s, self.routes()) if cfg.endpoint.enabled else None
+        endpoint = None
+        if cfg.endpoint.enabled:
+            about = f"The otel-dra node agent on node {cfg.node_name}."
+            endpoint = PrometheusEndpoint(cfg.endpoint, cfg.stale_after_s, self.routes(), description=about)
         readers: list[MetricReader] = [endpoint.reader()] if endpoint is not None else []
         queue: SendingQueue | None = None
         push = cfg.otlp

@@ -26,9 +26,9 @@ from otel_dra.cli.scenario import register as register_scenario
 def cli() -> None:
     """Accelerator health for Kubernetes DRA, as OpenTelemetry hw.* metrics.
 
-    `otel-dra run` starts the node agent: it samples devices (a simulated fleet by
-    default), serves the hw.* metrics to Prometheus on /metrics and pushes them over
-    OTLP when an endpoint is set.
+    `otel-dra run` starts the node agent: it samples the node's devices (NVML or sysfs;
+    simulated GPUs only with --source simulated), serves the hw.* metrics to Prometheus
+    on /metrics and pushes them over OTLP when an endpoint is set.
     """
 
 

@@ -167,7 +167,7 @@ class NvmlSource:
         except Exception as err:  # NVMLError (library or driver missing), OSError from the loader
             raise SourceUnavailable(
                 f"--source nvml: NVML did not load ({err}); is the NVIDIA driver installed? "
-                "--source auto falls back to sysfs or the simulator"
+                "--source auto tries sysfs next"
             ) from None
         self._closed = False
         try:

@@ -401,7 +401,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
     try:
         for node, args in agent_args.items():
             port = free_port()
-            argv = [sys.executable, "-m", "otel_dra", "run", "--prometheus-host", "127.0.0.1"]
+            argv = [sys.executable, "-m", "otel_dra", "run", "--source", "simulated", "--host", "127.0.0.1"]
             argv += ["--prometheus-port", str(port), "--interval", "1", "--node-name", node, *args]
             with (work / f"agent-{node}.log").open("wb") as log:
                 agents.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO))
