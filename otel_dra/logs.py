@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -109,6 +110,16 @@ def _json_escaped(char: str) -> bool:
     return char in _LINE_BREAKS or "\ud800" <= char <= "\udfff"
 
 
+#: The userinfo of a URL (``https://user:secret@host``): a credential, whoever logs the URL (we, the
+#: OpenTelemetry exporter, urllib3), never written.
+_USERINFO: Final = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL's userinfo removed (``http://u:p@host`` → ``http://host``)."""
+    return _USERINFO.sub(r"\1", text) if "@" in text else text
+
+
 class OneLineFormatter(logging.Formatter):
     """ISO-8601 UTC timestamps, logfmt ``key=value`` framing (or, ``fmt="json"``, a JSON object),
     exceptions folded into the line as an ``error`` field; long arguments shortened and the line capped
@@ -137,8 +148,8 @@ class OneLineFormatter(logging.Formatter):
         out = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name, "msg": message}
         if exc and exc[1] is not None:
             out["error"] = f"{type(exc[1]).__name__}: {_cut(str(exc[1]), MAX_ARG_CHARS)}"
-        # One line: a multi-line message reads as its lines joined by " | ".
-        return {key: value.replace("\r\n", "\n").replace("\n", " | ") for key, value in out.items()}
+        # One line: a multi-line message reads as its lines joined by " | "; no URL's password or user.
+        return {key: redact(value.replace("\r\n", "\n").replace("\n", " | ")) for key, value in out.items()}
 
     def encode(self, fields: Mapping[str, str]) -> str:
         if self.log_format == "json":

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from otel_dra.logs import redact
 from otel_dra.serve.config import HttpServerConfig
 from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION, DEFAULT_API_VERSION
 
@@ -79,8 +80,16 @@ class OtlpPushConfig:
             )
         if self.endpoint is not None:
             parts = urlsplit(self.endpoint if "//" in self.endpoint else f"//{self.endpoint}")
+            shown = redact(self.endpoint)
             if not parts.hostname:
-                raise ValueError(f"OTLP endpoint {self.endpoint!r} has no host; give e.g. http://localhost:4317")
+                raise ValueError(f"OTLP endpoint {shown!r} has no host; give e.g. http://localhost:4317")
+            if (parts.username or parts.password) and self.protocol == "grpc":
+                # gRPC has no userinfo: the exporter would hand "user:password@host" to the resolver (and
+                # its error to the log). Credentials go in headers there.
+                raise ValueError(
+                    f"OTLP endpoint {shown!r} carries a user or password, which gRPC cannot use: put the "
+                    "credentials in OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Bearer%20TOKEN)"
+                )
         if not self.queue_max_age_s >= 0:
             raise ValueError(
                 f"--otlp-queue-max-age must be 0 (no queue) or a number of seconds, got {self.queue_max_age_s}"

@@ -58,3 +58,26 @@ def test_otlp_push_arrives_with_names_units_and_attributes(start_agent, start_co
     uncorrected = {p.attrs["hw.id"]: p.value for p in errors if p.attrs["error.type"] == "uncorrected"}
     assert uncorrected["gpu-5"] >= 1
     assert all(v == 0 for dev, v in uncorrected.items() if dev != "gpu-5")
+
+
+def test_a_password_in_the_otlp_endpoint_never_reaches_the_log(start_agent, tmp_path):
+    """Issue #16: the agent logs where it pushes, and the exporter logs each failed attempt with its
+    URL; neither line may carry the endpoint's userinfo. Over gRPC, which has no userinfo, such an
+    endpoint is refused in one line that does not repeat it either."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO, free_port
+
+    dead = f"http://pusher:hunter2@127.0.0.1:{free_port()}"
+    agent = start_agent("--interval", "1", "--otlp-endpoint", dead + "/v1/metrics", "--otlp-protocol", "http/protobuf")
+    wait_for(lambda: "pushing OTLP" in agent.logs(), 20, "the push to be logged")
+    time.sleep(3)  # a failed attempt or two, retried and logged by the exporter
+    logs = agent.logs()
+    assert "127.0.0.1" in logs and "hunter2" not in logs and "pusher" not in logs
+    argv = [sys.executable, "-m", "otel_dra", "run", "--source", "simulated", "--otlp-endpoint", dead]
+    argv += ["--prometheus-port", "0"]
+    refused = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert refused.returncode == 2 and "gRPC cannot use" in refused.stderr
+    assert "hunter2" not in refused.stderr and "pusher" not in refused.stderr

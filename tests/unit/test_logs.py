@@ -430,3 +430,16 @@ def test_setup_logging_writes_json_when_asked(monkeypatch):
 )
 def test_otel_log_level_values(value, level):
     assert logs.otel_log_level(value) == level
+
+
+def test_no_url_userinfo_is_ever_written():
+    """Issue #16: a credential in an endpoint (ours or the exporter's log line) is removed, in both formats."""
+    from otel_dra.logs import OneLineFormatter, redact
+
+    assert redact("to https://u:p%40ss@collector:4318/v1/metrics, then grpc://tok@h:1") == (
+        "to https://collector:4318/v1/metrics, then grpc://h:1"
+    )
+    assert redact("mail ops@example.com") == "mail ops@example.com"  # not a URL: left alone
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "pushing to %s", ("http://a:secret@h:1",), None)
+    for fmt in ("logfmt", "json"):
+        assert "secret" not in OneLineFormatter(fmt).format(record)
