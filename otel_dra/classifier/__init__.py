@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -22,6 +23,7 @@ from otel_dra import conventions as cv
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
 from otel_dra.classifier.horizon import HorizonStore
+from otel_dra.classifier.memory import DeviceMemory, VerdictMemory
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, R, Window, evaluate
@@ -109,10 +111,15 @@ class Classifier:
         self._tables: dict[str, DeviceTable] = {}
         self._said: dict[tuple[int, str], str] = {}  # (row, reason) -> the evidence last put in words
         self.registry.on_release(self._forget)
+        #: Called with each evaluation's changed verdicts, on the evaluating thread (the state store).
+        self.evaluated: list[Callable[[list[Verdict]], None]] = []
+        self._memory: dict[tuple[str, str], DeviceMemory] = {}  # recalled, for devices not heard again yet
+        self._recalled: set[int] = set()  # rows given their memory, whose verdict is not out yet
 
     def _forget(self, rows: np.ndarray) -> None:
         gone = set(rows.tolist())
         self._said = {key: text for key, text in self._said.items() if key[0] not in gone}
+        self._recalled -= gone
 
     # -- ingest --------------------------------------------------------------------------------
     def ingest(self, frame: Frame, arrival_unix_nano: int | None = None) -> None:
@@ -202,6 +209,8 @@ class Classifier:
         columns)``."""
         t = np.broadcast_to(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
         heard = t if arrival_unix_nano is None else np.asarray(arrival_unix_nano, dtype=np.int64) / 1e9
+        if self._memory and new.any():
+            self._recall_rows(rows[new], np.broadcast_to(heard, rows.shape)[new])
         feats = self.extractor.extract(rows, new, t, values, self.groups.device_params(rows))
         self.store.append(rows, t, feats)
         self.horizon.append(rows, t, feats[:, self._horizon_cols])
@@ -265,6 +274,7 @@ class Classifier:
         now_s = now_ns / 1e9
         rows = np.flatnonzero(self.registry.active)
         if rows.size == 0:
+            self._evaluated([])
             return []
         fresh, node_fresh, age, node_age = self.freshness(now_s, rows)
         lost = ~fresh & node_fresh
@@ -277,10 +287,15 @@ class Classifier:
             rows, now_s, evidence, unknown, self.unhealthy, self._ladders, self.groups.group[rows]
         )
         out = []
-        for i in np.flatnonzero(changed).tolist():
+        emit = changed
+        if self._recalled:  # a recalled device's first verdict is out even when it did not change
+            emit = changed | np.isin(rows, np.fromiter(self._recalled, dtype=np.int64))
+            self._recalled.difference_update(rows.tolist())
+        for i in np.flatnonzero(emit).tolist():
             row = int(rows[i])
             at_ns = self._time_ns(now_ns, w, i)
-            self.engine.transition_ns[row] = at_ns
+            if changed[i]:
+                self.engine.transition_ns[row] = at_ns
             out.append(
                 self._verdict(
                     w,
@@ -297,7 +312,77 @@ class Classifier:
                 )
             )
         self.registry.expire(now_s, self.policy.device_ttl_s)
+        self._evaluated(out)
         return out
+
+    def _evaluated(self, changed: list[Verdict]) -> None:
+        for hook in self.evaluated:
+            hook(changed)
+
+    # -- memory across restarts ------------------------------------------------------------------
+    def remember(self, now_s: float) -> list[DeviceMemory]:
+        """What a restart must not forget, per device (see :mod:`otel_dra.classifier.memory`): every
+        known device's last verdict, its held reasons and escalation episodes, its logged events;
+        and the recalled memory of devices not heard again yet, while within the policy's
+        ``device_ttl``. Call it on the evaluating thread (between evaluations)."""
+        reg, eng = self.registry, self.engine
+        rows = np.flatnonzero(reg.active)
+        reasons = eng.remembered(rows, now_s)
+        logged: dict[int, list[tuple[int, EventLog]]] = {}
+        for f, log in self.events.items():
+            for row in rows[log.next[rows] > 0].tolist():
+                logged.setdefault(row, []).append((int(f), log))
+        out = []
+        keys, since, heard = eng.key[rows].tolist(), eng.transition_ns[rows].tolist(), reg.last_heard[rows].tolist()
+        for i, row in enumerate(rows.tolist()):
+            key = reg.keys[row]
+            if key is None or not math.isfinite(heard[i]):
+                continue
+            held = reasons.get(row, {})
+            said = {r: replace(m, said=self._said.get((row, REASONS[r]), "")) for r, m in held.items()}
+            events: dict[int, tuple[tuple[float, float], ...]] = {}
+            for feature, log in logged.get(row, []):
+                times, amounts = log.times[row], log.amounts[row]
+                order = np.argsort(times, kind="stable")
+                events[feature] = tuple((float(times[j]), float(amounts[j])) for j in order if math.isfinite(times[j]))
+            verdict = VerdictMemory.of_key(keys[i], since[i]) if keys[i] >= 0 else None
+            out.append(DeviceMemory(key[0], key[1], float(heard[i]), verdict, said, events))
+        ttl = self.policy.device_ttl_s
+        out.extend(m for m in self._memory.values() if now_s - m.heard_s <= ttl)
+        return out
+
+    def recall(self, memories: Iterable[DeviceMemory], now_s: float) -> int:
+        """Take back what :meth:`remember` gave (a previous process's), before the first ingest: each
+        device gets its memory when it is first heard again. Devices not heard for the policy's
+        ``device_ttl`` (they would have been forgotten by now) and devices already heard are left
+        out. Returns how many devices' memory is waiting."""
+        ttl = self.policy.device_ttl_s
+        for m in memories:
+            if now_s - m.heard_s <= ttl and self.registry.row(m.node, m.hw_id) is None:
+                self._memory[m.key] = m
+        return len(self._memory)
+
+    def _recall_rows(self, rows: np.ndarray, heard_s: np.ndarray) -> None:
+        """Give newly registered ``rows`` their recalled memory (heard at ``heard_s``, the reference clock)."""
+        for row, now_s in zip(rows.tolist(), heard_s.tolist(), strict=True):
+            key = self.registry.keys[row]
+            m = self._memory.pop(key, None) if key is not None else None
+            if m is None:
+                continue
+            self.engine.recall(row, dict(m.reasons), m.verdict, float(now_s))
+            for r, held in m.reasons.items():
+                if held.said:
+                    self._said[(row, REASONS[r])] = held.said
+            for f, events in m.events.items():
+                log = self.events.get(F(f))
+                if log is None:
+                    continue
+                kept = events[-log.depth :]
+                for j, (t, amount) in enumerate(kept):
+                    log.times[row, j], log.amounts[row, j] = t, amount
+                log.next[row] = len(kept)
+            if m.verdict is not None:
+                self._recalled.add(row)
 
     def _time_ns(self, now_ns: int, w: Window, i: int) -> int:
         """A verdict's time: the reference clock's, or (``node_time``) the device's node's."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
+from otel_dra.classifier.memory import ReasonMemory, VerdictMemory
 from otel_dra.classifier.registry import grown
 from otel_dra.classifier.rules import (
     DUTY_SPAN,
@@ -201,6 +202,44 @@ class VerdictEngine:
         changed = key != self.key[rows]
         self.key[rows] = key
         return health, state_code, bits, remediation, changed
+
+    # -- memory across restarts (otel_dra.state.persist) ----------------------------------------
+    def remembered(self, rows: np.ndarray, now_s: float) -> dict[int, dict[int, ReasonMemory]]:
+        """Per row of ``rows`` that has any, the reasons whose state outlives the process: those on
+        (held), and those whose episodes still count toward escalation at ``now_s``."""
+        counting = (self.episodes[rows] > 0) & (now_s - self.first_episode_at[rows] <= self.escalation_window_s)
+        keep = self.on[rows] | counting
+        out: dict[int, dict[int, ReasonMemory]] = {}
+        for i in np.flatnonzero(keep.any(axis=1)).tolist():
+            row = int(rows[i])
+            out[row] = {
+                r: ReasonMemory(
+                    bool(self.on[row, r]),
+                    float(self.evidence_at[row, r]),
+                    int(self.state[row, r]),
+                    float(self.state_at[row, r]),
+                    int(self.floor[row, r]),
+                    int(self.episodes[row, r]),
+                    float(self.first_episode_at[row, r]),
+                )
+                for r in np.flatnonzero(keep[i]).tolist()
+            }
+        return out
+
+    def recall(self, row: int, reasons: dict[int, ReasonMemory], verdict: VerdictMemory | None, now_s: float) -> None:
+        """Put remembered state back on a (new) row; times later than ``now_s`` (a clock that went
+        back) are taken as ``now_s``."""
+        for r, m in reasons.items():
+            self.on[row, r] = m.on
+            self.evidence_at[row, r] = min(m.evidence_at, now_s)
+            self.state[row, r] = m.state
+            self.state_at[row, r] = min(m.state_at, now_s)
+            self.floor[row, r] = m.floor
+            self.episodes[row, r] = m.episodes
+            self.first_episode_at[row, r] = min(m.first_episode_at, now_s)
+        if verdict is not None:
+            self.key[row] = verdict.key
+            self.transition_ns[row] = verdict.since_ns
 
 
 def reasons_of(bits: int) -> tuple[str, ...]:

@@ -1,0 +1,211 @@
+"""What the classifier must not forget across a restart, per device, in words a file can hold.
+
+A reason held by hysteresis (an uncorrected ECC error holds ``memory_ecc`` for an hour after its
+last evidence), the episodes that climb a remediation ladder, the rare events counted over an
+``events_window`` (two resets within an hour) and the device's last verdict (so a restart is not a
+transition) are state, not telemetry: a new process cannot read them back from the devices.
+:class:`DeviceMemory` is that state for one device, keyed by ``(k8s.node.name, hw.id)``, never by
+row, with names (reasons, states, remediations, features) rather than codes, so a file outlives a
+reordering of the vocabularies. Times are in the classifier's reference clock (the agent's or the
+fleet's wall clock: UNIX seconds), except event times, which are in the device's own sample clock as
+the event log keeps them.
+
+:meth:`DeviceMemory.from_json` accepts exactly what :meth:`DeviceMemory.to_json` writes and raises
+``ValueError`` on anything else: a file that is not ours is refused whole, never half-believed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_dra.classifier.features import STATE_OF_CODE, F
+from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
+
+#: Longest text kept for a held reason's last evidence (a message, not a log).
+MAX_SAID = 1000
+#: Most events kept per device and feature (the event log's depth is far below it).
+MAX_EVENTS = 256
+
+
+@dataclass(frozen=True)
+class ReasonMemory:
+    """One (device, reason)'s hysteresis and escalation state (``-inf``: never)."""
+
+    on: bool
+    evidence_at: float
+    state: int  # severity code, an index of STATE_OF_CODE
+    state_at: float
+    floor: int  # remediation code, an index of REMEDIATIONS
+    episodes: int
+    first_episode_at: float
+    said: str = ""  # the evidence last put in words, for the held reason's message
+
+
+@dataclass(frozen=True)
+class VerdictMemory:
+    """A device's last verdict, as codes, and when it last changed (unix ns)."""
+
+    health: int
+    state: int  # -1: none (Unknown)
+    bits: int  # reasons bitmask, by index of REASONS
+    remediation: int
+    since_ns: int
+
+    @property
+    def key(self) -> int:
+        """The verdict engine's packed key (health, state, reasons, remediation)."""
+        return self.health | ((self.state + 1) << 2) | (self.bits << 5) | (self.remediation << 20)
+
+    @classmethod
+    def of_key(cls, key: int, since_ns: int) -> VerdictMemory:
+        return cls(key & 3, ((key >> 2) & 7) - 1, (key >> 5) & 0x7FFF, key >> 20, since_ns)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    node: str
+    hw_id: str
+    heard_s: float  # when it was last heard, in the reference clock
+    verdict: VerdictMemory | None = None
+    reasons: Mapping[int, ReasonMemory] = field(default_factory=dict)  # by index of REASONS
+    events: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)  # feature -> (time, amount)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.node, self.hw_id
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.node, "id": self.hw_id, "heard": self.heard_s}
+        v = self.verdict
+        if v is not None:
+            out["verdict"] = {
+                "health": HEALTH[v.health],
+                "state": None if v.state < 0 else STATE_OF_CODE[v.state],
+                "reasons": [REASONS[i] for i in range(len(REASONS)) if v.bits >> i & 1],
+                "remediation": REMEDIATIONS[v.remediation],
+                "since": v.since_ns,
+            }
+        if self.reasons:
+            out["reasons"] = {
+                REASONS[r]: {
+                    "on": m.on,
+                    "evidence_at": _time_out(m.evidence_at),
+                    "state": STATE_OF_CODE[m.state],
+                    "state_at": _time_out(m.state_at),
+                    "floor": REMEDIATIONS[m.floor],
+                    "episodes": m.episodes,
+                    "first_episode_at": _time_out(m.first_episode_at),
+                    "said": m.said,
+                }
+                for r, m in sorted(self.reasons.items())
+            }
+        if self.events:
+            out["events"] = {F(f).name.lower(): [list(e) for e in ev] for f, ev in sorted(self.events.items())}
+        return out
+
+    @classmethod
+    def from_json(cls, obj: object) -> DeviceMemory:
+        """Parse one device's entry; ``ValueError`` naming what is wrong."""
+        d = _mapping(obj, "device", {"node", "id", "heard", "verdict", "reasons", "events"})
+        node, hw_id = _text(d.get("node"), "node"), _text(d.get("id"), "id")
+        if not node or not hw_id:
+            raise ValueError("a device needs a node and an id")
+        verdict = None
+        if d.get("verdict") is not None:
+            v = _mapping(d["verdict"], "verdict", {"health", "state", "reasons", "remediation", "since"})
+            state = v.get("state")
+            bits = 0
+            for name in _list(v.get("reasons"), "verdict reasons"):
+                bits |= 1 << _index(REASONS, name, "reason")
+            since = v.get("since")
+            if not isinstance(since, int) or isinstance(since, bool) or since < 0:
+                raise ValueError("verdict since must be unix nanoseconds")
+            verdict = VerdictMemory(
+                _index(HEALTH, v.get("health"), "health"),
+                -1 if state is None else _index(STATE_OF_CODE, state, "state"),
+                bits,
+                _index(REMEDIATIONS, v.get("remediation"), "remediation"),
+                since,
+            )
+        reasons: dict[int, ReasonMemory] = {}
+        keys = {"on", "evidence_at", "state", "state_at", "floor", "episodes", "first_episode_at", "said"}
+        for name, raw in _mapping(d.get("reasons", {}), "reasons", None).items():
+            m = _mapping(raw, f"reason {name}", keys)
+            on, episodes, said = m.get("on"), m.get("episodes"), m.get("said", "")
+            if not isinstance(on, bool):
+                raise ValueError(f"reason {name}: on must be true or false")
+            if not isinstance(episodes, int) or isinstance(episodes, bool) or not 0 <= episodes < 2**31:
+                raise ValueError(f"reason {name}: episodes must be a count")
+            reasons[_index(REASONS, name, "reason")] = ReasonMemory(
+                on,
+                _time_in(m.get("evidence_at"), "evidence_at"),
+                _index(STATE_OF_CODE, m.get("state"), "state"),
+                _time_in(m.get("state_at"), "state_at"),
+                _index(REMEDIATIONS, m.get("floor"), "remediation"),
+                episodes,
+                _time_in(m.get("first_episode_at"), "first_episode_at"),
+                _text(said, "said")[:MAX_SAID],
+            )
+        events: dict[int, tuple[tuple[float, float], ...]] = {}
+        for name, raw in _mapping(d.get("events", {}), "events", None).items():
+            feature = F.__members__.get(str(name).upper())
+            if feature is None:
+                raise ValueError(f"unknown event feature {name!r}")
+            items = _list(raw, f"events {name}")
+            if len(items) > MAX_EVENTS:
+                raise ValueError(f"events {name}: more than {MAX_EVENTS}")
+            pairs = []
+            for item in items:
+                pair = _list(item, f"events {name}")
+                if len(pair) != 2:
+                    raise ValueError(f"events {name}: each event is [time, amount]")
+                t, amount = _finite(pair[0], "event time"), _finite(pair[1], "event amount")
+                if amount <= 0:
+                    raise ValueError(f"events {name}: amounts are positive")
+                pairs.append((t, amount))
+            events[int(feature)] = tuple(pairs)
+        return cls(node, hw_id, _finite(d.get("heard"), "heard"), verdict, reasons, events)
+
+
+def _mapping(obj: object, what: str, allowed: set[str] | None) -> Mapping[str, Any]:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} must be an object")
+    if allowed is not None and not set(obj) <= allowed:
+        raise ValueError(f"{what}: unknown keys {sorted(set(obj) - allowed)}")
+    return obj
+
+
+def _list(obj: object, what: str) -> list[Any]:
+    if not isinstance(obj, list):
+        raise ValueError(f"{what} must be a list")
+    return obj
+
+
+def _text(obj: object, what: str) -> str:
+    if not isinstance(obj, str):
+        raise ValueError(f"{what} must be a string")
+    return obj
+
+
+def _index(names: tuple[str, ...], name: object, what: str) -> int:
+    if not isinstance(name, str) or name not in names:
+        raise ValueError(f"unknown {what} {name!r}")
+    return names.index(name)
+
+
+def _finite(obj: object, what: str) -> float:
+    if isinstance(obj, bool) or not isinstance(obj, int | float) or not math.isfinite(obj):
+        raise ValueError(f"{what} must be a finite number")
+    return float(obj)
+
+
+def _time_in(obj: object, what: str) -> float:
+    """A time (UNIX seconds), or null for never."""
+    return -math.inf if obj is None else _finite(obj, what)
+
+
+def _time_out(t: float) -> float | None:
+    return t if math.isfinite(t) else None
