@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,11 +36,18 @@ from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits, node_name_probl
 from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.vocabulary import SENSOR_TYPES
 
+log = logging.getLogger(__name__)
+
 #: Problems quoted per request (the rest are counted): what goes into partial success's message.
 MAX_PROBLEMS_PER_REQUEST: Final = 5
 #: A node not decoded for this long (by the decoder's clock) loses its time floor: with node names that churn,
 #: the per-node floors would otherwise grow without end on a long-running receiver.
 NODE_IDLE_NS: Final = 60 * 60 * 10**9
+#: Live input: a point further than this behind what was read for its series is a clock that jumped back
+#: (or earlier points that were stamped ahead: one request can no more blind a series than a minute), not a
+#: reordered request. It is taken, its series' time restarts from it, and its node is told so (a warning and
+#: ``DecodeResult.clock_jumps``). Closer than this, an older point is refused as out of order.
+CLOCK_JUMP_NS: Final = 60 * 10**9
 #: How often (by the decoder's clock) idle state is looked for.
 SWEEP_EVERY_NS: Final = 60 * 10**9
 #: The resource attribute that names a point's node (one Frame per node and time).
@@ -117,6 +125,22 @@ class DecodeError:
         return f"line {self.line}: {self.message}"
 
 
+@dataclass(frozen=True, slots=True)
+class ClockJump:
+    """A node's points whose times were out of line with the receiver's clock or with the node's own series,
+    one per node and direction per request: ``ahead`` (past the receiver's bound: refused) or behind (further
+    than CLOCK_JUMP_NS behind what was read for their series: taken, the series restarted)."""
+
+    node: str
+    ahead: bool
+    offset_ns: int  # the largest: how far ahead of the receiver's clock, or behind the series' newest
+    points: int
+
+    @property
+    def direction(self) -> str:
+        return "ahead" if self.ahead else "behind"
+
+
 @dataclass(frozen=True)
 class DecodeResult:
     """One request (a replay line, a JSON body, a protobuf message) decoded, whichever encoding it came in:
@@ -136,6 +160,8 @@ class DecodeResult:
     #: Points of otel-dra's own telemetry (:func:`self_telemetry`): taken and set aside, neither in ``points``
     #: nor rejected, so an agent's push of its queue's metrics is a success, not a partial one.
     ignored: int = 0
+    #: Nodes whose clock jumped (points ahead of the bound, or far behind their series), each also logged.
+    clock_jumps: tuple[ClockJump, ...] = ()
 
     @property
     def accepted(self) -> int:
@@ -425,15 +451,16 @@ def value_problem(dialect: Dialect, device: str, field: str, value: float | None
 
 def time_problem(node: str, t: int, floor: int, ceiling: int | None, max_future_ns: int) -> str | None:
     """Why a point's (valid) time is not taken (None: it is): too far ahead of the receiver's clock
-    (``ceiling``: the latest time taken, None: no bound), or older than its node's newest (``floor``)."""
+    (``ceiling``: the latest time taken, None: no bound), or older than its series' newest (``floor``;
+    0 or less: none read yet)."""
     if ceiling is not None and t > ceiling:
         ahead_s = (t - ceiling + max_future_ns) / 1e9
         return (
             f"on node {name(node)} is at {t}, {ahead_s:,.0f} s ahead of this receiver's clock (more than "
             f"{max_future_ns / 1e9:g} s): check that node's clock"
         )
-    if floor >= 0 and t < floor:
-        return f"on node {name(node)} is at {t}, older than {floor} already read for that node"
+    if floor > 0 and t < floor:
+        return f"on node {name(node)} is at {t}, older than {floor} already read for that series"
     return None
 
 
@@ -460,13 +487,64 @@ def point_problem(
 
 
 # -- time order and what each node holds ----------------------------------------------------------------
+#: A series' key in :class:`SeriesFloors`: ``device index << _COL_BITS | column``.
+_COL_BITS: Final = 24
+
+
+def series_keys(dev: np.ndarray, col: np.ndarray) -> np.ndarray:
+    """The :class:`SeriesFloors` keys of points with these device (series index) and column indices."""
+    return (dev.astype(np.int64) << _COL_BITS) | col.astype(np.int64)
+
+
+class SeriesFloors:
+    """One node's series (device, column) and the newest time read for each: sorted int64 keys
+    (:func:`series_keys`) and their times, so a request's points are checked and advanced as arrays (one
+    ``searchsorted``), whichever decoder or path read them. 16 bytes a series: a node holds only the series
+    it has sent (its devices and the caps bound them)."""
+
+    __slots__ = ("keys", "times")
+
+    def __init__(self) -> None:
+        self.keys = np.empty(0, np.int64)
+        self.times = np.empty(0, np.uint64)
+
+    def floors(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's newest time (uint64), 0 for a series not read yet."""
+        n = len(self.keys)
+        if not n:
+            return np.zeros(len(keys), np.uint64)
+        at = np.minimum(np.searchsorted(self.keys, keys), n - 1)
+        return np.where(self.keys[at] == keys, self.times[at], np.uint64(0))
+
+    def advance(self, keys: np.ndarray, times: np.ndarray, restart: np.ndarray | None) -> None:
+        """Points taken: each series' newest time moves up to its points'; the series in ``restart`` (their
+        clock jumped back) start again from this request's points."""
+        n = len(self.keys)
+        found = np.zeros(len(keys), bool)
+        if n:
+            at = np.minimum(np.searchsorted(self.keys, keys), n - 1)
+            found = self.keys[at] == keys
+            if restart is not None and len(restart):
+                lost = np.isin(self.keys, restart)
+                self.times[lost] = 0
+            np.maximum.at(self.times, at[found], times[found])
+        if not found.all():
+            new, inverse = np.unique(keys[~found], return_inverse=True)
+            newest = np.zeros(len(new), np.uint64)
+            np.maximum.at(newest, inverse, times[~found])
+            merged = np.concatenate([self.keys, new])
+            order = np.argsort(merged, kind="stable")
+            self.keys, self.times = merged[order], np.concatenate([self.times, newest])[order]
+
+
 class NodeFloors:
-    """Per node, the newest time decoded (an older point is rejected: input is in time order per node),
-    when (the decoder's clock) the node was last decoded, so an idle node can be forgotten, and the
-    devices it has named (the caps count them): forgetting a node frees its slot and its devices."""
+    """Per node, the newest time decoded for each of its series (an older point is rejected: input is in
+    time order per series; :class:`SeriesFloors`), when (the decoder's clock) the node was last decoded, so
+    an idle node can be forgotten, and the devices it has named (the caps count them): forgetting a node
+    frees its slot, its devices and its series' times."""
 
     def __init__(self, now: int) -> None:
-        self.newest: dict[str, int] = {}
+        self.series: dict[str, SeriesFloors] = {}
         self.seen: dict[str, int] = {}
         self.devices: dict[str, set[str]] = {}  # the nodes admitted, and each one's devices
         self.device_count = 0
@@ -475,9 +553,12 @@ class NodeFloors:
         self._generations = 0
         self.swept = now
 
-    def floor(self, node: str) -> int:
-        """The node's newest time, -1 when none."""
-        return self.newest.get(node, -1)
+    def of(self, node: str) -> SeriesFloors:
+        """The node's series and their newest times (made empty on first use)."""
+        floors = self.series.get(node)
+        if floors is None:
+            floors = self.series[node] = SeriesFloors()
+        return floors
 
     def due(self, now: int) -> bool:
         """Whether it is time to look for idle nodes (or the clock went back)."""
@@ -488,7 +569,7 @@ class NodeFloors:
         self.swept = now
         for node in [n for n, at in self.seen.items() if now - at > NODE_IDLE_NS]:
             del self.seen[node]
-            self.newest.pop(node, None)
+            self.series.pop(node, None)
             self.generation.pop(node, None)
             self.device_count -= len(self.devices.pop(node, ()))
 
@@ -501,10 +582,8 @@ class NodeFloors:
         return devices
 
     def advance(self, node: str, t: int, now: int) -> None:
-        """A frame of ``node`` at ``t`` was made."""
+        """A frame of ``node`` at ``t`` was made (its series' times move with :meth:`SeriesFloors.advance`)."""
         self.seen[node] = now
-        if t > self.newest.get(node, -1):
-            self.newest[node] = t
 
 
 # -- frames --------------------------------------------------------------------------------------------
@@ -547,8 +626,9 @@ def scatter(rows: int, ncols: int, flat: np.ndarray, values: np.ndarray) -> np.n
 
 class DecoderCore:
     """State both decoders keep alike: the shared schema, the series index, the device tables, each
-    node's time floor and devices, the caps on them (``limits``), and the clock with the bound ahead of
-    it that live input is held to."""
+    node's series' times and devices, the caps on them (``limits``), and the clock with the bound ahead of
+    it that live input is held to. ``clock_jump_ns`` (live input: the receiver's decoders): a point further
+    than this behind its series' newest is a clock jump, taken (None, as in replay: refused as older)."""
 
     def __init__(
         self,
@@ -556,10 +636,17 @@ class DecoderCore:
         max_future_ns: int | None,
         clock: Callable[[], int],
         limits: DecodeLimits = DEFAULT_LIMITS,
+        clock_jump_ns: int | None = None,
     ) -> None:
         self.schema = schema
         self.max_future_ns = max_future_ns
+        self.clock_jump_ns = clock_jump_ns
         self.limits = limits
+        #: This request's clock jumps, (node, ahead) -> [largest offset, points]; reported by _clock_jumps.
+        self._jumps: dict[tuple[str, bool], list[int]] = {}
+        #: This request's points taken, per node: (series keys, times) parts, and the series restarted.
+        self._taken: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._restarted: dict[str, list[np.ndarray]] = {}
         self._clock = clock
         self._ceiling: int | None = None  # this request's latest acceptable time (None: no bound, as in replay)
         self._now = clock()
@@ -571,6 +658,9 @@ class DecoderCore:
         """A request begins: read the clock (the decoder's now) and set the ceiling from it."""
         self._now = now = self._clock()
         self._ceiling = None if self.max_future_ns is None else now + self.max_future_ns
+        self._jumps.clear()  # (left over only by a request that was not a request at all)
+        self._taken.clear()
+        self._restarted.clear()
         return now
 
     def _admit_node(self, node: str) -> tuple[set[str] | None, Refusal | None]:
@@ -616,10 +706,104 @@ class DecoderCore:
             return found
         return self._admit_device(devices, device) or found
 
-    def _time_problem(self, node: str, t: int, floor: int) -> str | None:
-        return time_problem(node, t, floor, self._ceiling, self.max_future_ns or 0)
+    def _time_problem(self, node: str, t: int) -> str | None:
+        """Why a point's time is not taken for the receiver's bound (the series' order is :meth:`_order`'s);
+        a point past it is a clock jump ahead, noted."""
+        problem = time_problem(node, t, 0, self._ceiling, self.max_future_ns or 0)
+        if problem is not None:
+            self._jump(node, True, t - self._now, 1)
+        return problem
+
+    # -- time order per series and clock jumps -------------------------------------------------------
+    def _jump(self, node: str, ahead: bool, offset_ns: int, points: int) -> None:
+        seen = self._jumps.get((node, ahead))
+        if seen is None:
+            self._jumps[(node, ahead)] = [offset_ns, points]
+        else:
+            seen[0] = max(seen[0], offset_ns)
+            seen[1] += points
+
+    def _ahead(self, node: str, times: np.ndarray) -> np.ndarray | None:
+        """Which of these times are past the receiver's bound (None: none are); those are noted as a jump."""
+        if self._ceiling is None:
+            return None
+        ahead = times > np.uint64(self._ceiling)
+        if not ahead.any():
+            return None
+        self._jump(node, True, int(times[ahead].max()) - self._now, int(np.count_nonzero(ahead)))
+        return ahead
+
+    def _order(
+        self, node: str, keys: np.ndarray, times: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Time order per series: (which points may be taken, each one's series floor: 0 for none). A point
+        older than what was read for its series (before this request) is refused, unless it is further
+        behind than ``clock_jump_ns`` (live input): then its node's clock jumped back, or earlier points were
+        stamped ahead, and the series starts again from it (noted). Only ``mask``'s points are judged."""
+        floors = self._floors.of(node).floors(keys)
+        older = (floors > times) & (times > 0)
+        if mask is not None:
+            older &= mask
+        if not older.any():
+            return np.ones(len(keys), bool), floors
+        if self.clock_jump_ns is not None:
+            behind = np.where(older, floors - times, np.uint64(0))
+            far = behind > np.uint64(self.clock_jump_ns)
+            if far.any():
+                self._jump(node, False, int(behind.max()), int(np.count_nonzero(far)))
+                self._restarted.setdefault(node, []).append(keys[far])
+                older &= ~far
+        return ~older, floors
+
+    def _take(self, node: str, keys: np.ndarray, times: np.ndarray) -> None:
+        """Points of ``node`` taken into this request's frames: their series' times move at its end."""
+        if len(keys):
+            self._taken.setdefault(node, []).append((keys, times))
+
+    def _advance_series(self) -> None:
+        """The request is read: each series' newest time moves up to its points (all points were judged
+        against the times from before the request, as frames are made in time order)."""
+        floors = self._floors
+        for node, parts in self._taken.items():
+            if node not in floors.devices:
+                continue  # forgotten meanwhile (a reset): nothing to keep
+            restart = self._restarted.get(node)
+            keys = parts[0][0] if len(parts) == 1 else np.concatenate([k for k, _ in parts])
+            times = parts[0][1] if len(parts) == 1 else np.concatenate([t for _, t in parts])
+            floors.of(node).advance(
+                keys, times.astype(np.uint64, copy=False), None if restart is None else np.concatenate(restart)
+            )
+        self._taken.clear()
+        self._restarted.clear()
+
+    def _clock_jumps(self) -> tuple[ClockJump, ...]:
+        """This request's clock jumps, one per node and direction, each told in one warning (the process'
+        log limiter bounds a flood of them)."""
+        if not self._jumps:
+            return ()
+        jumps = tuple(ClockJump(node, ahead, offset, n) for (node, ahead), (offset, n) in self._jumps.items())
+        self._jumps.clear()
+        for j in jumps:
+            if j.ahead:
+                log.warning(
+                    "node %s: clock %s s ahead of this receiver's (more than --max-future %s s): %d points "
+                    "refused; check that node's clock",
+                    name(j.node),
+                    f"{j.offset_ns / 1e9:,.0f}",
+                    f"{(self.max_future_ns or 0) / 1e9:g}",
+                    j.points,
+                )
+            else:
+                log.warning(
+                    "node %s: clock jumped back: %d points %s s behind what was read for their series (its "
+                    "clock was reset, or earlier points were stamped ahead); taken, those series restart",
+                    name(j.node),
+                    j.points,
+                    f"{j.offset_ns / 1e9:,.0f}",
+                )
+        return jumps
 
     def _frame(self, node: str, t: int, table: DeviceTable, matrix: np.ndarray) -> Frame:
-        """A frame made: the node's floor moves up to its time."""
+        """A frame made: the node was heard (its series' times move at the request's end)."""
         self._floors.advance(node, t, self._now)
         return Frame(t, table, matrix)

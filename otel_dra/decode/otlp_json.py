@@ -57,7 +57,9 @@ from otel_dra.decode.core import (
     one_line,
     scatter,
     self_telemetry,
+    series_keys,
     short,
+    time_problem,
     unknown_problem,
     value_problem,
 )
@@ -242,11 +244,12 @@ class _Line:
 class OtlpJsonDecoder(DecoderCore):
     """Decodes OTLP JSON request lines into Frames over a shared Schema.
 
-    Keeps, per instance, the newest time decoded per node (older points are rejected:
-    replay input is in time order per node) and caches keyed by attribute list, so
+    Keeps, per instance, the newest time decoded per series (node, device, column: older points are
+    rejected: replay input is in time order per series) and caches keyed by attribute list, so
     one decoder should read one replay stream. ``max_future_ns`` (live input only: the
     receiver's JSON bodies) also rejects points further than that ahead of ``clock``, and
-    forgets the time floor of nodes not seen for NODE_IDLE_NS. What input may create is capped by
+    forgets the series' times of nodes not seen for NODE_IDLE_NS; with ``clock_jump_ns``, a point that far
+    behind its series is a clock jump, taken. What input may create is capped by
     ``limits`` (nodes, devices, series kinds, attribute lengths): past a cap points are refused and
     counted by reason (``DecodeResult.limited``).
     """
@@ -258,8 +261,9 @@ class OtlpJsonDecoder(DecoderCore):
         max_future_ns: int | None = None,
         clock: Callable[[], int] = time.time_ns,
         limits: DecodeLimits = DEFAULT_LIMITS,
+        clock_jump_ns: int | None = None,
     ) -> None:
-        super().__init__(schema, max_future_ns, clock, limits)
+        super().__init__(schema, max_future_ns, clock, limits, clock_jump_ns)
         self.lines = 0
         self.lines_skipped = 0
         self.points = 0
@@ -285,6 +289,7 @@ class OtlpJsonDecoder(DecoderCore):
         self._node_entry_count = 0
         self._frame_tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
         self._tables = TableCache()
+        self._floors.series.clear()  # keyed by the device indices dropped here
 
     # -- attribute lists ----------------------------------------------------------------
     def _token(self, attrs: dict[str, str] | str) -> int:
@@ -412,6 +417,8 @@ class OtlpJsonDecoder(DecoderCore):
         for metric, n in line.unknown.items():
             log.metric(unknown_problem(JSON_DIALECT, metric, n))
         log.limit_errors = [DecodeError(lineno, one_line(text)) for text in line.tally.lines(self.limits)]
+        frames = self._frames(line)  # (first: it judges time order per series, as arrays)
+        self._advance_series()
         self.points += line.points
         self.points_skipped += line.skipped
         self.points_ignored += line.ignored
@@ -419,9 +426,16 @@ class OtlpJsonDecoder(DecoderCore):
         # The log already counts what it cuts (its last entry), so the message quotes and counts no more.
         quoted = tuple(e.message for e in errors[:MAX_PROBLEMS_PER_REQUEST])
         limited = line.tally.limited()
-        frames = self._frames(line)
         return DecodeResult(
-            frames, line.points, line.skipped, quoted, len(quoted), errors, limited=limited, ignored=line.ignored
+            frames,
+            line.points,
+            line.skipped,
+            quoted,
+            len(quoted),
+            errors,
+            limited=limited,
+            ignored=line.ignored,
+            clock_jumps=self._clock_jumps(),
         )
 
     def _parse(self, text: str | bytes) -> tuple[Any, bool, str | None]:
@@ -552,7 +566,6 @@ class OtlpJsonDecoder(DecoderCore):
         times = line.times.get(node)
         if times is None:
             times = line.times[node] = {}
-        floor = self._floors.floor(node)
         # The fast path reads the common case: cached entry, cached time, a plain number.
         # Anything else (first sight, or a problem) goes through _slow_point.
         fast_entries = admitted if tokenized else {}
@@ -577,7 +590,7 @@ class OtlpJsonDecoder(DecoderCore):
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
                 pass
             problem = self._slow_point(
-                point, metric_name, counter, node, floor, entries, admitted, devices, times, tokenized, line
+                point, metric_name, counter, node, entries, admitted, devices, times, tokenized, line
             )
             if problem is not None:
                 line.skipped += 1
@@ -590,7 +603,6 @@ class OtlpJsonDecoder(DecoderCore):
         metric: str,
         counter: bool,
         node: str,
-        floor: int,
         entries: dict[int, int],
         admitted: dict[int, int],
         devices: set[str],
@@ -648,7 +660,7 @@ class OtlpJsonDecoder(DecoderCore):
             return problem
         assert value is not None  # what value_problem checked
         ts = point.get("timeUnixNano")
-        problem = self._time_problem(node, t, floor)
+        problem = self._time_problem(node, t)  # the receiver's bound; time order per series: in _frames
         if problem is not None:
             if type(ts) is str:
                 times[ts] = -1  # later points at this time go straight to the rejection
@@ -687,6 +699,15 @@ class OtlpJsonDecoder(DecoderCore):
                     continue
                 e, v = entries[mask], values[mask]
             node, t = line.slot_node[s], line.slot_time[s]
+            keys = series_keys(entry_dev[e], entry_col[e])
+            at = np.full(len(e), t, np.uint64)
+            ok, floors = self._order(node, keys, at)
+            if not ok.all():
+                self._older(line, node, t, e[~ok], floors[~ok])
+                e, v, keys, at = e[ok], v[ok], keys[ok], at[ok]
+                if not len(e):
+                    continue
+            self._take(node, keys, at)
             unique = np.unique(e)
             table, devs, distinct = self._table(node, unique)
             rows = np.searchsorted(devs, entry_dev[e])
@@ -696,6 +717,17 @@ class OtlpJsonDecoder(DecoderCore):
                 flat, v = flat[keep], v[keep]
             frames.append(self._frame(node, t, table, scatter(len(devs), ncols, flat, v)))
         return frames
+
+    def _older(self, line: _Line, node: str, t: int, entries: np.ndarray, floors: np.ndarray) -> None:
+        """Points older than what was read for their series: skipped, the first few in the line's log."""
+        line.skipped += len(entries)
+        shown = min(len(entries), MAX_POINT_ERRORS_PER_LINE)
+        columns = self.schema.columns if shown else ()
+        for entry, floor in zip(entries[:shown].tolist(), floors[:shown].tolist(), strict=True):
+            device = self._series.device(self._entry_dev[entry])
+            metric = columns[self._entry_col[entry]].metric
+            line.log.point(f"a point of {metric} ({device}) {time_problem(node, t, int(floor), None, 0)}")
+        line.log.hidden += len(entries) - shown
 
     def _table(self, node: str, unique_entries: np.ndarray) -> tuple[DeviceTable, np.ndarray, bool]:
         """The device table for a frame holding these entries, its devices' indices (sorted),

@@ -65,7 +65,10 @@ from otel_dra.decode.core import (
     point_problem,
     scatter,
     self_telemetry,
+    series_keys,
+    time_problem,
     unknown_problem,
+    value_problem,
 )
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
 from otel_dra.frame import Attrs, DeviceTable, Frame, Schema, attrs_of
@@ -338,6 +341,7 @@ class _Template:
     descr: np.ndarray
     counter: np.ndarray
     any_counter: bool
+    key: np.ndarray  # each candidate's series (core.series_keys): its time order is checked per series
     time_hole: np.ndarray  # index into holes, -1: no time field (zero)
     value_hole: np.ndarray  # index into holes, -1: no value
     kind: np.ndarray  # _NONE, _DOUBLE, _INT
@@ -351,7 +355,7 @@ class _Template:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.holes, self.dev, self.col, self.descr, self.counter, self.time_hole, self.value_hole)
+        arrays = (self.holes, self.dev, self.col, self.descr, self.counter, self.key, self.time_hole, self.value_hole)
         more = (self.kind, self.ordinal, self.metric, self.index)
         layout = 0 if self.layout is None else 3 * self.layout.rows.nbytes
         return sum(a.nbytes for a in (*arrays, *more)) + layout + 100 * (len(self.problems) + len(self.names)) + 1024
@@ -384,9 +388,9 @@ class _Request:
 class OtlpProtoDecoder(DecoderCore):
     """Decodes OTLP metrics requests (protobuf) into Frames over a shared Schema.
 
-    Keeps, per instance, the newest time decoded per node (older points are rejected, as in
-    replay; with ``max_future_ns``, so are points further than that ahead of ``clock``, which would
-    otherwise make every present point of their node "older") and templates of the requests
+    Keeps, per instance, the newest time decoded per series (node, device, column: older points are
+    rejected, as in replay; with ``max_future_ns``, so are points further than that ahead of ``clock``, and
+    with ``clock_jump_ns`` a point that far behind its series is a clock jump, taken) and templates of the requests
     seen, so one decoder should read one stream of requests (a receiver's). Not thread-safe: the
     receiver serialises calls.
     ``fast=False`` keeps only the plain path (the reference the tests compare with).
@@ -408,8 +412,9 @@ class OtlpProtoDecoder(DecoderCore):
         max_future_ns: int | None = None,
         clock: Callable[[], int] = time.time_ns,
         limits: DecodeLimits = DEFAULT_LIMITS,
+        clock_jump_ns: int | None = None,
     ) -> None:
-        super().__init__(schema, max_future_ns, clock, limits)
+        super().__init__(schema, max_future_ns, clock, limits, clock_jump_ns)
         self.fast = fast
         self.max_template_bytes = max_template_bytes
         self.requests = 0
@@ -435,6 +440,7 @@ class OtlpProtoDecoder(DecoderCore):
         self._used: dict[tuple[bytes, int], int] = {}  # key -> when (clock) a template of it was last used
         self._template_bytes = 0
         self._streak: dict[tuple[bytes, int], int] = {}
+        self._floors.series.clear()  # keyed by the device indices dropped here
 
     def _sweep(self) -> None:
         """Drop templates unused for TEMPLATE_IDLE_NS and the time floors of nodes unseen for NODE_IDLE_NS:
@@ -506,6 +512,7 @@ class OtlpProtoDecoder(DecoderCore):
             self._plain_section(scan, req)
             self.sections_plain += 1
         frames = self._frames(req)
+        self._advance_series()
         for name, (ordinal, n) in req.unknown.items():
             req.problem_count += 1
             req.problems.append((ordinal, unknown_problem(PROTO_DIALECT, name, n)))
@@ -519,7 +526,14 @@ class OtlpProtoDecoder(DecoderCore):
         problems = tuple(one_line(text) for _, text in req.problems[:MAX_PROBLEMS_PER_REQUEST])
         limited = req.tally.limited()
         return DecodeResult(
-            frames, req.points, req.rejected, problems, req.problem_count, limited=limited, ignored=req.ignored
+            frames,
+            req.points,
+            req.rejected,
+            problems,
+            req.problem_count,
+            limited=limited,
+            ignored=req.ignored,
+            clock_jumps=self._clock_jumps(),
         )
 
     def _parse(self, data: bytes) -> ExportMetricsServiceRequest:
@@ -600,31 +614,48 @@ class OtlpProtoDecoder(DecoderCore):
         node = scan.node
         if node is None or not scan.candidates:
             return
-        floor = self._floors.floor(node)
-        good: list[tuple[int, int, int, int, float]] = []
+        good: list[tuple[_Candidate, int, float]] = []
         for c in scan.candidates:
             point = c.point
             which = point.WhichOneof("value")
             kind = _NONE if which is None else _DOUBLE if which == "as_double" else _INT
             value = point.as_double if kind == _DOUBLE else float(point.as_int) if kind == _INT else np.nan
             t = point.time_unix_nano
-            problem = self._point_problem(c.dev, t, kind, value, c.counter, floor, node)
+            problem = self._point_problem(c.dev, t, kind, value, c.counter, 0, node)  # time order: below
             if problem:
+                ceiling = self._ceiling
+                refused_for_time = kind != _NONE and value_problem(PROTO_DIALECT, "", "", value, c.counter) is None
+                if ceiling is not None and t > ceiling and refused_for_time:
+                    self._jump(node, True, t - self._now, 1)
                 req.rejected += 1
                 req.problem(base + c.ordinal, f"point {c.index + 1} of {c.metric} {problem}")
             else:
-                good.append((c.dev, c.col, c.descr, t, value))
-        if good:
-            dev, col, descr, times, values = zip(*good, strict=True)
-            self._add_points(
-                node,
-                np.asarray(dev, np.int32),
-                np.asarray(col, np.int32),
-                np.asarray(descr, np.int32),
-                np.asarray(times, np.uint64),
-                np.asarray(values, np.float64),
-                req,
-            )
+                good.append((c, t, value))
+        if not good:
+            return
+        dev = np.asarray([c.dev for c, _, _ in good], np.int32)
+        col = np.asarray([c.col for c, _, _ in good], np.int32)
+        times = np.asarray([t for _, t, _ in good], np.uint64)
+        keys = series_keys(dev, col)
+        ok, floors = self._order(node, keys, times)
+        if not ok.all():
+            for i in np.flatnonzero(~ok).tolist():
+                c, t, _ = good[i]
+                req.rejected += 1
+                older = time_problem(node, t, int(floors[i]), None, 0)
+                req.problem(base + c.ordinal, f"point {c.index + 1} of {c.metric} {older}")
+            good = [g for g, keep in zip(good, ok.tolist(), strict=True) if keep]
+            dev, col, times, keys = dev[ok], col[ok], times[ok], keys[ok]
+        self._take(node, keys, times)
+        self._add_points(
+            node,
+            dev,
+            col,
+            np.asarray([c.descr for c, _, _ in good], np.int32),
+            times,
+            np.asarray([v for _, _, v in good], np.float64),
+            req,
+        )
 
     @staticmethod
     def _static(
@@ -723,24 +754,32 @@ class OtlpProtoDecoder(DecoderCore):
         if tmpl.any_counter:
             ok &= ~(tmpl.counter & (values < 0.0))
         ok &= times != 0
-        floor = self._floors.floor(node)
-        if floor >= 0:
-            ok &= times >= np.uint64(floor)
-        if self._ceiling is not None:
-            ok &= times <= np.uint64(self._ceiling)
+        ahead = self._ahead(node, np.where(ok, times, np.uint64(0)))
+        if ahead is not None:
+            ok &= ~ahead
+        in_order, floors = self._order(node, tmpl.key, times, ok)
+        ok &= in_order
         if ok.all():
             layout = tmpl.layout if (times == times[0]).all() else None
+            self._take(node, tmpl.key, times)
             self._add_points(node, tmpl.dev, tmpl.col, tmpl.descr, times, values, req, layout)
             return
         bad = np.flatnonzero(~ok)
         req.rejected += len(bad)
         for i in bad[:MAX_PROBLEMS_PER_REQUEST].tolist():
             problem = self._point_problem(
-                int(tmpl.dev[i]), int(times[i]), int(tmpl.kind[i]), float(values[i]), bool(tmpl.counter[i]), floor, node
+                int(tmpl.dev[i]),
+                int(times[i]),
+                int(tmpl.kind[i]),
+                float(values[i]),
+                bool(tmpl.counter[i]),
+                int(floors[i]),
+                node,
             )
             where = f"point {tmpl.index[i] + 1} of {tmpl.names[tmpl.metric[i]]}"
             req.problem(base + int(tmpl.ordinal[i]), f"{where} {problem}")
         req.problem_count += max(0, len(bad) - MAX_PROBLEMS_PER_REQUEST)
+        self._take(node, tmpl.key[ok], times[ok])
         self._add_points(node, tmpl.dev[ok], tmpl.col[ok], tmpl.descr[ok], times[ok], values[ok], req)
 
     def _remember(self, data: bytes, start: int, end: int, scan: _Scan) -> None:
@@ -834,6 +873,7 @@ class OtlpProtoDecoder(DecoderCore):
             col=col,
             descr=descr,
             counter=counter,
+            key=series_keys(dev, col),
             any_counter=bool(counter.any()),
             time_hole=time_holes,
             value_hole=value_holes,

@@ -606,18 +606,24 @@ def test_http_receiver(case: Case, live: Live) -> None:
 
 
 def test_a_point_from_the_future_makes_the_present_old() -> None:
-    """The documented rule, followed to its end: after a point a year ahead, the node's points of
-    the present are older than its newest and rejected (counted), in both decoders."""
+    """The documented rule, followed to its end (replay: no clock, no bound): after a point a year ahead,
+    that series' points of the present are older than its newest and rejected (counted), in both decoders.
+    Only that series: the node's other series keep theirs."""
     ahead = request(gauge("hw.power", pt(gpu("gpu-0"), 1.0, T0 + YEAR)))
-    now = request(gauge("hw.power", good(T0 + S)))
+    now = request(gauge("hw.power", pt(gpu("gpu-0"), 2.0, T0 + S)))
+    other = request(gauge("hw.power", good(T0 + S)))
     jd = OtlpJsonDecoder(Schema())
     jd.decode_line(dumps(ahead), 1)
     frames, errors = jd.decode_line(dumps(now), 2)
     assert not frames and jd.points_skipped == 1 and "older than" in errors[0].message
+    frames, errors = jd.decode_line(dumps(other), 3)
+    assert not errors and good_values(frames, jd.schema) == [GOOD_VALUE]
     pd = OtlpProtoDecoder(Schema())
     pd.decode(pb(ahead))
     result = pd.decode(pb(now))
     assert not result.frames and result.rejected == 1 and "older than" in result.message
+    result = pd.decode(pb(other))
+    assert result.rejected == 0 and good_values(result.frames, pd.schema) == [GOOD_VALUE]
 
 
 def test_the_live_receivers_future_bound_keeps_the_present() -> None:

@@ -355,7 +355,7 @@ def test_one_frame_per_node_and_time_in_time_order():
     assert [cell(decoder, f, "gpu-0", POWER) for f in frames] == [1.0, 9.0, 2.0]
 
 
-def test_backwards_time_is_skipped_per_node():
+def test_backwards_time_is_skipped_per_series():
     decoder = OtlpJsonDecoder(Schema())
     a_late = request("node-a", gauge("hw.power", pt(dev(), 1.0, T0 + 20 * S)))
     a_early = request("node-a", gauge("hw.power", pt(dev(), 2.0, T0 + 10 * S), pt(dev("gpu-1"), 3.0, T0 + 30 * S)))
@@ -369,8 +369,8 @@ def test_backwards_time_is_skipped_per_node():
         ("node-a", T0 + 30 * S, ("gpu-1",)),  # equal to the newest is not older
     ]
     assert [str(e) for e in errors] == [
-        f"line 2: point 1 of hw.power on node node-a is at {T0 + 10 * S}, "
-        f"older than {T0 + 20 * S} already read for that node"
+        f"line 2: a point of hw.power (gpu-0) on node node-a is at {T0 + 10 * S}, "
+        f"older than {T0 + 20 * S} already read for that series"
     ]
     assert (decoder.points, decoder.points_skipped) == (5, 1)
 
