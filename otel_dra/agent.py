@@ -32,6 +32,7 @@ from otel_dra.sinks.sending_queue import SendingQueue
 from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictMetrics
 from otel_dra.sources import Source
 from otel_dra.state import FrameStore, VerdictBoard
+from otel_dra.state.persist import StateFile, StateStore, agent_file
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,10 @@ class Agent:
         self.board = VerdictBoard()
         self.components = Components(SHUTDOWN_BUDGET_S)
         self.components.start("source", OnShutdown(lambda _t: self.source.close()))
+        self.state: StateStore | None = None  # held faults across restarts, recalled before the first sample
+        if config.state_dir:
+            state_file = StateFile(Path(config.state_dir) / agent_file(config.node_name), "agent", config.node_name)
+            self.state = self.components.start("state file", StateStore(self.classifier, state_file))
         self.endpoint: PrometheusEndpoint | None = None
         self._stop = threading.Event()
         self.samples = 0

@@ -54,6 +54,8 @@ class AgentConfig:
     otlp: OtlpPushConfig = field(default_factory=OtlpPushConfig)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     k8s: K8sOutputConfig = field(default_factory=K8sOutputConfig)
+    #: --state-dir: where the verdict engine's memory is kept across restarts (agent-<node>.json); None: not kept.
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -110,6 +112,8 @@ class FleetConfig:
     #: Points decoded but not yet ingested (the queue between the receivers and the next tick). Past it the
     #: receivers answer with backpressure until a tick drains it (``--max-queued-points``): about 12 bytes a point.
     max_queued_points: int = 4_000_000
+    #: --state-dir: where the verdict engine's memory is kept across restarts (fleet.json); None: not kept.
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:

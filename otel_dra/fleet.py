@@ -33,6 +33,7 @@ from otel_dra.sinks.http import PrometheusEndpoint, Route
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.sinks.verdicts import VerdictMetrics
 from otel_dra.state import VerdictBoard
+from otel_dra.state.persist import FLEET_FILE, StateFile, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Fleet:
         self.endpoint: PrometheusEndpoint | None = None
         self.elector: LeaderElector | None = None  # with --k8s-apply and leader election
         self.k8s: K8sOutputSink | None = None  # with --k8s-apply
+        self.state: StateStore | None = None  # with a state directory: held faults across restarts
 
     # -- data in -------------------------------------------------------------------------------
     def on_frames(self, frames: list[Frame]) -> None:
@@ -138,13 +140,16 @@ class Fleet:
         self.k8s = self.components.start("cluster writer", sink)
 
     def start(self) -> None:
-        """Every component, in the order they shut down in reverse: the cluster writer (its Lease
-        released last), the meter provider, the receivers, the HTTP endpoint, and the board.
-        Binds every port here: a port in use fails before anything runs."""
+        """Every component, in the order they shut down in reverse: the state file (written last), the
+        cluster writer (its Lease released then), the meter provider, the receivers, the HTTP endpoint,
+        and the board. Binds every port here: a port in use fails before anything runs."""
         from otel_dra.receivers.otlp import OtlpReceiver
 
         cfg = self.config
         run = self.components
+        if cfg.state_dir:  # recalled before the first tick; written last at shutdown
+            state_file = StateFile(Path(cfg.state_dir) / FLEET_FILE, "fleet")
+            self.state = run.start("state file", StateStore(self.classifier, state_file))
         if cfg.k8s is not None:
             self._start_cluster_writer(cfg.k8s)
         verdict_text = VerdictText()

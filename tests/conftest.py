@@ -83,6 +83,7 @@ REALTIME_MODULES = frozenset(
         "test_e2e_outage.py",
         "test_e2e_prometheus.py",
         "test_e2e_sources.py",
+        "test_e2e_state.py",
         "test_grafana_rules.py",
         "test_k8s_lease.py",
         "test_kubelet_stream.py",

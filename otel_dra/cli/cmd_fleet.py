@@ -17,6 +17,7 @@ from otel_dra.cli.options import (
     policy_option,
     start_logging,
 )
+from otel_dra.cli.state_dir import state_dir_option
 from otel_dra.config import ClusterWriterConfig, FleetConfig
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
@@ -182,6 +183,7 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
     help="The Lease's namespace. Default: $POD_NAMESPACE, else the pod's service-account namespace, else "
     "otel-dra. The candidate's identity is $POD_NAME, else <hostname>_<uuid>.",
 )
+@state_dir_option
 @log_options
 def fleet(
     host: str,
@@ -217,6 +219,7 @@ def fleet(
     leader_elect_retry_period: float,
     leader_elect_resource_name: str,
     leader_elect_resource_namespace: str,
+    state_dir: str | None,
     log_level: str | None,
     log_format: str,
 ) -> None:
@@ -278,6 +281,7 @@ def fleet(
             sample_interval_s=sample_interval,
             evaluate_every_s=evaluate_every,
             k8s=k8s,
+            state_dir=state_dir,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -14,6 +14,7 @@ from otel_dra.cli.options import (
     policy_option,
     start_logging,
 )
+from otel_dra.cli.state_dir import state_dir_option
 from otel_dra.config import HEALTH_ATTRIBUTE_MODES, AgentConfig, ConfigError, resolve_node_name
 from otel_dra.faults import Fault, FaultSpecError, parse_fault
 from otel_dra.sinks.config import (
@@ -214,6 +215,7 @@ class FaultType(click.ParamType):
     "one writer, from every node's view.",
 )
 @http_server_options
+@state_dir_option
 @log_options
 def run(
     source: str,
@@ -245,6 +247,7 @@ def run(
     header_timeout: float,
     body_timeout: float,
     idle_timeout: float,
+    state_dir: str | None,
     log_level: str | None,
     log_format: str,
 ) -> None:
@@ -298,6 +301,7 @@ def run(
                 apply=k8s_apply,
                 attributes=k8s_attributes,
             ),
+            state_dir=state_dir,
         )
         agent = Agent(config)
     except (PolicyError, SourceUnavailable) as exc:
