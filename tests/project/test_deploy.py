@@ -46,6 +46,8 @@ NAMESPACE = "otel-dra"
 METRICS_PORT = 9464
 KUBELET_PLUGINS = "/var/lib/kubelet/plugins"
 KUBELET_REGISTRY = "/var/lib/kubelet/plugins_registry"
+#: The agent's state directory on the host (--state-dir): otel-dra's own, outside the kubelet's.
+STATE_HOST_PATH = "/var/lib/otel-dra"
 HEALTH_SOCKET_DIR = KUBELET_PLUGINS + "/otel-dra"  # deploy/README.md, "Relaying health to the kubelet"
 TAINT_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 MAX_SOCKET_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -318,7 +320,9 @@ def test_liveness_and_readiness_probe_healthz_on_the_metrics_port():
 def test_the_health_socket_is_in_a_host_directory_of_its_own_mounted_where_the_flag_points():
     mounts, vols = mounts_by_volume(), volumes()
     by_host_path = {v["hostPath"]["path"]: name for name, v in vols.items() if "hostPath" in v}
-    assert set(by_host_path) == {HEALTH_SOCKET_DIR}, "only otel-dra's own socket directory, no other kubelet path"
+    kubelet_paths = {p for p in by_host_path if p.startswith("/var/lib/kubelet")}
+    assert kubelet_paths == {HEALTH_SOCKET_DIR}, "only otel-dra's own socket directory, no other kubelet path"
+    assert set(by_host_path) <= {HEALTH_SOCKET_DIR, STATE_HOST_PATH}, "no host path but otel-dra's own"
     name = by_host_path[HEALTH_SOCKET_DIR]
     assert vols[name]["hostPath"]["type"] == "DirectoryOrCreate"
     # The DRA driver's pod mounts the same hostPath and dials the same path: mount at the same path.
@@ -363,7 +367,7 @@ def test_the_default_daemonset_does_not_register_with_the_kubelet():
 def test_every_path_the_agent_writes_is_a_volume():
     mounts = [m["mountPath"] for m in container()["volumeMounts"] if not m.get("readOnly")]
     flags = agent_flags()
-    for flag in ("--kubelet-socket", "--k8s-output"):
+    for flag in ("--kubelet-socket", "--k8s-output", "--state-dir"):
         if flag in flags:
             assert any(flags[flag].startswith(m.rstrip("/") + "/") or flags[flag] == m for m in mounts), (
                 f"{flag} {flags[flag]} is not on a writable volume (the root filesystem is read-only)"
@@ -382,10 +386,29 @@ def test_security_context_is_as_tight_as_the_kubelet_sockets_allow():
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert not sc["capabilities"].get("add")
     if sc.get("runAsUser", 0) == 0 or not sc.get("runAsNonRoot"):
-        # uid 0 only for the kubelet's root-owned socket directories.
+        # uid 0 only for the kubelet's root-owned socket directories (and otel-dra's own state directory).
         host_paths = {v["hostPath"]["path"] for v in volumes().values() if "hostPath" in v}
-        assert host_paths and all(p.startswith(KUBELET_PLUGINS + "/") for p in host_paths)
+        assert host_paths and all(p.startswith(KUBELET_PLUGINS + "/") or p == STATE_HOST_PATH for p in host_paths)
     assert pod_spec().get("automountServiceAccountToken") is False, "no API token unless taints are opted into"
+
+
+def test_the_state_file_outlives_the_pod():
+    """Held faults survive a restart only if the state directory does: a hostPath for the agent (an
+    emptyDir goes with the pod), one claim per replica for the fleet (issue 16)."""
+    flags = agent_flags()
+    (name,) = [n for n, m in mounts_by_volume().items() if m["mountPath"] == flags["--state-dir"]]
+    assert not mounts_by_volume()[name].get("readOnly")
+    assert volumes()[name].get("hostPath") == {"path": STATE_HOST_PATH, "type": "DirectoryOrCreate"}
+    state_dir = fleet_flags()["--state-dir"]
+    mounts = {m["name"]: m for m in fleet_container()["volumeMounts"]}
+    (name,) = [n for n, m in mounts.items() if m["mountPath"] == state_dir]
+    assert not mounts[name].get("readOnly")
+    assert name not in {v["name"] for v in fleet_pod_spec()["volumes"]}, "not an emptyDir: a claim of its own"
+    (claim,) = [c for c in statefulset()["spec"]["volumeClaimTemplates"] if c["metadata"]["name"] == name]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert quantity(claim["spec"]["resources"]["requests"]["storage"]) >= 2**20
+    # The image's non-root user writes it: the pod's fsGroup owns the volume.
+    assert fleet_pod_spec()["securityContext"]["fsGroup"] == fleet_container()["securityContext"]["runAsGroup"]
 
 
 def test_tolerates_gpu_taints_and_selects_linux_nodes():
@@ -1049,7 +1072,7 @@ def test_the_daemonset_command_line_runs_and_serves_the_health_socket(start_agen
         args = [expand(a, env) for a in container()["args"][1:]]
         moved = {"/var/lib/kubelet": str(root / "kubelet")}
         for name, mount in mounts_by_volume().items():
-            if "hostPath" not in volumes()[name]:
+            if "hostPath" not in volumes()[name] or not mount["mountPath"].startswith("/var/lib/kubelet/"):
                 moved[mount["mountPath"]] = str(root / name)
 
         def relocate(value: str) -> str:
