@@ -210,7 +210,7 @@ OTEL_DRA_RECEIVER_REQUESTS = _extension(
     "{request}",
     COUNTER,
     "OTLP metrics export requests received, by transport (grpc, http) and outcome "
-    "(ok, partial, invalid, too_large, error, overloaded).",
+    "(ok, partial, invalid, too_large, error, overloaded, unauthenticated: no bearer token or a wrong one).",
 )
 OTEL_DRA_RECEIVER_POINTS = _extension(
     "otel_dra.receiver.points",
@@ -223,8 +223,9 @@ OTEL_DRA_RECEIVER_REFUSED = _extension(
     "otel_dra.receiver.refused",
     "{point}",
     COUNTER,
-    "Data points refused past a cardinality or size limit, by reason (node_name, nodes, devices, devices_per_node, "
-    "series, attribute_length); also counted as rejected.",
+    "Data points refused past a cardinality or size limit, or for a node the client may not report for, by reason "
+    "(forbidden_node, node_name, nodes, devices, devices_per_node, series, attribute_length); also counted as "
+    "rejected.",
 )
 OTEL_DRA_RECEIVER_CONNECTIONS = _extension(
     "otel_dra.receiver.connections",

@@ -181,8 +181,9 @@ class DecodeResult:
 # -- caps (limits.py): what one client may make the decoder hold --------------------------------------
 #: The reasons a point is refused by a cap (a target or a check answering one of these is a refusal).
 LIMITED: Final = frozenset(lim.LIMIT_REASONS)
-#: Refusals that depend on what other nodes hold (a slot may free up): never baked into a cache.
-VOLATILE: Final = frozenset({lim.NODES, lim.DEVICES})
+#: Refusals that depend on what other nodes hold (a slot may free up), or on who sent the request: never
+#: baked into a cache.
+VOLATILE: Final = frozenset({lim.NODES, lim.DEVICES, lim.FORBIDDEN_NODE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +271,8 @@ def _on(c: _Count, what: str) -> str:
 
 def _limit_line(reason: str, c: _Count, limits: DecodeLimits) -> str:
     p = f"{c.points:,} point{'s' if c.points != 1 else ''}"
+    if reason == lim.FORBIDDEN_NODE:
+        return f"{p} of {_on(c, 'node')} refused: this client may not report for it (its certificate names another)"
     if reason == lim.NODE_NAME:
         return f"{p} of {_on(c, 'node')} refused: {NODE} {node_name_problem(c.node)}"
     if reason == lim.NODES:
@@ -653,6 +656,12 @@ class DecoderCore:
         self._floors = NodeFloors(self._now)
         self._series = SeriesIndex(schema, limits)
         self._tables = TableCache()
+        #: This request's client: whether it may report for a node (None: for any); set by each ``decode``.
+        self._speaker: Callable[[str], bool] | None = None
+
+    def _may_speak(self, node: str | None) -> bool:
+        """Whether this request's client may report for ``node``: asked before anything of it is kept."""
+        return node is None or self._speaker is None or self._speaker(node)
 
     def _tick(self) -> int:
         """A request begins: read the clock (the decoder's now) and set the ceiling from it."""
@@ -664,8 +673,11 @@ class DecoderCore:
         return now
 
     def _admit_node(self, node: str) -> tuple[set[str] | None, Refusal | None]:
-        """A resource's node: its device set (None: refused, and why). A node known is touched (not idle);
-        a new one must have a Kubernetes node's name and a free slot (``max_nodes``)."""
+        """A resource's node: its device set (None: refused, and why). The request's client must be allowed
+        to report for it (the speaker); a node known is touched (not idle); a new one must have a Kubernetes
+        node's name and a free slot (``max_nodes``)."""
+        if not self._may_speak(node):
+            return None, Refusal(lim.FORBIDDEN_NODE, node, node)
         floors = self._floors
         devices = floors.devices.get(node)
         if devices is not None:

@@ -21,7 +21,9 @@ DEVICES: Final = "devices"  # a new device past max_devices (the whole fleet)
 DEVICES_PER_NODE: Final = "devices_per_node"  # a new device of a node past max_devices_per_node
 SERIES: Final = "series"  # a new series kind (metric + attributes: a column) past max_series
 ATTRIBUTE_LENGTH: Final = "attribute_length"  # an identity attribute (hw.id, hw.parent) over max_attribute_length
-LIMIT_REASONS: Final = (NODE_NAME, NODES, DEVICES, DEVICES_PER_NODE, SERIES, ATTRIBUTE_LENGTH)
+#: The request's client may not report for that node: its certificate names another one (otel_dra.receivers.auth).
+FORBIDDEN_NODE: Final = "forbidden_node"
+LIMIT_REASONS: Final = (FORBIDDEN_NODE, NODE_NAME, NODES, DEVICES, DEVICES_PER_NODE, SERIES, ATTRIBUTE_LENGTH)
 
 #: Kubernetes' limit for a node's name: a DNS subdomain (RFC 1123), at most 253 characters.
 NODE_NAME_MAX: Final = 253

@@ -390,9 +390,13 @@ class OtlpJsonDecoder(DecoderCore):
         result = self.decode(text, lineno)
         return result.frames, list(result.errors)
 
-    def decode(self, text: str | bytes, lineno: int = 0) -> DecodeResult:
+    def decode(
+        self, text: str | bytes, lineno: int = 0, *, speaker: Callable[[str], bool] | None = None
+    ) -> DecodeResult:
         """One request (a replay line, a JSON body) into the core's result: frames, counts, problems;
-        ``invalid`` says why a request that can't be used as a whole was skipped."""
+        ``invalid`` says why a request that can't be used as a whole was skipped. ``speaker``: whether
+        its client may report for a node (None: for any; the core's node admission asks it)."""
+        self._speaker = speaker
         self.lines += 1
         now = self._tick()
         # Replay stays deterministic: it forgets nothing by the clock.

@@ -481,10 +481,18 @@ class OtlpProtoDecoder(DecoderCore):
         )
 
     # -- the request ------------------------------------------------------------------------------
-    def decode(self, request: bytes | bytearray | memoryview | ExportMetricsServiceRequest) -> DecodeResult:
+    def decode(
+        self,
+        request: bytes | bytearray | memoryview | ExportMetricsServiceRequest,
+        *,
+        speaker: Callable[[str], bool] | None = None,
+    ) -> DecodeResult:
         """One request into its frames (one per node and time, in time order) and its problems.
+        ``speaker``: whether its client may report for a node (None: for any); the points of a node it
+        may not are refused (``forbidden_node``) before anything of them is kept.
 
         Raises :class:`MalformedRequest` when the bytes are not a request; nothing else escapes."""
+        self._speaker = speaker
         self.requests += 1
         if self._floors.due(self._tick()):
             self._sweep()
@@ -720,6 +728,8 @@ class OtlpProtoDecoder(DecoderCore):
             raw = buf[index]
             buf[index] = 0
             if hashlib.sha256(copy).digest() == tmpl.digest:
+                if not self._may_speak(tmpl.node):
+                    return False  # the plain path refuses it, counted, and keeps no template of it
                 self._templates[key] = self._templates.pop(key)  # most recently used last
                 self._used[key] = self._now
                 self._streak.pop(key, None)
