@@ -227,6 +227,14 @@ OTEL_DRA_RECEIVER_REFUSED = _extension(
     "(forbidden_node, node_name, nodes, devices, devices_per_node, series, attribute_length); also counted as "
     "rejected.",
 )
+OTEL_DRA_RECEIVER_CLOCK_SKEW = _extension(
+    "otel_dra.receiver.clock_skew",
+    "{point}",
+    COUNTER,
+    "Data points of nodes whose clock jumped, by direction (ahead: more than --max-future ahead of the fleet's "
+    "clock, refused and also counted as rejected; behind: more than a minute behind what was read for their "
+    "series, taken and their series restarted).",
+)
 OTEL_DRA_RECEIVER_CONNECTIONS = _extension(
     "otel_dra.receiver.connections",
     "{connection}",
@@ -240,6 +248,7 @@ FLEET_METRICS: dict[str, MetricSpec] = {
         OTEL_DRA_RECEIVER_REQUESTS,
         OTEL_DRA_RECEIVER_POINTS,
         OTEL_DRA_RECEIVER_REFUSED,
+        OTEL_DRA_RECEIVER_CLOCK_SKEW,
         OTEL_DRA_RECEIVER_CONNECTIONS,
     )
 }

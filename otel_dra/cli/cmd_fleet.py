@@ -81,8 +81,9 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
     default=ReceiverConfig.max_future_s,
     show_default=True,
     help="Reject data points more than this many seconds ahead of the fleet's clock (counted, reported as "
-    "partial success); a node whose clock ran ahead would otherwise make its later, correct points look old. "
-    "0: no bound.",
+    "partial success, the node's clock named in a warning). Time order is kept per series: a point stamped "
+    "ahead holds back only its own series, until its own time; one more than a minute behind its series is "
+    "taken as a clock that jumped back. Default: two sampling intervals. 0: no bound.",
 )
 @click.option(
     "--max-pending-requests",

@@ -25,9 +25,11 @@ class ReceiverConfig:
     grpc_port: int = 4317
     http_port: int = 4318
     max_request_bytes: int = 16 << 20  # the Collector's confighttp default, for both transports
-    #: Points further ahead of the receiver's clock are rejected (0: no bound): a node whose clock ran
-    #: a year ahead would otherwise make its later, correct points "older" than what was read.
-    max_future_s: float = 600.0
+    #: Points further ahead of the receiver's clock are rejected (0: no bound), and their node's clock is told
+    #: to be ahead (a warning, ``otel_dra.receiver.clock_skew``): a point stamped ahead holds back its series
+    #: until its own time. Two of the fleet's sampling intervals (10 s): an NTP-synced node is well inside it,
+    #: and one request stamped ahead can hold a series back two samples at most.
+    max_future_s: float = 20.0
     tls: TlsSettings | None = None  # both transports; None: plaintext
     #: Requests at most being read or waiting to be decoded, per process (each may hold max_request_bytes);
     #: past it the answer is UNAVAILABLE / 503 with a retry delay (``--max-pending-requests``).

@@ -48,7 +48,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from otel_dra import conventions as cv
-from otel_dra.decode.core import DecodeResult
+from otel_dra.decode.core import CLOCK_JUMP_NS, DecodeResult
 from otel_dra.decode.limits import LIMIT_REASONS, DecodeLimits
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 REQUESTS: Final = cv.OTEL_DRA_RECEIVER_REQUESTS
 POINTS: Final = cv.OTEL_DRA_RECEIVER_POINTS
 REFUSED: Final = cv.OTEL_DRA_RECEIVER_REFUSED
+CLOCK_SKEW: Final = cv.OTEL_DRA_RECEIVER_CLOCK_SKEW
+#: ``ahead``: points past --max-future ahead of this clock (refused); ``behind``: points more than a minute behind
+#: what was read for their series (a clock that jumped back: taken, the series restarted).
+CLOCK_DIRECTIONS: Final = ("ahead", "behind")
 CONNECTIONS: Final = cv.OTEL_DRA_RECEIVER_CONNECTIONS
 TRANSPORTS: Final = ("grpc", "http")
 #: ``error``: the frames' consumer (``on_frames``) failed; the client gets INTERNAL / HTTP 500.
@@ -175,8 +179,10 @@ class OtlpReceiver:
         if max_future_s is not None and not max_future_s > 0:
             raise ValueError(f"max_future_s must be positive (or None: no bound), got {max_future_s}")
         future_ns = None if max_future_s is None else int(max_future_s * 1e9)
-        self._decoder = OtlpProtoDecoder(schema, max_future_ns=future_ns, limits=self.limits)
-        self._json_decoder = OtlpJsonDecoder(schema, max_future_ns=future_ns, limits=self.limits)
+        # Live input: a point far behind its series is a node's clock that jumped back, taken (CLOCK_JUMP_NS).
+        jump = CLOCK_JUMP_NS
+        self._decoder = OtlpProtoDecoder(schema, max_future_ns=future_ns, limits=self.limits, clock_jump_ns=jump)
+        self._json_decoder = OtlpJsonDecoder(schema, max_future_ns=future_ns, limits=self.limits, clock_jump_ns=jump)
         # One request decoded and handed on at a time (see the module docstring); reentrant, as the HTTP side
         # takes it before decoding on the event loop's thread (``_http_export``).
         self._lock = threading.RLock()
@@ -184,6 +190,7 @@ class OtlpReceiver:
         self._requests = {(t, o): 0 for t in TRANSPORTS for o in OUTCOMES}
         self._points = dict.fromkeys(POINT_OUTCOMES, 0)
         self._refused = dict.fromkeys(LIMIT_REASONS, 0)
+        self._clock_skew = dict.fromkeys(CLOCK_DIRECTIONS, 0)  # points of nodes whose clock jumped
         self._grpc_server: grpc.Server | None = None
         self._grpc_port: int | None = None
         self._http: HttpServer | None = None
@@ -196,6 +203,12 @@ class OtlpReceiver:
             )
             meter.create_observable_counter(
                 REFUSED.name, callbacks=[self._observe_refused], unit=REFUSED.unit, description=REFUSED.description
+            )
+            meter.create_observable_counter(
+                CLOCK_SKEW.name,
+                callbacks=[self._observe_clock],
+                unit=CLOCK_SKEW.unit,
+                description=CLOCK_SKEW.description,
             )
             meter.create_observable_gauge(
                 CONNECTIONS.name,
@@ -293,12 +306,14 @@ class OtlpReceiver:
 
     def stats(self) -> dict[str, dict[Any, int]]:
         """Counters so far: ``requests`` by (transport, outcome), ``points`` by outcome (accepted, rejected,
-        ignored), ``refused`` points by cap reason, and the HTTP server's ``connections`` counters."""
+        ignored), ``refused`` points by cap reason, ``clock_skew`` points by direction (ahead, behind) and the
+        HTTP server's ``connections`` counters."""
         with self._stats_lock:
             counts: dict[str, dict[Any, int]] = {
                 "requests": dict(self._requests),
                 "points": dict(self._points),
                 "refused": dict(self._refused),
+                "clock_skew": dict(self._clock_skew),
             }
         counts["connections"] = self._http.stats() if self._http is not None else {}
         return counts
@@ -376,6 +391,10 @@ class OtlpReceiver:
         """Success, or partial success read off the decoder's result as it is (ignored points are neither)."""
         rejected = result.rejected
         self._count(transport, "partial" if rejected else "ok", result.accepted, rejected, result.ignored)
+        if result.clock_jumps:  # (each already told in a warning by the decoder)
+            with self._stats_lock:
+                for jump in result.clock_jumps:
+                    self._clock_skew[jump.direction] += jump.points
         if result.limited:
             with self._stats_lock:
                 for reason, n in result.limited.items():
@@ -487,6 +506,9 @@ class OtlpReceiver:
     def _observe_points(self, _: CallbackOptions) -> Iterable[Observation]:
         counts = self.stats()["points"]
         return [Observation(counts[o], {"outcome": o}) for o in POINT_OUTCOMES]
+
+    def _observe_clock(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {"direction": d}) for d, n in self.stats()["clock_skew"].items()]
 
     def _observe_refused(self, _: CallbackOptions) -> Iterable[Observation]:
         counts = self.stats()["refused"]
