@@ -275,6 +275,26 @@ PUSH_METRICS: dict[str, MetricSpec] = {s.name: s for s in (OTEL_DRA_PUSH_QUEUE_S
 #: by the agent (verdicts, views, the kubelet stream).
 SAMPLED_METRICS: frozenset[str] = frozenset(name for name in METRICS if name.startswith("hw."))
 
+#: The attributes that tell a sampled metric's series apart on one device (a frame column each: the contract's
+#: "attributes that matter", telemetry.md §2), besides the device's identity (hw.id, hw.type, hw.parent) and its
+#: descriptive attributes; semconv/registry.yaml lists the same per metric (a test keeps them in step). The set is
+#: closed: any other attribute of a point is ignored by the decoders (the point is taken), so a client can't make a
+#: column, and the arrays behind it, per attribute it invents. A metric not named here has none.
+SERIES_ATTRIBUTES: dict[str, frozenset[str]] = {
+    HW_STATUS.name: frozenset({HW_STATE}),
+    HW_ERRORS.name: frozenset({ERROR_TYPE_ATTR, HW_LINK_TYPE, HW_ERROR_CODE}),
+    HW_TEMPERATURE.name: frozenset({HW_SENSOR_LOCATION}),
+    HW_TEMPERATURE_LIMIT.name: frozenset({HW_SENSOR_LOCATION, HW_LIMIT_TYPE}),
+    HW_FAN_SPEED_LIMIT.name: frozenset({HW_LIMIT_TYPE}),
+    HW_VOLTAGE_LIMIT.name: frozenset({HW_LIMIT_TYPE}),
+    HW_GPU_UTILIZATION.name: frozenset({HW_GPU_TASK}),
+    HW_GPU_IO.name: frozenset({NETWORK_IO_DIRECTION_ATTR}),
+    HW_POWER_LIMIT.name: frozenset({HW_LIMIT_TYPE}),
+    HW_THROTTLE_TIME.name: frozenset({HW_THROTTLE_REASON}),
+    HW_PCIE_LINK_WIDTH_LIMIT.name: frozenset({HW_LIMIT_TYPE}),
+    HW_PCIE_LINK_GENERATION_LIMIT.name: frozenset({HW_LIMIT_TYPE}),
+}
+
 #: Metrics every device has (the disagreement gauge exists only for devices seen from several nodes; the
 #: kubelet stream's gauges describe the agent, not a device).
 PER_DEVICE_METRICS: frozenset[str] = frozenset(METRICS) - {

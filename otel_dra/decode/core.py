@@ -68,8 +68,10 @@ DESCRIPTIVE: Final[tuple[str, ...]] = (
     cv.DRA_POOL_NAME,
     cv.DRA_DEVICE_NAME,
 )
-#: Attributes that say which series it is, not which kind: never part of a Column's attrs.
+#: Attributes that say which series it is, not which kind: never part of a Column's attrs (which are the
+#: metric's ``conventions.SERIES_ATTRIBUTES`` only).
 NOT_COLUMN_ATTRS: Final = frozenset({cv.HW_ID, cv.HW_PARENT, *DESCRIPTIVE})
+_NO_ATTRIBUTES: Final[frozenset[str]] = frozenset()
 
 
 # -- text: whatever the input holds, a message stays one short line ----------------------------------
@@ -331,14 +333,17 @@ class SeriesIndex:
         the cap that refuses it (a :class:`Refusal`: an identity attribute too long, a series kind or,
         through ``admit``, a device too many). A sensor (``hw.parent`` set) folds into its parent's row
         as its own column; a device keeps its descriptive attributes, shortened to the length cap.
-        A device is interned only once admitted, so refused devices cost no state."""
+        A device is interned only once admitted, so refused devices cost no state. The column is the metric
+        and its series attributes (``conventions.SERIES_ATTRIBUTES``, a closed set per metric); any other
+        attribute is ignored, never a column of its own (the point is taken)."""
         hw_id = attrs.get(cv.HW_ID)
         if not hw_id:
             return f"has no {cv.HW_ID}"
         cap = self.limits.max_attribute_length
         parent = attrs.get(cv.HW_PARENT)
         hw_type = attrs.get(cv.HW_TYPE)
-        rest = attrs_of({k: v for k, v in attrs.items() if k not in NOT_COLUMN_ATTRS and k != cv.HW_TYPE})
+        series = cv.SERIES_ATTRIBUTES.get(metric, _NO_ATTRIBUTES)
+        rest = attrs_of({k: v for k, v in attrs.items() if k in series}) if series else ()
         if (
             len(hw_id) > cap
             or (parent is not None and len(parent) > cap)

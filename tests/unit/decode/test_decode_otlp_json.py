@@ -286,12 +286,18 @@ def test_non_string_attribute_values_become_strings():
         {"key": "hw.gpu.task", "value": {"intValue": "3"}},
         {"key": "flag", "value": {"boolValue": True}},
     ]
+    flag = [attrs[0], {"key": "error.type", "value": {"boolValue": True}}]
     doc = request(
-        "node-1", gauge("hw.gpu.utilization", {"attributes": attrs, "timeUnixNano": str(T0), "asDouble": 0.5})
+        "node-1",
+        gauge("hw.gpu.utilization", {"attributes": attrs, "timeUnixNano": str(T0), "asDouble": 0.5}),
+        gauge("hw.errors", {"attributes": flag, "timeUnixNano": str(T0), "asDouble": 2.0}),
     )
     decoder, (frame,), errors = decode(doc)
     assert errors == []
-    assert cell(decoder, frame, "gpu-0", Column("hw.gpu.utilization", attrs_of({"hw.gpu.task": "3", "flag": "true"})))
+    # "flag" is no series attribute of hw.gpu.utilization (conventions.SERIES_ATTRIBUTES): ignored, the point taken.
+    assert cell(decoder, frame, "gpu-0", Column("hw.gpu.utilization", attrs_of({"hw.gpu.task": "3"}))) == 0.5
+    assert cell(decoder, frame, "gpu-0", Column("hw.errors", attrs_of({"error.type": "true"}))) == 2.0
+    assert len(decoder.schema) == 2
 
 
 def test_equal_device_tables_are_one_object():
