@@ -252,7 +252,10 @@ class FeatureExtractor:
     def __init__(self, schema: Schema, capacity: int) -> None:
         self.schema = schema
         self._plan: _Plan | None = None
-        self.prev = np.full((capacity, max(8, len(schema))), np.nan)  # last cumulative value per (row, column)
+        #: The last cumulative value per (row, counter): one column per counter column of the plan (in its
+        #: order: the schema only appends, so a counter keeps its place), never one per schema column, so
+        #: gauges, and columns no rule reads, cost nothing here.
+        self.prev = np.full((capacity, 8), np.nan)
         self.prev_time = np.full(capacity, np.nan)
 
     def resize(self, capacity: int) -> None:
@@ -266,8 +269,9 @@ class FeatureExtractor:
     def plan(self) -> _Plan:
         if self._plan is None or self._plan.width != len(self.schema):
             self._plan = build_plan(self.schema.columns)
-            if self.prev.shape[1] < len(self.schema):
-                self.prev = grown(self.prev, max(len(self.schema), 2 * self.prev.shape[1]), np.nan, axis=1)
+            counters = len(self._plan.counter_cols)
+            if self.prev.shape[1] < counters:
+                self.prev = grown(self.prev, max(counters, 2 * self.prev.shape[1]), np.nan, axis=1)
         return self._plan
 
     def extract(
@@ -294,13 +298,14 @@ class FeatureExtractor:
         cols = plan.counter_cols
         if cols.size:
             v = values[:, cols]
-            prev = self.prev[rows[:, None], cols[None, :]]
+            k = cols.size  # counter j of the plan keeps its baseline in prev[:, j]
+            prev = self.prev[rows, :k]
             have = ~np.isnan(v)
             # New series on a known device: all of it is new. A device's first sample: a baseline.
             # Gone down: reset, the new value is the new baseline. Otherwise the difference.
             inc = np.where(np.isnan(prev), np.where(new[:, None], 0.0, v), np.where(v >= prev, v - prev, 0.0))
             inc = np.where(have, inc, np.nan)
-            self.prev[rows[:, None], cols[None, :]] = np.where(have, v, prev)
+            self.prev[rows, :k] = np.where(have, v, prev)
             feature = plan.counter_feature
             for f in np.unique(feature[feature >= 0]):
                 block = inc[:, feature == f]

@@ -90,7 +90,11 @@ class WindowStore:
             cutoff = t - self.window_s
             while True:  # as many rounds as samples leave one row's window: one, usually
                 live = self.tail[rows] < self.written[rows] - 1  # the newest sample always stays
-                old = live & (self.times[self.tail[rows] % self.window, rows] <= cutoff)
+                oldest = self.times[self.tail[rows] % self.window, rows]
+                # A sample stamped after the one just written leaves too, once it is the oldest written: the
+                # row's clock jumped back (the decoders take a point far behind its series as such a jump),
+                # and the window is judged by the row's present, not by a time it has gone back from.
+                old = live & ((oldest <= cutoff) | (oldest > t))
                 if not old.any():
                     break
                 self._drop_oldest(rows[old])
