@@ -175,6 +175,7 @@ class Fleet:
             rc.max_request_bytes,
             meter,
             tls=rc.tls,
+            auth=rc.auth,
             max_future_s=rc.max_future_s or None,
             limits=rc.limits,
             http=rc.http,

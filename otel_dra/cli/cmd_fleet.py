@@ -30,7 +30,8 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
     "--host",
     default=ReceiverConfig.host,
     show_default=True,
-    help="Address every port binds to (the agent's --host names the same).",
+    help="Address every port binds to (the agent's --host names the same). The loopback by default, as the "
+    "Collector's receivers: give 0.0.0.0 (or the pod's IP) where agents, a Collector or Prometheus must reach it.",
 )
 @click.option(
     "--otlp-grpc-port",
@@ -122,7 +123,38 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
     default=None,
     envvar="OTEL_DRA_TLS_CLIENT_CA_FILE",
     help="Mutual TLS: refuse OTLP clients without a certificate from this PEM CA (agents set "
-    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY). [env: OTEL_DRA_TLS_CLIENT_CA_FILE]",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY). A certificate may then report only "
+    "for the node it names: a DNS name in its subject alternative names equal to k8s.node.name (or see "
+    "--tls-client-node-uri, --tls-client-nodes-file). [env: OTEL_DRA_TLS_CLIENT_CA_FILE]",
+)
+@click.option(
+    "--tls-client-node-uri",
+    default=None,
+    metavar="URI",
+    envvar="OTEL_DRA_TLS_CLIENT_NODE_URI",
+    help="With mutual TLS, a certificate also speaks for the node a URI in its subject alternative names names "
+    "in this form, {node} where the node's name is, e.g. spiffe://example.org/node/{node}. "
+    "[env: OTEL_DRA_TLS_CLIENT_NODE_URI]",
+)
+@click.option(
+    "--tls-client-nodes-file",
+    default=None,
+    metavar="FILE",
+    envvar="OTEL_DRA_TLS_CLIENT_NODES_FILE",
+    help="With mutual TLS, YAML mapping a certificate identity (a DNS or URI name of its subject alternative "
+    'names; "*": every certificate from the CA) to the nodes it may report for as well (a list; "*": every '
+    "node), so a Collector's certificate forwards for many. Read again when it changes. "
+    "[env: OTEL_DRA_TLS_CLIENT_NODES_FILE]",
+)
+@click.option(
+    "--auth-token-file",
+    default=None,
+    metavar="FILE",
+    envvar="OTEL_DRA_AUTH_TOKEN_FILE",
+    help="Refuse OTLP requests without this bearer token (the file's one line; two during a rotation), as the "
+    "Collector's bearertokenauth: 401 / UNAUTHENTICATED. Agents send it with "
+    "OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token>. Read again when it changes. "
+    "[env: OTEL_DRA_AUTH_TOKEN_FILE]",
 )
 @click.option(
     "--k8s-apply",
@@ -210,6 +242,9 @@ def fleet(
     tls_cert_file: str | None,
     tls_key_file: str | None,
     tls_client_ca_file: str | None,
+    tls_client_node_uri: str | None,
+    tls_client_nodes_file: str | None,
+    auth_token_file: str | None,
     k8s_apply: bool,
     k8s_api_version: str,
     k8s_driver: str | None,
@@ -234,6 +269,7 @@ def fleet(
     each fed every node's telemetry, and the Lease holder writes (deploy/kubernetes/fleet).
     """
     from otel_dra.fleet import Fleet
+    from otel_dra.receivers.auth import AuthConfigError, ReceiverAuth
     from otel_dra.receivers.tls import TlsConfigError, TlsSettings
     from otel_dra.sinks.k8s.apply import K8sApplyError
     from otel_dra.sinks.k8s.validation import K8sValidationError
@@ -242,7 +278,10 @@ def fleet(
     policy = load_policy(policy_file)
     try:
         tls = TlsSettings.load(tls_cert_file, tls_key_file, tls_client_ca_file)
-    except TlsConfigError as exc:
+        auth = ReceiverAuth.load(
+            auth_token_file, tls_client_nodes_file, tls_client_node_uri, mutual=tls is not None and tls.mutual
+        )
+    except (TlsConfigError, AuthConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     k8s: ClusterWriterConfig | None = None
     if not k8s_apply and k8s_output:
@@ -273,6 +312,7 @@ def fleet(
                 max_request_bytes=max_request_bytes,
                 max_future_s=max_future,
                 tls=tls,
+                auth=auth,
                 max_pending_requests=max_pending_requests,
                 limits=limits,
                 http=http,

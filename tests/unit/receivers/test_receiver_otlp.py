@@ -405,7 +405,7 @@ def test_an_agents_own_push_is_ok_and_its_self_telemetry_ignored(start_receiver)
     receiver, inbox = start_receiver()
     sent: list[bytes] = []
     decode = receiver._decoder.decode
-    receiver._decoder.decode = lambda data: (sent.append(bytes(data)), decode(data))[1]  # type: ignore[method-assign]
+    receiver._decoder.decode = lambda data, **kw: (sent.append(bytes(data)), decode(data, **kw))[1]  # type: ignore[method-assign]
     push = OtlpPushConfig(endpoint=f"http://127.0.0.1:{receiver.grpc_port}", protocol="grpc", export_interval_s=0.2)
     config = AgentConfig("node-self", source="simulated", devices=2, interval_s=0.2, seed=3)
     agent = RealAgent(replace(config, endpoint=EndpointConfig(port=0), otlp=push))

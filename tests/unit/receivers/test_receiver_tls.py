@@ -30,6 +30,8 @@ from tests.conftest import REPO, Inbox, http_get, spawn_fleet, wait_for
 from tests.unit.receivers.test_receiver_otlp import T0, Agent
 
 S = 10**9
+#: The nodes the tests' client certificate reports for.
+CLIENT_NODES = ("node-tls", "node-rotate", "node-g", "node-h")
 
 
 class Pki:
@@ -38,7 +40,8 @@ class Pki:
     def __init__(self, where: Path) -> None:
         self.ca = trustme.CA()
         server = self.ca.issue_cert("127.0.0.1", "localhost")
-        client = self.ca.issue_cert("node-agent.example")
+        # With mutual TLS a certificate speaks only for the nodes it names (issue #16): these tests' nodes.
+        client = self.ca.issue_cert("node-agent.example", *CLIENT_NODES)
         self.ca_file = where / "ca.pem"
         self.cert_file, self.key_file = where / "server.pem", where / "server.key"
         self.client_cert_file, self.client_key_file = where / "client.pem", where / "client.key"
