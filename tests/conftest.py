@@ -76,6 +76,7 @@ REALTIME_MODULES = frozenset(
         "test_deploy.py",
         "test_e2e_alertmanager.py",
         "test_e2e_attacks.py",
+        "test_e2e_auth.py",
         "test_e2e_fleet.py",
         "test_e2e_fleet_k8s.py",
         "test_e2e_kubelet.py",

@@ -46,6 +46,8 @@ __all__ = ["Classifier", "Verdict"]
 
 #: Identity attributes that are not descriptive (they key the device or are per-series).
 _DESCRIPTIVE_SKIP = frozenset({cv.HW_ID, cv.HW_PARENT})
+#: The verdict engine's key of Healthy, ok, no reasons, no remediation.
+_HEALTHY_OK = VerdictMemory(0, 0, 0, 0, 0).key
 
 
 class _RowState(Protocol):
@@ -321,9 +323,9 @@ class Classifier:
 
     # -- memory across restarts ------------------------------------------------------------------
     def remember(self, now_s: float) -> list[DeviceMemory]:
-        """What a restart must not forget, per device (see :mod:`otel_dra.classifier.memory`): every
-        known device's last verdict, its held reasons and escalation episodes, its logged events;
-        and the recalled memory of devices not heard again yet, while within the policy's
+        """What a restart must not forget, per device (see :mod:`otel_dra.classifier.memory`): the last
+        verdict of every device that is not Healthy and ok, held reasons and escalation episodes,
+        logged events; and the recalled memory of devices not heard again yet, while within the policy's
         ``device_ttl``. Call it on the evaluating thread (between evaluations)."""
         reg, eng = self.registry, self.engine
         rows = np.flatnonzero(reg.active)
@@ -345,8 +347,10 @@ class Classifier:
                 times, amounts = log.times[row], log.amounts[row]
                 order = np.argsort(times, kind="stable")
                 events[feature] = tuple((float(times[j]), float(amounts[j])) for j in order if math.isfinite(times[j]))
-            verdict = VerdictMemory.of_key(keys[i], since[i]) if keys[i] >= 0 else None
-            out.append(DeviceMemory(key[0], key[1], float(heard[i]), verdict, said, events))
+            # A Healthy, ok device has nothing to keep: after a restart its first verdict is a first verdict.
+            verdict = VerdictMemory.of_key(keys[i], since[i]) if keys[i] >= 0 and keys[i] != _HEALTHY_OK else None
+            if verdict is not None or said or events:
+                out.append(DeviceMemory(key[0], key[1], float(heard[i]), verdict, said, events))
         ttl = self.policy.device_ttl_s
         out.extend(m for m in self._memory.values() if now_s - m.heard_s <= ttl)
         return out

@@ -96,8 +96,9 @@ class FaultType(click.ParamType):
     default=EndpointConfig.host,
     show_default=True,
     envvar=["OTEL_DRA_HOST", "OTEL_EXPORTER_PROMETHEUS_HOST"],
-    help="Address the endpoint binds to, as the fleet's --host. --prometheus-host is the same flag. "
-    "[env: OTEL_DRA_HOST, else OTEL_EXPORTER_PROMETHEUS_HOST]",
+    help="Address the endpoint binds to, as the fleet's --host: the loopback by default (as "
+    "OTEL_EXPORTER_PROMETHEUS_HOST's localhost); 0.0.0.0 where Prometheus scrapes the pod. --prometheus-host is "
+    "the same flag. [env: OTEL_DRA_HOST, else OTEL_EXPORTER_PROMETHEUS_HOST]",
 )
 @click.option(
     "--otlp-endpoint",

@@ -29,9 +29,12 @@ KUBELET_DEFAULT_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class EndpointConfig:
-    """Where ``/metrics`` and the routes are served (``--host``/``--prometheus-port``)."""
+    """Where ``/metrics`` and the routes are served (``--host``/``--prometheus-port``). The loopback
+    address unless told otherwise, as ``OTEL_EXPORTER_PROMETHEUS_HOST`` defaults to localhost in the
+    OpenTelemetry specification (127.0.0.1, as the fleet's receivers: ``otel_dra.receivers.config``);
+    a pod that Prometheus scrapes passes ``--host=0.0.0.0`` (the deploy manifests do)."""
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     port: int = 9464  # the OpenTelemetry Prometheus exporter's default; 0: off
     http: HttpServerConfig = field(default_factory=HttpServerConfig)  # connections and timeouts
 

@@ -31,6 +31,7 @@ from kubernetes.client import ApiClient
 
 import otel_dra
 from otel_dra.policy import load as load_policy
+from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
 from tests.conftest import free_port, http_get, wait_for
 
@@ -288,6 +289,39 @@ def test_metrics_port_is_9464_named_metrics():
     flags = agent_flags()
     assert flags.get("--prometheus-port", str(METRICS_PORT)) == str(METRICS_PORT)
     assert "OTEL_EXPORTER_PROMETHEUS_PORT" not in env_values(), "the port is set in one place: containerPort"
+
+
+#: Kinds whose pods run otel-dra's containers.
+WORKLOADS = ("DaemonSet", "StatefulSet", "Deployment")
+#: Where a port reached from outside its pod may bind: every interface, or the pod's IP (the downward API).
+REACHABLE_HOSTS = ("0.0.0.0", "::", "$(POD_IP)")
+
+
+def serving_containers() -> list[tuple[str, dict]]:
+    """Every container of every workload that declares a port, named by file and container."""
+    found = []
+    for path, obj in manifests():
+        if obj["kind"] in WORKLOADS:
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                if c.get("ports"):
+                    found.append((f"{path.relative_to(REPO)}: {c['name']}", c))
+    return found
+
+
+def test_every_container_serving_a_port_binds_where_it_is_reached():
+    """otel-dra binds the loopback unless told otherwise (as the Collector's receivers do): every
+    container whose ports Prometheus, the Collector or the kubelet's probes reach sets --host, to every
+    interface or to the pod's IP from the downward API."""
+    assert ReceiverConfig.host == EndpointConfig.host == "127.0.0.1"
+    containers = serving_containers()
+    assert len(containers) >= 2, "the agent's DaemonSet and the fleet's StatefulSet"
+    for where, c in containers:
+        flags = flag_values(c.get("args", []))
+        host = flags.get("--host", flags.get("--prometheus-host"))
+        assert host in REACHABLE_HOSTS, f"{where}: serves {len(c['ports'])} port(s) but binds {host or '127.0.0.1'}"
+        if host == "$(POD_IP)":
+            env = {e["name"]: e for e in c.get("env", [])}
+            assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", where
 
 
 def test_resources_are_requested_and_bounded():
@@ -1089,6 +1123,7 @@ def test_the_daemonset_command_line_runs_and_serves_the_health_socket(start_agen
             f"{flag}={relocate(value)}" if eq else relocate(flag)
             for flag, eq, value in (a.partition("=") for a in args)
         ]
+        args = ["--host=127.0.0.1" if a.startswith("--host=") else a for a in args]  # this machine's loopback
         policy = agent_flags()["--policy"]
         (configmap,) = objects("ConfigMap")
         policy_file = Path(relocate(policy))

@@ -65,7 +65,7 @@ def test_a_held_fault_survives_a_restart_for_its_hold_time(tmp_path):
     before, file = faulted_then_saved(tmp_path)
     since = before.current["gpu-3"].last_transition_time
     after = Node(start_s=90)  # restarted without the fault: its counters start again
-    assert after.classifier.recall(file.load(), (T0 + 90 * S) / S) == 4
+    assert after.classifier.recall(file.load(), (T0 + 90 * S) / S) == 1  # Healthy, ok devices keep nothing
     after.run(90, 90)
     assert after.verdict("gpu-3") == ("Unhealthy", ("memory_ecc",))  # from the first verdict on
     assert after.current["gpu-3"].last_transition_time == since  # the same verdict, not a new transition
@@ -84,6 +84,17 @@ def test_a_restart_after_the_hold_has_run_out_starts_healthy(tmp_path):
     after.classifier.recall(file.load(), (T0 + later * S) / S)
     after.run(later, later + 200)
     assert after.verdict("gpu-3") == ("Healthy", ())
+
+
+def test_healthy_devices_keep_nothing_and_start_with_a_first_verdict(tmp_path):
+    before, file = faulted_then_saved(tmp_path)
+    assert [m.hw_id for m in file.load()] == ["gpu-3"]
+    after = Node(start_s=90)
+    after.classifier.recall(file.load(), (T0 + 90 * S) / S)
+    after.run(90, 90)
+    v = after.current["gpu-0"]
+    assert v.last_transition_time == v.time_unix_nano  # a first verdict (logged at debug level), not a restart's
+    assert after.current["gpu-3"].last_transition_time == before.current["gpu-3"].last_transition_time
 
 
 def test_memory_older_than_the_device_ttl_is_not_recalled(tmp_path):
@@ -147,15 +158,13 @@ def _fleet(doc: dict) -> dict:
 
 
 def _bad_reason(doc: dict) -> dict:
-    devices = [dict(d) for d in doc["devices"]]
-    devices[3] = {**devices[3], "reasons": {"memory_ecc": {**devices[3]["reasons"]["memory_ecc"], "on": "yes"}}}
-    return {**doc, "devices": devices}
+    (gpu3,) = doc["devices"]
+    return {**doc, "devices": [{**gpu3, "reasons": {"memory_ecc": {**gpu3["reasons"]["memory_ecc"], "on": "yes"}}}]}
 
 
 def _unknown_reason(doc: dict) -> dict:
-    devices = [dict(d) for d in doc["devices"]]
-    devices[3] = {**devices[3], "reasons": {"gremlins": devices[3]["reasons"]["memory_ecc"]}}
-    return {**doc, "devices": devices}
+    (gpu3,) = doc["devices"]
+    return {**doc, "devices": [{**gpu3, "reasons": {"gremlins": gpu3["reasons"]["memory_ecc"]}}]}
 
 
 CORRUPT = {
@@ -196,7 +205,8 @@ def test_a_file_that_is_not_ours_is_one_warning_moved_aside_and_a_clean_start(tm
         assert {node.verdict(f"gpu-{i}") for i in range(4)} == {("Healthy", ())}  # clean, not half-believed
     finally:
         store.shutdown(2.0)
-    assert StateFile(path, "agent", NODE).load()  # the clean start wrote a good file in its place
+    assert StateFile(path, "agent", NODE).load() == []  # the clean start wrote a good (empty) file in its place
+    assert path.exists() and len(list(path.parent.iterdir())) == 2
 
 
 def test_a_missing_file_is_a_quiet_clean_start(tmp_path, caplog):
