@@ -329,6 +329,12 @@ class Classifier:
         ``device_ttl``. Call it on the evaluating thread (between evaluations)."""
         reg, eng = self.registry, self.engine
         rows = np.flatnonzero(reg.active)
+        # Only the devices with something to keep are looked at one by one (a fleet's are mostly healthy).
+        some = ((eng.key[rows] >= 0) & (eng.key[rows] != _HEALTHY_OK)) | eng.on[rows].any(axis=1)
+        some |= (eng.episodes[rows] > 0).any(axis=1)
+        for log in self.events.values():
+            some |= log.next[rows] > 0
+        rows = rows[some]
         reasons = eng.remembered(rows, now_s)
         logged: dict[int, list[tuple[int, EventLog]]] = {}
         for f, log in self.events.items():
