@@ -191,6 +191,9 @@ class Agent:
             self._start_sinks(len(first.devices))
             next_at = time.monotonic() + cfg.interval_s
             while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+                # A pass far behind schedule: the agent itself stood still (SIGSTOP, throttled), and a device
+                # its source skips this pass is given a sampling interval before it is called stale.
+                self.classifier.pace(cfg.interval_s)
                 try:
                     self.sample_once()
                 except Exception as exc:  # a failing pass must not end the agent

@@ -58,6 +58,7 @@ class Fleet:
         self.classifier = Classifier(policy, self.schema, interval_s=config.sample_interval_s, capacity=1024)
         self.board = VerdictBoard()
         self._pending: list[Frame] = []
+        self._arrivals: list[int] = []  # when each queued frame was heard (the fleet's clock)
         self._pending_points = 0  # cells of the queued frames' matrices: what the queue holds
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
@@ -71,12 +72,16 @@ class Fleet:
         self.state: StateStore | None = None  # with a state directory: held faults across restarts
 
     # -- data in -------------------------------------------------------------------------------
-    def on_frames(self, frames: list[Frame]) -> None:
-        """A request's frames (called on the receiver's threads): queued for the next tick."""
+    def on_frames(self, frames: list[Frame], arrival_unix_nano: int | None = None) -> None:
+        """A request's frames (called on the receiver's threads): queued for the next tick, each heard
+        now (``arrival_unix_nano``: a test's clock), not when the tick that reads it runs: after a
+        stall the kernel's buffered requests come in a burst, each heard at its arrival."""
         if frames:
+            heard = time.time_ns() if arrival_unix_nano is None else arrival_unix_nano
             cells = sum(f.values.size for f in frames)
             with self._pending_lock:
                 self._pending.extend(frames)
+                self._arrivals.extend([heard] * len(frames))
                 self._pending_points += cells
 
     def backlog(self) -> float | None:
@@ -86,14 +91,29 @@ class Fleet:
             return None
         return self.config.evaluate_every_s
 
-    def tick(self, now_unix_nano: int | None = None) -> list[Verdict]:
-        """Ingest everything queued since the last tick, judge every device, publish the changes."""
+    def tick(self, now_unix_nano: int | None = None, monotonic: float | None = None) -> list[Verdict]:
+        """Ingest everything queued since the last tick, judge every device, publish the changes.
+        ``now_unix_nano`` and ``monotonic``: a test's (or a simulation's) clocks. A tick far later than
+        its schedule means the fleet itself stood still (:meth:`Classifier.pace`): nodes are then given a
+        sampling interval to be heard before they are called stale (a simulation's tick, given ``now``
+        and no ``monotonic``, is never late)."""
+        if now_unix_nano is None or monotonic is not None:
+            late = self.classifier.pace(self.config.evaluate_every_s, monotonic)
+            if late:
+                log.warning(
+                    "the fleet stood still for %.0fs (stopped, throttled or paused; it could not read its sockets):"
+                    " nodes get %gs to be heard before they are called stale",
+                    late + self.config.evaluate_every_s,
+                    self.config.sample_interval_s,
+                )
         with self._pending_lock:
             frames, self._pending, self._pending_points = self._pending, [], 0
+            arrivals, self._arrivals = self._arrivals, []
         now = time.time_ns() if now_unix_nano is None else now_unix_nano
         if frames:
-            # The fleet's clock is the reference: a node is fresh when it was heard, whatever its own clock says.
-            self.classifier.ingest_many(frames, now)
+            # The fleet's clock is the reference: a node is fresh when it was heard, whatever its own clock
+            # says. Nothing is heard after the tick that reads it (a simulated clock may run behind the wall's).
+            self.classifier.ingest_many(frames, [min(a, now) for a in arrivals])
         changed = self.classifier.evaluate(now)
         self.board.publish(changed, self.classifier.registry)
         self._last_tick = time.monotonic()

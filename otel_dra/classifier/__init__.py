@@ -48,6 +48,17 @@ __all__ = ["Classifier", "Verdict"]
 _DESCRIPTIVE_SKIP = frozenset({cv.HW_ID, cv.HW_PARENT})
 #: The verdict engine's key of Healthy, ok, no reasons, no remediation.
 _HEALTHY_OK = VerdictMemory(0, 0, 0, 0, 0).key
+#: A loop pass more than this many of its periods late means its own process was stalled.
+STALL_PERIODS = 2.0
+#: How early a stall's grace may end: times are compared to the millisecond, not to a float's last bit.
+_GRACE_SLACK_S = 1e-3
+
+
+def monotonic_s() -> float:
+    """The clock stalls are measured with: monotonic (never stepped by NTP or a user), and on Linux
+    counting the time the system was suspended too (``CLOCK_BOOTTIME``), which ``time.monotonic`` skips."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
 class _RowState(Protocol):
@@ -110,6 +121,9 @@ class Classifier:
             self.registry.on_release(part.clear)
         self.last_now_ns = 0
         self.ingested_samples = 0
+        self._last_pass_s: float | None = None  # monotonic_s() of the last loop pass (see pace)
+        self._stall_since_s: float | None = None  # a stall noted by pace, its grace not yet begun
+        self._stall: tuple[float, float] | None = None  # (since, resumed) in the reference clock: in grace
         self._tables: dict[str, DeviceTable] = {}
         self._said: dict[tuple[int, str], str] = {}  # (row, reason) -> the evidence last put in words
         self.registry.on_release(self._forget)
@@ -234,18 +248,40 @@ class Classifier:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(steps > 0, st.sums[rows, F.DT] / steps, np.nan)
 
+    def pace(self, every_s: float, monotonic: float | None = None) -> float:
+        """Called once a pass by a loop that evaluates every ``every_s`` seconds, before the pass's
+        evaluation; returns how late the pass is when that makes it a stall (seconds; 0.0 when not).
+
+        A pass more than ``STALL_PERIODS`` periods late, by :func:`monotonic_s` (``monotonic``: a
+        test's clock), means this process was not running: stopped (SIGSTOP), throttled, swapped out,
+        in a long pause. Its receivers could not read their sockets either, so nothing was heard
+        while it stood still, and a node is not to be blamed for that: from the next evaluation each
+        device gets one sampling interval (its own, never under ``interval_s``) to be heard before it
+        is called stale, and until then a device (or node) that was fresh at the last evaluation
+        before the stall stays fresh. One that really went silent is stale when that interval ends."""
+        now = monotonic_s() if monotonic is None else monotonic
+        last, self._last_pass_s = self._last_pass_s, now
+        if last is None or self.last_now_ns == 0:
+            return 0.0
+        late = now - last - every_s
+        if late <= STALL_PERIODS * every_s:
+            return 0.0
+        self._stall_since_s = self.last_now_ns / 1e9
+        return late
+
     def freshness(self, now_s: float, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(device fresh, node fresh, device age s, node age s) for ``rows``, in the reference clock.
 
         A device's stale timeout is the policy's, never under ``stale_intervals`` of its own
         sampling interval (until that is known, of the stale timeout itself: a new 60 s node is
         not stale before its second sample); a node's is the longest of its devices', judged
-        against when it was last heard."""
+        against when it was last heard. After a stall of the judging process (:meth:`pace`), what
+        was fresh when it stalled stays fresh for a sampling interval after it resumed."""
         reg = self.registry
         active = np.flatnonzero(reg.active)
         base = self.policy.stale_timeout_s
-        interval = self.intervals(active)
-        interval = np.where(np.isnan(interval), base, interval)
+        measured = self.intervals(active)
+        interval = np.where(np.isnan(measured), base, measured)
         timeout = np.full(reg.capacity, base)
         timeout[active] = np.maximum(base, self.policy.stale_intervals * interval)
         nodes = len(reg.nodes)
@@ -256,7 +292,29 @@ class Classifier:
         age = now_s - reg.last_heard[rows]
         node = reg.node_of[rows]
         node_age = now_s - node_last[node]
-        return age <= timeout[rows], node_age <= node_timeout[node], age, node_age
+        fresh, node_fresh = age <= timeout[rows], node_age <= node_timeout[node]
+        if self._stall is not None:
+            since, resumed = self._stall
+            grace = np.zeros(reg.capacity, dtype=bool)  # in grace and fresh when the stall began
+            grace[active] = (now_s < resumed + np.fmax(self.interval_s, measured) - _GRACE_SLACK_S) & (
+                reg.last_heard[active] + timeout[active] >= since
+            )
+            node_grace = np.zeros(nodes, dtype=bool)
+            np.logical_or.at(node_grace, reg.node_of[active], grace[active])
+            fresh |= grace[rows]
+            node_fresh |= node_grace[node]
+        return fresh, node_fresh, age, node_age
+
+    def _grace(self, now_s: float) -> bool:
+        """Begin the grace of a stall :meth:`pace` noted, or end one whose every device's interval
+        is over; True while one lasts."""
+        if self._stall_since_s is not None:
+            self._stall, self._stall_since_s = (self._stall_since_s, now_s), None
+        elif self._stall is not None:
+            longest = np.nanmax(self.intervals(np.flatnonzero(self.registry.active)), initial=0.0)
+            if now_s >= self._stall[1] + max(self.interval_s, float(longest)) - _GRACE_SLACK_S:
+                self._stall = None
+        return self._stall is not None
 
     def _window(self, rows: np.ndarray, age: np.ndarray, fresh: np.ndarray) -> Window:
         """The rows' windows, read at each row's own present: its newest sample time plus the
@@ -274,6 +332,7 @@ class Classifier:
         now_ns = time.time_ns() if now_unix_nano is None else int(now_unix_nano)
         self.last_now_ns = now_ns
         now_s = now_ns / 1e9
+        in_grace = self._grace(now_s)
         rows = np.flatnonzero(self.registry.active)
         if rows.size == 0:
             self._evaluated([])
@@ -313,7 +372,8 @@ class Classifier:
                     evidence.present[i],
                 )
             )
-        self.registry.expire(now_s, self.policy.device_ttl_s)
+        if not in_grace:  # a device is forgotten for silence the fleet heard, not for its own stall
+            self.registry.expire(now_s, self.policy.device_ttl_s)
         self._evaluated(out)
         return out
 
