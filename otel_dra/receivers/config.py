@@ -2,6 +2,13 @@
 
 Light on purpose (no grpc or protobuf imports): the CLI reads its option defaults from here.
 The ports are OTLP's registered defaults, as the Collector's ``otlpreceiver`` uses them.
+
+The host is the loopback address unless told otherwise, as the Collector's receivers bind
+``localhost`` by default since v0.104: a fleet started by hand is not open to its network until
+``--host`` says so (the deploy manifests do). 127.0.0.1 rather than the name ``localhost``: Go's
+listener (the Collector's) binds the one address the name resolves to first, the IPv4 loopback;
+asyncio and gRPC would bind every address it resolves to, and fail where ``/etc/hosts`` names ``::1``
+but IPv6 is off, as in many containers.
 """
 
 from __future__ import annotations
@@ -13,7 +20,11 @@ from otel_dra.decode.limits import DecodeLimits
 from otel_dra.serve.config import HttpServerConfig
 
 if TYPE_CHECKING:
+    from otel_dra.receivers.auth import ReceiverAuth
     from otel_dra.receivers.tls import TlsSettings
+
+#: Where every port binds unless ``--host`` says otherwise: the loopback only (see the module docstring).
+DEFAULT_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -21,7 +32,7 @@ class ReceiverConfig:
     """Where OTLP/gRPC and OTLP/HTTP listen (a port of 0 turns that transport off), and the bounds
     on what a request may bring."""
 
-    host: str = "0.0.0.0"
+    host: str = DEFAULT_HOST
     grpc_port: int = 4317
     http_port: int = 4318
     max_request_bytes: int = 16 << 20  # the Collector's confighttp default, for both transports
@@ -31,6 +42,9 @@ class ReceiverConfig:
     #: and one request stamped ahead can hold a series back two samples at most.
     max_future_s: float = 20.0
     tls: TlsSettings | None = None  # both transports; None: plaintext
+    #: A bearer token to ask for, and which nodes a client certificate may report for (with mutual TLS a
+    #: certificate speaks for the node it names even without it); None: no token.
+    auth: ReceiverAuth | None = None
     #: Requests at most being read or waiting to be decoded, per process (each may hold max_request_bytes);
     #: past it the answer is UNAVAILABLE / 503 with a retry delay (``--max-pending-requests``).
     max_pending_requests: int = 16

@@ -53,6 +53,8 @@ from otel_dra.decode.limits import LIMIT_REASONS, DecodeLimits
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
+from otel_dra.receivers import auth as authn
+from otel_dra.receivers.auth import ClientNodes, ReceiverAuth, Speaker
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.receivers.tls import CertificateReloader, TlsSettings, describe
 from otel_dra.serve.config import HttpServerConfig, ListenError
@@ -72,7 +74,8 @@ CONNECTIONS: Final = cv.OTEL_DRA_RECEIVER_CONNECTIONS
 TRANSPORTS: Final = ("grpc", "http")
 #: ``error``: the frames' consumer (``on_frames``) failed; the client gets INTERNAL / HTTP 500.
 #: ``overloaded``: refused for now (backpressure); the client gets UNAVAILABLE / HTTP 503 and retries.
-OUTCOMES: Final = ("ok", "partial", "invalid", "too_large", "error", "overloaded")
+#: ``unauthenticated``: no bearer token, or a wrong one (``--auth-token-file``); UNAUTHENTICATED / HTTP 401.
+OUTCOMES: Final = ("ok", "partial", "invalid", "too_large", "error", "overloaded", "unauthenticated")
 #: ``ignored``: otel-dra's own telemetry in an agent's push (its verdicts, its queue's metrics), taken and set
 #: aside: neither input nor a rejection, so it never makes a request partial.
 POINT_OUTCOMES: Final = ("accepted", "rejected", "ignored")
@@ -135,7 +138,9 @@ class OtlpReceiver:
     server's connection cap and timeouts. ``backlog``: asked before each request is decoded; a
     number of seconds means the consumer is behind, and the request is refused with that retry
     delay. ``max_pending``: requests at most being read or waiting to be decoded (each may hold
-    ``max_request_bytes``); past it, new ones are refused the same way.
+    ``max_request_bytes``); past it, new ones are refused the same way. ``auth``: the bearer token to
+    ask for, and which nodes a client certificate may speak for (with mutual TLS, a certificate speaks
+    for the node it names even without it; :mod:`~otel_dra.receivers.auth`).
     """
 
     def __init__(
@@ -154,6 +159,7 @@ class OtlpReceiver:
         http: HttpServerConfig | None = None,
         backlog: Callable[[], float | None] | None = None,
         max_pending: int = ReceiverConfig.max_pending_requests,
+        auth: ReceiverAuth | None = None,
     ) -> None:
         if grpc_endpoint is None and http_endpoint is None:
             raise ValueError("OtlpReceiver needs at least one of grpc_endpoint and http_endpoint")
@@ -175,6 +181,9 @@ class OtlpReceiver:
         self._backlog = backlog
         self._pending = 0  # requests being read or decoded (both transports)
         self._certs: CertificateReloader | None = None  # made at start: both transports ask it per connection
+        self.auth = auth
+        #: With mutual TLS, which nodes a client certificate may report for.
+        self._client_nodes = auth.nodes if auth is not None else ClientNodes()
         self._on_frames = on_frames
         if max_future_s is not None and not max_future_s > 0:
             raise ValueError(f"max_future_s must be positive (or None: no bound), got {max_future_s}")
@@ -236,9 +245,10 @@ class OtlpReceiver:
         if self._http_addr:
             where.append(f"HTTP on {self._http_addr[0]}:{self.http_port}{HTTP_PATH}")
         log.info(
-            "receiving OTLP metrics: %s (%s; requests up to %d bytes, %d connections at most)",
+            "receiving OTLP metrics: %s (%s, clients need %s; requests up to %d bytes, %d connections at most)",
             " and ".join(where),
             describe(self.tls),
+            authn.describe(self.auth, self.mutual),
             self.max_request_bytes,
             self.http_config.connections(),
         )
@@ -295,6 +305,11 @@ class OtlpReceiver:
             log.info("OTLP metrics receiver stopped")
 
     @property
+    def mutual(self) -> bool:
+        """Whether clients present certificates (mutual TLS): then each speaks only for the nodes it may."""
+        return self.tls is not None and self.tls.mutual
+
+    @property
     def grpc_port(self) -> int | None:
         """The bound gRPC port (the real one when 0 was asked for); None when not listening."""
         return self._grpc_port if self._grpc_server is not None else None
@@ -346,7 +361,20 @@ class OtlpReceiver:
         with self._stats_lock:
             self._pending -= 1
 
-    def _take(self, transport: str, decode: Callable[[], DecodeResult]) -> ExportMetricsServiceResponse:
+    def _unauthenticated(self, transport: str, header: str | None, peer: str) -> str | None:
+        """Why a request's ``Authorization`` is refused (counted, one log line), or None to go on."""
+        if self.auth is None:
+            return None
+        problem = self.auth.token_problem(header)
+        if problem is None:
+            return None
+        self._count(transport, "unauthenticated")
+        log.warning("OTLP/%s: unauthenticated request from %s refused: %s", transport, peer, problem)
+        return f"unauthenticated: {problem}; send authorization: {authn.SCHEME} <token>"
+
+    def _take(
+        self, transport: str, decode: Callable[[], DecodeResult], speaker: Speaker | None = None
+    ) -> ExportMetricsServiceResponse:
         """Decode one request and hand its frames on, under the lock; count the outcome. Raises
         MalformedRequest (the client's fault), or whatever decoding or ``on_frames`` raised (ours)."""
         with self._lock:
@@ -367,27 +395,32 @@ class OtlpReceiver:
                 self._count(transport, "error")
                 log.exception("OTLP/%s: the frames' consumer failed; request refused", transport)
                 raise
-        return self._respond(transport, result)
+        return self._respond(transport, result, speaker)
 
-    def export_protobuf(self, data: bytes, transport: str) -> ExportMetricsServiceResponse:
-        """One serialized ``ExportMetricsServiceRequest`` (see :meth:`_take` for what it raises)."""
+    def export_protobuf(
+        self, data: bytes, transport: str, speaker: Speaker | None = None
+    ) -> ExportMetricsServiceResponse:
+        """One serialized ``ExportMetricsServiceRequest`` (see :meth:`_take` for what it raises);
+        ``speaker``: the nodes its client may report for (None: any)."""
 
-        return self._take(transport, lambda: self._decoder.decode(data))
+        return self._take(transport, lambda: self._decoder.decode(data, speaker=speaker), speaker)
 
-    def export_json(self, data: bytes) -> ExportMetricsServiceResponse:
+    def export_json(self, data: bytes, speaker: Speaker | None = None) -> ExportMetricsServiceResponse:
         """A request in the JSON mapping (OTLP/HTTP ``application/json``), read by the replay decoder;
         a request it can't use as a whole (not JSON, a resource without ``k8s.node.name``) is refused
         as invalid."""
 
         def decode() -> DecodeResult:
-            result = self._json_decoder.decode(data, self._json_decoder.lines + 1)
+            result = self._json_decoder.decode(data, self._json_decoder.lines + 1, speaker=speaker)
             if result.invalid is not None:
                 raise MalformedRequest(result.invalid)
             return result
 
-        return self._take("http", decode)
+        return self._take("http", decode, speaker)
 
-    def _respond(self, transport: str, result: DecodeResult) -> ExportMetricsServiceResponse:
+    def _respond(
+        self, transport: str, result: DecodeResult, speaker: Speaker | None = None
+    ) -> ExportMetricsServiceResponse:
         """Success, or partial success read off the decoder's result as it is (ignored points are neither)."""
         rejected = result.rejected
         self._count(transport, "partial" if rejected else "ok", result.accepted, rejected, result.ignored)
@@ -399,7 +432,19 @@ class OtlpReceiver:
             with self._stats_lock:
                 for reason, n in result.limited.items():
                     self._refused[reason] = self._refused.get(reason, 0) + n
-            log.warning("OTLP/%s: points refused past a limit: %s", transport, result.message)
+            if speaker is not None and speaker.refused:
+                named = ", ".join(speaker.refused)
+                more = speaker.refused_count - len(speaker.refused)
+                log.warning(
+                    "OTLP/%s: a client whose certificate names %s may not report for node %s%s: %s",
+                    transport,
+                    speaker.who,
+                    named,
+                    f" and {more:,} more" if more > 0 else "",
+                    result.message,
+                )
+            else:
+                log.warning("OTLP/%s: points refused past a limit: %s", transport, result.message)
         if not rejected:
             return ExportMetricsServiceResponse()
         message = result.message
@@ -416,6 +461,12 @@ class OtlpReceiver:
 
     # -- gRPC --------------------------------------------------------------------------------
     def _grpc_export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.auth is not None and self.auth.token:
+            header = next((str(v) for k, v in context.invocation_metadata() if k == "authorization"), None)
+            refused = self._unauthenticated("grpc", header, context.peer())
+            if refused is not None:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
+        speaker = self._client_nodes.grpc_speaker(context.auth_context()) if self.mutual else None
         if len(request) > self.max_request_bytes:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._too_large("grpc", f"{len(request):,}"))
         try:
@@ -424,7 +475,7 @@ class OtlpReceiver:
             context.set_trailing_metadata(_retry_metadata(str(exc), exc.retry_after_s))
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         try:
-            response = self.export_protobuf(request, "grpc")
+            response = self.export_protobuf(request, "grpc", speaker)
         except MalformedRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception:
@@ -442,6 +493,11 @@ class OtlpReceiver:
             return _status(404, code_pb2.NOT_FOUND, f"not found: OTLP metrics go to POST {HTTP_PATH}")
         ctype = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         as_json = ctype == _JSON
+        refused = self._unauthenticated("http", request.headers.get("Authorization"), request.remote or "?")
+        if refused is not None:
+            reply = _status(401, code_pb2.UNAUTHENTICATED, refused, as_json, close=True)
+            reply.headers["WWW-Authenticate"] = f'{authn.SCHEME} realm="otel-dra"'
+            return reply
         if ctype not in (_PROTOBUF, _JSON):
             self._count("http", "invalid")
             return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Type {ctype[:60]!r}: use {_PROTOBUF}")
@@ -462,6 +518,10 @@ class OtlpReceiver:
 
     async def _http_export(self, request: web.BaseRequest, as_json: bool, gz: bool) -> web.Response:
         assert self._http is not None
+        speaker = None
+        if self.mutual:
+            transport = request.transport
+            speaker = self._client_nodes.http_speaker(transport.get_extra_info("peercert") if transport else None)
         try:
             body = await read_body(request, self.max_request_bytes, self.http_config.body_timeout_s)
         except BodyError as exc:
@@ -469,7 +529,7 @@ class OtlpReceiver:
 
         def export() -> ExportMetricsServiceResponse:
             data = gunzip(body, self.max_request_bytes) if gz else body
-            return self.export_json(data) if as_json else self.export_protobuf(data, "http")
+            return self.export_json(data, speaker) if as_json else self.export_protobuf(data, "http", speaker)
 
         try:
             if not gz and len(body) < INLINE_BYTES and self._lock.acquire(blocking=False):
