@@ -82,6 +82,7 @@ REALTIME_MODULES = frozenset(
         "test_e2e_kubelet.py",
         "test_e2e_otlp.py",
         "test_e2e_outage.py",
+        "test_e2e_pause.py",
         "test_e2e_prometheus.py",
         "test_e2e_sources.py",
         "test_e2e_state.py",
