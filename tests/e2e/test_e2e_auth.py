@@ -26,12 +26,13 @@ TOKEN = "fleet-token-for-the-e2e-test"
 
 
 def start_fleet(tmp_path: Path, *args: str) -> FleetProcess:
-    """``otel-dra fleet`` with no ``--host``: where it binds is its default's doing."""
+    """``otel-dra fleet`` with no ``--host``: where it binds is its default's doing. Its state file is the
+    test's own (the default one outlives the test: a GPU made Unhealthy here would be recalled)."""
     ports = {"grpc": free_port(), "http": free_port(), "prom": free_port()}
     argv = [sys.executable, "-m", "otel_dra", "fleet", "--otlp-grpc-port", str(ports["grpc"])]
     argv += ["--otlp-http-port", str(ports["http"]), "--prometheus-port", str(ports["prom"])]
-    argv += ["--sample-interval", "1", "--evaluate-every", "1", *args]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTEL_DRA_"))}
+    argv += ["--sample-interval", "1", "--evaluate-every", "1", "--state-dir", str(tmp_path / "state"), *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     log = tmp_path / "fleet.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
