@@ -94,7 +94,7 @@ def test_the_fleet_holds_a_one_off_ecc_error_across_kill_9(start_agent, tmp_path
         }
         start_agent(*agent_args, env=env, wait=False)  # the agent, now without the fault
         wait_for(lambda: len([k for k in devices(restarted.url) if k[0] == "node-f"]) == 8, 40, "node-f at the fleet")
-        assert verdict(restarted.url, "node-f", "gpu-3") == UNHEALTHY_ECC
+        assert verdict(restarted.url, "node-f", "gpu-3") == UNHEALTHY_ECC, restarted.log.read_text()[-3000:]
         stays(restarted.url, "node-f", "gpu-3", UNHEALTHY_ECC, 5)
         others = {v["health"] for k, v in devices(restarted.url).items() if k[1] != "gpu-3"}
         assert others == {"Healthy"}
