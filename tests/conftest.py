@@ -71,6 +71,18 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
 #: resends, the sending queue's pushes). Under xdist (pyproject's addopts) they form one work unit: one
 #: worker runs them one after another, so they never race each other for the CPU, while the
 #: other modules, each a unit of its own (its module-scoped fixtures are made once), run beside.
+#: ``otel-dra run`` and ``fleet`` keep held faults in ``$XDG_STATE_HOME/otel-dra`` (issue #16): never the
+#: user's own, and never shared between tests. Every process a test starts inherits this worker's directory
+#: (module-scoped fixtures' processes included); each test gets its own below, and ``spawn_fleet`` its own too.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="otel-dra-tests-state-")
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's processes remember only what that test made them see."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+
+
 REALTIME_MODULES = frozenset(
     {
         "test_deploy.py",
@@ -231,6 +243,7 @@ def spawn_fleet(
     argv += ["--otlp-http-port", str(ports["http"]), "--prometheus-port", str(ports["prom"])]
     argv += ["--sample-interval", "1", "--evaluate-every", "1", *args]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    clean["XDG_STATE_HOME"] = str(tmp_path / f"{name}-state")  # its own memory (a module's fleet too)
     limit = None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     with log.open("wb") as out:
         proc = subprocess.Popen(
