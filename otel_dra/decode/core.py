@@ -499,6 +499,9 @@ def point_problem(
 _COL_BITS: Final = 24
 
 
+_NO_FLOORS: Final = np.zeros(0, np.uint64)
+
+
 def series_keys(dev: np.ndarray, col: np.ndarray) -> np.ndarray:
     """The :class:`SeriesFloors` keys of points with these device (series index) and column indices."""
     return (dev.astype(np.int64) << _COL_BITS) | col.astype(np.int64)
@@ -508,41 +511,83 @@ class SeriesFloors:
     """One node's series (device, column) and the newest time read for each: sorted int64 keys
     (:func:`series_keys`) and their times, so a request's points are checked and advanced as arrays (one
     ``searchsorted``), whichever decoder or path read them. 16 bytes a series: a node holds only the series
-    it has sent (its devices and the caps bound them)."""
+    it has sent (its devices and the caps bound them). Points taken in order are only noted (:meth:`defer`)
+    and applied at the next look-up, or once a few requests' worth wait: a node whose points come in order
+    costs no look-up per request."""
 
-    __slots__ = ("keys", "times")
+    __slots__ = ("_pending", "_waiting", "keys", "newest", "times", "version")
 
     def __init__(self) -> None:
         self.keys = np.empty(0, np.int64)
         self.times = np.empty(0, np.uint64)
+        #: Bumped whenever the keys change (a new series): places taken before stay valid while it is the same.
+        self.version = 0
+        #: At least the newest time of any series (0: none): points none older than it need no look-up.
+        self.newest = 0
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]] = []  # (keys, times, at, version)
+        self._waiting = 0  # points in _pending
 
-    def floors(self, keys: np.ndarray) -> np.ndarray:
-        """Each key's newest time (uint64), 0 for a series not read yet."""
+    def defer(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None, version: int) -> None:
+        """Points taken, their series' times to move up (``at``: their places, None: not looked up, as they
+        were at ``version``)."""
+        self._pending.append((keys, times, at, version))
+        self._waiting += len(keys)
+        self.newest = max(self.newest, int(times.max()))
+        if self._waiting > 4 * len(self.keys) + 1024:
+            self._flush()
+
+    def settle(self) -> None:
+        """Apply what waits (see :meth:`defer`): the times and places read next are the present's."""
+        if self._pending:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending, self._waiting = self._pending, [], 0
+        places = [at if at is not None and v == self.version else self.floors(k)[1] for k, _, at, v in pending]
+        if len(pending) == 1:
+            keys, times = pending[0][0], pending[0][1]
+            at = places[0]
+        else:
+            keys, times, at = (np.concatenate(x) for x in ([p[0] for p in pending], [p[1] for p in pending], places))
+        self.advance(keys, times, at, None)
+
+    def floors(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's newest time (uint64, 0 for a series not read yet) and its place (-1: none yet), which
+        :meth:`advance` takes back: the keys only change there."""
+        if self._pending:
+            self._flush()
         n = len(self.keys)
         if not n:
-            return np.zeros(len(keys), np.uint64)
-        at = np.minimum(np.searchsorted(self.keys, keys), n - 1)
-        return np.where(self.keys[at] == keys, self.times[at], np.uint64(0))
+            return np.zeros(len(keys), np.uint64), np.full(len(keys), -1, np.intp)
+        at = np.searchsorted(self.keys, keys)
+        np.minimum(at, n - 1, out=at)
+        found = self.keys[at] == keys
+        if found.all():
+            return self.times[at], at
+        return np.where(found, self.times[at], np.uint64(0)), np.where(found, at, -1)
 
-    def advance(self, keys: np.ndarray, times: np.ndarray, restart: np.ndarray | None) -> None:
-        """Points taken: each series' newest time moves up to its points'; the series in ``restart`` (their
-        clock jumped back) start again from this request's points."""
-        n = len(self.keys)
-        found = np.zeros(len(keys), bool)
-        if n:
-            at = np.minimum(np.searchsorted(self.keys, keys), n - 1)
-            found = self.keys[at] == keys
-            if restart is not None and len(restart):
-                lost = np.isin(self.keys, restart)
-                self.times[lost] = 0
+    def advance(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray, restart: np.ndarray | None) -> None:
+        """Points taken (``at``: their places, as :meth:`floors` gave them): each series' newest time moves
+        up to its points'; the series in ``restart`` (their clock jumped back) start again from this
+        request's points."""
+        if self._pending:
+            self._flush()
+        restarted = restart is not None and len(restart) > 0 and len(self.keys) > 0
+        if restart is not None and restarted:
+            self.times[np.isin(self.keys, restart)] = 0
+        found = at >= 0
+        if found.all():
+            np.maximum.at(self.times, at, times)
+        else:
             np.maximum.at(self.times, at[found], times[found])
-        if not found.all():
             new, inverse = np.unique(keys[~found], return_inverse=True)
             newest = np.zeros(len(new), np.uint64)
             np.maximum.at(newest, inverse, times[~found])
             merged = np.concatenate([self.keys, new])
             order = np.argsort(merged, kind="stable")
             self.keys, self.times = merged[order], np.concatenate([self.times, newest])[order]
+            self.version += 1
+        self.newest = int(self.times.max()) if restarted else max(self.newest, int(times.max()))
 
 
 class NodeFloors:
@@ -652,8 +697,8 @@ class DecoderCore:
         self.limits = limits
         #: This request's clock jumps, (node, ahead) -> [largest offset, points]; reported by _clock_jumps.
         self._jumps: dict[tuple[str, bool], list[int]] = {}
-        #: This request's points taken, per node: (series keys, times) parts, and the series restarted.
-        self._taken: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        #: This request's points taken, per node: (series keys, times, places) parts, and the series restarted.
+        self._taken: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]]] = {}
         self._restarted: dict[str, list[np.ndarray]] = {}
         self._clock = clock
         self._ceiling: int | None = None  # this request's latest acceptable time (None: no bound, as in replay)
@@ -740,29 +785,55 @@ class DecoderCore:
             seen[0] = max(seen[0], offset_ns)
             seen[1] += points
 
-    def _ahead(self, node: str, times: np.ndarray) -> np.ndarray | None:
-        """Which of these times are past the receiver's bound (None: none are); those are noted as a jump."""
+    def _ahead(self, node: str, times: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray | None:
+        """Which of these times (of ``mask``'s points) are past the receiver's bound (None: none are); those
+        are noted as a jump."""
         if self._ceiling is None:
             return None
         ahead = times > np.uint64(self._ceiling)
         if not ahead.any():
             return None
+        if mask is not None:
+            ahead &= mask
+            if not ahead.any():
+                return None
         self._jump(node, True, int(times[ahead].max()) - self._now, int(np.count_nonzero(ahead)))
         return ahead
 
     def _order(
-        self, node: str, keys: np.ndarray, times: np.ndarray, mask: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Time order per series: (which points may be taken, each one's series floor: 0 for none). A point
-        older than what was read for its series (before this request) is refused, unless it is further
-        behind than ``clock_jump_ns`` (live input): then its node's clock jumped back, or earlier points were
-        stamped ahead, and the series starts again from it (noted). Only ``mask``'s points are judged."""
-        floors = self._floors.of(node).floors(keys)
-        older = (floors > times) & (times > 0)
+        self,
+        node: str,
+        keys: np.ndarray,
+        times: np.ndarray,
+        mask: np.ndarray | None = None,
+        places: np.ndarray | None = None,
+        earliest: int | None = None,
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
+        """Time order per series: (which points may be taken, None: all; each one's series floor, 0 for none;
+        each one's place, for :meth:`_take`). A point older than what was read for its series (before this
+        request) is refused, unless it is further behind than ``clock_jump_ns`` (live input): then its node's
+        clock jumped back, or earlier points were stamped ahead, and the series starts again from it (noted).
+        Only ``mask``'s points are judged (the others are refused already: a time of 0 among them).
+        ``places``: the keys' places, known (a template's, while its node's series are the same); ``earliest``:
+        no point is older than this: when no series is newer, nothing is looked up (the places are found
+        when the request's end needs them)."""
+        series = self._floors.of(node)
+        if earliest is not None and earliest >= series.newest:
+            return None, _NO_FLOORS, places
+        if places is not None:
+            version = series.version
+            series.settle()
+            if series.version != version:  # new series came in meanwhile: the places moved
+                places = None
+        if places is None:
+            floors, at = series.floors(keys)
+        else:
+            floors, at = series.times[places], places
+        older = floors > times
         if mask is not None:
             older &= mask
         if not older.any():
-            return np.ones(len(keys), bool), floors
+            return None, floors, at
         if self.clock_jump_ns is not None:
             behind = np.where(older, floors - times, np.uint64(0))
             far = behind > np.uint64(self.clock_jump_ns)
@@ -770,12 +841,13 @@ class DecoderCore:
                 self._jump(node, False, int(behind.max()), int(np.count_nonzero(far)))
                 self._restarted.setdefault(node, []).append(keys[far])
                 older &= ~far
-        return ~older, floors
+        return ~older, floors, at
 
-    def _take(self, node: str, keys: np.ndarray, times: np.ndarray) -> None:
-        """Points of ``node`` taken into this request's frames: their series' times move at its end."""
+    def _take(self, node: str, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None) -> None:
+        """Points of ``node`` taken into this request's frames (``at``: their places, as :meth:`_order` gave
+        them, None: not looked up): their series' times move at its end."""
         if len(keys):
-            self._taken.setdefault(node, []).append((keys, times))
+            self._taken.setdefault(node, []).append((keys, times, at, self._floors.of(node).version))
 
     def _advance_series(self) -> None:
         """The request is read: each series' newest time moves up to its points (all points were judged
@@ -785,11 +857,18 @@ class DecoderCore:
             if node not in floors.devices:
                 continue  # forgotten meanwhile (a reset): nothing to keep
             restart = self._restarted.get(node)
-            keys = parts[0][0] if len(parts) == 1 else np.concatenate([k for k, _ in parts])
-            times = parts[0][1] if len(parts) == 1 else np.concatenate([t for _, t in parts])
-            floors.of(node).advance(
-                keys, times.astype(np.uint64, copy=False), None if restart is None else np.concatenate(restart)
-            )
+            series = floors.of(node)
+            if restart is None:  # in order: noted, applied at the next look-up (SeriesFloors.defer)
+                for keys, times, at, version in parts:
+                    series.defer(keys, times.astype(np.uint64, copy=False), at, version)
+                continue
+            series.floors(parts[0][0][:0])  # (what waits goes first: the places below are the present's)
+            places = [series.floors(k)[1] if at is None or v != series.version else at for k, _, at, v in parts]
+            if len(parts) == 1:
+                keys, times, at = parts[0][0], parts[0][1], places[0]
+            else:
+                keys, times, at = (np.concatenate(x) for x in ([p[0] for p in parts], [p[1] for p in parts], places))
+            series.advance(keys, times.astype(np.uint64, copy=False), at, np.concatenate(restart))
         self._taken.clear()
         self._restarted.clear()
 

@@ -281,7 +281,12 @@ class OtlpJsonDecoder(DecoderCore):
         self._entry_dev: list[int] = []
         self._entry_col: list[int] = []
         self._entry_descr: list[int] = []  # index into the series index's descriptive sets, -1: none
-        self._entry_np: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
+        # Each entry's device, column and series key (core.series_keys), as arrays.
+        self._entry_np: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+            np.empty(0, np.intp),
+            np.empty(0, np.intp),
+            np.empty(0, np.int64),
+        )
         self._series = SeriesIndex(self.schema, self.limits)
         # node -> metric -> token -> entry, for the entries whose device the node has named (the caps let
         # it): what the per-point fast path reads, so it needs no check of its own.
@@ -687,8 +692,9 @@ class OtlpJsonDecoder(DecoderCore):
         if not line.values:
             return []
         if len(self._entry_np[0]) != len(self._entry_dev):
-            self._entry_np = (np.asarray(self._entry_dev, np.intp), np.asarray(self._entry_col, np.intp))
-        entry_dev, entry_col = self._entry_np
+            dev, col = np.asarray(self._entry_dev, np.intp), np.asarray(self._entry_col, np.intp)
+            self._entry_np = (dev, col, series_keys(dev, col))
+        entry_dev, entry_col, entry_key = self._entry_np
         entries = np.asarray(line.entries, np.intp)
         values = np.asarray(line.values, np.float64)
         slots = np.asarray(line.slots, np.intp) if len(line.slot_time) > 1 else None
@@ -703,15 +709,16 @@ class OtlpJsonDecoder(DecoderCore):
                     continue
                 e, v = entries[mask], values[mask]
             node, t = line.slot_node[s], line.slot_time[s]
-            keys = series_keys(entry_dev[e], entry_col[e])
-            at = np.full(len(e), t, np.uint64)
-            ok, floors = self._order(node, keys, at)
-            if not ok.all():
+            keys = entry_key[e]
+            times = np.full(len(e), t, np.uint64)
+            ok, floors, places = self._order(node, keys, times, earliest=t)
+            if ok is not None:
                 self._older(line, node, t, e[~ok], floors[~ok])
-                e, v, keys, at = e[ok], v[ok], keys[ok], at[ok]
+                assert places is not None  # (looked up: some point was older)
+                e, v, keys, times, places = e[ok], v[ok], keys[ok], times[ok], places[ok]
                 if not len(e):
                     continue
-            self._take(node, keys, at)
+            self._take(node, keys, times, places)
             unique = np.unique(e)
             table, devs, distinct = self._table(node, unique)
             rows = np.searchsorted(devs, entry_dev[e])

@@ -55,6 +55,7 @@ from otel_dra.decode.core import (
     DecoderCore,
     DecodeResult,
     Refusal,
+    SeriesFloors,
     SeriesIndex,
     TableCache,
     Tally,
@@ -352,13 +353,24 @@ class _Template:
     names: tuple[str, ...]
     metric: np.ndarray  # index into names
     index: np.ndarray
+    # Where its candidates' series are in its node's SeriesFloors, while that holds the same series (a cache).
+    places: np.ndarray | None = None
+    places_of: SeriesFloors | None = None
+    places_version: int = -1
 
     @property
     def nbytes(self) -> int:
         arrays = (self.holes, self.dev, self.col, self.descr, self.counter, self.key, self.time_hole, self.value_hole)
         more = (self.kind, self.ordinal, self.metric, self.index)
         layout = 0 if self.layout is None else 3 * self.layout.rows.nbytes
-        return sum(a.nbytes for a in (*arrays, *more)) + layout + 100 * (len(self.problems) + len(self.names)) + 1024
+        places = self.key.nbytes  # (filled in on first use: counted from the start, so the sum stays put)
+        return (
+            sum(a.nbytes for a in (*arrays, *more))
+            + places
+            + layout
+            + 100 * (len(self.problems) + len(self.names))
+            + 1024
+        )
 
 
 @dataclass
@@ -645,16 +657,17 @@ class OtlpProtoDecoder(DecoderCore):
         col = np.asarray([c.col for c, _, _ in good], np.int32)
         times = np.asarray([t for _, t, _ in good], np.uint64)
         keys = series_keys(dev, col)
-        ok, floors = self._order(node, keys, times)
-        if not ok.all():
+        ok, floors, at = self._order(node, keys, times)
+        if ok is not None:
             for i in np.flatnonzero(~ok).tolist():
                 c, t, _ = good[i]
                 req.rejected += 1
                 older = time_problem(node, t, int(floors[i]), None, 0)
                 req.problem(base + c.ordinal, f"point {c.index + 1} of {c.metric} {older}")
             good = [g for g, keep in zip(good, ok.tolist(), strict=True) if keep]
-            dev, col, times, keys = dev[ok], col[ok], times[ok], keys[ok]
-        self._take(node, keys, times)
+            assert at is not None  # (looked up: some point was older)
+            dev, col, times, keys, at = dev[ok], col[ok], times[ok], keys[ok], at[ok]
+        self._take(node, keys, times, at)
         self._add_points(
             node,
             dev,
@@ -764,14 +777,22 @@ class OtlpProtoDecoder(DecoderCore):
         if tmpl.any_counter:
             ok &= ~(tmpl.counter & (values < 0.0))
         ok &= times != 0
-        ahead = self._ahead(node, np.where(ok, times, np.uint64(0)))
+        ahead = self._ahead(node, times, ok)
         if ahead is not None:
             ok &= ~ahead
-        in_order, floors = self._order(node, tmpl.key, times, ok)
-        ok &= in_order
+        series = self._floors.of(node)
+        known = tmpl.places is not None and tmpl.places_of is series and tmpl.places_version == series.version
+        if known:  # (then nothing is looked up while no point is older than every series' newest)
+            in_order, floors, at = self._order(node, tmpl.key, times, ok, tmpl.places, int(times.min()))
+        else:
+            in_order, floors, at = self._order(node, tmpl.key, times, ok)
+            if at is not None and (at >= 0).all():  # every series read before: their places hold till a new one
+                tmpl.places, tmpl.places_of, tmpl.places_version = at, series, series.version
+        if in_order is not None:
+            ok &= in_order
         if ok.all():
             layout = tmpl.layout if (times == times[0]).all() else None
-            self._take(node, tmpl.key, times)
+            self._take(node, tmpl.key, times, at)
             self._add_points(node, tmpl.dev, tmpl.col, tmpl.descr, times, values, req, layout)
             return
         bad = np.flatnonzero(~ok)
@@ -783,13 +804,13 @@ class OtlpProtoDecoder(DecoderCore):
                 int(tmpl.kind[i]),
                 float(values[i]),
                 bool(tmpl.counter[i]),
-                int(floors[i]),
+                int(floors[i]) if len(floors) else 0,  # (none looked up: none older)
                 node,
             )
             where = f"point {tmpl.index[i] + 1} of {tmpl.names[tmpl.metric[i]]}"
             req.problem(base + int(tmpl.ordinal[i]), f"{where} {problem}")
         req.problem_count += max(0, len(bad) - MAX_PROBLEMS_PER_REQUEST)
-        self._take(node, tmpl.key[ok], times[ok])
+        self._take(node, tmpl.key[ok], times[ok], None if at is None else at[ok])
         self._add_points(node, tmpl.dev[ok], tmpl.col[ok], tmpl.descr[ok], times[ok], values[ok], req)
 
     def _remember(self, data: bytes, start: int, end: int, scan: _Scan) -> None:
