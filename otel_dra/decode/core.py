@@ -527,12 +527,12 @@ class SeriesFloors:
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]] = []  # (keys, times, at, version)
         self._waiting = 0  # points in _pending
 
-    def defer(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None, version: int) -> None:
+    def defer(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None, version: int, newest: int) -> None:
         """Points taken, their series' times to move up (``at``: their places, None: not looked up, as they
-        were at ``version``)."""
+        were at ``version``; ``newest``: their newest time)."""
         self._pending.append((keys, times, at, version))
         self._waiting += len(keys)
-        self.newest = max(self.newest, int(times.max()))
+        self.newest = max(self.newest, newest)
         if self._waiting > 4 * len(self.keys) + 1024:
             self._flush()
 
@@ -698,7 +698,7 @@ class DecoderCore:
         #: This request's clock jumps, (node, ahead) -> [largest offset, points]; reported by _clock_jumps.
         self._jumps: dict[tuple[str, bool], list[int]] = {}
         #: This request's points taken, per node: (series keys, times, places) parts, and the series restarted.
-        self._taken: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]]] = {}
+        self._taken: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int]]] = {}
         self._restarted: dict[str, list[np.ndarray]] = {}
         self._clock = clock
         self._ceiling: int | None = None  # this request's latest acceptable time (None: no bound, as in replay)
@@ -843,11 +843,15 @@ class DecoderCore:
                 older &= ~far
         return ~older, floors, at
 
-    def _take(self, node: str, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None) -> None:
+    def _take(
+        self, node: str, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None, newest: int | None = None
+    ) -> None:
         """Points of ``node`` taken into this request's frames (``at``: their places, as :meth:`_order` gave
-        them, None: not looked up): their series' times move at its end."""
+        them, None: not looked up; ``newest``: their newest time, if known): their series' times move at its
+        end."""
         if len(keys):
-            self._taken.setdefault(node, []).append((keys, times, at, self._floors.of(node).version))
+            newest = int(times.max()) if newest is None else newest
+            self._taken.setdefault(node, []).append((keys, times, at, self._floors.of(node).version, newest))
 
     def _advance_series(self) -> None:
         """The request is read: each series' newest time moves up to its points (all points were judged
@@ -859,11 +863,11 @@ class DecoderCore:
             restart = self._restarted.get(node)
             series = floors.of(node)
             if restart is None:  # in order: noted, applied at the next look-up (SeriesFloors.defer)
-                for keys, times, at, version in parts:
-                    series.defer(keys, times.astype(np.uint64, copy=False), at, version)
+                for keys, times, at, version, newest in parts:
+                    series.defer(keys, times.astype(np.uint64, copy=False), at, version, newest)
                 continue
-            series.floors(parts[0][0][:0])  # (what waits goes first: the places below are the present's)
-            places = [series.floors(k)[1] if at is None or v != series.version else at for k, _, at, v in parts]
+            series.settle()  # (what waits goes first: the places below are the present's)
+            places = [series.floors(k)[1] if at is None or v != series.version else at for k, _, at, v, _ in parts]
             if len(parts) == 1:
                 keys, times, at = parts[0][0], parts[0][1], places[0]
             else:

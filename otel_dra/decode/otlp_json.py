@@ -718,7 +718,7 @@ class OtlpJsonDecoder(DecoderCore):
                 e, v, keys, times, places = e[ok], v[ok], keys[ok], times[ok], places[ok]
                 if not len(e):
                     continue
-            self._take(node, keys, times, places)
+            self._take(node, keys, times, places, t)
             unique = np.unique(e)
             table, devs, distinct = self._table(node, unique)
             rows = np.searchsorted(devs, entry_dev[e])

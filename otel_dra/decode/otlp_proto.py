@@ -777,13 +777,18 @@ class OtlpProtoDecoder(DecoderCore):
         if tmpl.any_counter:
             ok &= ~(tmpl.counter & (values < 0.0))
         ok &= times != 0
-        ahead = self._ahead(node, times, ok)
-        if ahead is not None:
-            ok &= ~ahead
+        first = int(times[0])
+        uniform = bool((times == times[0]).all())  # one time (the usual): its checks are on one number
+        ceiling = self._ceiling
+        if not uniform or (ceiling is not None and first > ceiling):
+            ahead = self._ahead(node, times, ok)
+            if ahead is not None:
+                ok &= ~ahead
         series = self._floors.of(node)
         known = tmpl.places is not None and tmpl.places_of is series and tmpl.places_version == series.version
         if known:  # (then nothing is looked up while no point is older than every series' newest)
-            in_order, floors, at = self._order(node, tmpl.key, times, ok, tmpl.places, int(times.min()))
+            earliest = first if uniform else int(times.min())
+            in_order, floors, at = self._order(node, tmpl.key, times, ok, tmpl.places, earliest)
         else:
             in_order, floors, at = self._order(node, tmpl.key, times, ok)
             if at is not None and (at >= 0).all():  # every series read before: their places hold till a new one
@@ -791,8 +796,8 @@ class OtlpProtoDecoder(DecoderCore):
         if in_order is not None:
             ok &= in_order
         if ok.all():
-            layout = tmpl.layout if (times == times[0]).all() else None
-            self._take(node, tmpl.key, times, at)
+            layout = tmpl.layout if uniform else None
+            self._take(node, tmpl.key, times, at, first if uniform else None)
             self._add_points(node, tmpl.dev, tmpl.col, tmpl.descr, times, values, req, layout)
             return
         bad = np.flatnonzero(~ok)
