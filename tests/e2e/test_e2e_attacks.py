@@ -35,6 +35,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, NumberData
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from tests.conftest import REPO, FleetProcess, http_get, spawn_fleet, wait_for
+from tests.support.sockets import exchange
 
 pytestmark = pytest.mark.e2e
 
@@ -211,20 +212,6 @@ def refused(metrics: bytes, reason: str) -> float:
     return float(found.group(1))
 
 
-def raw(port: int, data: bytes, wait_s: float) -> tuple[bytes, float]:
-    """Send ``data`` on a fresh connection; what came back until the server closed it (or ``wait_s``)."""
-    started = time.monotonic()
-    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
-        s.sendall(data)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except (TimeoutError, ConnectionResetError):
-            pass
-    return out, time.monotonic() - started
-
-
 # -- the attacks -------------------------------------------------------------------------------
 def test_held_idle_connections_up_to_the_fd_limit(target: Target):
     """The fd limit's worth of idle connections, held: a new legitimate request is served at once (the
@@ -339,7 +326,7 @@ def test_content_length_with_transfer_encoding_is_refused(target: Target):
         + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
         + inner
     )
-    answer, _ = raw(target.fleet.ports["http"], outer, 5)
+    answer, _ = exchange(target.fleet.ports["http"], outer, 5)
     assert b" 400 " in answer.split(b"\r\n", 1)[0]
     assert answer.count(b"HTTP/1.") == 1  # nothing after the refusal was read as a request
     time.sleep(2.5)
@@ -417,7 +404,7 @@ def test_a_warning_flood_gives_a_few_lines_and_a_summary(target: Target):
     for i in range(600):
         kind = i % 3
         if kind == 0:
-            raw(port, b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 2)
+            exchange(port, b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 2)
         elif kind == 1:
             post(port, b"\xff\xfe garbage " + str(i).encode())
         else:

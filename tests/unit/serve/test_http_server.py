@@ -14,6 +14,7 @@ from aiohttp import web
 
 from otel_dra.serve.config import AUTO_MAX_CONNECTIONS, AUTO_MIN_CONNECTIONS, HttpServerConfig
 from otel_dra.serve.http import BodyError, HttpServer, gunzip, read_body
+from tests.support.sockets import exchange
 
 LIMIT = 1000
 
@@ -35,19 +36,6 @@ def server() -> Iterator[HttpServer]:
     srv.start()
     yield srv
     srv.shutdown(1.0)
-
-
-def exchange(port: int, data: bytes, wait_s: float = 3.0) -> tuple[bytes, float]:
-    started = time.monotonic()
-    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
-        s.sendall(data)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except (TimeoutError, ConnectionResetError):
-            pass
-    return out, time.monotonic() - started
 
 
 def post(body: bytes, *headers: str) -> bytes:
