@@ -27,7 +27,6 @@ from __future__ import annotations
 import hmac
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -38,6 +37,7 @@ from typing import Any, Final, Generic, TypeVar
 import yaml
 
 from otel_dra.decode.limits import node_name_problem
+from otel_dra.receivers.tls import file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +101,7 @@ class WatchedFile(Generic[T]):
         return self._parse(f"{self.flag} {self.path}", data)
 
     def _stamp_now(self) -> tuple[int, int, int] | None:
-        """(inode, size, mtime) following symlinks: a Secret volume's swap shows."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_ino, st.st_size, st.st_mtime_ns
+        return file_stamp(self.path)
 
 
 # -- the bearer token ------------------------------------------------------------------------------

@@ -168,16 +168,19 @@ class CertificateReloader:
         log.info("TLS files changed: new connections get the certificate now in %s", old.cert_file)
 
     def _stamp_now(self) -> tuple[tuple[int, int, int] | None, ...]:
-        """(inode, size, mtime) of each file, following symlinks (a Secret volume's swap shows)."""
+        """:func:`file_stamp` of each file."""
         paths = [self._settings.cert_file, self._settings.key_file, self._settings.client_ca_file]
-        stamps: list[tuple[int, int, int] | None] = []
-        for path in paths:
-            try:
-                st = os.stat(path) if path else None
-            except OSError:
-                st = None
-            stamps.append(None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns))
-        return tuple(stamps)
+        return tuple(file_stamp(path) if path else None for path in paths)
+
+
+def file_stamp(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of a file, following symlinks (a Secret volume's swap shows); None when
+    it can't be read. What the watchers of rotated files (certificates, tokens) compare."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def describe(tls: TlsSettings | None) -> str:
