@@ -235,6 +235,13 @@ OTEL_DRA_RECEIVER_CLOCK_SKEW = _extension(
     "clock, refused and also counted as rejected; behind: more than a minute behind what was read for their "
     "series, taken and their series restarted).",
 )
+OTEL_DRA_RECEIVER_ATTRIBUTES_IGNORED = _extension(
+    "otel_dra.receiver.attributes.ignored",
+    "{point}",
+    COUNTER,
+    "Data points taken that carried attributes otel-dra does not read (not the device's identity, its descriptive "
+    "attributes or the metric's series attributes): those attributes were ignored and made no series.",
+)
 OTEL_DRA_RECEIVER_CONNECTIONS = _extension(
     "otel_dra.receiver.connections",
     "{connection}",
@@ -249,6 +256,7 @@ FLEET_METRICS: dict[str, MetricSpec] = {
         OTEL_DRA_RECEIVER_POINTS,
         OTEL_DRA_RECEIVER_REFUSED,
         OTEL_DRA_RECEIVER_CLOCK_SKEW,
+        OTEL_DRA_RECEIVER_ATTRIBUTES_IGNORED,
         OTEL_DRA_RECEIVER_CONNECTIONS,
     )
 }

@@ -72,6 +72,11 @@ DESCRIPTIVE: Final[tuple[str, ...]] = (
 #: metric's ``conventions.SERIES_ATTRIBUTES`` only).
 NOT_COLUMN_ATTRS: Final = frozenset({cv.HW_ID, cv.HW_PARENT, *DESCRIPTIVE})
 _NO_ATTRIBUTES: Final[frozenset[str]] = frozenset()
+#: Per sampled metric, every point attribute that is read: identity, descriptive, the metric's series attributes.
+#: A point with any other is taken and that attribute ignored (counted: :attr:`DecodeResult.stray`).
+READ_ATTRIBUTES: Final[dict[str, frozenset[str]]] = {
+    metric: NOT_COLUMN_ATTRS | cv.SERIES_ATTRIBUTES.get(metric, _NO_ATTRIBUTES) for metric in cv.SAMPLED_METRICS
+}
 
 
 # -- text: whatever the input holds, a message stays one short line ----------------------------------
@@ -164,6 +169,9 @@ class DecodeResult:
     ignored: int = 0
     #: Nodes whose clock jumped (points ahead of the bound, or far behind their series), each also logged.
     clock_jumps: tuple[ClockJump, ...] = ()
+    #: Points taken that carried attributes otel-dra does not read (:data:`READ_ATTRIBUTES`): those attributes
+    #: were ignored, never made a column (``otel_dra.receiver.attributes.ignored``).
+    stray: int = 0
 
     @property
     def accepted(self) -> int:

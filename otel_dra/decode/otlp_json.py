@@ -43,6 +43,8 @@ from otel_dra.decode.core import (
     LIMITED,
     MAX_PROBLEMS_PER_REQUEST,
     NODE,
+    NOT_COLUMN_ATTRS,
+    READ_ATTRIBUTES,
     UNKNOWN,
     DecodeError,
     DecoderCore,
@@ -239,6 +241,7 @@ class _Line:
     points: int = 0
     skipped: int = 0
     ignored: int = 0  # points of otel-dra's own telemetry, set aside (core.self_telemetry)
+    stray: int = 0  # points with attributes not read (core.READ_ATTRIBUTES)
 
 
 class OtlpJsonDecoder(DecoderCore):
@@ -281,11 +284,13 @@ class OtlpJsonDecoder(DecoderCore):
         self._entry_dev: list[int] = []
         self._entry_col: list[int] = []
         self._entry_descr: list[int] = []  # index into the series index's descriptive sets, -1: none
+        self._entry_stray: list[bool] = []  # its attributes include some not read (core.READ_ATTRIBUTES)
         # Each entry's device, column and series key (core.series_keys), as arrays.
-        self._entry_np: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+        self._entry_np: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
             np.empty(0, np.intp),
             np.empty(0, np.intp),
             np.empty(0, np.int64),
+            np.empty(0, bool),
         )
         self._series = SeriesIndex(self.schema, self.limits)
         # node -> metric -> token -> entry, for the entries whose device the node has named (the caps let
@@ -384,6 +389,8 @@ class OtlpJsonDecoder(DecoderCore):
             self._entry_errors.append(target)
             return -len(self._entry_errors)
         dev, col, descr = target
+        assert not isinstance(attrs, str)  # (a malformed list has no target)
+        self._entry_stray.append(not attrs.keys() <= READ_ATTRIBUTES.get(metric, NOT_COLUMN_ATTRS))
         self._entry_dev.append(dev)
         self._entry_col.append(col)
         self._entry_descr.append(descr)
@@ -445,6 +452,7 @@ class OtlpJsonDecoder(DecoderCore):
             limited=limited,
             ignored=line.ignored,
             clock_jumps=self._clock_jumps(),
+            stray=line.stray,
         )
 
     def _parse(self, text: str | bytes) -> tuple[Any, bool, str | None]:
@@ -693,9 +701,10 @@ class OtlpJsonDecoder(DecoderCore):
             return []
         if len(self._entry_np[0]) != len(self._entry_dev):
             dev, col = np.asarray(self._entry_dev, np.intp), np.asarray(self._entry_col, np.intp)
-            self._entry_np = (dev, col, series_keys(dev, col))
-        entry_dev, entry_col, entry_key = self._entry_np
+            self._entry_np = (dev, col, series_keys(dev, col), np.asarray(self._entry_stray, bool))
+        entry_dev, entry_col, entry_key, entry_stray = self._entry_np
         entries = np.asarray(line.entries, np.intp)
+        line.stray = int(np.count_nonzero(entry_stray[entries]))
         values = np.asarray(line.values, np.float64)
         slots = np.asarray(line.slots, np.intp) if len(line.slot_time) > 1 else None
         ncols = len(self.schema)

@@ -49,8 +49,10 @@ from otel_dra.decode import limits as lim
 from otel_dra.decode.core import (
     MAX_PROBLEMS_PER_REQUEST,
     NODE,
+    NOT_COLUMN_ATTRS,
     NUMBER_KINDS,
     PROTO_DIALECT,
+    READ_ATTRIBUTES,
     UNKNOWN,
     DecoderCore,
     DecodeResult,
@@ -284,6 +286,7 @@ class _Scan:
     points: int = 0
     rejected: int = 0
     ignored: int = 0  # points of otel-dra's own telemetry, set aside (core.self_telemetry)
+    stray: int = 0  # points with attributes not read (core.READ_ATTRIBUTES)
     problems: list[tuple[int, str]] = field(default_factory=list)  # (ordinal, text), in order
     unknown: list[tuple[int, str, int]] = field(default_factory=list)  # (first ordinal, metric, points)
     candidates: list[_Candidate] = field(default_factory=list)
@@ -332,6 +335,7 @@ class _Template:
     points: int
     rejected: int
     ignored: int
+    stray: int
     problems: list[tuple[int, str]]
     unknown: list[tuple[int, str, int]]
     tally: Tally  # points refused by the caps: they stay refused while the node's devices are these
@@ -380,6 +384,7 @@ class _Request:
     points: int = 0
     rejected: int = 0
     ignored: int = 0
+    stray: int = 0
     problems: list[tuple[int, str]] = field(default_factory=list)  # the first few, by ordinal
     problem_count: int = 0
     unknown: dict[str, list[int]] = field(default_factory=dict)  # metric -> [first ordinal, points]
@@ -554,6 +559,7 @@ class OtlpProtoDecoder(DecoderCore):
             limited=limited,
             ignored=req.ignored,
             clock_jumps=self._clock_jumps(),
+            stray=req.stray,
         )
 
     def _parse(self, data: bytes) -> ExportMetricsServiceRequest:
@@ -605,8 +611,10 @@ class OtlpProtoDecoder(DecoderCore):
                         scan.problems.append((first, problem))
                     continue
                 counter = kind == "sum" and bool(body.is_monotonic)
+                read = READ_ATTRIBUTES.get(name, NOT_COLUMN_ATTRS)
                 for k, point in enumerate(points):
-                    target = self._target(name, _kv_dict(point.attributes), devices)
+                    attrs = _kv_dict(point.attributes)
+                    target = self._target(name, attrs, devices)
                     if isinstance(target, Refusal):
                         scan.rejected += 1
                         scan.tally.add(target, node)
@@ -615,6 +623,8 @@ class OtlpProtoDecoder(DecoderCore):
                         scan.problems.append((first + k, f"point {k + 1} of {name} {target}"))
                     else:
                         scan.candidates.append(_Candidate(first + k, name, k, *target, counter, point))
+                        if not attrs.keys() <= read:
+                            scan.stray += 1
         scan.points = ordinal
         if node is None:
             scan.rejected = ordinal
@@ -629,7 +639,7 @@ class OtlpProtoDecoder(DecoderCore):
     def _plain_section(self, scan: _Scan, req: _Request) -> None:
         """Times and values of a scanned section, read from upb's messages one point at a time."""
         base = req.points
-        self._static(scan.points, scan.rejected, scan.ignored, scan.problems, scan.unknown, base, req)
+        self._static(scan.points, scan.rejected, scan.ignored, scan.stray, scan.problems, scan.unknown, base, req)
         req.tally.merge(scan.tally)
         node = scan.node
         if node is None or not scan.candidates:
@@ -683,6 +693,7 @@ class OtlpProtoDecoder(DecoderCore):
         points: int,
         rejected: int,
         ignored: int,
+        stray: int,
         problems: list[tuple[int, str]],
         unknown: list[tuple[int, str, int]],
         base: int,
@@ -692,6 +703,7 @@ class OtlpProtoDecoder(DecoderCore):
         req.points += points
         req.rejected += rejected
         req.ignored += ignored
+        req.stray += stray
         for ordinal, text in problems:
             req.problem(base + ordinal, text)
         for ordinal, name, n in unknown:
@@ -755,7 +767,7 @@ class OtlpProtoDecoder(DecoderCore):
     def _apply(self, tmpl: _Template, words: np.ndarray, req: _Request) -> None:
         """A template's points with this request's times and values."""
         base = req.points
-        self._static(tmpl.points, tmpl.rejected, tmpl.ignored, tmpl.problems, tmpl.unknown, base, req)
+        self._static(tmpl.points, tmpl.rejected, tmpl.ignored, tmpl.stray, tmpl.problems, tmpl.unknown, base, req)
         if tmpl.tally:
             req.tally.merge(tmpl.tally)
         node = tmpl.node
@@ -901,6 +913,7 @@ class OtlpProtoDecoder(DecoderCore):
             points=scan.points,
             rejected=scan.rejected,
             ignored=scan.ignored,
+            stray=scan.stray,
             problems=list(scan.problems),
             unknown=list(scan.unknown),
             tally=scan.tally.frozen(),

@@ -71,6 +71,7 @@ CLOCK_SKEW: Final = cv.OTEL_DRA_RECEIVER_CLOCK_SKEW
 #: what was read for their series (a clock that jumped back: taken, the series restarted).
 CLOCK_DIRECTIONS: Final = ("ahead", "behind")
 CONNECTIONS: Final = cv.OTEL_DRA_RECEIVER_CONNECTIONS
+ATTRIBUTES_IGNORED: Final = cv.OTEL_DRA_RECEIVER_ATTRIBUTES_IGNORED
 TRANSPORTS: Final = ("grpc", "http")
 #: ``error``: the frames' consumer (``on_frames``) failed; the client gets INTERNAL / HTTP 500.
 #: ``overloaded``: refused for now (backpressure); the client gets UNAVAILABLE / HTTP 503 and retries.
@@ -200,6 +201,7 @@ class OtlpReceiver:
         self._points = dict.fromkeys(POINT_OUTCOMES, 0)
         self._refused = dict.fromkeys(LIMIT_REASONS, 0)
         self._clock_skew = dict.fromkeys(CLOCK_DIRECTIONS, 0)  # points of nodes whose clock jumped
+        self._stray = 0  # points taken with attributes not read (told once in the log, counted always)
         self._grpc_server: grpc.Server | None = None
         self._grpc_port: int | None = None
         self._http: HttpServer | None = None
@@ -218,6 +220,12 @@ class OtlpReceiver:
                 callbacks=[self._observe_clock],
                 unit=CLOCK_SKEW.unit,
                 description=CLOCK_SKEW.description,
+            )
+            meter.create_observable_counter(
+                ATTRIBUTES_IGNORED.name,
+                callbacks=[self._observe_stray],
+                unit=ATTRIBUTES_IGNORED.unit,
+                description=ATTRIBUTES_IGNORED.description,
             )
             meter.create_observable_gauge(
                 CONNECTIONS.name,
@@ -321,14 +329,15 @@ class OtlpReceiver:
 
     def stats(self) -> dict[str, dict[Any, int]]:
         """Counters so far: ``requests`` by (transport, outcome), ``points`` by outcome (accepted, rejected,
-        ignored), ``refused`` points by cap reason, ``clock_skew`` points by direction (ahead, behind) and the
-        HTTP server's ``connections`` counters."""
+        ignored), ``refused`` points by cap reason, ``clock_skew`` points by direction (ahead, behind),
+        ``attributes_ignored`` (points with attributes not read) and the HTTP server's ``connections`` counters."""
         with self._stats_lock:
             counts: dict[str, dict[Any, int]] = {
                 "requests": dict(self._requests),
                 "points": dict(self._points),
                 "refused": dict(self._refused),
                 "clock_skew": dict(self._clock_skew),
+                "attributes_ignored": {"points": self._stray},
             }
         counts["connections"] = self._http.stats() if self._http is not None else {}
         return counts
@@ -424,6 +433,17 @@ class OtlpReceiver:
         """Success, or partial success read off the decoder's result as it is (ignored points are neither)."""
         rejected = result.rejected
         self._count(transport, "partial" if rejected else "ok", result.accepted, rejected, result.ignored)
+        if result.stray:
+            with self._stats_lock:
+                first, self._stray = self._stray == 0, self._stray + result.stray
+            if first:
+                log.info(
+                    "OTLP/%s: %d points carried attributes otel-dra does not read: taken, those attributes ignored "
+                    "(they make no series; counted in %s)",
+                    transport,
+                    result.stray,
+                    ATTRIBUTES_IGNORED.name,
+                )
         if result.clock_jumps:  # (each already told in a warning by the decoder)
             with self._stats_lock:
                 for jump in result.clock_jumps:
@@ -569,6 +589,9 @@ class OtlpReceiver:
 
     def _observe_clock(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(n, {"direction": d}) for d, n in self.stats()["clock_skew"].items()]
+
+    def _observe_stray(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(self.stats()["attributes_ignored"]["points"])]
 
     def _observe_refused(self, _: CallbackOptions) -> Iterable[Observation]:
         counts = self.stats()["refused"]

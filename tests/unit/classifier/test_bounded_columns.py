@@ -108,3 +108,33 @@ def test_series_attributes_are_the_registrys() -> None:
             registered = {a["ref"] for a in g["attributes"]} - not_series
             assert cv.SERIES_ATTRIBUTES.get(g["metric_name"], frozenset()) == registered, g["metric_name"]
     assert set(cv.SERIES_ATTRIBUTES) <= cv.SAMPLED_METRICS
+
+
+def test_ignored_attributes_are_counted_by_both_decoders_and_the_receiver(caplog) -> None:
+    """The issue's "ignored (counted)": every point taken with an invented attribute is counted once, by the
+    protobuf decoder's plain path and its templates alike, by the JSON decoder, and in the receiver's
+    ``otel_dra.receiver.attributes.ignored`` (told once in the log); honest points count nothing."""
+    from google.protobuf.json_format import MessageToJson
+
+    from otel_dra.decode import OtlpJsonDecoder
+    from otel_dra.receivers.otlp import OtlpReceiver
+
+    honest, attack = request(T0, None, {}), request(T0 + 10 * S, 0, {})
+    attack_again = request(T0 + 20 * S, 0, {})  # the same structure: read from the template
+    points = 2 * NODES * GPUS
+    for fast in (True, False):
+        decoder = OtlpProtoDecoder(Schema(), fast=fast)
+        assert [decoder.decode(b).stray for b in (honest, attack, attack_again)] == [0, points, points]
+        assert (decoder.sections_fast > 0) == fast
+    json_decoder = OtlpJsonDecoder(Schema())
+    as_json = [MessageToJson(ExportMetricsServiceRequest.FromString(b)) for b in (honest, attack, attack_again)]
+    assert [json_decoder.decode(line).stray for line in as_json] == [0, points, points]
+    receiver = OtlpReceiver(Schema(), lambda frames: None, grpc_endpoint=None, http_endpoint="127.0.0.1:0")
+    caplog.set_level("INFO")
+    receiver.export_protobuf(honest, "http")
+    assert receiver.stats()["attributes_ignored"] == {"points": 0}
+    receiver.export_protobuf(attack, "http")
+    receiver.export_json(as_json[2].encode())
+    assert receiver.stats()["attributes_ignored"] == {"points": 2 * points}
+    told = [r.getMessage() for r in caplog.records if cv.OTEL_DRA_RECEIVER_ATTRIBUTES_IGNORED.name in r.getMessage()]
+    assert len(told) == 1 and f"{points} points carried attributes" in told[0], told
