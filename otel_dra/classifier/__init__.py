@@ -23,7 +23,7 @@ from otel_dra import conventions as cv
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
 from otel_dra.classifier.horizon import HorizonStore
-from otel_dra.classifier.memory import DeviceMemory, VerdictMemory
+from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, R, Window, evaluate
@@ -62,9 +62,10 @@ def monotonic_s() -> float:
 
 
 class _RowState(Protocol):
-    """Per-row state that follows the registry: grown with its capacity, cleared with its rows."""
+    """Per-row state that follows the registry: grown with its capacity (or compacted to the rows
+    ``keep``), cleared with its rows."""
 
-    def resize(self, capacity: int) -> None: ...
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None: ...
 
     def clear(self, rows: np.ndarray) -> None: ...
 
@@ -127,15 +128,28 @@ class Classifier:
         self._tables: dict[str, DeviceTable] = {}
         self._said: dict[tuple[int, str], str] = {}  # (row, reason) -> the evidence last put in words
         self.registry.on_release(self._forget)
+        self.registry.on_resize(self._renumber)
         #: Called with each evaluation's changed verdicts, on the evaluating thread (the state store).
         self.evaluated: list[Callable[[list[Verdict]], None]] = []
         self._memory: dict[tuple[str, str], DeviceMemory] = {}  # recalled, for devices not heard again yet
         self._recalled: set[int] = set()  # rows given their memory, whose verdict is not out yet
+        self._baselines: CounterBaselines | None = None  # recalled counter baselines (see recall_baselines)
+        self._baseline_index: dict[tuple[str, str], int] = {}  # ... of the devices not heard again yet
 
     def _forget(self, rows: np.ndarray) -> None:
         gone = set(rows.tolist())
         self._said = {key: text for key, text in self._said.items() if key[0] not in gone}
         self._recalled -= gone
+
+    def _renumber(self, capacity: int, keep: np.ndarray | None) -> None:
+        """The registry compacted: new row ``i`` was row ``keep[i]``; nodes with no device left are gone."""
+        if keep is None:
+            return
+        new_of = {old: new for new, old in enumerate(keep.tolist())}
+        self._said = {(new_of[row], reason): text for (row, reason), text in self._said.items() if row in new_of}
+        self._recalled = {new_of[row] for row in self._recalled if row in new_of}
+        nodes = set(self.registry.nodes)
+        self._tables = {node: table for node, table in self._tables.items() if node in nodes}
 
     # -- ingest --------------------------------------------------------------------------------
     def ingest(self, frame: Frame, arrival_unix_nano: int | None = None) -> None:
@@ -225,7 +239,7 @@ class Classifier:
         columns)``."""
         t = np.broadcast_to(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
         heard = t if arrival_unix_nano is None else np.asarray(arrival_unix_nano, dtype=np.int64) / 1e9
-        if self._memory and new.any():
+        if (self._memory or self._baseline_index) and new.any():
             self._recall_rows(rows[new], np.broadcast_to(heard, rows.shape)[new])
         feats = self.extractor.extract(rows, new, t, values, self.groups.device_params(rows))
         self.store.append(rows, t, feats)
@@ -372,8 +386,12 @@ class Classifier:
                     evidence.present[i],
                 )
             )
-        if not in_grace:  # a device is forgotten for silence the fleet heard, not for its own stall
-            self.registry.expire(now_s, self.policy.device_ttl_s)
+        if self._baselines is not None and now_s - float(self._baselines.heard_s.max(initial=0.0)) > self.window_s:
+            self._baselines, self._baseline_index = None, {}  # the devices not heard again by now start afresh
+        # A device is forgotten for silence the fleet heard, not for its own stall; the arrays of a fleet that
+        # shrank shrink with it.
+        if not in_grace and self.registry.expire(now_s, self.policy.device_ttl_s).size:
+            self.registry.compact()
         self._evaluated(out)
         return out
 
@@ -432,8 +450,58 @@ class Classifier:
                 self._memory[m.key] = m
         return len(self._memory)
 
+    def baselines(self) -> CounterBaselines:
+        """Every device's counter baselines (see :class:`~otel_dra.classifier.memory.CounterBaselines`), for the
+        state file beside :meth:`remember`; on the evaluating thread."""
+        reg, ex = self.registry, self.extractor
+        plan = ex.plan()
+        k = int(plan.counter_cols.size)
+        rows = np.flatnonzero(reg.active & ~np.isnan(reg.last_heard))
+        values = ex.prev[rows, :k]
+        rows, values = rows[~np.isnan(values).all(axis=1)], values[~np.isnan(values).all(axis=1)]
+        keys = [reg.keys[row] or ("", "") for row in rows.tolist()]
+        return CounterBaselines(
+            columns=tuple(self.schema.columns[c] for c in plan.counter_cols.tolist()),
+            nodes=tuple(node for node, _ in keys),
+            ids=tuple(hw_id for _, hw_id in keys),
+            serials=tuple(reg.attrs[row].get(cv.HW_SERIAL_NUMBER, "") for row in rows.tolist()),
+            heard_s=reg.last_heard[rows].copy(),
+            values=values.copy(),
+        )
+
+    def recall_baselines(self, baselines: CounterBaselines | None) -> None:
+        """Take back what :meth:`baselines` gave (a previous process's), before the first ingest: a device
+        heard again within the policy's window of when it was last heard, with the same serial number, has its
+        counters' increases counted from those values instead of taking its first values as a baseline."""
+        self._baselines = baselines if baselines is not None and len(baselines) else None
+        self._baseline_index = (
+            {}
+            if self._baselines is None
+            else {key: i for i, key in enumerate(zip(self._baselines.nodes, self._baselines.ids, strict=True))}
+        )
+
+    def _recall_baselines(self, rows: np.ndarray, heard_s: np.ndarray) -> None:
+        b = self._baselines
+        assert b is not None  # (an index without its baselines is cleared with them)
+        plan = self.extractor.plan()
+        place = {int(c): j for j, c in enumerate(plan.counter_cols.tolist())}
+        cols = [self.schema.find(col) for col in b.columns]
+        saved = np.asarray([i for i, c in enumerate(cols) if c is not None and c in place], dtype=np.intp)
+        into = np.asarray([place[c] for c in cols if c is not None and c in place], dtype=np.intp)
+        for row, now_s in zip(rows.tolist(), heard_s.tolist(), strict=True):
+            key = self.registry.keys[row]
+            i = self._baseline_index.pop(key, None) if key is not None else None
+            if i is None or now_s - b.heard_s[i] > self.window_s:
+                continue  # not saved, or silent longer than a window: what it counted meanwhile is history
+            serial = self.registry.attrs[row].get(cv.HW_SERIAL_NUMBER, "")
+            if serial != b.serials[i]:
+                continue  # another device under the same id
+            self.extractor.prev[row, into] = b.values[i, saved]
+
     def _recall_rows(self, rows: np.ndarray, heard_s: np.ndarray) -> None:
         """Give newly registered ``rows`` their recalled memory (heard at ``heard_s``, the reference clock)."""
+        if self._baseline_index:
+            self._recall_baselines(rows, heard_s)
         for row, now_s in zip(rows.tolist(), heard_s.tolist(), strict=True):
             key = self.registry.keys[row]
             m = self._memory.pop(key, None) if key is not None else None

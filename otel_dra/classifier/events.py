@@ -24,10 +24,10 @@ class EventLog:
         self.amounts = np.zeros((capacity, depth))
         self.next = np.zeros(capacity, dtype=np.int64)
 
-    def resize(self, capacity: int) -> None:
-        self.times = grown(self.times, capacity, -np.inf)
-        self.amounts = grown(self.amounts, capacity, 0.0)
-        self.next = grown(self.next, capacity, 0)
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.times = grown(self.times, capacity, -np.inf, keep=keep)
+        self.amounts = grown(self.amounts, capacity, 0.0, keep=keep)
+        self.next = grown(self.next, capacity, 0, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.times[rows] = -np.inf

@@ -258,9 +258,9 @@ class FeatureExtractor:
         self.prev = np.full((capacity, 8), np.nan)
         self.prev_time = np.full(capacity, np.nan)
 
-    def resize(self, capacity: int) -> None:
-        self.prev = grown(self.prev, capacity, np.nan)
-        self.prev_time = grown(self.prev_time, capacity, np.nan)
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.prev = grown(self.prev, capacity, np.nan, keep=keep)
+        self.prev_time = grown(self.prev_time, capacity, np.nan, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.prev[rows] = np.nan

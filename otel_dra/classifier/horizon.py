@@ -49,13 +49,13 @@ class HorizonStore:
     def capacity(self) -> int:
         return int(self.head.shape[0])
 
-    def resize(self, capacity: int) -> None:
-        self.sums = grown(self.sums, capacity, 0.0, axis=1)
-        self.counts = grown(self.counts, capacity, 0, axis=1)
-        self.ids = grown(self.ids, capacity, _NONE, axis=1)
-        self.head = grown(self.head, capacity, _NONE)
-        self.total_sums = [grown(t, capacity, 0.0) for t in self.total_sums]
-        self.total_counts = [grown(t, capacity, 0) for t in self.total_counts]
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.sums = grown(self.sums, capacity, 0.0, axis=1, keep=keep)
+        self.counts = grown(self.counts, capacity, 0, axis=1, keep=keep)
+        self.ids = grown(self.ids, capacity, _NONE, axis=1, keep=keep)
+        self.head = grown(self.head, capacity, _NONE, keep=keep)
+        self.total_sums = [grown(t, capacity, 0.0, keep=keep) for t in self.total_sums]
+        self.total_counts = [grown(t, capacity, 0, keep=keep) for t in self.total_counts]
 
     def clear(self, rows: np.ndarray) -> None:
         self.sums[:, rows] = 0.0

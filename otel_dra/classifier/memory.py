@@ -21,7 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
+from otel_dra.frame import Column
 from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
 
 #: Longest text kept for a held reason's last evidence (a message, not a log).
@@ -168,6 +172,87 @@ class DeviceMemory:
                 pairs.append((t, amount))
             events[int(feature)] = tuple(pairs)
         return cls(node, hw_id, _finite(d.get("heard"), "heard"), verdict, reasons, events)
+
+
+@dataclass(frozen=True)
+class CounterBaselines:
+    """Every device's last cumulative counter values, devices as rows: what a restart needs to count an error
+    that happened while it was down (contract §2: a device seen for the first time brings its history, so a
+    process that forgot the baseline takes the new value as one, and the error is never counted).
+
+    Kept for every device (most are healthy, so as arrays, not per-device objects). Recalled only for a device
+    heard again within the policy's window of when it was last heard, with the same serial number (a swapped
+    GPU brings its own counts): after a longer silence the increase is history, not one sample's news."""
+
+    columns: tuple[Column, ...]  # the counter columns, in the values' order
+    nodes: tuple[str, ...]
+    ids: tuple[str, ...]
+    serials: tuple[str, ...]  # hw.serial_number, "" when the device reports none
+    heard_s: np.ndarray  # when each was last heard, in the reference clock
+    values: np.ndarray  # (devices, columns), NaN: no such series
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "columns": [[c.metric, [list(kv) for kv in c.attrs], c.sensor, c.sensor_type] for c in self.columns],
+            "nodes": list(self.nodes),
+            "ids": list(self.ids),
+            "serials": list(self.serials),
+            "heard": self.heard_s.tolist(),
+            # JSON has no NaN: an absent series is null.
+            "values": [[None if math.isnan(v) else v for v in row] for row in self.values.tolist()],
+        }
+
+    @classmethod
+    def from_json(cls, obj: object) -> CounterBaselines:
+        """Parse the file's ``counters`` block; ``ValueError`` naming what is wrong."""
+        d = _mapping(obj, "counters", {"columns", "nodes", "ids", "serials", "heard", "values"})
+        columns = []
+        for raw in _list(d.get("columns"), "counters columns"):
+            col = _list(raw, "a counter column")
+            if len(col) != 4:
+                raise ValueError("a counter column is [metric, attributes, sensor, sensor type]")
+            metric, attrs, sensor, sensor_type = col
+            pairs: list[tuple[str, str]] = []
+            for kv in _list(attrs, "column attributes"):
+                pair = _list(kv, "a column attribute")
+                if len(pair) != 2:
+                    raise ValueError("a column attribute is [key, value]")
+                pairs.append((_text(pair[0], "a column attribute"), _text(pair[1], "a column attribute")))
+            if metric not in cv.SAMPLED_METRICS:
+                raise ValueError(f"counter column {metric!r} is not one of ours")
+            try:
+                columns.append(
+                    Column(
+                        metric,
+                        tuple(sorted(pairs)),
+                        None if sensor is None else _text(sensor, "sensor"),
+                        None if sensor_type is None else _text(sensor_type, "sensor type"),
+                    )
+                )
+            except ValueError as exc:
+                raise ValueError(f"counter column: {exc}") from None
+        nodes = tuple(_text(x, "a node") for x in _list(d.get("nodes"), "counters nodes"))
+        ids = tuple(_text(x, "an id") for x in _list(d.get("ids"), "counters ids"))
+        serials = tuple(_text(x, "a serial") for x in _list(d.get("serials"), "counters serials"))
+        heard = np.asarray([_finite(x, "heard") for x in _list(d.get("heard"), "counters heard")], dtype=np.float64)
+        rows = _list(d.get("values"), "counters values")
+        n, k = len(ids), len(columns)
+        if not len(nodes) == len(serials) == len(heard) == len(rows) == n:
+            raise ValueError("counters: nodes, ids, serials, heard and values differ in length")
+        values = np.full((n, k), np.nan)
+        for i, row in enumerate(rows):
+            items = _list(row, "a device's counters")
+            if len(items) != k:
+                raise ValueError(f"counters of device {i}: {len(items)} values for {k} columns")
+            for j, v in enumerate(items):
+                if v is not None:
+                    values[i, j] = _finite(v, "a counter value")
+                    if values[i, j] < 0:
+                        raise ValueError("a counter value is negative")
+        return cls(tuple(columns), nodes, ids, serials, heard, values)
 
 
 def _mapping(obj: object, what: str, allowed: set[str] | None) -> Mapping[str, Any]:

@@ -57,11 +57,12 @@ class PolicyGroups:
         self.cohort = np.zeros(capacity, dtype=np.intp)
         self._cohort_for(("",) * len(policy.cohorts.keys))
 
-    def resize(self, capacity: int) -> None:
-        self.group = grown(self.group, capacity, 0)
-        self.cohort = grown(self.cohort, capacity, 0)
-        self.firmware_bad = grown(self.firmware_bad, capacity, False)
-        self.firmware_text += [""] * (capacity - len(self.firmware_text))
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.group = grown(self.group, capacity, 0, keep=keep)
+        self.cohort = grown(self.cohort, capacity, 0, keep=keep)
+        self.firmware_bad = grown(self.firmware_bad, capacity, False, keep=keep)
+        kept = self.firmware_text if keep is None else [self.firmware_text[row] for row in keep.tolist()]
+        self.firmware_text = kept + [""] * (capacity - len(kept))
 
     def clear(self, rows: np.ndarray) -> None:
         self.group[rows] = 0

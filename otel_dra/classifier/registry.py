@@ -3,7 +3,9 @@
 Devices are keyed by (``k8s.node.name``, ``hw.id``) (contract §1). Rows are handed out
 from a free list; when none is free, every registered array grows by half at once (so a
 new device costs amortised O(1), not a copy of the world), and rows of devices gone
-longer than the TTL go back on the free list.
+longer than the TTL go back on the free list. When the devices left fill under a quarter of
+the rows, every array is compacted to twice their number (the live rows renumbered in
+order), so a fleet that once held 100,000 devices and now holds 1,000 holds arrays for 2,000.
 """
 
 from __future__ import annotations
@@ -12,14 +14,20 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-#: Called with the new capacity when the registry grows; every per-device array resizes then.
-ResizeHook = Callable[[int], None]
+#: Called with the new capacity when the registry grows, and with the rows kept (in their new order) when it
+#: compacts: every per-device array resizes then (:func:`grown` does both).
+ResizeHook = Callable[[int, np.ndarray | None], None]
 #: Called with the rows being released (a device expired): clear their state.
 ReleaseHook = Callable[[np.ndarray], None]
 
 
-def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0) -> np.ndarray:
-    """``array`` extended along ``axis`` to ``capacity``, new entries set to ``fill``."""
+def grown(
+    array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: np.ndarray | None = None
+) -> np.ndarray:
+    """``array`` extended along ``axis`` to ``capacity``, new entries set to ``fill``; with ``keep``, only
+    those entries (in that order, renumbered from 0) are kept before it is extended."""
+    if keep is not None:
+        array = np.take(array, keep, axis=axis)
     shape = list(array.shape)
     extra = capacity - shape[axis]
     if extra <= 0:
@@ -33,6 +41,7 @@ class DeviceRegistry:
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = max(1, capacity)
+        self.min_capacity = self.capacity  # compaction never goes below what it was made with
         self._rows: dict[tuple[str, str], int] = {}
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
         self.keys: list[tuple[str, str] | None] = [None] * self.capacity
@@ -81,7 +90,7 @@ class DeviceRegistry:
         self.attrs_version = grown(self.attrs_version, capacity, 0)
         self.capacity = capacity
         for hook in self._resize_hooks:
-            hook(capacity)
+            hook(capacity, None)
 
     def rows_for(self, node: str, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``node``'s devices ``ids`` (registering new ones) and a mask of the new."""
@@ -134,3 +143,32 @@ class DeviceRegistry:
             self.last_heard[gone] = np.nan
             self.first_seen[gone] = np.nan
         return gone
+
+    def compact(self) -> np.ndarray | None:
+        """When the devices fill under a quarter of the rows, renumber them 0..n-1 in row order and cut
+        every array to twice their number (never under ``min_capacity``); returns the rows kept (new row
+        ``i`` was row ``kept[i]``), None when nothing moved. Nodes with no device left are forgotten too."""
+        live = np.flatnonzero(self.active)
+        capacity = max(self.min_capacity, 2 * live.size)
+        if 4 * live.size >= self.capacity or capacity >= self.capacity:
+            return None
+        nodes_live = np.unique(self.node_of[live])
+        node_map = np.full(len(self.nodes), -1, dtype=np.int32)
+        node_map[nodes_live] = np.arange(nodes_live.size, dtype=np.int32)
+        self.nodes = [self.nodes[i] for i in nodes_live.tolist()]
+        self._node_index = {node: i for i, node in enumerate(self.nodes)}
+        keys = [self.keys[row] for row in live.tolist()]
+        self.keys = keys + [None] * (capacity - live.size)
+        self.attrs = [self.attrs[row] for row in live.tolist()] + [{}] * (capacity - live.size)
+        self._rows = {key: i for i, key in enumerate(keys) if key is not None}
+        self._free = list(range(capacity - 1, live.size - 1, -1))
+        self.node_of = grown(node_map[self.node_of[live]], capacity, -1)
+        self.active = grown(self.active, capacity, False, keep=live)
+        self.last_seen = grown(self.last_seen, capacity, np.nan, keep=live)
+        self.last_heard = grown(self.last_heard, capacity, np.nan, keep=live)
+        self.first_seen = grown(self.first_seen, capacity, np.nan, keep=live)
+        self.attrs_version = grown(self.attrs_version, capacity, 0, keep=live)
+        self.capacity = capacity
+        for hook in self._resize_hooks:
+            hook(capacity, live)
+        return live

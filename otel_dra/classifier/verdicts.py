@@ -118,16 +118,16 @@ class VerdictEngine:
         self.key = np.full(capacity, -1, dtype=np.int64)  # packed (health, state, reasons, remediation)
         self.transition_ns = np.zeros(capacity, dtype=np.int64)
 
-    def resize(self, capacity: int) -> None:
-        self.on = grown(self.on, capacity, False)
-        self.evidence_at = grown(self.evidence_at, capacity, -np.inf)
-        self.state = grown(self.state, capacity, 0)
-        self.state_at = grown(self.state_at, capacity, -np.inf)
-        self.floor = grown(self.floor, capacity, 0)
-        self.episodes = grown(self.episodes, capacity, 0)
-        self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf)
-        self.key = grown(self.key, capacity, -1)
-        self.transition_ns = grown(self.transition_ns, capacity, 0)
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.on = grown(self.on, capacity, False, keep=keep)
+        self.evidence_at = grown(self.evidence_at, capacity, -np.inf, keep=keep)
+        self.state = grown(self.state, capacity, 0, keep=keep)
+        self.state_at = grown(self.state_at, capacity, -np.inf, keep=keep)
+        self.floor = grown(self.floor, capacity, 0, keep=keep)
+        self.episodes = grown(self.episodes, capacity, 0, keep=keep)
+        self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf, keep=keep)
+        self.key = grown(self.key, capacity, -1, keep=keep)
+        self.transition_ns = grown(self.transition_ns, capacity, 0, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.on[rows] = False

@@ -42,14 +42,14 @@ class WindowStore:
     def capacity(self) -> int:
         return int(self.written.shape[0])
 
-    def resize(self, capacity: int) -> None:
-        self.ring = grown(self.ring, capacity, np.nan, axis=1)
-        self.times = grown(self.times, capacity, np.nan, axis=1)
-        self.written = grown(self.written, capacity, 0)
-        self.tail = grown(self.tail, capacity, 0)
-        self.sums = grown(self.sums, capacity, 0.0)
-        self.counts = grown(self.counts, capacity, 0)
-        self.last = grown(self.last, capacity, np.nan)
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.ring = grown(self.ring, capacity, np.nan, axis=1, keep=keep)
+        self.times = grown(self.times, capacity, np.nan, axis=1, keep=keep)
+        self.written = grown(self.written, capacity, 0, keep=keep)
+        self.tail = grown(self.tail, capacity, 0, keep=keep)
+        self.sums = grown(self.sums, capacity, 0.0, keep=keep)
+        self.counts = grown(self.counts, capacity, 0, keep=keep)
+        self.last = grown(self.last, capacity, np.nan, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.ring[:, rows] = np.nan

@@ -4,8 +4,10 @@ One small JSON file per process: ``agent-<node>.json`` for ``otel-dra run``, ``f
 ``otel-dra fleet``, so both may share a directory. It holds, per device keyed by
 ``(k8s.node.name, hw.id)``, what :meth:`~otel_dra.classifier.Classifier.remember` gives: the last
 verdict, the reasons held by hysteresis and their timers, the escalation episodes, the logged
-events. Times are wall-clock UNIX seconds, so a process started after the hold has run out
-finds it expired.
+events; and every device's counter baselines (``counters``: what
+:meth:`~otel_dra.classifier.Classifier.baselines` gives), so an error counted while the process was down
+is news after it restarts, not a first value. Times are wall-clock UNIX seconds, so a process
+started after the hold has run out finds it expired.
 
 Written atomically (a temporary file in the same directory, fsync, ``os.replace``, fsync of the
 directory): a reader sees the old file or the new one, never half of one. The snapshot is taken
@@ -30,10 +32,10 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from otel_dra.classifier import Classifier, Verdict
-from otel_dra.classifier.memory import DeviceMemory
+from otel_dra.classifier.memory import CounterBaselines, DeviceMemory
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,13 @@ MIN_GAP_S = 1.0
 
 class StateFileError(ValueError):
     """A state file that is not ours to believe: the message says why."""
+
+
+class Saved(NamedTuple):
+    """What a state file holds: the devices' memory, and their counter baselines (None in a file without)."""
+
+    devices: list[DeviceMemory]
+    counters: CounterBaselines | None = None
 
 
 def default_state_dir(env: Mapping[str, str] = os.environ) -> str:
@@ -75,25 +84,29 @@ class StateFile:
 
     # -- reading -------------------------------------------------------------------------------
     def load(self) -> list[DeviceMemory]:
-        """The devices' memory in the file; none when there is no file. A file that is not ours is
-        moved aside with one warning, and none is returned."""
+        """The devices' memory in the file (see :meth:`read`)."""
+        return self.read().devices
+
+    def read(self) -> Saved:
+        """What the file holds; nothing when there is no file. A file that is not ours is moved aside with
+        one warning, and nothing is returned."""
         try:
             with self.path.open("rb") as f:
                 raw = f.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
-            return []
+            return Saved([])
         except OSError as exc:
             log.warning("state file %s cannot be read (%s); starting without it", self.path, exc)
-            return []
+            return Saved([])
         try:
             return self.parse(raw)
         except StateFileError as exc:
             aside = self.move_aside()
             where = f"moved to {aside}" if aside is not None else "left in place (it could not be moved)"
             log.warning("state file %s ignored: %s; %s; starting clean", self.path, exc, where)
-            return []
+            return Saved([])
 
-    def parse(self, raw: bytes) -> list[DeviceMemory]:
+    def parse(self, raw: bytes) -> Saved:
         """The file's content, checked whole; :class:`StateFileError` saying what is wrong."""
         if len(raw) > MAX_FILE_BYTES:
             raise StateFileError(f"larger than {MAX_FILE_BYTES} bytes")
@@ -122,7 +135,15 @@ class StateFile:
             if self.node is not None and memory.node != self.node:
                 raise StateFileError(f"device {i} is on node {memory.node!r}, not {self.node!r}")
             out.append(memory)
-        return out
+        counters = None
+        if doc.get("counters") is not None:
+            try:
+                counters = CounterBaselines.from_json(doc["counters"])
+            except ValueError as exc:
+                raise StateFileError(f"counters: {exc}") from None
+            if self.node is not None and any(node != self.node for node in counters.nodes):
+                raise StateFileError(f"counters of a device not on node {self.node!r}")
+        return Saved(out, counters)
 
     def move_aside(self) -> Path | None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -134,8 +155,10 @@ class StateFile:
         return aside
 
     # -- writing -------------------------------------------------------------------------------
-    def document(self, devices: list[DeviceMemory], now_ns: int) -> dict[str, Any]:
-        return {
+    def document(
+        self, devices: list[DeviceMemory], now_ns: int, counters: CounterBaselines | None = None
+    ) -> dict[str, Any]:
+        doc = {
             "format": FORMAT,
             "version": VERSION,
             "role": self.role,
@@ -143,10 +166,15 @@ class StateFile:
             "written_unix_nano": now_ns,
             "devices": [d.to_json() for d in devices],
         }
+        if counters is not None:  # (version 1 readers before it ignore the key; a file without it is valid)
+            doc["counters"] = counters.to_json()
+        return doc
 
-    def save(self, devices: list[DeviceMemory], now_ns: int | None = None) -> None:
+    def save(
+        self, devices: list[DeviceMemory], now_ns: int | None = None, counters: CounterBaselines | None = None
+    ) -> None:
         """Write atomically: a temporary file beside it, fsync, rename over it, fsync the directory."""
-        doc = self.document(devices, time.time_ns() if now_ns is None else now_ns)
+        doc = self.document(devices, time.time_ns() if now_ns is None else now_ns, counters)
         data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         folder = self.path.parent
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -193,15 +221,16 @@ class StateStore:
         self.writes = 0
         self._dirty = False
         self._last_snapshot = 0.0  # monotonic
-        self._pending: list[DeviceMemory] | None = None
+        self._pending: Saved | None = None
         self._cond = threading.Condition()
         self._closed = False
         self._failing = False  # a write failed: said once, until one succeeds
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        memories = self.file.load()
+        memories, counters = self.file.read()
         self.recalled = self.classifier.recall(memories, time.time())
+        self.classifier.recall_baselines(counters)
         if memories:
             log.info("state %s: %d devices' memory recalled", self.file.path, self.recalled)
         self.classifier.evaluated.append(self._evaluated)
@@ -222,7 +251,8 @@ class StateStore:
 
     def snapshot(self, now: float | None = None) -> None:
         """Take the classifier's memory now, for the writer thread."""
-        memories = self.classifier.remember(self.classifier.last_now_ns / 1e9 or time.time())
+        now_s = self.classifier.last_now_ns / 1e9 or time.time()
+        memories = Saved(self.classifier.remember(now_s), self.classifier.baselines())
         self._last_snapshot = time.monotonic() if now is None else now
         self._dirty = False
         with self._cond:
@@ -240,9 +270,9 @@ class StateStore:
             if closed:
                 return
 
-    def _write(self, memories: list[DeviceMemory]) -> None:
+    def _write(self, memories: Saved) -> None:
         try:
-            self.file.save(memories)
+            self.file.save(memories.devices, counters=memories.counters)
         except (OSError, ValueError) as exc:
             if not self._failing:
                 log.warning("state file %s not written (%s); a restart would forget held faults", self.file.path, exc)

@@ -8,6 +8,7 @@ import pytest
 
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier, Verdict
+from otel_dra.classifier.features import F
 from otel_dra.faults import Fault
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
@@ -251,9 +252,52 @@ def test_the_registry_grows_past_its_capacity_and_forgets_devices_after_the_ttl(
         values[:, col] = 70.0
         classifier.ingest(Frame(T0 + k * 60 * S, table, values))
         classifier.evaluate(T0 + k * 60 * S)
-    assert classifier.registry.capacity >= 20
+        if k < 3:
+            assert classifier.registry.capacity >= 20
     assert len(classifier.registry) == 4  # 16 devices gone for longer than the TTL were forgotten
     assert {v.hw_id for v in classifier.current()} == {f"gpu-{i}" for i in range(4)}
+
+
+def test_the_arrays_shrink_when_most_devices_are_gone_and_the_rest_keep_their_state(tmp_path):
+    """1,000 devices, then 10 for longer than the TTL: every per-device array is cut to a few dozen rows
+    (it only grew before), and the 10 left keep their held fault, their windows and their verdicts."""
+    policy = load_policy(tmp_path, "device_ttl: 5m\n")
+    schema = Schema()
+    classifier = Classifier(policy, schema, interval_s=60)
+    temp, ecc = schema.index(TEMP), schema.index(UNCORRECTED)
+    many = tuple(f"gpu-{i}" for i in range(1000))
+    few = many[-10:]  # the last rows: compaction must move them, not just cut the tail
+    for k in range(12):
+        ids = many if k < 2 else few
+        values = np.full((len(ids), len(schema)), np.nan)
+        values[:, temp] = 60.0 + np.asarray([int(d.removeprefix("gpu-")) for d in ids]) % 7
+        values[:, ecc] = 0.0
+        if k >= 6:
+            values[-1, ecc] = 1.0  # gpu-999: one uncorrected error, held for the policy's hour
+        classifier.ingest(Frame(T0 + k * 60 * S, DeviceTable("n1", ids, tuple(dict(GPU) for _ in ids)), values))
+        classifier.evaluate(T0 + k * 60 * S)
+    reg = classifier.registry
+    assert len(reg) == 10
+    assert reg.capacity <= 64, reg.capacity
+    arrays = [classifier.store.ring, classifier.horizon.sums, classifier.engine.on, classifier.extractor.prev]
+    assert all(reg.capacity in a.shape[:2] for a in arrays), [a.shape for a in arrays]
+    assert classifier.store.ring.shape[1] == reg.capacity and len(classifier.groups.firmware_text) == reg.capacity
+    now = {v.hw_id: v for v in classifier.current()}
+    assert set(now) == set(few)
+    assert (now["gpu-999"].health, now["gpu-999"].reasons) == ("Unhealthy", ("memory_ecc",))
+    assert all(now[d].health == "Healthy" and now[d].state == "ok" for d in few[:-1])
+    temps = classifier.store.latest()[[reg.row("n1", d) for d in few], F.TEMP_MAX]
+    assert temps.tolist() == [60.0 + i % 7 for i in range(990, 1000)]
+    # ...and it grows again when devices come back, with no stale state in the reused rows.
+    for k in range(12, 15):
+        values = np.full((len(many), len(schema)), np.nan)
+        values[:, temp], values[:, ecc] = 60.0, 1.0
+        classifier.ingest(Frame(T0 + k * 60 * S, DeviceTable("n1", many, tuple(dict(GPU) for _ in many)), values))
+        classifier.evaluate(T0 + k * 60 * S)
+    assert len(reg) == 1000 and reg.capacity >= 1000
+    now = {v.hw_id: v for v in classifier.current()}
+    assert now["gpu-999"].reasons == ("memory_ecc",)
+    assert now["gpu-0"].health == "Healthy", now["gpu-0"]  # a new baseline, not an increase from old state
 
 
 def test_a_first_batch_larger_than_the_initial_capacity_is_registered():

@@ -3,12 +3,14 @@ is one warning, moved aside, and a clean start (never a crash, never a wrong ver
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from otel_dra import policy as policy_mod
@@ -16,6 +18,7 @@ from otel_dra.classifier import Classifier, Verdict
 from otel_dra.classifier.memory import DeviceMemory
 from otel_dra.cli.state_dir import resolve_state_dir
 from otel_dra.faults import Fault
+from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state.persist import (
     FLEET_FILE,
@@ -284,3 +287,92 @@ def test_the_default_directory_follows_xdg(monkeypatch):
     assert resolve_state_dir("/x", True) is None
     assert resolve_state_dir(None, False, {"XDG_STATE_HOME": "/s"}) == "/s/otel-dra"
     assert agent_file("node/../x y") == "agent-node_.._x_y.json"
+
+
+# -- counter baselines ----------------------------------------------------------------------------------
+UNCORRECTED = Column("hw.errors", attrs_of({"error.type": "uncorrected"}))
+POWER = Column("hw.power", ())
+
+
+class Counting:
+    """Four GPUs that keep counting whoever reads them; gpu-3 gets one uncorrected ECC error (a one-off) at
+    ``error_at`` seconds. Each starts with a history (counts from before anyone watched)."""
+
+    def __init__(self, error_at: int) -> None:
+        self.schema = Schema()
+        self.error_at = error_at
+        self.ids = tuple(f"gpu-{i}" for i in range(4))
+        self.table = DeviceTable(
+            NODE, self.ids, tuple({"hw.type": "gpu", "hw.serial_number": f"S{i}"} for i in range(4))
+        )
+
+    def frame(self, t: int) -> Frame:
+        values = np.full((4, 2), np.nan)
+        values[:, self.schema.index(UNCORRECTED)] = [3.0, 0.0, 7.0, 2.0 + (t >= self.error_at)]
+        values[:, self.schema.index(POWER)] = 300.0
+        return Frame(T0 + t * S, self.table, values)
+
+    def run(self, classifier: Classifier, from_s: int, to_s: int) -> dict[str, tuple[str, tuple[str, ...]]]:
+        for t in range(from_s, to_s + 1, 10):
+            classifier.ingest(self.frame(t))
+            classifier.evaluate(T0 + t * S)
+        return {v.hw_id: (v.health, v.reasons) for v in classifier.current()}
+
+
+def _restart_across_a_fault(path: Path, down_s: int, recall: bool = True, serial: str | None = None) -> dict:
+    """The process is down from 60 s for ``down_s`` seconds while the devices keep counting: gpu-3's one
+    error comes at 70 s, unseen by anyone. A new classifier (``recall``: with the file's memory) then reads
+    the same devices; returns its verdicts."""
+    devices = Counting(error_at=70)
+    before = Classifier(policy_mod.load(), devices.schema, interval_s=10)
+    assert devices.run(before, 0, 60)["gpu-3"] == ("Healthy", ())
+    file = StateFile(path / agent_file(NODE), "agent", NODE)
+    file.save(before.remember((T0 + 60 * S) / S), counters=before.baselines())
+    after = Classifier(policy_mod.load(), devices.schema, interval_s=10)
+    back = 60 + down_s
+    if recall:
+        saved = file.read()
+        assert saved.counters is not None and len(saved.counters) == 4
+        counters = saved.counters
+        if serial is not None:  # the file says gpu-3 had another serial number: another device under its id
+            serials = tuple(serial if i == "gpu-3" else s for i, s in zip(counters.ids, counters.serials, strict=True))
+            counters = dataclasses.replace(counters, serials=serials)
+        after.recall(saved.devices, (T0 + back * S) / S)
+        after.recall_baselines(counters)
+    return devices.run(after, back, back + 30)
+
+
+def test_an_error_counted_while_the_process_was_down_is_news_after_the_restart(tmp_path):
+    after = _restart_across_a_fault(tmp_path, 30)
+    assert after["gpu-3"] == ("Unhealthy", ("memory_ecc",))
+    assert {after[f"gpu-{i}"] for i in range(3)} == {("Healthy", ())}  # their history is not news
+
+
+def test_without_the_baselines_the_error_would_be_taken_for_history(tmp_path):
+    """The control: the same restart with nothing recalled (the contract's first sight) misses it."""
+    assert _restart_across_a_fault(tmp_path, 30, recall=False)["gpu-3"] == ("Healthy", ())
+
+
+def test_baselines_are_not_recalled_after_a_window_of_silence_or_for_another_device(tmp_path):
+    # Down longer than the policy's 5 m window: what the counter gained meanwhile is history.
+    assert _restart_across_a_fault(tmp_path / "long", 400)["gpu-3"] == ("Healthy", ())
+    # Another serial number under the same hw.id: a swapped device brings its own counts.
+    assert _restart_across_a_fault(tmp_path / "swap", 30, serial="another-serial")["gpu-3"] == ("Healthy", ())
+
+
+def test_the_counters_block_round_trips_and_a_bad_one_is_refused_whole(tmp_path):
+    devices = Counting(error_at=10**6)
+    classifier = Classifier(policy_mod.load(), devices.schema, interval_s=10)
+    devices.run(classifier, 0, 30)
+    file = StateFile(tmp_path / agent_file(NODE), "agent", NODE)
+    baselines = classifier.baselines()
+    assert baselines.serials == ("S0", "S1", "S2", "S3")
+    file.save([], counters=baselines)
+    back = file.read().counters
+    assert back is not None and back.ids == baselines.ids and back.columns == baselines.columns
+    assert np.array_equal(back.values, baselines.values, equal_nan=True)
+    doc = json.loads(file.path.read_text())
+    doc["counters"]["values"][0][0] = -1.0
+    file.path.write_text(json.dumps(doc))
+    assert file.read() == ([], None)  # refused whole, moved aside
+    assert list(tmp_path.glob("*.corrupt-*"))
