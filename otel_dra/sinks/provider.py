@@ -24,7 +24,13 @@ from prometheus_client import CollectorRegistry
 from otel_dra import __version__
 from otel_dra import conventions as cv
 from otel_dra.component import Components, OnShutdown
-from otel_dra.sinks.sending_queue import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, SendingQueue
+from otel_dra.sinks.sending_queue import (
+    BACKOFF_FIRST_S,
+    BACKOFF_MAX_S,
+    DEFAULT_MAX_AGE_S,
+    DEFAULT_MAX_POINTS,
+    SendingQueue,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +107,15 @@ def otlp_reader(
     through a :class:`SendingQueue` keeping what the collector could not take for up to
     ``queue_max_age_s`` seconds and ``queue_max_points`` points (age 0: no queue, the SDK's one try)."""
     exporter = otlp_exporter(endpoint, protocol)
-    queue = SendingQueue(exporter, queue_max_age_s, queue_max_points) if queue_max_age_s > 0 else None
+    # Retries at least twice an interval: after an outage (the fleet paused longer than the exporter's timeout)
+    # a node is heard again within half an interval of the collector coming back, well inside the one interval
+    # a paused fleet gives it before calling it stale, not a whole backoff cap (15 s) later.
+    cap = BACKOFF_MAX_S if interval_s is None else max(BACKOFF_FIRST_S, min(BACKOFF_MAX_S, interval_s / 2))
+    queue = (
+        SendingQueue(exporter, queue_max_age_s, queue_max_points, backoff_s=(BACKOFF_FIRST_S, cap))
+        if queue_max_age_s > 0
+        else None
+    )
     millis = None if interval_s is None else interval_s * 1000.0
     return PeriodicExportingMetricReader(queue if queue is not None else exporter, export_interval_millis=millis), queue
 

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_AGE_S: Final = OtlpPushConfig.queue_max_age_s  # the push config owns the defaults
 DEFAULT_MAX_POINTS: Final = OtlpPushConfig.queue_max_points
-#: Backoff between failed attempts (on top of the exporter's own retries): first, then doubling up to the cap.
+#: Backoff between failed attempts (on top of the exporter's own retries): first, then doubling up to the cap
+#: (jittered, never past it; the agent's push caps it at half its interval: ``provider.otlp_reader``).
 BACKOFF_FIRST_S: Final = 1.0
 BACKOFF_MAX_S: Final = 15.0
 _LOG_EVERY_S: Final = 60.0
@@ -64,7 +65,8 @@ class SendingQueue(MetricExporter):
 
     ``max_age_s``: a collection not sent within this time is dropped. ``max_points``: past this many
     queued points the oldest collections are dropped (the newest one is always kept). ``clock`` and
-    ``backoff_s`` (first, cap): for tests. :meth:`register_metrics` adds the queue's own metrics.
+    ``backoff_s``: (first, cap) of the wait between failed attempts. :meth:`register_metrics` adds the
+    queue's own metrics.
     """
 
     def __init__(
@@ -88,7 +90,7 @@ class SendingQueue(MetricExporter):
         self.max_age_s = max_age_s
         self.max_points = max_points
         self._clock = clock
-        self._backoff = backoff_s
+        self.backoff_s = backoff_s
         self._queue: deque[_Entry] = deque()
         self._queued_points = 0
         self._counts = dict.fromkeys(OUTCOMES, 0)
@@ -235,8 +237,8 @@ class SendingQueue(MetricExporter):
                     continue
                 self._failures += 1
                 failures = self._failures
-            first, cap = self._backoff
-            delay = min(cap, first * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2)
+            first, cap = self.backoff_s
+            delay = min(cap, first * 2 ** min(failures - 1, 16) * random.uniform(0.8, 1.2))  # never past the cap
             self._stopping.wait(delay)
 
     # -- metrics ---------------------------------------------------------------------------------

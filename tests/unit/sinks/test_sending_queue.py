@@ -11,7 +11,12 @@ import time
 import tracemalloc
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 
 from otel_dra import __version__
 from otel_dra import conventions as cv
@@ -239,3 +244,32 @@ def test_bad_bounds_are_refused():
         SendingQueue(exporter, max_age_s=0)
     with pytest.raises(ValueError, match="max points"):
         SendingQueue(exporter, max_points=0)
+
+
+def test_backoff_never_passes_its_cap_and_the_agent_retries_twice_an_interval():
+    """A fleet paused longer than the exporter's timeout fails the agent's attempts; once it resumes, the node
+    must be heard within the one interval of grace the fleet gives it, so the retry backoff (jitter included)
+    never goes past its cap, and the agent's cap is half its push interval (15 s before, jittered up to 18 s:
+    a 10 s node could be heard 18 s after the fleet came back, and read Unknown for a while)."""
+    waits: list[float] = []
+
+    class Recorded(threading.Event):
+        """The sender's stop event: records each backoff it is asked to wait, and waits none of it."""
+
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(float(timeout or 0.0))
+            return self.is_set()
+
+    exporter = provider.otlp_exporter("http://127.0.0.1:9", "grpc")
+    exporter.export = lambda data, **_: MetricExportResult.FAILURE  # type: ignore[method-assign]
+    queue = SendingQueue(exporter, backoff_s=(1.0, 5.0))
+    queue._stopping = Recorded()
+    queue.export(MetricsData(resource_metrics=[]))
+    wait_for(lambda: len(waits) >= 200, 10, "200 failed attempts")
+    queue._stopping.set()
+    assert max(waits) <= 5.0, max(waits)  # jitter included: never past the cap
+    assert min(waits[:1]) >= 0.8 and max(waits[20:]) > 4.0  # (it does back off: jittered, then at the cap)
+    reader, pushed = provider.otlp_reader("http://127.0.0.1:9", "grpc", 10.0)
+    assert pushed is not None and pushed.backoff_s == (1.0, 5.0)  # half the agent's 10 s interval
+    pushed.shutdown(timeout_millis=100)
+    reader.shutdown(timeout_millis=100)
