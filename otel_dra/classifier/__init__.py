@@ -125,7 +125,9 @@ class Classifier:
         self._last_pass_s: float | None = None  # monotonic_s() of the last loop pass (see pace)
         self._stall_since_s: float | None = None  # a stall noted by pace, its grace not yet begun
         self._stall: tuple[float, float] | None = None  # (since, resumed) in the reference clock: in grace
-        self._tables: dict[str, DeviceTable] = {}
+        #: Per node, the last device table seen whole and its rows, while the registry's rows stand (its
+        #: ``generation``): a node sending the same devices again costs no look-up per device.
+        self._tables: dict[str, tuple[DeviceTable, int, np.ndarray]] = {}
         self._said: dict[tuple[int, str], str] = {}  # (row, reason) -> the evidence last put in words
         self.registry.on_release(self._forget)
         self.registry.on_resize(self._renumber)
@@ -149,7 +151,7 @@ class Classifier:
         self._said = {(new_of[row], reason): text for (row, reason), text in self._said.items() if row in new_of}
         self._recalled = {new_of[row] for row in self._recalled if row in new_of}
         nodes = set(self.registry.nodes)
-        self._tables = {node: table for node, table in self._tables.items() if node in nodes}
+        self._tables = {node: seen for node, seen in self._tables.items() if node in nodes}
 
     # -- ingest --------------------------------------------------------------------------------
     def ingest(self, frame: Frame, arrival_unix_nano: int | None = None) -> None:
@@ -162,21 +164,25 @@ class Classifier:
         values = frame.values
         read = ~np.isnan(values).all(axis=1)
         table = frame.devices
-        if read.all():
+        everyone = bool(read.all())
+        # Device tables are immutable and sources reuse them while nothing changes: only a new
+        # table (a device's attributes changed, or a new device) costs a look at each device. A
+        # table is remembered as seen only once every one of its devices was read with it, so
+        # an attribute change that arrives while its device is not read is noted when it is.
+        seen = self._tables.get(table.node)
+        if everyone and seen is not None and seen[0] is table and seen[1] == self.registry.generation:
+            return seen[2], np.zeros(len(seen[2]), dtype=bool), values
+        if everyone:
             rows, new = self.registry.rows_for(table.node, table.ids)
         else:
             ids = [dev for dev, ok in zip(table.ids, read.tolist(), strict=True) if ok]
             rows, new = self.registry.rows_for(table.node, ids)
             values = values[read]
-        # Device tables are immutable and sources reuse them while nothing changes: only a new
-        # table (a device's attributes changed, or a new device) costs a look at each device. A
-        # table is remembered as seen only once every one of its devices was read with it, so
-        # an attribute change that arrives while its device is not read is noted when it is.
-        if self._tables.get(table.node) is not table or new.any():
+        if seen is None or seen[0] is not table or new.any():
             attrs = [a for a, ok in zip(table.attrs, read.tolist(), strict=True) if ok]
             self._note_attrs(rows, attrs)
-            if read.all():
-                self._tables[table.node] = table
+        if everyone:
+            self._tables[table.node] = (table, self.registry.generation, rows)
         return rows, new, values
 
     def ingest_many(self, frames: list[Frame], arrivals_unix_nano: list[int] | int | None = None) -> None:

@@ -42,6 +42,7 @@ class DeviceRegistry:
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = max(1, capacity)
         self.min_capacity = self.capacity  # compaction never goes below what it was made with
+        self.generation = 0  # bumps whenever a device loses its row (expired, or rows renumbered)
         self._rows: dict[tuple[str, str], int] = {}
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
         self.keys: list[tuple[str, str] | None] = [None] * self.capacity
@@ -128,6 +129,7 @@ class DeviceRegistry:
         (now free) rows."""
         gone = np.flatnonzero(self.active & (now_s - self.last_heard > ttl_s))
         if gone.size:
+            self.generation += 1
             for hook in self._release_hooks:
                 hook(gone)
             for row in gone.tolist():
@@ -169,6 +171,7 @@ class DeviceRegistry:
         self.first_seen = grown(self.first_seen, capacity, np.nan, keep=live)
         self.attrs_version = grown(self.attrs_version, capacity, 0, keep=live)
         self.capacity = capacity
+        self.generation += 1
         for hook in self._resize_hooks:
             hook(capacity, live)
         return live
