@@ -159,66 +159,82 @@ class Classifier:
         ``arrival_unix_nano``: when it was heard, in the reference clock (default: its own time)."""
         self.ingest_many([frame], None if arrival_unix_nano is None else [arrival_unix_nano])
 
-    def _rows_of(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, new mask, values) of the devices ``frame`` read."""
-        values = frame.values
-        read = ~np.isnan(values).all(axis=1)
+    def _rows_of(self, frame: Frame, read: np.ndarray, everyone: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, new mask) of the devices ``frame`` read (``read``: which of its rows; ``everyone``: all)."""
         table = frame.devices
-        everyone = bool(read.all())
         # Device tables are immutable and sources reuse them while nothing changes: only a new
         # table (a device's attributes changed, or a new device) costs a look at each device. A
         # table is remembered as seen only once every one of its devices was read with it, so
         # an attribute change that arrives while its device is not read is noted when it is.
         seen = self._tables.get(table.node)
         if everyone and seen is not None and seen[0] is table and seen[1] == self.registry.generation:
-            return seen[2], np.zeros(len(seen[2]), dtype=bool), values
+            return seen[2], np.zeros(len(seen[2]), dtype=bool)
         if everyone:
             rows, new = self.registry.rows_for(table.node, table.ids)
         else:
             ids = [dev for dev, ok in zip(table.ids, read.tolist(), strict=True) if ok]
             rows, new = self.registry.rows_for(table.node, ids)
-            values = values[read]
         if seen is None or seen[0] is not table or new.any():
             attrs = [a for a, ok in zip(table.attrs, read.tolist(), strict=True) if ok]
             self._note_attrs(rows, attrs)
         if everyone:
             self._tables[table.node] = (table, self.registry.generation, rows)
-        return rows, new, values
+        return rows, new
 
     def ingest_many(self, frames: list[Frame], arrivals_unix_nano: list[int] | int | None = None) -> None:
         """Samples of many nodes (a tick of a fleet, a batch of OTLP requests), ingested as one
         batch whatever their times: the per-sample work runs once for all their devices. A device
         sampled more than once in the batch gets its samples in order, one round each.
         ``arrivals_unix_nano``: when each frame (or all of them) was heard, in the reference clock;
-        default: each frame's own time (an agent reading its own devices)."""
+        default: each frame's own time (an agent reading its own devices).
+
+        Per frame only its device rows are looked up (a dictionary read, for a node sending the same
+        devices again); the rest is array work over the whole batch, whatever its number of frames."""
+        frames = [f for f in frames if len(f.devices)]
+        if not frames:
+            return
         if arrivals_unix_nano is None:
             heard = [frame.time_unix_nano for frame in frames]
         elif isinstance(arrivals_unix_nano, int):
             heard = [arrivals_unix_nano] * len(frames)
         else:
             heard = list(arrivals_unix_nano)
-        parts = [(*self._rows_of(frame), frame.time_unix_nano, a) for frame, a in zip(frames, heard, strict=True)]
-        parts = [p for p in parts if p[0].size]
-        if not parts:
+        ncols = len(self.schema)
+        sizes = np.asarray([len(f.devices) for f in frames], dtype=np.intp)
+        offsets = np.r_[0, np.cumsum(sizes)[:-1]]
+        # A frame made before the schema grew is narrower: the newer columns are absent (NaN).
+        matrices = [
+            f.values
+            if f.values.shape[1] == ncols
+            else np.pad(f.values, ((0, 0), (0, ncols - f.values.shape[1])), constant_values=np.nan)
+            for f in frames
+        ]
+        values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
+        read = ~np.isnan(values).all(axis=1)  # a device whose row is all NaN was not read this time
+        everyone = np.logical_and.reduceat(read, offsets).tolist()
+        looked = [
+            self._rows_of(f, read[o : o + n], e)
+            for f, o, n, e in zip(frames, offsets.tolist(), sizes.tolist(), everyone, strict=True)
+        ]
+        rows = looked[0][0] if len(looked) == 1 else np.concatenate([r for r, _ in looked])
+        new = looked[0][1] if len(looked) == 1 else np.concatenate([m for _, m in looked])
+        times = np.repeat(np.asarray([f.time_unix_nano for f in frames], dtype=np.int64), sizes)
+        arrivals = np.repeat(np.asarray(heard, dtype=np.int64), sizes)
+        if not all(everyone):
+            values, times, arrivals = values[read], times[read], arrivals[read]
+        if rows.size == 0:
             return
-        if len(parts) == 1:
-            rows, new, values, t, a = parts[0]
-            self.ingest_rows(rows, new, np.full(rows.shape, t, dtype=np.int64), values, a)
+        if len(frames) == 1:
+            self.ingest_rows(rows, new, times, values, arrivals)
             return
-        rows = np.concatenate([p[0] for p in parts])
-        new = np.concatenate([p[1] for p in parts])
-        times = np.concatenate([np.full(p[0].shape, p[3], dtype=np.int64) for p in parts])
-        arrivals = np.concatenate([np.full(p[0].shape, p[4], dtype=np.int64) for p in parts])
-        values = np.full((rows.size, len(self.schema)), np.nan)
-        at = 0
-        for _, _, v, _, _ in parts:
-            values[at : at + v.shape[0], : v.shape[1]] = v
-            at += v.shape[0]
         # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its
         # second, ...), so each round has every device at most once, in arrival order.
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
         starts = np.r_[0, np.flatnonzero(np.diff(sorted_rows)) + 1]
+        if starts.size == rows.size:  # every device once (the usual tick): one round, in batch order
+            self.ingest_rows(rows, new, times, values, arrivals)
+            return
         rank_sorted = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
         rank = np.empty(rows.size, dtype=np.int64)
         rank[order] = rank_sorted
