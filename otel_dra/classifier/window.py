@@ -15,6 +15,15 @@ import numpy as np
 from otel_dra.classifier.registry import grown
 
 
+def as_index(rows: np.ndarray) -> np.ndarray | slice:
+    """``rows`` as a slice when they are one ascending run (a fleet tick's usual batch: every device once,
+    in row order), so reads are views and writes in place instead of gathers and scatters."""
+    n = rows.shape[0]
+    if n and int(rows[-1]) - int(rows[0]) == n - 1 and (n < 3 or bool((np.diff(rows) == 1).all())):
+        return slice(int(rows[0]), int(rows[0]) + n)
+    return rows
+
+
 class WindowStore:
     """The samples of the last ``window_s`` seconds (at most ``window`` of them) of ``features``
     features per device row.
@@ -62,35 +71,37 @@ class WindowStore:
 
     def _drop_oldest(self, rows: np.ndarray) -> None:
         """Take each row's oldest sample out of its window sums (rows unique, each with one)."""
-        slot = self.tail[rows] % self.window
+        at = as_index(rows)
+        slot = self.tail[at] % self.window
         old = self.ring[slot, rows]
         valid = ~np.isnan(old)
-        counts = self.counts[rows] - valid.astype(np.int32)
-        self.counts[rows] = counts
+        counts = self.counts[at] - valid.astype(np.int32)
+        self.counts[at] = counts
         # A window with no valid value of a feature sums to exactly zero (no float residue).
-        self.sums[rows] = np.where(counts == 0, 0.0, self.sums[rows] - np.where(valid, old, 0.0))
-        self.tail[rows] += 1
+        self.sums[at] = np.where(counts == 0, 0.0, self.sums[at] - np.where(valid, old, 0.0))
+        self.tail[at] += 1
 
     def append(self, rows: np.ndarray, time_s: np.ndarray | float, values: np.ndarray) -> None:
         """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent."""
         t = np.broadcast_to(np.asarray(time_s, dtype=np.float64), rows.shape)
-        full = self.written[rows] - self.tail[rows] >= self.window
+        at = as_index(rows)
+        full = self.written[at] - self.tail[at] >= self.window
         if full.any():  # the slot about to be written still holds a sample in the window
-            self._drop_oldest(rows[full])
-        slot = self.written[rows] % self.window
+            self._drop_oldest(rows if full.all() else rows[full])
+        slot = self.written[at] % self.window
         new = values.astype(np.float32, copy=False)
         new_valid = ~np.isnan(new)
-        self.sums[rows] += np.where(new_valid, new, 0.0)
-        self.counts[rows] += new_valid.astype(np.int32)
+        self.sums[at] += np.where(new_valid, new, 0.0)
+        self.counts[at] += new_valid.astype(np.int32)
         self.ring[slot, rows] = new
         self.times[slot, rows] = t
-        self.written[rows] += 1
-        self.last[rows] = new
+        self.written[at] += 1
+        self.last[at] = new
         if self.window_s != float("inf"):
             cutoff = t - self.window_s
             while True:  # as many rounds as samples leave one row's window: one, usually
-                live = self.tail[rows] < self.written[rows] - 1  # the newest sample always stays
-                oldest = self.times[self.tail[rows] % self.window, rows]
+                live = self.tail[at] < self.written[at] - 1  # the newest sample always stays
+                oldest = self.times[self.tail[at] % self.window, rows]
                 # A sample stamped after the one just written leaves too, once it is the oldest written: the
                 # row's clock jumped back (the decoders take a point far behind its series as such a jump),
                 # and the window is judged by the row's present, not by a time it has gone back from.
