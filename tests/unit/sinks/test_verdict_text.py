@@ -3,11 +3,14 @@
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.sinks import provider
+from otel_dra.sinks._mapping import prometheus_label
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.sinks.verdicts import VerdictMetrics
 from otel_dra.state.board import VerdictBoard
+from otel_dra.vocabulary import HW_STATES
 
 ATTRS = {"hw.type": "gpu", "hw.vendor": "NVIDIA", "dra.pool.name": "node-1", "dra.driver.name": "gpu.example.com"}
 
@@ -62,3 +65,70 @@ def test_cached_lines_follow_changes_and_forget_gone_devices():
     assert 'dra_device_health_reasons="device_lost"' in rendered
     board.forget(lambda key: False)
     assert "gpu-0" not in text.render(board.snapshot()).decode()
+
+
+def sdk_text(board: VerdictBoard) -> str:
+    registry = CollectorRegistry()
+    mp = provider.build_meter_provider("node-1", [provider.prometheus_reader(registry)], 10_000)
+    VerdictMetrics(board, mp.get_meter("otel_dra"))
+    text = generate_latest(registry).decode()
+    mp.shutdown()
+    return text
+
+
+def reference(board: VerdictBoard) -> bytes:
+    """The rendering spelled out: every line's labels made whole from the device's, sorted (what the fleet
+    rendered before it kept one label string a device)."""
+
+    def labels(attrs: dict[str, str]) -> str:
+        def escape(v: str) -> str:
+            return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+        return ",".join(f'{k}="{escape(v)}"' for k, v in sorted((prometheus_label(k), v) for k, v in attrs.items()))
+
+    status = [f"# HELP hw_status {cv.HW_STATUS.description}", "# TYPE hw_status gauge"]
+    health = [f"# HELP dra_device_health {cv.DRA_DEVICE_HEALTH.description}", "# TYPE dra_device_health gauge"]
+    for v, attrs in board.snapshot():
+        base = {cv.HW_ID: v.hw_id, **attrs, cv.K8S_NODE_NAME_ATTR: v.node}
+        status += [f"hw_status{{{labels({**base, cv.HW_STATE: s})}}} {int(s == v.state)}" for s in HW_STATES]
+        trio = {
+            cv.DRA_DEVICE_HEALTH_STATE: v.health,
+            cv.DRA_DEVICE_HEALTH_REASONS: ",".join(v.reasons),
+            cv.DRA_DEVICE_HEALTH_REMEDIATION: v.remediation,
+        }
+        health.append(f"dra_device_health{{{labels({**base, **trio})}}} 1")
+    return ("\n".join(status) + "\n" + "\n".join(health) + "\n").encode()
+
+
+def test_attributes_that_sort_among_the_spliced_labels_render_as_whole_lines_would():
+    """A device's labels are kept once and hw_state and the health labels spliced in where they sort;
+    attributes named like those labels (or like their label names), sorting between the health labels, or
+    before or after every label, render as whole lines would, byte for byte, through verdict changes."""
+    odd = {
+        "gpu-0": {"a.first": "x", "zz.last": 'y "quoted" \\ and\nnewline'},
+        "gpu-1": {"hw.state": "shadowed", "dra.device.health.state": "shadowed too"},
+        "gpu-2": {"dra.device.health.score": "sorts between the health labels"},
+        "gpu-3": {"hw_state": "same label name, another key"},
+        "gpu-4": {},
+    }
+    verdicts = [Verdict(1, "node-1", dev, "Unhealthy", "failed", ("memory_ecc",), "reset_device", "x") for dev in odd]
+    verdicts.append(Verdict(1, "node-1", "gpu-5", "Unknown", None, ("stale",), "none", "silent"))
+    board = VerdictBoard()
+    board.update(verdicts, lambda node, dev: {**ATTRS, **odd.get(dev, {})})
+    text = VerdictText()
+    assert text.render(board.snapshot()) == reference(board)
+    healed = [Verdict(2, "node-1", dev, "Healthy", "ok", (), "none", "fine") for dev in odd]
+    board.update(healed, lambda node, dev: {**ATTRS, **odd.get(dev, {})})
+    assert text.render(board.snapshot()) == reference(board)
+
+
+def test_a_device_keeps_one_label_string_and_shares_its_health_text():
+    verdicts = [Verdict(1, "node-1", f"gpu-{i}", "Healthy", "ok", (), "none", "fine") for i in range(50)]
+    board = board_of(verdicts)
+    text = VerdictText()
+    first = text.render(board.snapshot())
+    assert text.render(board.snapshot()) == first
+    devices = list(text._cache.values())
+    assert len(devices) == 50 and all(d.lines is None and d.health is None for d in devices)
+    assert len({id(d.trio) for d in devices}) == 1, "devices with the same verdict share its health labels' text"
+    assert samples(first.decode()) == samples(sdk_text(board)) and first == reference(board)
