@@ -6,6 +6,11 @@ see BENCHMARKS.md), on every scrape, for every scraper. Rendering once per sampl
 on a background thread and serving the bytes makes a scrape cost a memory copy,
 whatever the fleet size and however many Prometheus replicas scrape: the scrape
 timeouts dcgm-exporter users report at scale don't happen here.
+
+A large rendering (a fleet's: 600,000 series at 100,000 devices, some 200 MB of text) is kept
+gzip-compressed only, compressed once on the rendering thread: Prometheus takes gzip, and the text
+is mostly label strings that repeat, about a twentieth of its size compressed. A scraper that does
+not take gzip gets it decompressed, a copy per such scrape.
 """
 
 from __future__ import annotations
@@ -14,11 +19,16 @@ import gzip
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
+from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
+
+#: A rendering over this size is kept gzip-compressed only (an agent's few thousand series stay as text too).
+PLAIN_MAX_BYTES: Final = 8 << 20
 
 
 class ExpositionCache:
@@ -38,30 +48,45 @@ class ExpositionCache:
         self.render_seconds = 0.0
 
     def render(self) -> None:
-        """Collect every instrument and render the text exposition."""
+        """Collect every instrument and render the text exposition (past :data:`PLAIN_MAX_BYTES`, gzip
+        only)."""
         t0 = time.perf_counter()
-        body = generate_latest(self._registry)
+        parts = [generate_latest(self._registry)]
         if self._extra is not None:
-            body += self._extra()
+            parts.append(self._extra())
+        body: bytes | None = None
+        gzipped: bytes | None = None
+        if sum(map(len, parts)) > PLAIN_MAX_BYTES:
+            packer = zlib.compressobj(1, zlib.DEFLATED, 31)  # (gzip framing, as gzip.compress level 1)
+            gzipped = b"".join([*(packer.compress(part) for part in parts), packer.flush()])
+        else:
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+        del parts
         with self._lock:
-            self._body, self._gzipped = body, None
+            self._body, self._gzipped = body, gzipped
             self._rendered_at = time.monotonic()
         self.render_seconds = time.perf_counter() - t0
 
     def body(self, accept_gzip: bool) -> bytes | None:
-        """The newest rendering (gzip-compressed once per rendering when asked), or None before the first.
+        """The newest rendering (gzip-compressed once per rendering when asked, or kept so when large), or None
+        before the first.
 
         A rendering older than ``max_age_s`` means sampling has stopped: render again
         now, so the scrape shows the hw.* series gone rather than frozen values."""
-        if self._body is not None and time.monotonic() - self._rendered_at > self._max_age_s:
+        rendered = self._body is not None or self._gzipped is not None
+        if rendered and time.monotonic() - self._rendered_at > self._max_age_s:
             self.render()
         with self._lock:
-            body = self._body
-            if body is None or not accept_gzip:
-                return body
-            if self._gzipped is None:
-                self._gzipped = gzip.compress(body, compresslevel=1)
-            return self._gzipped
+            body, gzipped = self._body, self._gzipped
+            if body is not None:
+                if not accept_gzip:
+                    return body
+                if gzipped is None:
+                    gzipped = self._gzipped = gzip.compress(body, compresslevel=1)
+                return gzipped
+            if gzipped is None or accept_gzip:  # (None: not rendered yet)
+                return gzipped
+        return gzip.decompress(gzipped)  # kept compressed only: a copy for a scraper that takes no gzip
 
 
 class Renderer:

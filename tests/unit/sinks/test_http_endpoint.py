@@ -3,6 +3,7 @@ every route (as node_exporter's), ``/metrics`` and the routes answer, anything e
 
 from __future__ import annotations
 
+import gzip
 import re
 import urllib.error
 import urllib.request
@@ -12,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from otel_dra import __version__
+from otel_dra.sinks import exposition
 from otel_dra.sinks.exposition import ExpositionCache
 from otel_dra.sinks.http import DEFAULT_DESCRIPTION, HttpEndpoint, Route
 
@@ -90,5 +92,29 @@ def test_a_route_for_the_root_replaces_the_landing_page():
     endpoint = serve({"/": root, **ROUTES})
     try:
         assert get(f"http://127.0.0.1:{endpoint.port}/")[2] == "mine\n"
+    finally:
+        endpoint.shutdown()
+
+
+def test_a_large_rendering_is_kept_compressed_and_served_to_either_kind_of_scraper(monkeypatch):
+    """Past PLAIN_MAX_BYTES (a fleet's 600,000 series) only the gzip of a rendering is kept: Prometheus gets
+    it as it is, a scraper that takes no gzip gets the same text decompressed."""
+    monkeypatch.setattr(exposition, "PLAIN_MAX_BYTES", 100)
+    text = b"".join(b'hw_status{hw_id="gpu-%d"} 1\n' % i for i in range(1000))
+    cache = ExpositionCache(CollectorRegistry(), 60.0, extra=lambda: text)
+    cache.render()
+    assert cache._body is None and cache._gzipped is not None and len(cache._gzipped) < len(text) / 5
+    assert gzip.decompress(cache.body(True) or b"").endswith(text)
+    assert (cache.body(False) or b"").endswith(text)
+    endpoint = HttpEndpoint("127.0.0.1", 0, cache, ROUTES)
+    endpoint.start()
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}/metrics"
+        plain = urllib.request.Request(url, headers={"Accept-Encoding": "identity"})
+        with urllib.request.urlopen(plain, timeout=5) as resp:
+            assert resp.headers.get("Content-Encoding") is None and resp.read().endswith(text)
+        zipped = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(zipped, timeout=5) as resp:
+            assert resp.headers.get("Content-Encoding") == "gzip" and gzip.decompress(resp.read()).endswith(text)
     finally:
         endpoint.shutdown()
