@@ -10,7 +10,7 @@ turn them into OpenTelemetry series. No stage holds per-point Python objects.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +23,65 @@ Attrs = tuple[tuple[str, str], ...]
 def attrs_of(mapping: Mapping[str, str]) -> Attrs:
     """A hashable, order-independent form of an attribute mapping."""
     return tuple(sorted(mapping.items()))
+
+
+class FrozenAttrs(Mapping[str, str]):
+    """A device's descriptive attributes, read-only, over a tuple of (key, value) pairs (distinct keys).
+
+    What a fleet keeps of each device's attributes: one of these, shared by its device tables, the
+    classifier's registry and the verdict board, about 50 bytes over the pairs (the decoders' own, not a
+    copy), where a dict of ten attributes is 350. Looking a key up reads the pairs in turn: a device has a
+    dozen attributes, read when its verdict or its labels are made, not per sample."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
+        self._pairs: tuple[tuple[str, str], ...] = pairs if type(pairs) is tuple else tuple(pairs)
+
+    @classmethod
+    def of(cls, mapping: Mapping[str, str]) -> FrozenAttrs:
+        """``mapping`` itself when it is one, else a copy."""
+        return mapping if isinstance(mapping, FrozenAttrs) else cls(tuple(mapping.items()))
+
+    def __getitem__(self, key: str) -> str:
+        for k, v in self._pairs:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        for k, v in self._pairs:
+            if k == key:
+                return v
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        return any(k == key for k, _ in self._pairs)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def items(self) -> ItemsView[str, str]:
+        return _PairItems(self)
+
+    def __repr__(self) -> str:
+        return f"FrozenAttrs({dict(self._pairs)!r})"
+
+
+class _PairItems(ItemsView[str, str]):
+    """A :class:`FrozenAttrs`' items, read straight off its pairs."""
+
+    _mapping: FrozenAttrs
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._mapping._pairs)
+
+
+#: A device without descriptive attributes.
+NO_ATTRS: FrozenAttrs = FrozenAttrs()
 
 
 @dataclass(frozen=True)

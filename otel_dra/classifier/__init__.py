@@ -104,6 +104,8 @@ class Classifier:
         self.registry = DeviceRegistry(capacity)
         cap = self.registry.capacity
         self.window_s = policy.window_s
+        #: A device's message with no reason: one string for every such verdict, not one each.
+        self._no_evidence = f"no evidence of a fault in the last {human_duration(self.window_s)}"
         self.store = WindowStore(N_FEATURES, window_samples(policy.window_s, interval_s), cap, policy.window_s)
         spans = (policy.horizon.duty_buckets, policy.horizon.rate_buckets)
         self.horizon = HorizonStore(len(HORIZON_FEATURES), policy.horizon.bucket_s, spans, cap)
@@ -574,7 +576,7 @@ class Classifier:
                 held = self._said.get((row, reason), reason)
                 text = f"{held} (last evidence {ago} ago; clears after {human_duration(self.engine.hold_s[r])} without)"
             parts.append(text)
-        return "; ".join(parts) if parts else f"no evidence of a fault in the last {human_duration(self.window_s)}"
+        return "; ".join(parts) if parts else self._no_evidence
 
     def _verdict(
         self,

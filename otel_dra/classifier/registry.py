@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from otel_dra.frame import FrozenAttrs
+
 #: Called with the new capacity when the registry grows, and with the rows kept (in their new order) when it
 #: compacts: every per-device array resizes then (:func:`grown` does both).
 ResizeHook = Callable[[int, np.ndarray | None], None]
@@ -21,9 +23,7 @@ ResizeHook = Callable[[int, np.ndarray | None], None]
 ReleaseHook = Callable[[np.ndarray], None]
 
 
-def grown(
-    array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: np.ndarray | None = None
-) -> np.ndarray:
+def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: np.ndarray | None = None) -> np.ndarray:
     """``array`` extended along ``axis`` to ``capacity``, new entries set to ``fill``; with ``keep``, only
     those entries (in that order, renumbered from 0) are kept before it is extended."""
     if keep is not None:
@@ -117,10 +117,13 @@ class DeviceRegistry:
         return self._rows.get((node, hw_id))
 
     def set_attrs(self, row: int, attrs: Mapping[str, str]) -> bool:
-        """Record a device's descriptive attributes; True when they changed."""
-        if self.attrs[row] == attrs:
+        """Record a device's descriptive attributes; True when they changed. A :class:`FrozenAttrs` (the
+        decoders' device tables give one per distinct set) is kept as it is, shared with the tables and the
+        verdict board; any other mapping is copied into one."""
+        held = self.attrs[row]
+        if held is attrs or held == attrs:
             return False
-        self.attrs[row] = dict(attrs)
+        self.attrs[row] = FrozenAttrs.of(attrs)
         self.attrs_version[row] += 1
         return True
 

@@ -58,10 +58,10 @@ def rfc3339(unix_nano: int) -> str:
     return dt.datetime.fromtimestamp(unix_nano / 1e9, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """One device's verdict: the verdict line's fields, in the vocabulary of ``otel_dra.vocabulary``,
-    plus the seed thread's transition and report times."""
+    plus the seed thread's transition and report times. Slotted: a fleet's board holds one per device."""
 
     time_unix_nano: int
     node: str

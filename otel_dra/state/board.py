@@ -79,9 +79,11 @@ class VerdictBoard:
         ``registry``; devices the registry has forgotten leave the board; one log line per change
         (a device's first, healthy verdict only at debug level)."""
 
-        def attrs_of(node: str, hw_id: str) -> dict[str, str]:
+        def attrs_of(node: str, hw_id: str) -> Mapping[str, str]:
             row = registry.row(node, hw_id)
             attrs = registry.attrs[row] if row is not None else {}
+            if cv.HW_ID not in attrs:
+                return attrs  # (the registry's read-only mapping, shared, not a copy per device)
             return {k: v for k, v in attrs.items() if k != cv.HW_ID}
 
         self.update(changed, attrs_of)

@@ -5,6 +5,7 @@ test drives it from the classifier and the simulator)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -581,7 +582,7 @@ def test_a_simulated_fault_reaches_the_kubelet(serve, watches):
 
 def test_two_views_of_one_device_are_reported_once_the_worse_one():
     seen_here = verdict("gpu-0")
-    seen_there = Verdict(**{**seen_here.__dict__, "node": "node-b", "health": "Unhealthy", "state": "failed"})
+    seen_there = dataclasses.replace(seen_here, node="node-b", health="Unhealthy", state="failed")
     for order in ([seen_here, seen_there], [seen_there, seen_here]):
         response, left_out = build_response(order, 30, REPORTED_S)
         assert not left_out
