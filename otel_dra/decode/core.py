@@ -24,16 +24,17 @@ import builtins
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
+import xxhash
 
 from otel_dra import conventions as cv
 from otel_dra.decode import limits as lim
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits, node_name_problem, shorten
-from otel_dra.frame import Attrs, Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.frame import NO_ATTRS, Column, DeviceTable, Frame, FrozenAttrs, Schema, attrs_of
 from otel_dra.vocabulary import SENSOR_TYPES
 
 log = logging.getLogger(__name__)
@@ -515,6 +516,21 @@ def series_keys(dev: np.ndarray, col: np.ndarray) -> np.ndarray:
     return (dev.astype(np.int64) << _COL_BITS) | col.astype(np.int64)
 
 
+_U64: Final = np.dtype(np.uint64)
+_ZERO_STRIDE: Final = (0,)
+
+
+def uniform_times(t: int | np.integer, n: int) -> np.ndarray:
+    """``n`` points' times, all ``t``: a read-only uint64 array that holds one number (zero strides), so what
+    waits on a node's points at one time (:meth:`SeriesFloors.defer`) is eight bytes, not eight a point."""
+    return np.ndarray((n,), _U64, np.uint64(t), 0, _ZERO_STRIDE)
+
+
+def series_parts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The device (series index) and column indices of these :func:`series_keys` keys (int32 each)."""
+    return (keys >> _COL_BITS).astype(np.int32), (keys & ((1 << _COL_BITS) - 1)).astype(np.int32)
+
+
 class SeriesFloors:
     """One node's series (device, column) and the newest time read for each: sorted int64 keys
     (:func:`series_keys`) and their times, so a request's points are checked and advanced as arrays (one
@@ -537,10 +553,24 @@ class SeriesFloors:
 
     def defer(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None, version: int, newest: int) -> None:
         """Points taken, their series' times to move up (``at``: their places, None: not looked up, as they
-        were at ``version``; ``newest``: their newest time)."""
-        self._pending.append((keys, times, at, version))
-        self._waiting += len(keys)
+        were at ``version``; ``newest``: their newest time). Points of the same series as the last that
+        waits, each batch at one time (``times`` a broadcast number: a node's usual request), wait as one
+        batch at the later time: what waits for a node sending the same series is one batch, not one each."""
         self.newest = max(self.newest, newest)
+        pending = self._pending
+        if pending and times.strides == (0,):
+            last_keys, last_times, last_at, last_version = pending[-1]
+            if (
+                last_version == version
+                and last_times.strides == (0,)
+                and len(last_keys) == len(keys)
+                and (last_keys is keys or np.array_equal(last_keys, keys))
+            ):
+                later = uniform_times(max(last_times[0], times[0]), len(keys))
+                pending[-1] = (last_keys, later, last_at if last_at is not None else at, version)
+                return
+        pending.append((keys, times, at, version))
+        self._waiting += len(keys)
         if self._waiting > 4 * len(self.keys) + 1024:
             self._flush()
 
@@ -580,6 +610,8 @@ class SeriesFloors:
         request's points."""
         if self._pending:
             self._flush()
+        if self.times.strides == (0,):  # (one time for every series, kept as one number: written, it is an array)
+            self.times = self.times.copy()
         restarted = restart is not None and len(restart) > 0 and len(self.keys) > 0
         if restart is not None and restarted:
             self.times[np.isin(self.keys, restart)] = 0
@@ -596,6 +628,10 @@ class SeriesFloors:
             self.keys, self.times = merged[order], np.concatenate([self.times, newest])[order]
             self.version += 1
         self.newest = int(self.times.max()) if restarted else max(self.newest, int(times.max()))
+        if len(self.times) > 1 and self.times[0] == self.newest and (self.times == self.newest).all():
+            # Every series read up to the same time (a node whose requests carry all its series at one time):
+            # one number, not eight bytes a series.
+            self.times = uniform_times(self.newest, len(self.times))
 
 
 class NodeFloors:
@@ -648,11 +684,43 @@ class NodeFloors:
 
 
 # -- frames --------------------------------------------------------------------------------------------
+class DescriptiveMaps:
+    """Each descriptive attribute set of a :class:`SeriesIndex` as one read-only mapping over the index's
+    own pairs (:class:`~otel_dra.frame.FrozenAttrs`), made on first use: every device table that names a
+    device with that set holds the same object, and so do the classifier's registry and the verdict board
+    after it (a fleet's 100,000 devices hold one small mapping each, not a dict per table, registry and
+    board). A device whose points carry several sets gets their merge, the later winning (its own)."""
+
+    def __init__(self, series: SeriesIndex) -> None:
+        self._series = series
+        self._maps: list[FrozenAttrs | None] = []
+
+    def merged(self, descrs: Sequence[int]) -> FrozenAttrs:
+        """The attributes of a device whose points carried the sets ``descrs``, in point order."""
+        if not descrs:
+            return NO_ATTRS
+        first = descrs[0]
+        if all(d == first for d in descrs):
+            maps = self._maps
+            if first >= len(maps):
+                maps.extend([None] * (len(self._series.descrs) - len(maps)))
+            found = maps[first]
+            if found is None:
+                found = maps[first] = FrozenAttrs(self._series.descrs[first])
+            return found
+        out: dict[str, str] = {}
+        for d in descrs:
+            out.update(self._series.descrs[d])
+        return FrozenAttrs(tuple(out.items()))
+
+
 class TableCache:
-    """Equal device tables as one object, so consumers can cache per table."""
+    """Equal device tables as one object, so consumers can cache per table. A table is found by its node,
+    its devices and a 128-bit digest of their attributes (XXH3-128 of their text), so what the cache keeps
+    per device is its table's, not a second copy of its attributes as a key."""
 
     def __init__(self) -> None:
-        self._tables: dict[tuple[str, tuple[str, ...], tuple[Attrs, ...]], DeviceTable] = {}
+        self._tables: dict[tuple[str, tuple[str, ...], bytes], DeviceTable] = {}
 
     def __len__(self) -> int:
         return len(self._tables)
@@ -660,9 +728,10 @@ class TableCache:
     def clear(self) -> None:
         self._tables.clear()
 
-    def table(self, node: str, ids: tuple[str, ...], attrs: tuple[dict[str, str], ...]) -> DeviceTable:
+    def table(self, node: str, ids: tuple[str, ...], attrs: tuple[Mapping[str, str], ...]) -> DeviceTable:
         """The one table of ``node`` with these devices (ids in device-index order) and attributes."""
-        key = (node, ids, tuple(attrs_of(a) for a in attrs))
+        text = repr([attrs_of(a) for a in attrs])  # (repr of str is unambiguous: equal text, equal attributes)
+        key = (node, ids, xxhash.xxh3_128_digest(text.encode("utf-8", "surrogatepass")))
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = DeviceTable(node, ids, attrs)
@@ -713,6 +782,7 @@ class DecoderCore:
         self._now = clock()
         self._floors = NodeFloors(self._now)
         self._series = SeriesIndex(schema, limits)
+        self._maps = DescriptiveMaps(self._series)  # (made again with every new series index)
         self._tables = TableCache()
         #: This request's client: whether it may report for a node (None: for any); set by each ``decode``.
         self._speaker: Callable[[str], bool] | None = None

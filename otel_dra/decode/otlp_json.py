@@ -8,9 +8,12 @@ Each line is one ``ExportMetricsServiceRequest`` in the protobuf JSON mapping
 Why it is built the way it is: a recorded fleet is hundreds of thousands of points,
 and nearly all of a line's bytes are attribute lists that repeat verbatim on every
 line (identity plus descriptive attributes of each series). So before parsing, each
-attribute list's text is swapped for a small integer token (one C-level regex split
-and one dict lookup per list); ``json.loads`` then parses a line a sixth of the
-size, and the walk maps (metric, token) to a cached (device, column) entry. Each
+attribute list's text is swapped for its position in the line (one C-level regex split);
+``json.loads`` then parses a line a sixth of the size. A node's next line has the same lists
+in the same order (its *shape*, one digest of them all), so the walk reads each point's
+(device, column) entry off the shape by position; a line of a new shape reads each list once
+and becomes a shape. Nothing is kept per attribute list but numbers: no text, no dict per
+series (what a device costs in a replay: a few hundred bytes, not a copy of its lists). Each
 frame's matrix is filled with one numpy scatter. Anything unusual about a line (a
 ``\\u`` escape that could spell a key, a list the regex can't delimit, UTF-16) sends it
 down the plain path: parse the whole text and read each attribute list, slower but
@@ -27,14 +30,17 @@ import gzip
 import json
 import math
 import re
+import sys
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import xxhash
 
 from otel_dra import conventions as cv
 from otel_dra.decode import limits as lim
@@ -49,6 +55,7 @@ from otel_dra.decode.core import (
     DecodeError,
     DecoderCore,
     DecodeResult,
+    DescriptiveMaps,
     Refusal,
     SeriesIndex,
     TableCache,
@@ -62,23 +69,37 @@ from otel_dra.decode.core import (
     series_keys,
     short,
     time_problem,
+    uniform_times,
     unknown_problem,
     value_problem,
 )
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
-from otel_dra.frame import DeviceTable, Frame, Schema, attrs_of
+from otel_dra.frame import DeviceTable, Frame, Schema
 
 #: Point-level problems reported per line; the rest are counted in one summary error.
 MAX_POINT_ERRORS_PER_LINE: Final = 5
 #: Metric-level notes (unknown metric, wrong kind) reported per line before summarising.
 MAX_METRIC_ERRORS_PER_LINE: Final = 10
-#: Distinct attribute lists cached before the caches are dropped (bounds memory on garbage).
+#: Devices and descriptive attribute sets indexed before everything is dropped and relearned (bounds memory on
+#: garbage: the series index, the entries, the shapes and the time floors that refer to them).
 MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
-#: Entries kept in the per-node caches of entries each node may use (a cache only: past it they are dropped
-#: and relearned point by point, which costs only speed).
-MAX_NODE_ENTRIES: Final = 1_000_000
+#: Entries (a (metric, attribute list) each, 13 bytes) kept before they and the shapes naming them are dropped
+#: and relearned (a cache only: lines of new shapes make new entries).
+MAX_ENTRIES: Final = 4_000_000
+#: Line shapes kept, in all, per node, and their attribute lists in all (4 bytes each); least recently used go.
+MAX_SHAPES: Final = 100_000
+MAX_SHAPES_PER_NODE: Final = 4
+MAX_SHAPE_POSITIONS: Final = 16_000_000
+#: Device tables kept by the entries they hold (one per node and shape, more while devices come and go).
+MAX_FRAME_TABLES: Final = 50_000
 
 _ATTRS_KEY: Final = b'"attributes":'
+#: ``"attributes":<n> ``: the token of the n-th attribute list of a line (grown as lines need).
+_POSITIONS: list[bytes] = []
+#: A position whose entry is not known (a line of a new shape, or a device the caps refused).
+_UNKNOWN: Final = -(1 << 31)
+#: The entries of a metric not read through its line's shape: none.
+_NO_ENTRIES: Final[dict[int, int]] = {}
 # An attribute list up to its first "]": enough for string-valued lists (the normal case).
 # A capture that is not a whole JSON array (a "]" inside a value, nested arrays) fails its
 # one-time validation and sends the line down the plain path.
@@ -142,7 +163,7 @@ def _any_value_str(value: Any) -> str:
         raise _Malformed(f"has several values ({', '.join(name(k) for k in sorted(value))})")
     ((kind, v),) = value.items()
     if kind == "stringValue" and type(v) is str:
-        return v
+        return sys.intern(v)  # (what a device keeps of its attributes shares one string per value)
     if kind == "boolValue" and type(v) is bool:
         return "true" if v else "false"
     try:
@@ -224,6 +245,56 @@ def _to_value(point: dict[str, Any]) -> tuple[str, float | None]:
     return field, value
 
 
+class _Entries:
+    """Every (metric, attribute set) a point was read with: its device, column and descriptive set (the
+    series index's), and whether it carries attributes not read, as arrays (13 bytes an entry, grown by
+    half when full); and what is wrong with those that have no target (an entry < 0 is ``-1 - index``
+    into ``errors``)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.dev = np.empty(1024, np.int32)
+        self.col = np.empty(1024, np.int32)
+        self.descr = np.empty(1024, np.int32)  # -1: none
+        self.stray = np.empty(1024, bool)
+        self.errors: list[str | Refusal] = []
+
+    def __len__(self) -> int:
+        return self.n + len(self.errors)
+
+    def add(self, dev: int, col: int, descr: int, stray: bool) -> int:
+        n = self.n
+        if n == len(self.dev):
+            size = n + n // 2
+            self.dev, self.col, self.descr, self.stray = (
+                np.concatenate([a, np.empty(size - n, a.dtype)]) for a in (self.dev, self.col, self.descr, self.stray)
+            )
+        self.dev[n], self.col[n], self.descr[n], self.stray[n] = dev, col, descr, stray
+        self.n = n + 1
+        return n
+
+    def error(self, error: str | Refusal) -> int:
+        self.errors.append(error)
+        return -len(self.errors)
+
+
+@dataclass(slots=True)
+class _Shape:
+    """A line already read, by the sequence of its attribute lists' text (one XXH3-128 digest of them
+    all): each list's entry, by its position in the line, so a line of the same shape (a node's next
+    export: the same series, new times and values) looks no attribute list up. Its metrics, in order:
+    each one's name and the positions of its points' lists (``lo`` to ``hi``): a point is read through
+    the shape only where its metric and position are those the shape was made with. What only says how
+    the line is laid out (names, spans) is one object for every shape laid out alike."""
+
+    entries: np.ndarray  # int32 per position: an entry (>= 0), an error (< 0), or _UNKNOWN
+    names: tuple[str | None, ...]  # each metric's name, in the line's order
+    lo: np.ndarray  # int32 per metric: its points' first position
+    hi: np.ndarray  # ... and one past the last
+    resources: dict[int, dict[str, str] | str]  # position -> a resource's attributes
+    admitted: tuple[tuple[str, int], ...]  # each node it names and that node's admission (NodeFloors.generation)
+
+
 @dataclass
 class _Line:
     """Per-line scratch of :meth:`OtlpJsonDecoder.decode_line`."""
@@ -242,19 +313,36 @@ class _Line:
     skipped: int = 0
     ignored: int = 0  # points of otel-dra's own telemetry, set aside (core.self_telemetry)
     stray: int = 0  # points with attributes not read (core.READ_ATTRIBUTES)
+    # A tokenized line: its attribute lists' text by position, and what is known of each position.
+    texts: list[bytes] | None = None
+    items: list[Any] | None = None  # ... parsed (a line of a new shape: each was checked to be a JSON array)
+    shape: _Shape | None = None  # the line's shape, when one was read before
+    ents: list[int] = field(default_factory=list)  # each position's entry (the shape's; _UNKNOWN without)
+    attrs: dict[int, dict[str, str] | str] = field(default_factory=dict)  # positions' attributes, as read
+    metric: int = 0  # the metric being read, counted in the line's order
+    # What a line read without a shape learns, for the shape made of it (None: none is made).
+    learned: list[int] | None = None
+    names: list[str | None] = field(default_factory=list)
+    lo: list[int] = field(default_factory=list)
+    hi: list[int] = field(default_factory=list)
+    resources: dict[int, dict[str, str] | str] = field(default_factory=dict)
 
 
 class OtlpJsonDecoder(DecoderCore):
     """Decodes OTLP JSON request lines into Frames over a shared Schema.
 
     Keeps, per instance, the newest time decoded per series (node, device, column: older points are
-    rejected: replay input is in time order per series) and caches keyed by attribute list, so
-    one decoder should read one replay stream. ``max_future_ns`` (live input only: the
-    receiver's JSON bodies) also rejects points further than that ahead of ``clock``, and
+    rejected: replay input is in time order per series) and the shapes of the lines read (each node's
+    last few: :class:`_Shape`), so one decoder should read one replay stream. ``max_future_ns`` (live input
+    only: the receiver's JSON bodies) also rejects points further than that ahead of ``clock``, and
     forgets the series' times of nodes not seen for NODE_IDLE_NS; with ``clock_jump_ns``, a point that far
     behind its series is a clock jump, taken. What input may create is capped by
     ``limits`` (nodes, devices, series kinds, attribute lengths): past a cap points are refused and
     counted by reason (``DecodeResult.limited``).
+
+    What a line's shape costs is a few bytes per attribute list (its entry), and what an entry costs is
+    13 bytes: a replay of 10,000 devices holds no text of their attribute lists, no dict of them per
+    series, nothing per series but numbers.
     """
 
     def __init__(
@@ -272,111 +360,93 @@ class OtlpJsonDecoder(DecoderCore):
         self.points = 0
         self.points_skipped = 0
         self.points_ignored = 0  # otel-dra's own telemetry, set aside
+        self._texts: list[bytes] | None = None  # the line being decoded: its attribute lists (_tokenize) ...
+        self._shape: _Shape | None = None  # ... and its shape, when one was read before
+        self._items: list[Any] | None = None  # ... or, without one, its lists parsed
         self._reset_caches()
 
     def _reset_caches(self) -> None:
-        """Drop every cache keyed by attribute list (tokens are per instance, reset together)."""
-        self._token_of_text: dict[bytes, bytes] = {}  # attribute list text -> b'"attributes":<token> '
-        self._token_of_attrs: dict[tuple[tuple[str, str], ...] | str, int] = {}
-        self._attrs_of_token: list[dict[str, str] | str] = []  # str: why the list is malformed
-        self._entries: dict[str, dict[int, int]] = {}  # metric -> token -> entry (< 0: error index)
-        self._entry_errors: list[str | Refusal] = []
-        self._entry_dev: list[int] = []
-        self._entry_col: list[int] = []
-        self._entry_descr: list[int] = []  # index into the series index's descriptive sets, -1: none
-        self._entry_stray: list[bool] = []  # its attributes include some not read (core.READ_ATTRIBUTES)
-        # Each entry's device, column and series key (core.series_keys), as arrays.
-        self._entry_np: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
-            np.empty(0, np.intp),
-            np.empty(0, np.intp),
-            np.empty(0, np.int64),
-            np.empty(0, bool),
-        )
+        """Drop everything that indexes devices: the series index, the entries, the shapes, the tables."""
         self._series = SeriesIndex(self.schema, self.limits)
-        # node -> metric -> token -> entry, for the entries whose device the node has named (the caps let
-        # it): what the per-point fast path reads, so it needs no check of its own.
-        self._node_entries: dict[str, dict[str, dict[int, int]]] = {}  # (cleared with the entries they name)
-        self._node_entry_count = 0
-        self._frame_tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
+        self._maps = DescriptiveMaps(self._series)
         self._tables = TableCache()
         self._floors.series.clear()  # keyed by the device indices dropped here
+        self._reset_entries()
+
+    def _reset_entries(self) -> None:
+        """Drop the entries and what refers to them (shapes, frame tables): relearned from the next lines."""
+        self._entries = _Entries()
+        self._shapes: dict[bytes, _Shape] = {}  # least recently used first
+        self._node_shapes: dict[str, list[bytes]] = {}  # each node's shapes, least recently used first
+        self._shape_positions = 0
+        self._shared: weakref.WeakValueDictionary[bytes, np.ndarray] = weakref.WeakValueDictionary()
+        self._names: dict[tuple[str | None, ...], tuple[str | None, ...]] = {}
+        self._frame_tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
 
     # -- attribute lists ----------------------------------------------------------------
-    def _token(self, attrs: dict[str, str] | str) -> int:
-        """The token of an attribute set (or of the reason a list is malformed)."""
-        key: tuple[tuple[str, str], ...] | str = attrs if isinstance(attrs, str) else attrs_of(attrs)
-        token = self._token_of_attrs.get(key)
-        if token is None:
-            token = len(self._attrs_of_token)
-            self._attrs_of_token.append(attrs)
-            self._token_of_attrs[key] = token
-        return token
-
-    def _token_of_list(self, items: Any) -> int:
-        try:
-            return self._token(_attributes_of(items))
-        except _Malformed as exc:
-            return self._token(str(exc))
-
     def _tokenize(self, line: bytes) -> bytes | None:
-        """The line with every attribute list replaced by its integer token, or None when the
-        line needs the plain path.
+        """The line with every attribute list replaced by its position in the line, or None when the line
+        needs the plain path. Sets the line's texts and, when a line of the same shape was read before, its
+        shape (``_texts``, ``_shape``), which the walk reads.
 
-        Sound because: a replaced text parsed on its own as a complete JSON array, so in the
-        line it ends exactly there; the token ends in a space, so no digit or exponent after
-        the list can run on into it. A match's second quote follows a letter, so it is a real
-        delimiter and the match is a key with its value, never text inside a string. With
-        the line in UTF-8, no ``\\u`` escape that could spell a key's letters (no other escape
-        makes a letter) and every ``"attributes"`` in the result one of ours, every
-        ``attributes`` key the parser sees holds a token, and every token sits where a list
-        was. A line that is valid JSON stays valid with the same shape; one that isn't stays
-        invalid.
+        Sound because: a replaced text parsed on its own as a complete JSON array (checked when its shape
+        was first read: a shape is the exact bytes of every list), so in the line it ends exactly there; the
+        token ends in a space, so no digit or exponent after the list can run on into it. A match's second
+        quote follows a letter, so it is a real delimiter and the match is a key with its value, never text
+        inside a string. With the line in UTF-8, no ``\\u`` escape that could spell a key's letters (no other
+        escape makes a letter) and every ``"attributes"`` in the result one of ours, every ``attributes`` key
+        the parser sees holds a token, and every token sits where a list was. A line that is valid JSON
+        stays valid with the same shape; one that isn't stays invalid.
         """
+        self._texts, self._shape, self._items = None, None, None
         if (b"\\" in line and _LETTER_ESCAPE.search(line)) or json.detect_encoding(line) not in _UTF8:
             return None
         parts = _ATTRS_LIST.split(line)
         texts = parts[1::2]
-        known = self._token_of_text
-        tokens = list(map(known.get, texts))
-        if None in tokens:
-            for i, text in enumerate(texts):
-                if tokens[i] is None:
-                    token = known.get(text)
-                    if token is None:
-                        try:
-                            items = json.loads(text)
-                        except (ValueError, RecursionError):
-                            return None
-                        if type(items) is not list:
-                            return None
-                        token = _ATTRS_KEY + str(self._token_of_list(items)).encode() + b" "
-                        known[text] = token
-                    tokens[i] = token
-        parts[1::2] = tokens
+        # (no list holds a NUL byte: JSON text can't, and a list that isn't JSON never makes a shape)
+        shape = self._shapes.get(xxhash.xxh3_128_digest(b"\0".join(texts)))
+        items: list[Any] | None = None
+        if shape is None:
+            items = []
+            for text in texts:  # each list a JSON array, or the plain path says what is wrong
+                try:
+                    parsed = json.loads(text)
+                except (ValueError, RecursionError):
+                    return None
+                if type(parsed) is not list:
+                    return None
+                items.append(parsed)
+        if len(_POSITIONS) < len(texts):
+            _POSITIONS.extend(_ATTRS_KEY + str(i).encode() + b" " for i in range(len(_POSITIONS), 2 * len(texts)))
+        parts[1::2] = _POSITIONS[: len(texts)]
         reduced = b"".join(parts)
-        if reduced.count(b'"attributes"') != len(tokens):
+        if reduced.count(b'"attributes"') != len(texts):
             return None
+        self._texts, self._shape, self._items = texts, shape, items
         return reduced
 
-    def _attrs_at(self, raw: Any, tokenized: bool) -> dict[str, str] | str:
-        """The attributes of a resource or point: from its token, or read from its list."""
-        if tokenized and type(raw) is int:
-            return self._attrs_of_token[raw]
+    def _attrs_at(self, raw: Any, line: _Line) -> dict[str, str] | str:
+        """The attributes of a resource or point: from its list's position in a tokenized line (read once
+        per line), or read from its list."""
+        if line.texts is not None and type(raw) is int:
+            found = line.attrs.get(raw)
+            if found is None:
+                items = line.items[raw] if line.items is not None else json.loads(line.texts[raw])
+                found = line.attrs[raw] = self._attrs_of_list(items)
+            return found
         if raw is None:
             return {}
-        return self._attrs_of_token[self._token_of_list(raw)]
+        return self._attrs_of_list(raw)
+
+    @staticmethod
+    def _attrs_of_list(items: Any) -> dict[str, str] | str:
+        """A JSON attribute list as a dict, or why it is malformed (a string)."""
+        try:
+            return _attributes_of(items)
+        except _Malformed as exc:
+            return str(exc)
 
     # -- entries: (metric, attribute set) -> device and column -------------------------------
-    def _entry(self, metric: str, token: int, devices: set[str]) -> int | Refusal:
-        """The entry of a point of ``metric`` with attribute set ``token`` on a node that has named
-        ``devices``: >= 0 an index into the entry tables; < 0 an error (``-1 - index`` into
-        ``_entry_errors``); a device refused by a cap (not cached: another node may have room)."""
-        attrs = self._attrs_of_token[token]
-        entry = self._make_entry(metric, attrs, devices)
-        if not isinstance(entry, Refusal):
-            self._entries[metric][token] = entry
-        return entry
-
     def _make_entry(self, metric: str, attrs: dict[str, str] | str, devices: set[str]) -> int | Refusal:
         """A new entry for the core's target of (metric, attributes), or an error, or a device refused."""
         if isinstance(attrs, str):
@@ -386,15 +456,71 @@ class OtlpJsonDecoder(DecoderCore):
         if isinstance(target, Refusal) and target.reason in _DEVICE_REASONS:
             return target
         if isinstance(target, str | Refusal):
-            self._entry_errors.append(target)
-            return -len(self._entry_errors)
+            return self._entries.error(target)
         dev, col, descr = target
         assert not isinstance(attrs, str)  # (a malformed list has no target)
-        self._entry_stray.append(not attrs.keys() <= READ_ATTRIBUTES.get(metric, NOT_COLUMN_ATTRS))
-        self._entry_dev.append(dev)
-        self._entry_col.append(col)
-        self._entry_descr.append(descr)
-        return len(self._entry_dev) - 1
+        return self._entries.add(dev, col, descr, not attrs.keys() <= READ_ATTRIBUTES.get(metric, NOT_COLUMN_ATTRS))
+
+    # -- shapes ------------------------------------------------------------------------------
+    def _share(self, values: list[int]) -> np.ndarray:
+        """``values`` as an int32 array, or the equal one a shape already holds (read-only either way)."""
+        array = np.asarray(values, np.int32)
+        key = xxhash.xxh3_128_digest(array.tobytes())
+        found = self._shared.get(key)
+        if found is not None and len(found) == len(array):
+            return found
+        array.flags.writeable = False
+        self._shared[key] = array
+        return array
+
+    def _learn(self, line: _Line, nodes: list[str]) -> None:
+        """Keep the shape of a line read without one (each node keeps its last few)."""
+        assert line.texts is not None and line.learned is not None
+        key = xxhash.xxh3_128_digest(b"\0".join(line.texts))
+        generation = self._floors.generation
+        admitted = tuple((node, generation.get(node, -1)) for node in dict.fromkeys(nodes))
+        names = tuple(line.names)
+        names = self._names.setdefault(names, names)
+        if len(self._names) > MAX_SHAPES:
+            self._names.clear()
+        shape = _Shape(
+            np.asarray(line.learned, np.int32),
+            names,
+            self._share(line.lo),
+            self._share(line.hi),
+            line.resources,
+            admitted,
+        )
+        old = self._shapes.pop(key, None)
+        if old is not None:
+            self._shape_positions -= len(old.entries)
+        self._shapes[key] = shape
+        self._shape_positions += len(shape.entries)
+        for node, _ in admitted:
+            kept = self._node_shapes.setdefault(node, [])
+            if key in kept:
+                kept.remove(key)
+            kept.append(key)
+            while len(kept) > MAX_SHAPES_PER_NODE:
+                self._drop_shape(kept.pop(0))
+        while self._shapes and (self._shape_positions > MAX_SHAPE_POSITIONS or len(self._shapes) > MAX_SHAPES):
+            self._drop_shape(next(iter(self._shapes)))
+
+    def _drop_shape(self, key: bytes) -> None:
+        shape = self._shapes.pop(key, None)
+        if shape is not None:
+            self._shape_positions -= len(shape.entries)
+
+    def _valid(self, shape: _Shape) -> bool:
+        """Whether a shape still stands: each of its nodes admitted as it was (not forgotten since)."""
+        generation = self._floors.generation
+        return all(generation.get(node, -1) == admitted for node, admitted in shape.admitted)
+
+    def _forget_nodes(self) -> None:
+        """Drop the shapes of nodes forgotten (live input: idle too long)."""
+        for node in [n for n in self._node_shapes if n not in self._floors.devices]:
+            for key in self._node_shapes.pop(node):
+                self._drop_shape(key)
 
     # -- the line --------------------------------------------------------------------------
     def decode_line(self, text: str | bytes, lineno: int) -> tuple[list[Frame], list[DecodeError]]:
@@ -414,22 +540,36 @@ class OtlpJsonDecoder(DecoderCore):
         # Replay stays deterministic: it forgets nothing by the clock.
         if self.max_future_ns is not None and self._floors.due(now):
             self._floors.forget_idle(now)
-            for node in [n for n in self._node_entries if n not in self._floors.devices]:
-                del self._node_entries[node]
-        if max(len(self._attrs_of_token), len(self._token_of_text)) > MAX_CACHED_ATTRIBUTE_SETS:
+            self._forget_nodes()
+        if self._series.size > MAX_CACHED_ATTRIBUTE_SETS:
             self._reset_caches()
+        elif len(self._entries) > MAX_ENTRIES:
+            self._reset_entries()
         log = _LineLog(lineno)
         doc, tokenized, problem = self._parse(text)
         line = _Line(log, [], [], [], [], [], {}, {}, {}, Tally())
+        if tokenized:
+            texts, shape = self._texts, self._shape
+            assert texts is not None  # (what _tokenize read)
+            line.texts, line.items = texts, self._items
+            if shape is not None and self._valid(shape):
+                line.shape, line.ents = shape, shape.entries.tolist()
+            else:
+                line.ents = [_UNKNOWN] * len(texts)
+                line.learned = list(line.ents)
+        self._texts, self._shape, self._items = None, None, None
+        nodes: list[str] = []
         if problem is None:
             try:
-                problem = self._walk(doc, tokenized, line)
+                problem = self._walk(doc, line, nodes)
             except RecursionError:  # pragma: no cover - the parser refuses deeper nesting first
                 problem = "is nested too deeply"
         if problem is not None:
             self.lines_skipped += 1
             error = DecodeError(lineno, one_line(f"{problem}; line skipped"))
             return DecodeResult([], errors=(error,), invalid=error.message)
+        if line.learned is not None:
+            self._learn(line, nodes)
         for metric, n in line.unknown.items():
             log.metric(unknown_problem(JSON_DIALECT, metric, n))
         log.limit_errors = [DecodeError(lineno, one_line(text)) for text in line.tally.lines(self.limits)]
@@ -480,8 +620,22 @@ class OtlpJsonDecoder(DecoderCore):
         except (ValueError, RecursionError) as exc:
             return None, False, f"is not JSON ({exc})"
 
-    def _walk(self, doc: Any, tokenized: bool, line: _Line) -> str | None:
-        """Read the request into ``line``; a string says why the whole line is skipped."""
+    def _resource_attrs(self, raw: Any, line: _Line) -> dict[str, str] | str:
+        """A resource's attributes: its shape's, or read (and kept for the shape being learned)."""
+        if line.texts is not None and type(raw) is int:
+            if line.shape is not None:
+                found = line.shape.resources.get(raw)
+                if found is not None:
+                    return found
+            attrs = self._attrs_at(raw, line)
+            if line.learned is not None:
+                line.resources[raw] = attrs
+            return attrs
+        return self._attrs_at(raw, line)
+
+    def _walk(self, doc: Any, line: _Line, nodes: list[str]) -> str | None:
+        """Read the request into ``line`` (its nodes into ``nodes``); a string says why the whole line is
+        skipped."""
         if type(doc) is not dict:
             return f"is a JSON {type(doc).__name__}, not an ExportMetricsServiceRequest object"
         resources = doc.get("resourceMetrics")
@@ -489,16 +643,16 @@ class OtlpJsonDecoder(DecoderCore):
             return "has no resourceMetrics"
         if type(resources) is not list:
             return "has resourceMetrics that is not a list"
-        nodes: list[str] = []
         for i, rm in enumerate(resources, 1):
             resource = rm.get("resource") if type(rm) is dict else None
-            attrs = self._attrs_at(resource.get("attributes"), tokenized) if type(resource) is dict else {}
+            attrs = self._resource_attrs(resource.get("attributes"), line) if type(resource) is dict else {}
             if isinstance(attrs, str):
                 return f"resource {i} has malformed attributes: {attrs}"
             node = attrs.get(NODE)
             if not node:
                 return f"resource {i} has no {NODE}"
             nodes.append(node)
+        learning = line.learned is not None
         for rm, node in zip(resources, nodes, strict=True):
             devices, refused = self._admit_node(node)
             scopes = rm.get("scopeMetrics", [])
@@ -513,6 +667,13 @@ class OtlpJsonDecoder(DecoderCore):
                 info = scope.get("scope")
                 from_agent = type(info) is dict and info.get("name") == cv.AGENT_SCOPE
                 for metric in metrics:
+                    k = line.metric  # (each metric counted, in the line's order, whatever becomes of it)
+                    line.metric += 1
+                    if learning:
+                        metric_name = metric.get("name") if type(metric) is dict else None
+                        line.names.append(metric_name if type(metric_name) is str else None)
+                        line.lo.append(0)
+                        line.hi.append(0)
                     # otel-dra's own telemetry (an agent's verdicts, its push queue's metrics): not input, not a
                     # rejection; counted apart.
                     if type(metric) is dict and self_telemetry(metric.get("name"), from_agent):
@@ -522,7 +683,7 @@ class OtlpJsonDecoder(DecoderCore):
                         assert refused is not None  # what _admit_node says
                         self._refused_metric(metric, node, refused, line)
                     else:
-                        self._metric(metric, node, devices, tokenized, line)
+                        self._metric(metric, node, devices, line, k)
         return None
 
     def _refused_metric(self, metric: Any, node: str, refused: Refusal, line: _Line) -> None:
@@ -534,8 +695,8 @@ class OtlpJsonDecoder(DecoderCore):
         if n:
             line.tally.add(refused, node, n)
 
-    def _metric(self, metric: Any, node: str, devices: set[str], tokenized: bool, line: _Line) -> None:
-        """One metric's points into the line's scratch lists."""
+    def _metric(self, metric: Any, node: str, devices: set[str], line: _Line, k: int) -> None:
+        """One metric's points (the line's ``k``-th metric) into the line's scratch lists."""
         log = line.log
         if type(metric) is not dict:
             log.metric(f"a metric of node {name(node)} is not an object; skipped")
@@ -571,25 +732,34 @@ class OtlpJsonDecoder(DecoderCore):
             return
         assert type(points) is list and type(metric_name) is str  # what metric_problem checked
         counter = sum_body and body.get("isMonotonic") is True
-        entries = self._entries.get(metric_name)
-        if entries is None:
-            entries = self._entries[metric_name] = {}
-        node_entries = self._node_entries.get(node)
-        if node_entries is None:
-            node_entries = self._node_entries[node] = {}
-        admitted = node_entries.get(metric_name)
-        if admitted is None:
-            admitted = node_entries[metric_name] = {}
         times = line.times.get(node)
         if times is None:
             times = line.times[node] = {}
-        # The fast path reads the common case: cached entry, cached time, a plain number.
-        # Anything else (first sight, or a problem) goes through _slow_point.
-        fast_entries = admitted if tokenized else {}
+        # Read through the line's shape when this metric is the one the shape has here, its points' lists where
+        # the shape had them: its first and last point at the first and last position it had (the points'
+        # lists come in the points' order, so every one of them is in between).
+        shape = line.shape
+        ents: list[int] | dict[int, int] = _NO_ENTRIES
+        if shape is not None:
+            if k < len(shape.names) and shape.names[k] == metric_name and points:
+                lo, hi = int(shape.lo[k]), int(shape.hi[k])
+                first, last = points[0], points[-1]
+                first = first.get("attributes") if type(first) is dict else None
+                last = last.get("attributes") if type(last) is dict else None
+                if type(first) is int and type(last) is int and first == lo and last == hi - 1:
+                    ents = line.ents
+        elif line.learned is not None:
+            at = [p["attributes"] for p in points if type(p) is dict and type(p.get("attributes")) is int]
+            if at:
+                line.lo[k], line.hi[k] = at[0], at[-1] + 1
+        # The fast path reads the common case: a known entry, cached time, a plain number.
+        # Anything else (a line of a new shape, or a problem) goes through _slow_point.
+        cached = ents is line.ents
         add_entry, add_slot, add_value = line.entries.append, line.slots.append, line.values.append
         for i, point in enumerate(points):
             try:
-                entry = fast_entries[point["attributes"]]
+                at = point["attributes"]
+                entry = ents[at] if at.__class__ is int else _UNKNOWN
                 slot = times[point["timeUnixNano"]]
                 value = point.get("asDouble")
                 if value is None:
@@ -606,9 +776,7 @@ class OtlpJsonDecoder(DecoderCore):
                     continue
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
                 pass
-            problem = self._slow_point(
-                point, metric_name, counter, node, entries, admitted, devices, times, tokenized, line
-            )
+            problem = self._slow_point(point, metric_name, counter, node, devices, times, line, cached)
             if problem is not None:
                 line.skipped += 1
                 if problem not in LIMITED:  # the caps' refusals are counted in one line each
@@ -620,53 +788,51 @@ class OtlpJsonDecoder(DecoderCore):
         metric: str,
         counter: bool,
         node: str,
-        entries: dict[int, int],
-        admitted: dict[int, int],
         devices: set[str],
         times: dict[str, int],
-        tokenized: bool,
         line: _Line,
+        cached: bool,
     ) -> str | None:
-        """A point off the fast path: fill the caches, keep it, or say what is wrong with it (a cap's
-        refusal: its reason, counted in the line's tally)."""
+        """A point off the fast path: find its entry (its list's position's in the line's shape, when
+        ``cached``: its metric is read through the shape; or a new one), keep it, or say what is wrong with it
+        (a cap's refusal: its reason, counted in the line's tally). A line without a shape learns each
+        position's entry."""
         if type(point) is not dict:
             return "is not an object"
         raw = point.get("attributes")
-        if tokenized and type(raw) is int:
-            token = raw
-        elif raw is None or type(raw) is list:
-            token = self._token_of_list(raw or [])
-        else:
+        at = -1
+        if line.texts is not None and type(raw) is int:
+            at = raw
+        elif not (raw is None or type(raw) is list):
             return "has attributes that are not a list"
-        found: int | Refusal | None = entries.get(token)
-        if found is None:
-            found = self._entry(metric, token, devices)
-        if isinstance(found, Refusal):
-            line.tally.add(found, node)
-            return found.reason
-        entry = found
+        entry = line.ents[at] if cached and at >= 0 else _UNKNOWN
+        if entry == _UNKNOWN:
+            attrs = self._attrs_at(raw, line) if at >= 0 else self._attrs_of_list(raw or [])
+            found = self._make_entry(metric, attrs, devices)
+            if isinstance(found, Refusal):
+                line.tally.add(found, node)
+                return found.reason
+            entry = found
+        learned = line.learned if at >= 0 else None
         if entry < 0:
-            error = self._entry_errors[-1 - entry]
+            if learned is not None:
+                learned[at] = entry
+            error = self._entries.errors[-1 - entry]
             if isinstance(error, Refusal):
-                # Cached from any node: a series kind refused is so only once its device fits this node.
+                # Kept from any node: a series kind refused is so only once its device fits this node.
                 reused = self._reuse(devices, error)
-                assert isinstance(reused, Refusal)  # a refusal: the device's or the one cached
+                assert isinstance(reused, Refusal)  # a refusal: the device's or the one kept
                 line.tally.add(reused, node)
                 return reused.reason
             return error
-        if token not in admitted:
-            dev_name = self._series.dev_names[self._entry_dev[entry]]
-            refused = self._admit_device(devices, dev_name)
-            if refused is not None:
-                line.tally.add(refused, node)
-                return refused.reason
-            if self._node_entry_count >= MAX_NODE_ENTRIES:
-                for cache in self._node_entries.values():
-                    cache.clear()  # (the dicts stay: callers hold them)
-                self._node_entry_count = 0
-            admitted[token] = entry
-            self._node_entry_count += 1
-        device = self._series.device(self._entry_dev[entry])
+        dev = int(self._entries.dev[entry])
+        refused = self._admit_device(devices, self._series.dev_names[dev])
+        if refused is not None:
+            line.tally.add(refused, node)
+            return refused.reason
+        if learned is not None:
+            learned[at] = entry
+        device = self._series.device(dev)
         try:
             t = _to_time(point.get("timeUnixNano"))
             field, value = _to_value(point)
@@ -699,12 +865,10 @@ class OtlpJsonDecoder(DecoderCore):
         """The line's points as frames, one per (node, time), in time order."""
         if not line.values:
             return []
-        if len(self._entry_np[0]) != len(self._entry_dev):
-            dev, col = np.asarray(self._entry_dev, np.intp), np.asarray(self._entry_col, np.intp)
-            self._entry_np = (dev, col, series_keys(dev, col), np.asarray(self._entry_stray, bool))
-        entry_dev, entry_col, entry_key, entry_stray = self._entry_np
+        known = self._entries
+        entry_dev, entry_col = known.dev, known.col
         entries = np.asarray(line.entries, np.intp)
-        line.stray = int(np.count_nonzero(entry_stray[entries]))
+        line.stray = int(np.count_nonzero(known.stray[entries]))
         values = np.asarray(line.values, np.float64)
         slots = np.asarray(line.slots, np.intp) if len(line.slot_time) > 1 else None
         ncols = len(self.schema)
@@ -718,8 +882,8 @@ class OtlpJsonDecoder(DecoderCore):
                     continue
                 e, v = entries[mask], values[mask]
             node, t = line.slot_node[s], line.slot_time[s]
-            keys = entry_key[e]
-            times = np.full(len(e), t, np.uint64)
+            keys = series_keys(entry_dev[e], entry_col[e])
+            times = uniform_times(t, len(e))  # (one number, however many points wait on it)
             ok, floors, places = self._order(node, keys, times, earliest=t)
             if ok is not None:
                 self._older(line, node, t, e[~ok], floors[~ok])
@@ -744,8 +908,8 @@ class OtlpJsonDecoder(DecoderCore):
         shown = min(len(entries), MAX_POINT_ERRORS_PER_LINE)
         columns = self.schema.columns if shown else ()
         for entry, floor in zip(entries[:shown].tolist(), floors[:shown].tolist(), strict=True):
-            device = self._series.device(self._entry_dev[entry])
-            metric = columns[self._entry_col[entry]].metric
+            device = self._series.device(int(self._entries.dev[entry]))
+            metric = columns[int(self._entries.col[entry])].metric
             line.log.point(f"a point of {metric} ({device}) {time_problem(node, t, int(floor), None, 0)}")
         line.log.hidden += len(entries) - shown
 
@@ -753,22 +917,27 @@ class OtlpJsonDecoder(DecoderCore):
         """The device table for a frame holding these entries, its devices' indices (sorted),
         and whether the entries all land on distinct cells. Equal tables are one object,
         so consumers can cache per table."""
-        key = (node, unique_entries.tobytes())
+        key = (node, xxhash.xxh3_128_digest(unique_entries.astype(np.int64, copy=False).tobytes()))
         found = self._frame_tables.get(key)
         if found is not None:
             return found
+        known = self._entries
         ents = unique_entries.tolist()
-        devs = sorted({self._entry_dev[x] for x in ents})
-        attrs: dict[int, dict[str, str]] = {d: {} for d in devs}
-        descrs = self._series.descrs
-        for x in ents:  # entries in creation order: a newer attribute set overrides an older one
-            descr = self._entry_descr[x]
+        dev_of = known.dev[unique_entries].tolist()
+        descr_of = known.descr[unique_entries].tolist()
+        col_of = known.col[unique_entries].tolist()
+        devs = sorted(set(dev_of))
+        sets: dict[int, list[int]] = {d: [] for d in devs}
+        for dev, descr in zip(dev_of, descr_of, strict=True):  # entries in creation order: the newer set wins
             if descr >= 0:
-                attrs[self._entry_dev[x]].update(descrs[descr])
+                sets[dev].append(descr)
         names = self._series.dev_names
-        table = self._tables.table(node, tuple(names[d] for d in devs), tuple(attrs[d] for d in devs))
-        cells = {(self._entry_dev[x], self._entry_col[x]) for x in ents}
+        attrs = tuple(self._maps.merged(sets[d]) for d in devs)
+        table = self._tables.table(node, tuple(names[d] for d in devs), attrs)
+        cells = set(zip(dev_of, col_of, strict=True))
         found = (table, np.asarray(devs, np.intp), len(cells) == len(ents))
+        if len(self._frame_tables) >= MAX_FRAME_TABLES:
+            self._frame_tables.clear()
         self._frame_tables[key] = found
         return found
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -56,6 +58,7 @@ from otel_dra.decode.core import (
     UNKNOWN,
     DecoderCore,
     DecodeResult,
+    DescriptiveMaps,
     Refusal,
     SeriesFloors,
     SeriesIndex,
@@ -69,12 +72,14 @@ from otel_dra.decode.core import (
     scatter,
     self_telemetry,
     series_keys,
+    series_parts,
     time_problem,
+    uniform_times,
     unknown_problem,
     value_problem,
 )
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
-from otel_dra.frame import Attrs, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.frame import DeviceTable, Frame, Schema, attrs_of
 
 #: Series (metric, attribute set) whose device and column are cached for the plain path (a cache only: at
 #: this size it is emptied and refilled; templates make it unneeded for steady traffic).
@@ -130,7 +135,9 @@ def _value_str(value: AnyValue) -> str:
     if kind is None:
         return ""
     if kind == "string_value":
-        return value.string_value
+        # Interned: a fleet's devices repeat their models, vendors, versions and pool names, and what a
+        # device keeps of its attributes then shares one string per value.
+        return sys.intern(value.string_value)
     if kind == "bool_value":
         return "true" if value.bool_value else "false"
     if kind == "int_value":
@@ -296,10 +303,10 @@ class _Scan:
 
 @dataclass
 class _Points:
-    """Good points of one node at one time, in request order: device, column, descriptive set, value."""
+    """Good points of one node at one time, in request order: series key (device and column,
+    core.series_keys), descriptive set, value."""
 
-    dev: np.ndarray
-    col: np.ndarray
+    key: np.ndarray
     descr: np.ndarray
     values: np.ndarray
     layout: _Layout | None = None  # precomputed (a template's): where these points land
@@ -307,18 +314,23 @@ class _Points:
 
 @dataclass
 class _Layout:
-    """Where a list of points lands in a frame: the device table, row and column of each kept point."""
+    """Where a list of points lands in a frame: the device table, and the cell (row * ncols + column) of
+    each kept point in a frame ``ncols`` wide (re-cut when the schema has grown)."""
 
     table: DeviceTable
-    rows: np.ndarray
-    cols: np.ndarray
+    flat: np.ndarray
+    ncols: int
     keep: np.ndarray | None  # indices of the points kept (duplicates: the last wins); None = all, in order
-    flat: np.ndarray | None = None
-    ncols: int = -1
+
+    def recut(self, ncols: int, share: Callable[[np.ndarray], np.ndarray]) -> None:
+        """The cells in a frame ``ncols`` wide (the schema grew), through ``share``."""
+        if self.ncols != ncols:
+            rows, cols = np.divmod(self.flat.astype(np.int64), self.ncols)
+            self.flat, self.ncols = share((rows * ncols + cols).astype(np.int32)), ncols
 
     def fill(self, values: np.ndarray, ncols: int) -> np.ndarray:
-        if self.ncols != ncols or self.flat is None:
-            self.flat, self.ncols = self.rows.astype(np.intp) * ncols + self.cols, ncols
+        if self.ncols != ncols:
+            self.recut(ncols, lambda flat: flat)
         return scatter(len(self.table), ncols, self.flat, values if self.keep is None else values[self.keep])
 
 
@@ -334,7 +346,8 @@ class _Template:
     with a request of its own anyway."""
 
     digest: bytes
-    holes: np.ndarray  # start of every 8-byte payload zeroed (start time, time, value of each point)
+    steps: np.ndarray  # where each 8-byte payload zeroed (start time, time, value of each point) starts: the
+    # first's offset, then each one's distance from the one before (uint16 when they fit: see holes)
     node: str | None
     points: int
     rejected: int
@@ -344,36 +357,49 @@ class _Template:
     unknown: list[tuple[int, str, int]]
     tally: Tally  # points refused by the caps: they stay refused while the node's devices are these
     generation: int  # the node's admission its devices were counted in; -1: a node refused (or none)
-    # Candidates, as arrays: where each one goes and what it reads from the gathered payloads.
-    dev: np.ndarray
-    col: np.ndarray
+    # Candidates, as arrays: where each one goes and what it reads from the gathered payloads. What only
+    # says how the section is laid out (holes, kinds, counters, ordinals, cells) is one array for every
+    # template laid out alike (``OtlpProtoDecoder._shared``: a fleet's nodes mostly are); the device
+    # and column of each candidate are read off its key when needed (core.series_parts).
+    key: np.ndarray  # each candidate's series (core.series_keys): its time order is checked per series
     descr: np.ndarray
     counter: np.ndarray
     any_counter: bool
-    key: np.ndarray  # each candidate's series (core.series_keys): its time order is checked per series
     time_hole: np.ndarray  # index into holes, -1: no time field (zero)
-    value_hole: np.ndarray  # index into holes, -1: no value
+    value_hole: np.ndarray | None  # index into holes, -1: no value; None when simple (then time_hole + 1)
     kind: np.ndarray  # _NONE, _DOUBLE, _INT
-    simple: bool  # every candidate has a time and a double value
+    simple: bool  # every candidate has a time and a double value, right after its time
     layout: _Layout | None  # where the candidates land when all of them are good and share one time
-    # For messages only: each candidate's position in the section and in its metric.
+    # For messages only: each candidate's position in the section; the first position of each metric with
+    # candidates, and its name (a candidate's metric is the last to start at or before it).
     ordinal: np.ndarray
+    blocks: np.ndarray
     names: tuple[str, ...]
-    metric: np.ndarray  # index into names
-    index: np.ndarray
     # Where its candidates' series are in its node's SeriesFloors, while that holds the same series (a cache).
     places: np.ndarray | None = None
     places_of: SeriesFloors | None = None
     places_version: int = -1
 
     @property
+    def holes(self) -> np.ndarray:
+        """The start of every payload zeroed, from the section's start."""
+        return np.cumsum(self.steps, dtype=np.intp)
+
+    def where(self, i: int) -> str:
+        """Candidate ``i`` as a message names it: ``point <n> of <metric>``."""
+        b = int(np.searchsorted(self.blocks, self.ordinal[i], side="right")) - 1
+        return f"point {int(self.ordinal[i]) - int(self.blocks[b]) + 1} of {self.names[b]}"
+
+    @property
     def nbytes(self) -> int:
-        arrays = (self.holes, self.dev, self.col, self.descr, self.counter, self.key, self.time_hole, self.value_hole)
-        more = (self.kind, self.ordinal, self.metric, self.index)
-        layout = 0 if self.layout is None else 3 * self.layout.rows.nbytes
-        places = self.key.nbytes  # (filled in on first use: counted from the start, so the sum stays put)
+        """What this template holds (counting shared arrays too: a bound, not an exact figure)."""
+        arrays = (self.steps, self.key, self.descr, self.counter, self.time_hole, self.kind, self.ordinal)
+        holes = 0 if self.value_hole is None else self.value_hole.nbytes
+        layout = 0 if self.layout is None else self.layout.flat.nbytes
+        places = self.key.nbytes // 2  # (filled in on first use: counted from the start, so the sum stays put)
         return (
-            sum(a.nbytes for a in (*arrays, *more))
+            sum(a.nbytes for a in arrays)
+            + holes
             + places
             + layout
             + 100 * (len(self.problems) + len(self.names))
@@ -454,10 +480,13 @@ class OtlpProtoDecoder(DecoderCore):
 
     def _reset(self) -> None:
         """Drop what indexes devices (templates and tables refer to those indices, so they go too)."""
-        self._targets: dict[tuple[str, Attrs], Target | str | Refusal] = {}  # a cache only
+        self._targets: dict[tuple[str, bytes], Target | str | Refusal] = {}  # a cache only
         self._series = SeriesIndex(self.schema, self.limits)
+        self._maps = DescriptiveMaps(self._series)
         self._tables = TableCache()
         self._templates: dict[tuple[bytes, int], list[_Template]] = {}  # least recently used first
+        #: Layout arrays of the templates, one object for equal ones (while some template holds it).
+        self._shared: weakref.WeakValueDictionary[bytes, np.ndarray] = weakref.WeakValueDictionary()
         self._used: dict[tuple[bytes, int], int] = {}  # key -> when (clock) a template of it was last used
         self._template_bytes = 0
         self._streak: dict[tuple[bytes, int], int] = {}
@@ -481,7 +510,8 @@ class OtlpProtoDecoder(DecoderCore):
         """Where a point of ``metric`` with ``attrs`` goes on a node that has named ``devices`` (the core's
         identity rules and caps), cached; a device refused is not (another node may have room for it), and a
         cached answer takes its device step again on this node (the core's ``_reuse``)."""
-        key = (metric, attrs_of(attrs))
+        # Keyed by a digest of the attributes, not their pairs: the cache holds 16 bytes a series, not a copy.
+        key = (metric, xxhash.xxh3_128_digest(repr(attrs_of(attrs)).encode("utf-8", "surrogatepass")))
         found = self._targets.get(key)
         if found is None:
             found = self._series.target(metric, attrs, lambda device: self._admit_device(devices, device))
@@ -684,8 +714,7 @@ class OtlpProtoDecoder(DecoderCore):
         self._take(node, keys, times, at)
         self._add_points(
             node,
-            dev,
-            col,
+            keys,
             np.asarray([c.descr for c, _, _ in good], np.int32),
             times,
             np.asarray([v for _, _, v in good], np.float64),
@@ -720,24 +749,23 @@ class OtlpProtoDecoder(DecoderCore):
     @staticmethod
     def _add_points(
         node: str,
-        dev: np.ndarray,
-        col: np.ndarray,
+        key: np.ndarray,
         descr: np.ndarray,
         times: np.ndarray,
         values: np.ndarray,
         req: _Request,
         layout: _Layout | None = None,
     ) -> None:
-        """Good points of one section, split by time (in order of first appearance)."""
-        if not len(dev):
+        """Good points of one section (their series keys), split by time (in order of first appearance)."""
+        if not len(key):
             return
         if (times == times[0]).all():
-            req.slots.setdefault((node, int(times[0])), []).append(_Points(dev, col, descr, values, layout))
+            req.slots.setdefault((node, int(times[0])), []).append(_Points(key, descr, values, layout))
             return
         uniq, index = np.unique(times, return_index=True)
         for t in uniq[np.argsort(index, kind="stable")].tolist():
             mask = times == t
-            req.slots.setdefault((node, int(t)), []).append(_Points(dev[mask], col[mask], descr[mask], values[mask]))
+            req.slots.setdefault((node, int(t)), []).append(_Points(key[mask], descr[mask], values[mask]))
 
     # -- the fast path -----------------------------------------------------------------------------
     def _fast_section(self, data: bytes, start: int, end: int, req: _Request) -> bool:
@@ -775,11 +803,11 @@ class OtlpProtoDecoder(DecoderCore):
         if tmpl.tally:
             req.tally.merge(tmpl.tally)
         node = tmpl.node
-        if node is None or not len(tmpl.dev):
+        if node is None or not len(tmpl.key):
             return
-        if tmpl.simple:
+        if tmpl.value_hole is None:  # (simple: each value right after its time)
             times = words[tmpl.time_hole]
-            values = words[tmpl.value_hole].view("<f8")
+            values = words[tmpl.time_hole + 1].view("<f8")
         else:  # index -1 (no such field) reads the zero word appended
             words = np.concatenate([words, np.zeros(1, "<u8")])
             times = words[tmpl.time_hole]
@@ -808,19 +836,22 @@ class OtlpProtoDecoder(DecoderCore):
         else:
             in_order, floors, at = self._order(node, tmpl.key, times, ok)
             if at is not None and (at >= 0).all():  # every series read before: their places hold till a new one
+                at = at.astype(np.int32)
                 tmpl.places, tmpl.places_of, tmpl.places_version = at, series, series.version
         if in_order is not None:
             ok &= in_order
         if ok.all():
             layout = tmpl.layout if uniform else None
-            self._take(node, tmpl.key, times, at, first if uniform else None)
-            self._add_points(node, tmpl.dev, tmpl.col, tmpl.descr, times, values, req, layout)
+            # One time for every point (the usual): its series' times wait as one number, not a copy per point.
+            taken = uniform_times(first, len(times)) if uniform else times
+            self._take(node, tmpl.key, taken, at, first if uniform else None)
+            self._add_points(node, tmpl.key, tmpl.descr, times, values, req, layout)
             return
         bad = np.flatnonzero(~ok)
         req.rejected += len(bad)
         for i in bad[:MAX_PROBLEMS_PER_REQUEST].tolist():
             problem = self._point_problem(
-                int(tmpl.dev[i]),
+                int(series_parts(tmpl.key[i : i + 1])[0][0]),
                 int(times[i]),
                 int(tmpl.kind[i]),
                 float(values[i]),
@@ -828,11 +859,10 @@ class OtlpProtoDecoder(DecoderCore):
                 int(floors[i]) if len(floors) else 0,  # (none looked up: none older)
                 node,
             )
-            where = f"point {tmpl.index[i] + 1} of {tmpl.names[tmpl.metric[i]]}"
-            req.problem(base + int(tmpl.ordinal[i]), f"{where} {problem}")
+            req.problem(base + int(tmpl.ordinal[i]), f"{tmpl.where(i)} {problem}")
         req.problem_count += max(0, len(bad) - MAX_PROBLEMS_PER_REQUEST)
         self._take(node, tmpl.key[ok], times[ok], None if at is None else at[ok])
-        self._add_points(node, tmpl.dev[ok], tmpl.col[ok], tmpl.descr[ok], times[ok], values[ok], req)
+        self._add_points(node, tmpl.key[ok], tmpl.descr[ok], times[ok], values[ok], req)
 
     def _remember(self, data: bytes, start: int, end: int, scan: _Scan) -> None:
         """Keep a template of a section just scanned, unless its bytes can't be trusted to repeat or
@@ -907,12 +937,16 @@ class OtlpProtoDecoder(DecoderCore):
         kinds = np.asarray([w[2] for w in wheres], np.int8)
         counter = np.asarray([c.counter for c in cands], bool)
         simple = bool(len(cands)) and bool((time_holes >= 0).all() and (kinds == _DOUBLE).all())
+        simple = simple and bool((value_holes == time_holes + 1).all())
         layout = self._layout(scan.node, dev, col, descr) if scan.node is not None and len(cands) else None
-        names = tuple(dict.fromkeys(c.metric for c in cands))
-        name_id = {name: i for i, name in enumerate(names)}
+        if layout is not None:
+            layout.flat = self._share(layout.flat)
+        blocks = dict.fromkeys((c.ordinal - c.index, c.metric) for c in cands)  # each metric's first position
+        steps = np.diff(hole_arr, prepend=0)
+        small = len(steps) == 0 or (int(steps.min()) >= 0 and int(steps.max()) < 1 << 16)
         return _Template(
             digest=xxhash.xxh3_128_digest(masked),
-            holes=hole_arr,
+            steps=self._share(steps.astype(np.uint16 if small else np.int32)),
             node=scan.node,
             points=scan.points,
             rejected=scan.rejected,
@@ -922,22 +956,29 @@ class OtlpProtoDecoder(DecoderCore):
             unknown=list(scan.unknown),
             tally=scan.tally.frozen(),
             generation=-1 if scan.node is None else self._floors.generation.get(scan.node, -1),
-            dev=dev,
-            col=col,
             descr=descr,
-            counter=counter,
+            counter=self._share(counter),
             key=series_keys(dev, col),
             any_counter=bool(counter.any()),
-            time_hole=time_holes,
-            value_hole=value_holes,
-            kind=kinds,
+            time_hole=self._share(time_holes),
+            value_hole=None if simple else self._share(value_holes),
+            kind=self._share(kinds),
             simple=simple,
             layout=layout,
-            ordinal=np.asarray([c.ordinal for c in cands], np.int32),
-            names=names,
-            metric=np.asarray([name_id[c.metric] for c in cands], np.int32),
-            index=np.asarray([c.index for c in cands], np.int32),
+            ordinal=self._share(np.asarray([c.ordinal for c in cands], np.int32)),
+            blocks=np.asarray([start for start, _ in blocks], np.int32),
+            names=tuple(name for _, name in blocks),
         )
+
+    def _share(self, array: np.ndarray) -> np.ndarray:
+        """``array``, or the equal one a template already holds (read-only either way)."""
+        key = array.dtype.str.encode() + xxhash.xxh3_128_digest(array.tobytes())
+        found = self._shared.get(key)
+        if found is not None and found.shape == array.shape:
+            return found
+        array.flags.writeable = False
+        self._shared[key] = array
+        return array
 
     # -- frames -----------------------------------------------------------------------------------
     def _frames(self, req: _Request) -> list[Frame]:
@@ -950,11 +991,11 @@ class OtlpProtoDecoder(DecoderCore):
             if layout is not None:
                 values = parts[0].values
             else:
-                dev = np.concatenate([p.dev for p in parts])
-                col = np.concatenate([p.col for p in parts])
+                dev, col = series_parts(np.concatenate([p.key for p in parts]))
                 descr = np.concatenate([p.descr for p in parts])
                 values = np.concatenate([p.values for p in parts])
                 layout = self._layout(node, dev, col, descr)
+            layout.recut(ncols, self._share)  # (a template's, made before the schema grew)
             frames.append(self._frame(node, t, layout.table, layout.fill(values, ncols)))
         return frames
 
@@ -967,20 +1008,21 @@ class OtlpProtoDecoder(DecoderCore):
         keep = last_wins(rows.astype(np.int64) * (int(col.max()) + 1) + col)
         if keep is not None:
             rows, col = rows[keep], col[keep]
-        attrs: list[dict[str, str]] = [{} for _ in range(len(devs))]
+        sets: list[list[int]] = [[] for _ in range(len(devs))]  # each device's descriptive sets, in order
         with_descr = np.flatnonzero(descr >= 0)
         if len(with_descr):
             # Each distinct (device, set) once, at its last occurrence, in point order: the same
             # result as updating point by point.
             owner = np.searchsorted(devs, dev[with_descr]).astype(np.int64)
-            descrs = self._series.descrs
-            pair = owner * (len(descrs) + 1) + descr[with_descr]
+            pair = owner * (len(self._series.descrs) + 1) + descr[with_descr]
             _, last_rev = np.unique(pair[::-1], return_index=True)
             for p in np.sort(len(pair) - 1 - last_rev).tolist():
-                attrs[int(owner[p])].update(descrs[int(descr[with_descr[p]])])
+                sets[int(owner[p])].append(int(descr[with_descr[p]]))
         names = self._series.dev_names
-        table = self._tables.table(node, tuple(names[d] for d in devs.tolist()), tuple(attrs))
-        return _Layout(table, rows, col.astype(np.int32), keep)
+        attrs = tuple(self._maps.merged(s) for s in sets)
+        table = self._tables.table(node, tuple(names[d] for d in devs.tolist()), attrs)
+        ncols = len(self.schema)
+        return _Layout(table, (rows.astype(np.int64) * ncols + col).astype(np.int32), ncols, keep)
 
 
 def _time_of(key: tuple[str, int]) -> int:

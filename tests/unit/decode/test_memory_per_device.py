@@ -1,0 +1,179 @@
+"""What a device costs beyond its window (issue #17): the structures that keep it down, held to them.
+
+- Devices with the same descriptive attributes share one read-only mapping, from the decoders' device
+  tables through the classifier's registry to the verdict board (no copy per table, registry, board).
+- The replay decoder keeps no Python object per series: what it holds grows by a handful of objects a
+  device (the series index's), not by dozens a series (its attribute lists' text and dicts, as it did).
+- The fleet decoder's templates of nodes laid out alike share their layout arrays, and what waits for a
+  node's series' times is one batch, not one per request.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (
+    AggregationTemporality,
+    Gauge,
+    Metric,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from otel_dra import conventions as cv
+from otel_dra import policy
+from otel_dra.classifier import Classifier
+from otel_dra.decode import OtlpJsonDecoder
+from otel_dra.decode.otlp_proto import OtlpProtoDecoder
+from otel_dra.frame import FrozenAttrs, Schema
+from otel_dra.state import VerdictBoard
+
+S = 10**9
+T0 = 1_795_000_000 * S
+ERROR_TYPES = ("corrected", "uncorrected", "pcie", "nvlink", "driver", "retired_page", "reset", "power")
+DESCRIPTIVE = {cv.HW_TYPE: "gpu", cv.HW_VENDOR: "NVIDIA", cv.HW_MODEL: "H100 80GB HBM3", cv.DRA_DRIVER_NAME: "gpu.x"}
+
+
+def kv(attrs: dict[str, str]) -> list[KeyValue]:
+    return [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attrs.items()]
+
+
+def request(nodes: list[str], devices: int, t: int, serials: bool = False) -> ExportMetricsServiceRequest:
+    """Each node's devices with the same descriptive attributes (unique serial numbers with ``serials``):
+    a power gauge, and error counters of eight types (nine series a device)."""
+    out = ExportMetricsServiceRequest()
+    for n, node in enumerate(nodes):
+        points: dict[str, list[NumberDataPoint]] = {"power": [], "errors": []}
+        for d in range(devices):
+            attrs = {cv.HW_ID: f"gpu-{d}", **DESCRIPTIVE}
+            if serials:
+                attrs[cv.HW_SERIAL_NUMBER] = f"SN{n:04d}{d:04d}"
+            points["power"].append(NumberDataPoint(attributes=kv(attrs), time_unix_nano=t, as_double=300.0 + d))
+            for kind in ERROR_TYPES:
+                point = NumberDataPoint(
+                    attributes=kv({**attrs, cv.ERROR_TYPE_ATTR: kind}), start_time_unix_nano=T0, time_unix_nano=t
+                )
+                point.as_int = d
+                points["errors"].append(point)
+        metrics = [
+            Metric(name=cv.HW_POWER.name, gauge=Gauge(data_points=points["power"])),
+            Metric(
+                name=cv.HW_ERRORS.name,
+                sum=Sum(
+                    data_points=points["errors"],
+                    is_monotonic=True,
+                    aggregation_temporality=AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE,
+                ),
+            ),
+        ]
+        out.resource_metrics.append(
+            ResourceMetrics(
+                resource=Resource(attributes=kv({cv.K8S_NODE_NAME_ATTR: node})),
+                scope_metrics=[ScopeMetrics(metrics=metrics)],
+            )
+        )
+    return out
+
+
+def json_line(nodes: list[str], devices: int, t: int, serials: bool = False) -> bytes:
+    return json.dumps(MessageToDict(request(nodes, devices, t, serials)), separators=(",", ":")).encode()
+
+
+def objects_reachable(root: object) -> int:
+    """Objects ``root`` reaches (classes, modules and functions not followed)."""
+    seen: set[int] = set()
+    stack = [root]
+    skip = (type, type(json), type(len), type(objects_reachable))
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        stack.extend(gc.get_referents(obj))
+    return len(seen)
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_devices_with_the_same_descriptive_attributes_share_one_mapping(encoding):
+    nodes = ["node-a", "node-b"]
+    schema = Schema()
+    proto = OtlpProtoDecoder(schema)
+    replayed = OtlpJsonDecoder(schema)
+    classifier = Classifier(policy.load(), schema, interval_s=10.0)
+    board = VerdictBoard()
+    for k in range(2):  # the first request the plain way, the second through a template (or a line's shape)
+        t = T0 + k * 10 * S
+        if encoding == "protobuf":
+            frames = proto.decode(request(nodes, 3, t).SerializeToString()).frames
+        else:
+            frames = replayed.decode(json_line(nodes, 3, t)).frames
+        classifier.ingest_many(frames)
+        board.publish(classifier.evaluate(t), classifier.registry)
+    mappings = [a for f in frames for a in f.devices.attrs]
+    assert len(mappings) == 6 and dict(mappings[0]) == DESCRIPTIVE
+    assert all(m is mappings[0] for m in mappings), "one mapping for every device with these attributes"
+    assert isinstance(mappings[0], FrozenAttrs)
+    registry = classifier.registry
+    assert {id(registry.attrs[registry.row(node, f"gpu-{d}")]) for node in nodes for d in range(3)} == {id(mappings[0])}
+    assert {id(attrs) for _, attrs in board.snapshot()} == {id(mappings[0])}
+
+
+def test_the_registry_keeps_a_frozen_mapping_and_copies_any_other():
+    classifier = Classifier(policy.load(), Schema())
+    registry = classifier.registry
+    (row,), _ = registry.rows_for("n", ["gpu-0"])
+    frozen = FrozenAttrs(tuple(DESCRIPTIVE.items()))
+    assert registry.set_attrs(row, frozen) and registry.attrs[row] is frozen
+    mutable = {**DESCRIPTIVE, cv.HW_MODEL: "other"}
+    assert registry.set_attrs(row, mutable)
+    mutable[cv.HW_MODEL] = "changed after"
+    assert registry.attrs[row][cv.HW_MODEL] == "other" and isinstance(registry.attrs[row], FrozenAttrs)
+    assert not registry.set_attrs(row, {**DESCRIPTIVE, cv.HW_MODEL: "other"})  # equal: no change
+
+
+def test_the_replay_decoder_keeps_no_python_object_per_series():
+    """Each device has 9 series here; the decoder's objects grow by a few a device (its serial number and
+    descriptive set in the series index), not by several a series, however many lines it reads."""
+
+    def held(nodes: int) -> int:
+        decoder = OtlpJsonDecoder(Schema())
+        names = [f"node-{i:03d}" for i in range(nodes)]
+        for k in range(3):
+            for name in names:
+                result = decoder.decode(json_line([name], 4, T0 + k * 10 * S, serials=True))
+                assert result.frames and not result.errors
+        gc.collect()
+        return objects_reachable(decoder)
+
+    small, large = held(4), held(12)
+    per_device = (large - small) / ((12 - 4) * 4)
+    assert per_device < 12, f"{per_device:.1f} objects a device"
+
+
+def test_templates_laid_out_alike_share_their_arrays_and_a_node_waits_as_one_batch():
+    decoder = OtlpProtoDecoder(Schema())
+    for k in range(12):
+        for node in ("node-a", "node-b"):  # (names of one length: their requests are laid out alike)
+            decoder.decode(request([node], 4, T0 + k * 10 * S).SerializeToString())
+    assert decoder.sections_fast == 2 * 11
+    (a,), (b,) = decoder._templates.values()
+    assert a.steps is b.steps and a.time_hole is b.time_hole and a.kind is b.kind and a.ordinal is b.ordinal
+    assert a.layout is not None and b.layout is not None and a.layout.flat is b.layout.flat
+    for node in ("node-a", "node-b"):
+        floors = decoder._floors.series[node]
+        assert len(floors._pending) <= 1, "what waits for a node sending the same series is one batch"
+        waiting = floors._pending[0][1] if floors._pending else floors.times
+        assert waiting.strides == (0,), "points at one time wait as one number"
+        floors.settle()
+        assert (floors.times == T0 + 11 * 10 * S).all()
+    # Time order still holds: a request older than what was read is refused, point by point.
+    older = decoder.decode(request(["node-a"], 4, T0 + 5 * 10 * S).SerializeToString())
+    assert older.rejected == older.points == 4 * (1 + len(ERROR_TYPES)) and not older.frames
