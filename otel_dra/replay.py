@@ -4,7 +4,9 @@ Files are streamed: each line is decoded into frames (bad lines and points are s
 counted, never fatal) and queued; every few seconds of the recording's own clock (read off
 the nodes' clocks with their offsets taken out, :class:`TraceClock`), the queue is ingested
 as one batch and the classifier evaluates, as a fleet would have live. A verdict line is
-written whenever a device's verdict changes.
+written whenever a device's verdict changes, and not kept: what a replay holds is the
+classifier's state, each device's last outcome for the summary (one shared tuple per
+distinct outcome), and the timeline of every change only when a plot asks for it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
-from otel_dra.classifier import Classifier, Verdict
+from otel_dra.classifier import Classifier
 from otel_dra.config import FleetConfig
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.otlp_json import DecodeError, OtlpJsonDecoder, read_lines
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
 
 #: How many decode errors are shown on stderr (all are counted).
 SHOWN_ERRORS = 5
+
+
+#: A verdict's outcome as the summary counts it: (health, hw.state, reasons).
+Outcome = tuple[str, str | None, tuple[str, ...]]
 
 
 @dataclass
@@ -47,8 +53,9 @@ class ReplayResult:
     verdict_lines: int = 0
     errors: list[DecodeError] = field(default_factory=list)
     error_count: int = 0
-    final: dict[tuple[str, str], Verdict] = field(default_factory=dict)
-    #: Per device, each verdict change: (time, health, hw.state, reasons).
+    #: Per device, its last verdict's outcome: (health, hw.state, reasons), one tuple for each distinct one.
+    final: dict[tuple[str, str], Outcome] = field(default_factory=dict)
+    #: Per device, each verdict change: (time, health, hw.state, reasons); kept only when asked (a plot).
     timeline: dict[tuple[str, str], list[tuple[int, str, str | None, tuple[str, ...]]]] = field(
         default_factory=lambda: defaultdict(list)
     )
@@ -122,12 +129,14 @@ def replay(
     progress: Callable[[int], None] | None = None,
     evaluate_every_s: float = FleetConfig.evaluate_every_s,
     limits: DecodeLimits | None = None,
+    timeline: bool = False,
 ) -> ReplayResult:
     """Stream ``paths`` through the classifier, evaluating every ``evaluate_every_s`` of the
     recording's clock (:class:`TraceClock`); write changed verdicts to ``out``.
 
     Decoded frames are ingested in batches, once per evaluation, and dropped: a replay costs
-    O(samples), and holds the classifier's state, not the recording. Verdict times are each
+    O(samples), and holds the classifier's state, not the recording, nor the verdicts it wrote
+    (``timeline``: keep every change, for :func:`plot_timeline`). Verdict times are each
     device's own node's time (the input's time base), so they line up with its samples. ``limits``:
     the caps on what the input may create, as the fleet's receiver has them (skipped and counted)."""
     result = ReplayResult()
@@ -139,6 +148,7 @@ def replay(
     heard: list[int] = []
     every_ns = round(evaluate_every_s * 1e9)
     next_eval: int | None = None
+    outcomes: dict[Outcome, Outcome] = {}
 
     def judge(now_ns: int) -> None:
         if pending:
@@ -148,8 +158,10 @@ def replay(
         for verdict in classifier.evaluate(now_ns):
             out.write(json.dumps(verdict.to_json(), separators=(", ", ": ")) + "\n")
             key = (verdict.node, verdict.hw_id)
-            result.final[key] = verdict
-            result.timeline[key].append((verdict.time_unix_nano, verdict.health, verdict.state, verdict.reasons))
+            outcome: Outcome = (verdict.health, verdict.state, verdict.reasons)
+            result.final[key] = outcomes.setdefault(outcome, outcome)
+            if timeline:
+                result.timeline[key].append((verdict.time_unix_nano, *outcome))
             result.verdict_lines += 1
             result.first_time_ns = min(result.first_time_ns or verdict.time_unix_nano, verdict.time_unix_nano)
         result.evaluations += 1
@@ -198,8 +210,8 @@ def skip_summary(result: ReplayResult) -> str:
 
 def summary_rows(result: ReplayResult) -> list[tuple[str, str, int]]:
     """(health, state, devices) and (reason, -, devices) counts over the final verdicts."""
-    states = Counter((v.health, v.state or "-") for v in result.final.values())
-    reasons = Counter(r for v in result.final.values() for r in v.reasons)
+    states = Counter((health, state or "-") for health, state, _ in result.final.values())
+    reasons = Counter(r for _, _, why in result.final.values() for r in why)
     rows = [(health, state, n) for (health, state), n in sorted(states.items())]
     rows += [(f"reason: {reason}", "", n) for reason, n in sorted(reasons.items())]
     return rows

@@ -90,7 +90,13 @@ def replay(
             reading = progress.add_task("replaying", total=total or None)
             limits = decode_limits(max_nodes, max_devices, max_devices_per_node, max_series, max_attribute_length)
             result = run_replay(
-                list(files), policy, out, lambda n: progress.advance(reading, n), evaluate_every, limits
+                list(files),
+                policy,
+                out,
+                lambda n: progress.advance(reading, n),
+                evaluate_every,
+                limits,
+                timeline=plot is not None,
             )
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc

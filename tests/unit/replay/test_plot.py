@@ -190,7 +190,7 @@ def test_a_replayed_trace_plots_its_reasons(tmp_path, monkeypatch):
     )
     from otel_dra.policy import load
 
-    result = replay([trace], load(), io.StringIO())
+    result = replay([trace], load(), io.StringIO(), timeline=True)
     fig = drawn(result, tmp_path / "t.png", monkeypatch)
     assert ytick_labels(fig) == [f"node-{n}/gpu-{i}" for n in "ab" for i in range(4)]
     texts = [t.get_text() for t in fig.axes[0].texts]

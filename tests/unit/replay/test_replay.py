@@ -191,3 +191,24 @@ def test_points_refused_by_the_caps_are_skipped_and_counted_by_reason(tmp_path):
         f"skipped: 0 lines, {result.points_skipped} points (refused by caps: node_name 3, devices_per_node 44)"
     )
     assert any("more than 256 devices on one node" in e.message for e in result.errors)
+
+
+def test_a_replay_keeps_no_verdict_it_wrote_only_each_devices_outcome(trace):
+    """Issue #17: what a replay holds is the classifier's state; of the verdict lines it wrote it keeps each
+    device's last outcome for the summary (one tuple per distinct outcome, shared), and the timeline of
+    every change only when a plot asks for it."""
+    from otel_dra.policy import load
+    from otel_dra.replay import replay, summary_rows
+
+    out = io.StringIO()
+    result = replay([trace], load(), out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == result.verdict_lines > len(result.final) == 12
+    assert not result.timeline
+    outcomes = list(result.final.values())
+    assert len({id(o) for o in outcomes}) == len(set(outcomes)) < len(outcomes)
+    last = {(v["k8s.node.name"], v["hw.id"]): (v["health"], v["hw.state"], tuple(v["reasons"])) for v in lines}
+    assert result.final == last
+    plotted = replay([trace], load(), io.StringIO(), timeline=True)
+    assert sum(map(len, plotted.timeline.values())) == result.verdict_lines
+    assert summary_rows(plotted) == summary_rows(result)
