@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import platform
 import re
@@ -30,3 +32,20 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or f"unknown CPU ({os.cpu_count()} CPUs)"
+
+
+def proc_status_mb(field: str) -> float:
+    """A ``/proc/self/status`` figure (``VmRSS``, ``VmHWM``) in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def trim() -> None:
+    """Collect garbage and hand free heap back to the OS, so VmRSS is what is alive."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import gc
 import json
 import os
 import platform
@@ -642,21 +641,6 @@ class Requests:
         return out
 
 
-def proc_status_mb(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def trim() -> None:
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def child_otel_dra(devices: int, history_s: int) -> dict[str, Any]:
     """The hour fed tick by tick through the fleet's path; the last ticks timed; the verdicts at the end."""
     from otel_dra import policy
@@ -668,8 +652,8 @@ def child_otel_dra(devices: int, history_s: int) -> dict[str, Any]:
     requests = Requests(spec)
     requests.of(fleet.read(T0), T0)  # templates of the usual shape (not the classifier's memory)
     fleet = Fleet(spec)  # and the simulator from its start again
-    trim()
-    rss_before = proc_status_mb("VmRSS")
+    _report.trim()
+    rss_before = _report.proc_status_mb("VmRSS")
     decoder = OtlpProtoDecoder(Schema())
     clf = Classifier(policy.load(), decoder.schema, interval_s=float(INTERVAL_S), capacity=devices)
     times = tick_times(spec)
@@ -688,8 +672,8 @@ def child_otel_dra(devices: int, history_s: int) -> dict[str, Any]:
             rejected += result.rejected
         t1 = time.perf_counter()
         if k == 0:  # what the decoder keeps from every node's first request (not a timed tick)
-            trim()
-            rss_decoder = proc_status_mb("VmRSS") - rss_before
+            _report.trim()
+            rss_decoder = _report.proc_status_mb("VmRSS") - rss_before
             t1 = time.perf_counter()
         clf.ingest_many(frames)
         t2 = time.perf_counter()
@@ -711,7 +695,7 @@ def child_otel_dra(devices: int, history_s: int) -> dict[str, Any]:
             log(f"  otel-dra: tick {k + 1}/{len(times)}")
     load = os.getloadavg()[0]
     verdicts = clf.current()
-    trim()
+    _report.trim()
     flagged = {
         f"{v.node}|{v.hw_id}": [v.health, v.state, list(v.reasons)]
         for v in verdicts
@@ -735,8 +719,8 @@ def child_otel_dra(devices: int, history_s: int) -> dict[str, Any]:
         "templates": len(requests.templates),
         "rss_before_mb": rss_before,
         "rss_first_decode_mb": rss_decoder,
-        "rss_after_mb": proc_status_mb("VmRSS"),
-        "hwm_mb": proc_status_mb("VmHWM"),
+        "rss_after_mb": _report.proc_status_mb("VmRSS"),
+        "hwm_mb": _report.proc_status_mb("VmHWM"),
         "load": load,
     }
 

@@ -243,6 +243,7 @@ def profile_shares(nodes: int, devices: int, rounds: list[list[bytes]]) -> tuple
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     total = sum(tt for (_, _, _), (_, _, tt, _, _) in stats.items())
     shares = []
+
     def cumulative(path: str, func: str) -> float:
         return sum(ct for (file, _, name), (_, _, _, ct, _) in stats.items() if name == func and file.endswith(path))
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import gzip
 import hashlib
 import json
@@ -110,25 +109,6 @@ def code_label() -> str:
     return f"commit `{head.stdout.strip()}`" + (
         " with uncommitted changes under otel_dra/" if dirty.stdout.strip() else ""
     )
-
-
-def proc_status_mb(field: str) -> float:
-    """A ``/proc/self/status`` figure (``VmRSS``, ``VmHWM``) in MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def trim() -> None:
-    """Collect garbage and hand free heap back to the OS, so VmRSS is what is alive."""
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 # -- the baseline: a plain-Python per-sample rule set ------------------------------------------------
@@ -360,13 +340,13 @@ def child_ours(path: Path, out_path: Path) -> dict[str, Any]:
             calls[1] = time.perf_counter()
             log(f"  ours: {calls[0]:,} lines")
 
-    trim()
+    _report.trim()
     with out_path.open("w") as out:
         t0 = time.perf_counter()
         result = replay_mod.replay([path], policy, out, progress=progress)
         wall = time.perf_counter() - t0
-    hwm = proc_status_mb("VmHWM")
-    trim()
+    hwm = _report.proc_status_mb("VmHWM")
+    _report.trim()
     assert kept, "the replay built no classifier"
     return {
         "wall_s": wall,
@@ -377,17 +357,22 @@ def child_ours(path: Path, out_path: Path) -> dict[str, Any]:
         "errors": result.error_count,
         "devices": len(result.final),
         "hwm_mb": hwm,
-        "rss_end_mb": proc_status_mb("VmRSS"),
+        "rss_end_mb": _report.proc_status_mb("VmRSS"),
     }
 
 
 def child_baseline(path: Path, out_path: Path) -> dict[str, Any]:
-    trim()
+    _report.trim()
     with out_path.open("w") as out:
         t0 = time.perf_counter()
         counts = baseline_replay(path, out)
         wall = time.perf_counter() - t0
-    return {"wall_s": wall, **counts, "hwm_mb": proc_status_mb("VmHWM"), "rss_end_mb": proc_status_mb("VmRSS")}
+    return {
+        "wall_s": wall,
+        **counts,
+        "hwm_mb": _report.proc_status_mb("VmHWM"),
+        "rss_end_mb": _report.proc_status_mb("VmRSS"),
+    }
 
 
 def child_floor() -> dict[str, Any]:
@@ -398,9 +383,9 @@ def child_floor() -> dict[str, Any]:
     classifier = replay_mod.Classifier(
         policy_mod.load(), Schema(), interval_s=replay_mod.RING_INTERVAL_S, node_time=True
     )
-    trim()
+    _report.trim()
     assert classifier.registry is not None
-    return {"rss_mb": proc_status_mb("VmRSS"), "hwm_mb": proc_status_mb("VmHWM")}
+    return {"rss_mb": _report.proc_status_mb("VmRSS"), "hwm_mb": _report.proc_status_mb("VmHWM")}
 
 
 def child_decode_all(path: Path) -> dict[str, Any]:
@@ -413,13 +398,13 @@ def child_decode_all(path: Path) -> dict[str, Any]:
     for _, lineno, raw in read_lines([path]):
         frames.extend(decoder.decode_line(raw, lineno)[0])
     wall = time.perf_counter() - t0
-    trim()
+    _report.trim()
     return {
         "wall_s": wall,
         "frames": len(frames),
         "points": decoder.points,
-        "hwm_mb": proc_status_mb("VmHWM"),
-        "rss_end_mb": proc_status_mb("VmRSS"),
+        "hwm_mb": _report.proc_status_mb("VmHWM"),
+        "rss_end_mb": _report.proc_status_mb("VmRSS"),
     }
 
 
