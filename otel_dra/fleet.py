@@ -179,7 +179,7 @@ class Fleet:
                 cfg.endpoint,
                 3 * cfg.evaluate_every_s + 5,
                 self.routes(),
-                extra=lambda: verdict_text.render(self.board.snapshot()),
+                extra=lambda: verdict_text.chunks(self.board.snapshot()),
                 description="The otel-dra fleet: verdicts for every node that pushes to it.",
             )
         readers = [endpoint.reader()] if endpoint is not None else []

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -36,8 +36,11 @@ class ExpositionCache:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, registry: CollectorRegistry, max_age_s: float, extra: Callable[[], bytes] | None = None) -> None:
-        """``extra``: more exposition text appended to the registry's (the fleet's verdicts)."""
+    def __init__(
+        self, registry: CollectorRegistry, max_age_s: float, extra: Callable[[], bytes | Iterable[bytes]] | None = None
+    ) -> None:
+        """``extra``: more exposition text appended to the registry's (the fleet's verdicts), whole or in pieces
+        (a large one is compressed as its pieces come, never held whole)."""
         self._registry = registry
         self._extra = extra
         self._max_age_s = max_age_s
@@ -52,16 +55,28 @@ class ExpositionCache:
         only)."""
         t0 = time.perf_counter()
         parts = [generate_latest(self._registry)]
-        if self._extra is not None:
-            parts.append(self._extra())
+        extra = self._extra() if self._extra is not None else ()
+        size = len(parts[0])
+        packer = None
+        packed: list[bytes] = []
+        for part in [extra] if isinstance(extra, bytes) else extra:
+            if packer is not None:
+                packed.append(packer.compress(part))
+                continue
+            parts.append(part)
+            size += len(part)
+            if size > PLAIN_MAX_BYTES:  # large: compressed from here on (gzip framing, as gzip.compress level 1)
+                packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+                packed = [packer.compress(p) for p in parts]
+                parts = []
         body: bytes | None = None
         gzipped: bytes | None = None
-        if sum(map(len, parts)) > PLAIN_MAX_BYTES:
-            packer = zlib.compressobj(1, zlib.DEFLATED, 31)  # (gzip framing, as gzip.compress level 1)
-            gzipped = b"".join([*(packer.compress(part) for part in parts), packer.flush()])
+        if packer is not None:
+            packed.append(packer.flush())
+            gzipped = b"".join(packed)
         else:
             body = parts[0] if len(parts) == 1 else b"".join(parts)
-        del parts
+        del parts, packed
         with self._lock:
             self._body, self._gzipped = body, gzipped
             self._rendered_at = time.monotonic()

@@ -139,7 +139,7 @@ class PrometheusEndpoint:
         config: EndpointConfig,
         max_age_s: float,
         routes: dict[str, Route],
-        extra: Callable[[], bytes] | None = None,
+        extra: Callable[[], bytes | Iterable[bytes]] | None = None,
         description: str = DEFAULT_DESCRIPTION,
     ) -> None:
         self.registry = CollectorRegistry()

@@ -101,8 +101,10 @@ def test_a_large_rendering_is_kept_compressed_and_served_to_either_kind_of_scrap
     it as it is, a scraper that takes no gzip gets the same text decompressed."""
     monkeypatch.setattr(exposition, "PLAIN_MAX_BYTES", 100)
     text = b"".join(b'hw_status{hw_id="gpu-%d"} 1\n' % i for i in range(1000))
-    cache = ExpositionCache(CollectorRegistry(), 60.0, extra=lambda: text)
-    cache.render()
+    cache = ExpositionCache(
+        CollectorRegistry(), 60.0, extra=lambda: (text[i : i + 999] for i in range(0, len(text), 999))
+    )
+    cache.render()  # (the text in pieces, compressed as they come)
     assert cache._body is None and cache._gzipped is not None and len(cache._gzipped) < len(text) / 5
     assert gzip.decompress(cache.body(True) or b"").endswith(text)
     assert (cache.body(False) or b"").endswith(text)
@@ -118,3 +120,10 @@ def test_a_large_rendering_is_kept_compressed_and_served_to_either_kind_of_scrap
             assert resp.headers.get("Content-Encoding") == "gzip" and gzip.decompress(resp.read()).endswith(text)
     finally:
         endpoint.shutdown()
+
+
+def test_a_small_rendering_in_pieces_is_kept_as_text():
+    cache = ExpositionCache(CollectorRegistry(), 60.0, extra=lambda: iter([b"a 1\n", b"b 2\n"]))
+    cache.render()
+    assert cache._gzipped is None and (cache.body(False) or b"").endswith(b"a 1\nb 2\n")
+    assert gzip.decompress(cache.body(True) or b"").endswith(b"a 1\nb 2\n")

@@ -129,6 +129,17 @@ def test_a_device_keeps_one_label_string_and_shares_its_health_text():
     first = text.render(board.snapshot())
     assert text.render(board.snapshot()) == first
     devices = list(text._cache.values())
-    assert len(devices) == 50 and all(d.lines is None and d.health is None for d in devices)
-    assert len({id(d.trio) for d in devices}) == 1, "devices with the same verdict share its health labels' text"
+    assert len(devices) == 50 and all(type(d).__name__ == "_Device" and d.text is not None for d in devices)
+    assert len({id(d.text) for d in devices if d.text}) == 1, "one health labels' text for the same verdict"
     assert samples(first.decode()) == samples(sdk_text(board)) and first == reference(board)
+
+
+def test_a_device_two_nodes_see_has_its_labels_on_each():
+    shared = [Verdict(1, node, "gpu-0", "Healthy", "ok", (), "none", "fine") for node in ("node-1", "node-2")]
+    board = VerdictBoard()
+    board.update(shared, lambda node, dev: {**ATTRS, "dra.pool.name": node})
+    text = VerdictText()
+    assert text.render(board.snapshot()) == reference(board)
+    assert text.render(board.snapshot()) == reference(board)
+    board.forget(lambda key: key[0] == "node-2")
+    assert text.render(board.snapshot()) == reference(board) and len(text._cache) + len(text._more) == 1
