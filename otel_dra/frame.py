@@ -148,7 +148,7 @@ class Schema:
         return {metric: np.asarray(idx, dtype=np.intp) for metric, idx in groups.items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceTable:
     """Identity and descriptive attributes of a node's devices, one row each.
 

@@ -214,6 +214,15 @@ class Classifier:
         values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
         read = ~np.isnan(values).all(axis=1)  # a device whose row is all NaN was not read this time
         everyone = np.logical_and.reduceat(read, offsets).tolist()
+        # Device tables not seen before may bring new devices: room for all of them at once.
+        tables = self._tables
+        fresh = {
+            id(f.devices): f.devices
+            for f in frames
+            if (seen := tables.get(f.devices.node)) is None or seen[0] is not f.devices
+        }
+        if fresh:
+            self.registry.reserve((t.node, t.ids) for t in fresh.values())
         looked = [
             self._rows_of(f, read[o : o + n], e)
             for f, o, n, e in zip(frames, offsets.tolist(), sizes.tolist(), everyone, strict=True)
@@ -408,6 +417,7 @@ class Classifier:
                     float(age[i]),
                     float(node_age[i]),
                     evidence.present[i],
+                    at_ns if changed[i] else None,  # (changed now: one int for every such verdict)
                 )
             )
         if self._baselines is not None and now_s - float(self._baselines.heard_s.max(initial=0.0)) > self.window_s:
@@ -591,6 +601,7 @@ class Classifier:
         age_s: float,
         node_age_s: float,
         evidence_now: np.ndarray,
+        since_ns: int | None = None,
     ) -> Verdict:
         key = self.registry.keys[row]
         assert key is not None, "a verdict is built only for a registered row"
@@ -610,7 +621,7 @@ class Classifier:
             pool=attrs.get(cv.DRA_POOL_NAME),
             device=attrs.get(cv.DRA_DEVICE_NAME),
             driver=attrs.get(cv.DRA_DRIVER_NAME),
-            last_transition_time=int(self.engine.transition_ns[row]),
+            last_transition_time=int(self.engine.transition_ns[row]) if since_ns is None else since_ns,
             last_reported_time=round(self.registry.last_seen[row] * 1e9),
         )
 

@@ -22,7 +22,7 @@ class EventLog:
         self.depth = depth
         self.times = np.full((capacity, depth), -np.inf)
         self.amounts = np.zeros((capacity, depth))
-        self.next = np.zeros(capacity, dtype=np.int64)
+        self.next = np.zeros(capacity, dtype=np.int32)  # events ever logged per row (the slot: next % depth)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.times = grown(self.times, capacity, -np.inf, keep=keep)

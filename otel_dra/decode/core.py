@@ -24,6 +24,7 @@ import builtins
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -516,6 +517,25 @@ def series_keys(dev: np.ndarray, col: np.ndarray) -> np.ndarray:
     return (dev.astype(np.int64) << _COL_BITS) | col.astype(np.int64)
 
 
+#: Attributes whose value is one device's own: not interned (a string of its own, and no entry in the
+#: interpreter's table of interned strings, for each of 100,000 devices).
+_OWN_VALUES: Final = frozenset({cv.HW_SERIAL_NUMBER})
+
+
+#: Pairs of a descriptive set that are one device's own: not kept in DescriptiveMaps' table of shared pairs.
+_OWN_PAIRS: Final = frozenset({cv.HW_SERIAL_NUMBER, cv.HW_ID, cv.DRA_DEVICE_NAME})
+#: Distinct shared pairs kept (past it the table starts again: pairs already shared stay shared).
+MAX_SHARED_PAIRS: Final = 100_000
+
+
+def intern(key: str, value: str) -> str:
+    """An attribute's value, interned unless it is one device's own (its serial number): a fleet's devices
+    repeat their models, vendors, versions, pool and node names, and what a device keeps of its attributes
+    (the series index's descriptive sets) then shares one string per value; a device's ``hw.id`` and its DRA
+    device name, often equal, are one string."""
+    return value if key in _OWN_VALUES else sys.intern(value)
+
+
 _U64: Final = np.dtype(np.uint64)
 _ZERO_STRIDE: Final = (0,)
 
@@ -689,11 +709,33 @@ class DescriptiveMaps:
     own pairs (:class:`~otel_dra.frame.FrozenAttrs`), made on first use: every device table that names a
     device with that set holds the same object, and so do the classifier's registry and the verdict board
     after it (a fleet's 100,000 devices hold one small mapping each, not a dict per table, registry and
-    board). A device whose points carry several sets gets their merge, the later winning (its own)."""
+    board). A device whose points carry several sets gets their merge, the later winning (its own).
+
+    A set's (key, value) pairs are the index's, made one tuple each: a pair that devices repeat (their
+    vendor, model, versions, driver, pool) is then one tuple for all of them, in the index and the
+    mapping alike (:meth:`_shared`); what a set costs is its own pairs (a serial number, a name)."""
 
     def __init__(self, series: SeriesIndex) -> None:
         self._series = series
         self._maps: list[FrozenAttrs | None] = []
+        self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def _shared(self, d: int) -> tuple[tuple[str, str], ...]:
+        """Set ``d``'s pairs with every repeated pair one tuple, in the index too (an equal tuple for an
+        equal key: what the index finds by is what it found by before)."""
+        series = self._series
+        pairs = series.descrs[d]
+        known = self._pairs
+        if len(known) > MAX_SHARED_PAIRS:
+            known.clear()
+        shared = tuple(p if p[0] in _OWN_PAIRS else known.setdefault(p, p) for p in pairs)
+        if any(a is not b for a, b in zip(shared, pairs, strict=True)):
+            index = series.descr_index
+            if index.get(pairs) == d:
+                del index[pairs]
+                index[shared] = d
+            series.descrs[d] = shared
+        return shared
 
     def merged(self, descrs: Sequence[int]) -> FrozenAttrs:
         """The attributes of a device whose points carried the sets ``descrs``, in point order."""
@@ -706,7 +748,7 @@ class DescriptiveMaps:
                 maps.extend([None] * (len(self._series.descrs) - len(maps)))
             found = maps[first]
             if found is None:
-                found = maps[first] = FrozenAttrs(self._series.descrs[first])
+                found = maps[first] = FrozenAttrs(self._shared(first))
             return found
         out: dict[str, str] = {}
         for d in descrs:

@@ -30,7 +30,6 @@ import gzip
 import json
 import math
 import re
-import sys
 import time
 import weakref
 import zlib
@@ -60,6 +59,7 @@ from otel_dra.decode.core import (
     SeriesIndex,
     TableCache,
     Tally,
+    intern,
     last_wins,
     metric_problem,
     name,
@@ -163,7 +163,7 @@ def _any_value_str(value: Any) -> str:
         raise _Malformed(f"has several values ({', '.join(name(k) for k in sorted(value))})")
     ((kind, v),) = value.items()
     if kind == "stringValue" and type(v) is str:
-        return sys.intern(v)  # (what a device keeps of its attributes shares one string per value)
+        return v
     if kind == "boolValue" and type(v) is bool:
         return "true" if v else "false"
     try:
@@ -181,7 +181,8 @@ def _any_value_str(value: Any) -> str:
 
 
 def _attributes_of(items: Any) -> dict[str, str]:
-    """A JSON ``attributes`` list (``[{"key": ..., "value": {...}}]``) as a dict; last key wins."""
+    """A JSON ``attributes`` list (``[{"key": ..., "value": {...}}]``) as a dict; last key wins. Values are
+    interned (core.intern)."""
     if type(items) is not list:
         raise _Malformed("attributes are not a list")
     out: dict[str, str] = {}
@@ -190,7 +191,7 @@ def _attributes_of(items: Any) -> dict[str, str]:
         if type(key) is not str:
             raise _Malformed(f"attribute {i} is not a key/value object")
         try:
-            out[key] = _any_value_str(kv.get("value", {}))
+            out[key] = intern(key, _any_value_str(kv.get("value", {})))
         except _Malformed as exc:
             raise _Malformed(f"attribute {name(key)} {exc}") from None
     return out

@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -65,6 +64,7 @@ from otel_dra.decode.core import (
     TableCache,
     Tally,
     Target,
+    intern,
     last_wins,
     metric_problem,
     one_line,
@@ -112,6 +112,7 @@ _P_START, _P_TIME, _P_DOUBLE, _P_INT = 2, 3, 4, 6
 _NONE, _DOUBLE, _INT = 0, 1, 2  # a point's value kind
 _AR8: Final = np.arange(8, dtype=np.intp)
 _DEVICE_REASONS: Final = frozenset({lim.DEVICES, lim.DEVICES_PER_NODE})
+_NO_TALLY: Final = Tally()  # (a template that refused nothing: one empty tally for all, never added to)
 
 
 class MalformedRequest(ValueError):
@@ -135,9 +136,7 @@ def _value_str(value: AnyValue) -> str:
     if kind is None:
         return ""
     if kind == "string_value":
-        # Interned: a fleet's devices repeat their models, vendors, versions and pool names, and what a
-        # device keeps of its attributes then shares one string per value.
-        return sys.intern(value.string_value)
+        return value.string_value
     if kind == "bool_value":
         return "true" if value.bool_value else "false"
     if kind == "int_value":
@@ -150,11 +149,12 @@ def _value_str(value: AnyValue) -> str:
 
 
 def _kv_dict(items: Any) -> dict[str, str]:
-    """A repeated ``KeyValue`` as a dict; the last of a repeated key wins."""
+    """A repeated ``KeyValue`` as a dict; the last of a repeated key wins. Values are interned (core.intern)."""
     out: dict[str, str] = {}
     kv: KeyValue
     for kv in items:
-        out[kv.key] = _value_str(kv.value)
+        key = kv.key
+        out[key] = intern(key, _value_str(kv.value))
     return out
 
 
@@ -258,20 +258,21 @@ def _sections(data: bytes) -> list[tuple[int, int]] | None:
     return out
 
 
-def _template_key(data: bytes, start: int, end: int) -> tuple[bytes, int]:
-    """Where to look for a section's template: its resource's bytes and its length (cheap, not a proof)."""
+def _template_key(data: bytes, start: int, end: int) -> tuple[int, int]:
+    """Where to look for a section's template: a 64-bit digest of its resource's bytes, and its length (cheap,
+    not a proof: the template's own digest is; what is kept per node is two numbers, not its resource)."""
     if end > start and data[start] == 0x0A:
         try:
             length, pos = _varint(data, start + 1, end)
         except _Bail:
-            return b"", end - start
+            return 0, end - start
         if pos + length <= end:
-            return data[pos : pos + length], end - start
-    return b"", end - start
+            return xxhash.xxh3_64_intdigest(memoryview(data)[pos : pos + length]), end - start
+    return 0, end - start
 
 
 # -- scratch -------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class _Candidate:
     """A point whose metric and attributes are usable; its time and value are still to be checked."""
 
@@ -307,12 +308,19 @@ class _Points:
     core.series_keys), descriptive set, value."""
 
     key: np.ndarray
-    descr: np.ndarray
+    descr: np.ndarray | None  # None: its template's (``source``), read when needed
     values: np.ndarray
     layout: _Layout | None = None  # precomputed (a template's): where these points land
+    source: _Template | None = None
+
+    def descriptive(self) -> np.ndarray:
+        if self.descr is not None:
+            return self.descr
+        assert self.source is not None  # (what _apply passes)
+        return self.source.descr
 
 
-@dataclass
+@dataclass(slots=True)
 class _Layout:
     """Where a list of points lands in a frame: the device table, and the cell (row * ncols + column) of
     each kept point in a frame ``ncols`` wide (re-cut when the schema has grown)."""
@@ -334,7 +342,7 @@ class _Layout:
         return scatter(len(self.table), ncols, self.flat, values if self.keep is None else values[self.keep])
 
 
-@dataclass
+@dataclass(slots=True)
 class _Template:
     """A section already decoded: the digest of its bytes with the value payloads zeroed, and where
     each point goes. A digest rather than the bytes themselves: a fleet's templates would otherwise
@@ -353,8 +361,8 @@ class _Template:
     rejected: int
     ignored: int
     stray: int
-    problems: list[tuple[int, str]]
-    unknown: list[tuple[int, str, int]]
+    problems: tuple[tuple[int, str], ...]
+    unknown: tuple[tuple[int, str, int], ...]
     tally: Tally  # points refused by the caps: they stay refused while the node's devices are these
     generation: int  # the node's admission its devices were counted in; -1: a node refused (or none)
     # Candidates, as arrays: where each one goes and what it reads from the gathered payloads. What only
@@ -362,7 +370,11 @@ class _Template:
     # template laid out alike (``OtlpProtoDecoder._shared``: a fleet's nodes mostly are); the device
     # and column of each candidate are read off its key when needed (core.series_parts).
     key: np.ndarray  # each candidate's series (core.series_keys): its time order is checked per series
-    descr: np.ndarray
+    # Each candidate's descriptive set: its device's (``row_descr``, by its row in the layout) where it
+    # carries one (``carries``, shared), when every device has one; else all of them (``full_descr``).
+    full_descr: np.ndarray | None
+    carries: np.ndarray | None
+    row_descr: np.ndarray | None
     counter: np.ndarray
     any_counter: bool
     time_hole: np.ndarray  # index into holes, -1: no time field (zero)
@@ -381,6 +393,15 @@ class _Template:
     places_version: int = -1
 
     @property
+    def descr(self) -> np.ndarray:
+        """Each candidate's descriptive set (-1: none)."""
+        if self.full_descr is not None:
+            return self.full_descr
+        assert self.layout is not None and self.carries is not None and self.row_descr is not None
+        rows = self.layout.flat // self.layout.ncols
+        return np.where(self.carries, self.row_descr[rows], -1).astype(np.int32)
+
+    @property
     def holes(self) -> np.ndarray:
         """The start of every payload zeroed, from the section's start."""
         return np.cumsum(self.steps, dtype=np.intp)
@@ -393,8 +414,9 @@ class _Template:
     @property
     def nbytes(self) -> int:
         """What this template holds (counting shared arrays too: a bound, not an exact figure)."""
-        arrays = (self.steps, self.key, self.descr, self.counter, self.time_hole, self.kind, self.ordinal)
+        arrays = (self.steps, self.key, self.counter, self.time_hole, self.kind, self.ordinal)
         holes = 0 if self.value_hole is None else self.value_hole.nbytes
+        holes += self.full_descr.nbytes if self.full_descr is not None else self.key.nbytes // 8
         layout = 0 if self.layout is None else self.layout.flat.nbytes
         places = self.key.nbytes // 2  # (filled in on first use: counted from the start, so the sum stays put)
         return (
@@ -484,12 +506,14 @@ class OtlpProtoDecoder(DecoderCore):
         self._series = SeriesIndex(self.schema, self.limits)
         self._maps = DescriptiveMaps(self._series)
         self._tables = TableCache()
-        self._templates: dict[tuple[bytes, int], list[_Template]] = {}  # least recently used first
+        self._templates: dict[tuple[int, int], list[_Template]] = {}  # least recently used first
         #: Layout arrays of the templates, one object for equal ones (while some template holds it).
         self._shared: weakref.WeakValueDictionary[bytes, np.ndarray] = weakref.WeakValueDictionary()
-        self._used: dict[tuple[bytes, int], int] = {}  # key -> when (clock) a template of it was last used
+        self._names: dict[tuple[str, ...], tuple[str, ...]] = {}  # the templates' metric names, one tuple each
+        self._aranges: dict[int, np.ndarray] = {}
+        self._used: dict[tuple[int, int], int] = {}  # key -> when (clock) a template of it was last used
         self._template_bytes = 0
-        self._streak: dict[tuple[bytes, int], int] = {}
+        self._streak: dict[tuple[int, int], int] = {}
         self._floors.series.clear()  # keyed by the device indices dropped here
 
     def _sweep(self) -> None:
@@ -727,8 +751,8 @@ class OtlpProtoDecoder(DecoderCore):
         rejected: int,
         ignored: int,
         stray: int,
-        problems: list[tuple[int, str]],
-        unknown: list[tuple[int, str, int]],
+        problems: Sequence[tuple[int, str]],
+        unknown: Sequence[tuple[int, str, int]],
         base: int,
         req: _Request,
     ) -> None:
@@ -750,18 +774,23 @@ class OtlpProtoDecoder(DecoderCore):
     def _add_points(
         node: str,
         key: np.ndarray,
-        descr: np.ndarray,
+        descr: np.ndarray | None,
         times: np.ndarray,
         values: np.ndarray,
         req: _Request,
         layout: _Layout | None = None,
+        source: _Template | None = None,
     ) -> None:
-        """Good points of one section (their series keys), split by time (in order of first appearance)."""
+        """Good points of one section (their series keys), split by time (in order of first appearance);
+        ``descr`` None: ``source``'s (a template's whole list of points)."""
         if not len(key):
             return
         if (times == times[0]).all():
-            req.slots.setdefault((node, int(times[0])), []).append(_Points(key, descr, values, layout))
+            req.slots.setdefault((node, int(times[0])), []).append(_Points(key, descr, values, layout, source))
             return
+        if descr is None:
+            assert source is not None
+            descr = source.descr
         uniq, index = np.unique(times, return_index=True)
         for t in uniq[np.argsort(index, kind="stable")].tolist():
             mask = times == t
@@ -837,6 +866,9 @@ class OtlpProtoDecoder(DecoderCore):
             in_order, floors, at = self._order(node, tmpl.key, times, ok)
             if at is not None and (at >= 0).all():  # every series read before: their places hold till a new one
                 at = at.astype(np.int32)
+                if len(at) == len(series.keys) and series.keys is not tmpl.key and (at == self._arange(len(at))).all():
+                    # The node's series are the template's, in its order: one key array for both, places 0..n-1.
+                    series.keys, at = tmpl.key, self._arange(len(at))
                 tmpl.places, tmpl.places_of, tmpl.places_version = at, series, series.version
         if in_order is not None:
             ok &= in_order
@@ -845,9 +877,10 @@ class OtlpProtoDecoder(DecoderCore):
             # One time for every point (the usual): its series' times wait as one number, not a copy per point.
             taken = uniform_times(first, len(times)) if uniform else times
             self._take(node, tmpl.key, taken, at, first if uniform else None)
-            self._add_points(node, tmpl.key, tmpl.descr, times, values, req, layout)
+            self._add_points(node, tmpl.key, None, times, values, req, layout, tmpl)
             return
         bad = np.flatnonzero(~ok)
+        bad = bad[np.argsort(tmpl.ordinal[bad], kind="stable")]  # (the first few by their place in the request)
         req.rejected += len(bad)
         for i in bad[:MAX_PROBLEMS_PER_REQUEST].tolist():
             problem = self._point_problem(
@@ -936,12 +969,33 @@ class OtlpProtoDecoder(DecoderCore):
         value_holes = np.asarray([w[1] for w in wheres], np.int32)
         kinds = np.asarray([w[2] for w in wheres], np.int8)
         counter = np.asarray([c.counter for c in cands], bool)
+        ordinals = np.asarray([c.ordinal for c in cands], np.int32)
         simple = bool(len(cands)) and bool((time_holes >= 0).all() and (kinds == _DOUBLE).all())
         simple = simple and bool((value_holes == time_holes + 1).all())
         layout = self._layout(scan.node, dev, col, descr) if scan.node is not None and len(cands) else None
+        blocks = dict.fromkeys((c.ordinal - c.index, c.metric) for c in cands)  # each metric's first position
+        key = series_keys(dev, col)
+        order = self._key_order(key, dev, descr, layout)
+        if order is not None:  # candidates in their series' order: the node's time floors can be this key array
+            key, descr, counter, time_holes, value_holes, kinds, ordinals = (
+                a[order] for a in (key, descr, counter, time_holes, value_holes, kinds, ordinals)
+            )
+            assert layout is not None  # (what _key_order checked)
+            layout.flat = layout.flat[order]
+        full_descr: np.ndarray | None = descr
+        carries = row_descr = None
+        if layout is not None and layout.keep is None:  # each device's set once, by its row, where it is the same
+            rows = layout.flat // layout.ncols
+            carries = descr >= 0
+            row_descr = np.full(len(layout.table), -1, np.int32)
+            row_descr[rows[carries]] = descr[carries]
+            if (np.where(carries, row_descr[rows], -1) == descr).all():
+                full_descr, carries = None, self._share(carries)
+            else:
+                carries = row_descr = None
         if layout is not None:
             layout.flat = self._share(layout.flat)
-        blocks = dict.fromkeys((c.ordinal - c.index, c.metric) for c in cands)  # each metric's first position
+        key.flags.writeable = False
         steps = np.diff(hole_arr, prepend=0)
         small = len(steps) == 0 or (int(steps.min()) >= 0 and int(steps.max()) < 1 << 16)
         return _Template(
@@ -952,23 +1006,57 @@ class OtlpProtoDecoder(DecoderCore):
             rejected=scan.rejected,
             ignored=scan.ignored,
             stray=scan.stray,
-            problems=list(scan.problems),
-            unknown=list(scan.unknown),
-            tally=scan.tally.frozen(),
+            problems=tuple(scan.problems),
+            unknown=tuple(scan.unknown),
+            tally=scan.tally.frozen() if scan.tally else _NO_TALLY,
             generation=-1 if scan.node is None else self._floors.generation.get(scan.node, -1),
-            descr=descr,
+            full_descr=full_descr,
+            carries=carries,
+            row_descr=row_descr,
             counter=self._share(counter),
-            key=series_keys(dev, col),
+            key=key,
             any_counter=bool(counter.any()),
             time_hole=self._share(time_holes),
             value_hole=None if simple else self._share(value_holes),
             kind=self._share(kinds),
             simple=simple,
             layout=layout,
-            ordinal=self._share(np.asarray([c.ordinal for c in cands], np.int32)),
-            blocks=np.asarray([start for start, _ in blocks], np.int32),
-            names=tuple(name for _, name in blocks),
+            ordinal=self._share(ordinals),
+            blocks=self._share(np.asarray([start for start, _ in blocks], np.int32)),
+            names=self._interned(tuple(name for _, name in blocks)),
         )
+
+    @staticmethod
+    def _key_order(key: np.ndarray, dev: np.ndarray, descr: np.ndarray, layout: _Layout | None) -> np.ndarray | None:
+        """The order that sorts a template's candidates by series, when they may be read in any order: each
+        series once (no cell written twice, no time order between them), each device with one descriptive set
+        (a device's attributes merge in point order otherwise); None when they must stay in request order."""
+        if layout is None or layout.keep is not None or len(key) < 2:
+            return None
+        order = np.argsort(key, kind="stable")
+        if not (np.diff(key[order]) > 0).all():
+            return None
+        carried = descr >= 0
+        if len(np.unique(dev[carried])) != len(np.unique(np.stack([dev[carried], descr[carried]]), axis=1).T):
+            return None
+        return order
+
+    def _arange(self, n: int) -> np.ndarray:
+        """0 .. n-1 (int32, read-only): the places of a template's series in a node's floors that are its own."""
+        found = self._aranges.get(n)
+        if found is None:
+            found = self._aranges[n] = np.arange(n, dtype=np.int32)
+            found.flags.writeable = False
+        return found
+
+    def _interned(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """``names``, or the equal tuple a template already holds."""
+        found = self._names.get(names)
+        if found is None:
+            if len(self._names) >= MAX_CACHED_SERIES:
+                self._names.clear()
+            found = self._names[names] = names
+        return found
 
     def _share(self, array: np.ndarray) -> np.ndarray:
         """``array``, or the equal one a template already holds (read-only either way)."""
@@ -992,7 +1080,7 @@ class OtlpProtoDecoder(DecoderCore):
                 values = parts[0].values
             else:
                 dev, col = series_parts(np.concatenate([p.key for p in parts]))
-                descr = np.concatenate([p.descr for p in parts])
+                descr = np.concatenate([p.descriptive() for p in parts])
                 values = np.concatenate([p.values for p in parts])
                 layout = self._layout(node, dev, col, descr)
             layout.recut(ncols, self._share)  # (a template's, made before the schema grew)

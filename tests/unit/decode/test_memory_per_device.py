@@ -167,8 +167,9 @@ def test_templates_laid_out_alike_share_their_arrays_and_a_node_waits_as_one_bat
     (a,), (b,) = decoder._templates.values()
     assert a.steps is b.steps and a.time_hole is b.time_hole and a.kind is b.kind and a.ordinal is b.ordinal
     assert a.layout is not None and b.layout is not None and a.layout.flat is b.layout.flat
-    for node in ("node-a", "node-b"):
+    for node, template in (("node-a", a), ("node-b", b)):
         floors = decoder._floors.series[node]
+        assert floors.keys is template.key, "a node's series in its template's order: one key array for both"
         assert len(floors._pending) <= 1, "what waits for a node sending the same series is one batch"
         waiting = floors._pending[0][1] if floors._pending else floors.times
         assert waiting.strides == (0,), "points at one time wait as one number"
@@ -177,3 +178,18 @@ def test_templates_laid_out_alike_share_their_arrays_and_a_node_waits_as_one_bat
     # Time order still holds: a request older than what was read is refused, point by point.
     older = decoder.decode(request(["node-a"], 4, T0 + 5 * 10 * S).SerializeToString())
     assert older.rejected == older.points == 4 * (1 + len(ERROR_TYPES)) and not older.frames
+
+
+def test_a_batch_that_brings_a_fleet_grows_the_arrays_once_to_fit_it():
+    """The first tick of a fleet brings every node's devices (some nodes twice): the per-device arrays grow
+    once, to about the devices' number (not by half again and again, up to a third too large)."""
+    decoder = OtlpProtoDecoder(Schema())
+    frames = []
+    for k in range(2):
+        for n in range(150):
+            frames += decoder.decode(request([f"node-{n:03d}"], 8, T0 + k * 10 * S).SerializeToString()).frames
+    classifier = Classifier(policy.load(), decoder.schema, interval_s=10.0)
+    classifier.ingest_many(frames)
+    assert len(classifier.registry) == 1200
+    assert classifier.registry.capacity <= 1200 + 64, classifier.registry.capacity
+    assert classifier.store.ring.shape[1] == classifier.registry.capacity
