@@ -21,7 +21,8 @@ class EventLog:
     def __init__(self, capacity: int, depth: int = EVENT_LOG_DEPTH) -> None:
         self.depth = depth
         self.times = np.full((capacity, depth), -np.inf)
-        self.amounts = np.zeros((capacity, depth))
+        # Counts of rare events (resets, OOM kills, driver errors) a sample: exact in float32 up to 2**24 each.
+        self.amounts = np.zeros((capacity, depth), dtype=np.float32)
         self.next = np.zeros(capacity, dtype=np.int32)  # events ever logged per row (the slot: next % depth)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:

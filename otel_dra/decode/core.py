@@ -568,7 +568,8 @@ class SeriesFloors:
         self.version = 0
         #: At least the newest time of any series (0: none): points none older than it need no look-up.
         self.newest = 0
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]] = []  # (keys, times, at, version)
+        #: (keys, times, places, version) of points taken, waiting; keys None: they wait by their places alone.
+        self._pending: list[tuple[np.ndarray | None, np.ndarray, np.ndarray | None, int]] = []
         self._waiting = 0  # points in _pending
 
     def defer(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None, version: int, newest: int) -> None:
@@ -577,19 +578,25 @@ class SeriesFloors:
         waits, each batch at one time (``times`` a broadcast number: a node's usual request), wait as one
         batch at the later time: what waits for a node sending the same series is one batch, not one each."""
         self.newest = max(self.newest, newest)
+        # Places found at the present version stand until what waits is applied (keys only change in advance,
+        # which applies it first): such points wait by their places, not with a copy of their keys.
+        placed = at is not None and version == self.version and len(at) > 0 and bool((at >= 0).all())
         pending = self._pending
         if pending and times.strides == (0,):
             last_keys, last_times, last_at, last_version = pending[-1]
-            if (
-                last_version == version
-                and last_times.strides == (0,)
-                and len(last_keys) == len(keys)
-                and (last_keys is keys or np.array_equal(last_keys, keys))
-            ):
-                later = uniform_times(max(last_times[0], times[0]), len(keys))
-                pending[-1] = (last_keys, later, last_at if last_at is not None else at, version)
-                return
-        pending.append((keys, times, at, version))
+            if last_version == version and last_times.strides == (0,) and len(last_times) == len(times):
+                if placed and last_keys is None:
+                    assert at is not None  # (placed)
+                    same = last_at is not None and (last_at is at or np.array_equal(last_at, at))
+                elif not placed and last_keys is not None:
+                    same = last_keys is keys or np.array_equal(last_keys, keys)
+                else:
+                    same = False
+                if same:
+                    later = uniform_times(max(last_times[0], times[0]), len(times))
+                    pending[-1] = (last_keys, later, last_at if last_at is not None else at, version)
+                    return
+        pending.append((None if placed else keys, times, at, version))
         self._waiting += len(keys)
         if self._waiting > 4 * len(self.keys) + 1024:
             self._flush()
@@ -601,12 +608,14 @@ class SeriesFloors:
 
     def _flush(self) -> None:
         pending, self._pending, self._waiting = self._pending, [], 0
-        places = [at if at is not None and v == self.version else self.floors(k)[1] for k, _, at, v in pending]
-        if len(pending) == 1:
-            keys, times = pending[0][0], pending[0][1]
+        # (a batch waiting by its places alone has them at this version: its keys are the floors' own there)
+        parts = [(self.keys[at] if k is None else k, t, at, v) for k, t, at, v in pending]
+        places = [at if at is not None and v == self.version else self.floors(k)[1] for k, _, at, v in parts]
+        if len(parts) == 1:
+            keys, times = parts[0][0], parts[0][1]
             at = places[0]
         else:
-            keys, times, at = (np.concatenate(x) for x in ([p[0] for p in pending], [p[1] for p in pending], places))
+            keys, times, at = (np.concatenate(x) for x in ([p[0] for p in parts], [p[1] for p in parts], places))
         self.advance(keys, times, at, None)
 
     def floors(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -249,7 +249,7 @@ def _to_value(point: dict[str, Any]) -> tuple[str, float | None]:
 class _Entries:
     """Every (metric, attribute set) a point was read with: its device, column and descriptive set (the
     series index's), and whether it carries attributes not read, as arrays (13 bytes an entry, grown by
-    half when full); and what is wrong with those that have no target (an entry < 0 is ``-1 - index``
+    a quarter when full); and what is wrong with those that have no target (an entry < 0 is ``-1 - index``
     into ``errors``)."""
 
     def __init__(self) -> None:
@@ -266,7 +266,7 @@ class _Entries:
     def add(self, dev: int, col: int, descr: int, stray: bool) -> int:
         n = self.n
         if n == len(self.dev):
-            size = n + n // 2
+            size = n + n // 4
             self.dev, self.col, self.descr, self.stray = (
                 np.concatenate([a, np.empty(size - n, a.dtype)]) for a in (self.dev, self.col, self.descr, self.stray)
             )
@@ -382,7 +382,7 @@ class OtlpJsonDecoder(DecoderCore):
         self._shape_positions = 0
         self._shared: weakref.WeakValueDictionary[bytes, np.ndarray] = weakref.WeakValueDictionary()
         self._names: dict[tuple[str | None, ...], tuple[str | None, ...]] = {}
-        self._frame_tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool]] = {}
+        self._frame_tables: dict[tuple[str, bytes], tuple[DeviceTable, np.ndarray, bool, list[Any]]] = {}
 
     # -- attribute lists ----------------------------------------------------------------
     def _tokenize(self, line: bytes) -> bytes | None:
@@ -885,16 +885,28 @@ class OtlpJsonDecoder(DecoderCore):
             node, t = line.slot_node[s], line.slot_time[s]
             keys = series_keys(entry_dev[e], entry_col[e])
             times = uniform_times(t, len(e))  # (one number, however many points wait on it)
-            ok, floors, places = self._order(node, keys, times, earliest=t)
+            # Where these series are in the node's floors, found once for a node sending the same points (the
+            # frame's table keeps them): what waits for the node is then their places, not a copy of their keys.
+            series = self._floors.of(node)
+            unique = np.unique(e)
+            table, devs, distinct, memo = self._table(node, unique)
+            mark = xxhash.xxh3_128_digest(e.tobytes())
+            places = memo[1] if memo[0] == mark and memo[2] is series and memo[3] == series.version else None
+            if places is None and t >= series.newest:
+                _, found = series.floors(keys)
+                if (found >= 0).all():
+                    places = found.astype(np.int32)
+                    memo[:] = [mark, places, series, series.version]
+            ok, floors, places = self._order(node, keys, times, places=places, earliest=t)
             if ok is not None:
                 self._older(line, node, t, e[~ok], floors[~ok])
                 assert places is not None  # (looked up: some point was older)
                 e, v, keys, times, places = e[ok], v[ok], keys[ok], times[ok], places[ok]
                 if not len(e):
                     continue
+                unique = np.unique(e)
+                table, devs, distinct, _ = self._table(node, unique)
             self._take(node, keys, times, places, t)
-            unique = np.unique(e)
-            table, devs, distinct = self._table(node, unique)
             rows = np.searchsorted(devs, entry_dev[e])
             flat = rows * ncols + entry_col[e]
             keep = None if distinct and len(unique) == len(e) else last_wins(flat)
@@ -914,10 +926,10 @@ class OtlpJsonDecoder(DecoderCore):
             line.log.point(f"a point of {metric} ({device}) {time_problem(node, t, int(floor), None, 0)}")
         line.log.hidden += len(entries) - shown
 
-    def _table(self, node: str, unique_entries: np.ndarray) -> tuple[DeviceTable, np.ndarray, bool]:
+    def _table(self, node: str, unique_entries: np.ndarray) -> tuple[DeviceTable, np.ndarray, bool, list[Any]]:
         """The device table for a frame holding these entries, its devices' indices (sorted),
-        and whether the entries all land on distinct cells. Equal tables are one object,
-        so consumers can cache per table."""
+        whether the entries all land on distinct cells, and a place for :meth:`_frames` to keep where their
+        series are. Equal tables are one object, so consumers can cache per table."""
         key = (node, xxhash.xxh3_128_digest(unique_entries.astype(np.int64, copy=False).tobytes()))
         found = self._frame_tables.get(key)
         if found is not None:
@@ -936,7 +948,7 @@ class OtlpJsonDecoder(DecoderCore):
         attrs = tuple(self._maps.merged(sets[d]) for d in devs)
         table = self._tables.table(node, tuple(names[d] for d in devs), attrs)
         cells = set(zip(dev_of, col_of, strict=True))
-        found = (table, np.asarray(devs, np.intp), len(cells) == len(ents))
+        found = (table, np.asarray(devs, np.intp), len(cells) == len(ents), [None, None, None, -1])
         if len(self._frame_tables) >= MAX_FRAME_TABLES:
             self._frame_tables.clear()
         self._frame_tables[key] = found
