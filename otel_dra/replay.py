@@ -188,6 +188,8 @@ def replay(
                 next_eval += every_ns * ((now - next_eval) // every_ns + 1)
         if progress is not None:
             progress(len(raw) + 1)
+        # Nothing of this line is held while the next is read and decoded (only its frames, in ``pending``).
+        del raw, decoded, frames, errors
     if result.frames:
         judge(clock.now_ns)
         result.last_time_ns = clock.now_ns

@@ -83,7 +83,7 @@ MAX_METRIC_ERRORS_PER_LINE: Final = 10
 #: Devices and descriptive attribute sets indexed before everything is dropped and relearned (bounds memory on
 #: garbage: the series index, the entries, the shapes and the time floors that refer to them).
 MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
-#: Entries (a (metric, attribute list) each, 13 bytes) kept before they and the shapes naming them are dropped
+#: Entries (a (metric, attribute list) each, 11 bytes) kept before they and the shapes naming them are dropped
 #: and relearned (a cache only: lines of new shapes make new entries).
 MAX_ENTRIES: Final = 4_000_000
 #: Line shapes kept, in all, per node, and their attribute lists in all (4 bytes each); least recently used go.
@@ -248,14 +248,15 @@ def _to_value(point: dict[str, Any]) -> tuple[str, float | None]:
 
 class _Entries:
     """Every (metric, attribute set) a point was read with: its device, column and descriptive set (the
-    series index's), and whether it carries attributes not read, as arrays (13 bytes an entry, grown by
-    a quarter when full); and what is wrong with those that have no target (an entry < 0 is ``-1 - index``
-    into ``errors``)."""
+    series index's), and whether it carries attributes not read, as arrays (11 bytes an entry: a column is
+    int16 while the schema's columns fit, int32 past them; grown by a quarter when full, the growth left
+    untouched, so it is not resident until used); and what is wrong with those that have no target (an
+    entry < 0 is ``-1 - index`` into ``errors``)."""
 
     def __init__(self) -> None:
         self.n = 0
         self.dev = np.empty(1024, np.int32)
-        self.col = np.empty(1024, np.int32)
+        self.col = np.empty(1024, np.int16)  # (int32 once a column needs it: _COL_MAX)
         self.descr = np.empty(1024, np.int32)  # -1: none
         self.stray = np.empty(1024, bool)
         self.errors: list[str | Refusal] = []
@@ -266,10 +267,11 @@ class _Entries:
     def add(self, dev: int, col: int, descr: int, stray: bool) -> int:
         n = self.n
         if n == len(self.dev):
-            size = n + n // 4
             self.dev, self.col, self.descr, self.stray = (
-                np.concatenate([a, np.empty(size - n, a.dtype)]) for a in (self.dev, self.col, self.descr, self.stray)
+                _grown(a, n, n + n // 4) for a in (self.dev, self.col, self.descr, self.stray)
             )
+        if col > _COL_MAX and self.col.dtype != np.int32:
+            self.col = self.col.astype(np.int32)
         self.dev[n], self.col[n], self.descr[n], self.stray[n] = dev, col, descr, stray
         self.n = n + 1
         return n
@@ -277,6 +279,31 @@ class _Entries:
     def error(self, error: str | Refusal) -> int:
         self.errors.append(error)
         return -len(self.errors)
+
+
+#: The largest column an int16 entry holds (a schema of more columns makes the entries' columns int32), and
+#: the most series a node may have for its places in its floors to be int16.
+_COL_MAX: Final = int(np.iinfo(np.int16).max)
+
+
+def _grown(a: np.ndarray, n: int, size: int) -> np.ndarray:
+    """``a``'s first ``n`` values in an array of ``size``: the rest is not written, so while unused it costs
+    no memory (pages an allocation never touched are not resident), unlike a concatenation's copy of it."""
+    out = np.empty(size, a.dtype)
+    out[:n] = a[:n]
+    return out
+
+
+def _packed(learned: list[int]) -> tuple[np.ndarray, int]:
+    """A shape's entries by position, and the base they are offsets from (-1: none, int32 as they are): int16
+    offsets when every position is an entry or _UNKNOWN and the entries span less than int16 holds."""
+    entries = np.asarray(learned, np.int32)
+    known = entries >= 0
+    if known.any() and (known | (entries == _UNKNOWN)).all():
+        base = int(entries[known].min())
+        if int(entries[known].max()) - base <= _COL_MAX:
+            return np.where(known, entries - base, -1).astype(np.int16), base
+    return entries, -1
 
 
 @dataclass(slots=True)
@@ -288,12 +315,22 @@ class _Shape:
     the shape only where its metric and position are those the shape was made with. What only says how
     the line is laid out (names, spans) is one object for every shape laid out alike."""
 
-    entries: np.ndarray  # int32 per position: an entry (>= 0), an error (< 0), or _UNKNOWN
+    #: Per position an entry (>= 0), an error (< 0) or _UNKNOWN: int32, or (:func:`_packed`) int16 offsets
+    #: from ``base`` with -1 for _UNKNOWN, as a node's entries are made together (two bytes a position).
+    entries: np.ndarray
     names: tuple[str | None, ...]  # each metric's name, in the line's order
     lo: np.ndarray  # int32 per metric: its points' first position
     hi: np.ndarray  # ... and one past the last
     resources: dict[int, dict[str, str] | str]  # position -> a resource's attributes
     admitted: tuple[tuple[str, int], ...]  # each node it names and that node's admission (NodeFloors.generation)
+    base: int = -1  # what ``entries`` are offsets from (-1: they are the entries themselves)
+
+    def positions(self) -> list[int]:
+        """Each position's entry (error, _UNKNOWN), as the walk reads them."""
+        if self.base < 0:
+            return self.entries.tolist()
+        at = self.entries.astype(np.int32)
+        return np.where(at >= 0, at + self.base, _UNKNOWN).tolist()
 
 
 @dataclass
@@ -342,7 +379,7 @@ class OtlpJsonDecoder(DecoderCore):
     counted by reason (``DecodeResult.limited``).
 
     What a line's shape costs is a few bytes per attribute list (its entry), and what an entry costs is
-    13 bytes: a replay of 10,000 devices holds no text of their attribute lists, no dict of them per
+    11 bytes: a replay of 10,000 devices holds no text of their attribute lists, no dict of them per
     series, nothing per series but numbers.
     """
 
@@ -484,14 +521,8 @@ class OtlpJsonDecoder(DecoderCore):
         names = self._names.setdefault(names, names)
         if len(self._names) > MAX_SHAPES:
             self._names.clear()
-        shape = _Shape(
-            np.asarray(line.learned, np.int32),
-            names,
-            self._share(line.lo),
-            self._share(line.hi),
-            line.resources,
-            admitted,
-        )
+        entries, base = _packed(line.learned)
+        shape = _Shape(entries, names, self._share(line.lo), self._share(line.hi), line.resources, admitted, base)
         old = self._shapes.pop(key, None)
         if old is not None:
             self._shape_positions -= len(old.entries)
@@ -554,7 +585,7 @@ class OtlpJsonDecoder(DecoderCore):
             assert texts is not None  # (what _tokenize read)
             line.texts, line.items = texts, self._items
             if shape is not None and self._valid(shape):
-                line.shape, line.ents = shape, shape.entries.tolist()
+                line.shape, line.ents = shape, shape.positions()
             else:
                 line.ents = [_UNKNOWN] * len(texts)
                 line.learned = list(line.ents)
@@ -886,7 +917,8 @@ class OtlpJsonDecoder(DecoderCore):
             keys = series_keys(entry_dev[e], entry_col[e])
             times = uniform_times(t, len(e))  # (one number, however many points wait on it)
             # Where these series are in the node's floors, found once for a node sending the same points (the
-            # frame's table keeps them): what waits for the node is then their places, not a copy of their keys.
+            # frame's table keeps them): what waits for the node is then their places, not a copy of their keys
+            # (int16 while the node has fewer series than that holds: two bytes a series).
             series = self._floors.of(node)
             unique = np.unique(e)
             table, devs, distinct, memo = self._table(node, unique)
@@ -895,7 +927,7 @@ class OtlpJsonDecoder(DecoderCore):
             if places is None and t >= series.newest:
                 _, found = series.floors(keys)
                 if (found >= 0).all():
-                    places = found.astype(np.int32)
+                    places = found.astype(np.int16 if len(series.keys) <= _COL_MAX else np.int32)
                     memo[:] = [mark, places, series, series.version]
             ok, floors, places = self._order(node, keys, times, places=places, earliest=t)
             if ok is not None:
@@ -974,8 +1006,10 @@ def read_lines(paths: Iterable[Path]) -> Iterator[tuple[Path, int, bytes]]:
                 stream = gzip.GzipFile(fileobj=handle) if handle.peek(2)[:2] == b"\x1f\x8b" else handle
                 for lineno, raw in enumerate(stream, 1):
                     line = raw.rstrip(b"\r\n")
+                    del raw  # (not held while the line is decoded: a line of a fleet's node is 300 kB)
                     if line.strip():
                         yield path, lineno, line
+                    del line  # (nor while the next is read)
             except (OSError, EOFError, zlib.error) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
                 raise InputFileError(one_line(f"{path}: cannot read after line {lineno}: {reason}")) from exc

@@ -793,3 +793,27 @@ def test_otel_dras_own_telemetry_is_ignored_alike_by_both_decoders():
     assert fast.sections_fast == 1, "the second request took the template path"
     assert as_json.points_ignored == fast.points_ignored == plain.points_ignored == 2 * ignored
     assert {c.metric for c in as_json.schema.columns} == {"hw.power", "hw.status"}
+
+
+def test_shape_entries_packed_round_trip() -> None:
+    """A shape's entries kept as int16 offsets read back as the entries they were (issue #17)."""
+    from otel_dra.decode.otlp_json import _UNKNOWN, _packed, _Shape
+
+    for learned in ([_UNKNOWN, 70_000, 70_001, _UNKNOWN, 70_005], [5, -1, _UNKNOWN], [0, 40_000], [_UNKNOWN]):
+        entries, base = _packed(learned)
+        shape = _Shape(entries, (), entries, entries, {}, (), base)
+        assert shape.positions() == learned
+    assert _packed([_UNKNOWN, 70_000, 70_001])[0].dtype == np.int16
+
+
+def test_entries_column_past_int16() -> None:
+    """An entry's column past what int16 holds makes the columns int32, the earlier ones kept."""
+    from otel_dra.decode.otlp_json import _Entries
+
+    entries = _Entries()
+    for i in range(3000):
+        entries.add(i, i % 7, -1, False)
+    entries.add(1, 40_000, 2, True)
+    assert entries.col.dtype == np.int32
+    assert entries.col[: entries.n].tolist() == [i % 7 for i in range(3000)] + [40_000]
+    assert entries.dev[: entries.n].tolist() == [*range(3000), 1]
