@@ -191,51 +191,75 @@ class Classifier:
         default: each frame's own time (an agent reading its own devices).
 
         Per frame only its device rows are looked up (a dictionary read, for a node sending the same
-        devices again); the rest is array work over the whole batch, whatever its number of frames."""
-        frames = [f for f in frames if len(f.devices)]
-        if not frames:
-            return
-        if arrivals_unix_nano is None:
-            heard = [frame.time_unix_nano for frame in frames]
-        elif isinstance(arrivals_unix_nano, int):
-            heard = [arrivals_unix_nano] * len(frames)
+        devices again) in two lean loops; the rest is array work over the whole batch, whatever its
+        number of frames (a fleet tick has thousands)."""
+        if arrivals_unix_nano is None or isinstance(arrivals_unix_nano, int):
+            kept = [f for f in frames if f.values.shape[0]]
+            heard: list[int] | int | None = arrivals_unix_nano
         else:
-            heard = list(arrivals_unix_nano)
+            pairs = [(f, a) for f, a in zip(frames, arrivals_unix_nano, strict=True) if f.values.shape[0]]
+            kept, heard = [f for f, _ in pairs], [a for _, a in pairs]
+        if not kept:
+            return
         ncols = len(self.schema)
-        sizes = np.asarray([len(f.devices) for f in frames], dtype=np.intp)
-        offsets = np.r_[0, np.cumsum(sizes)[:-1]]
-        # A frame made before the schema grew is narrower: the newer columns are absent (NaN).
-        matrices = [
-            f.values
-            if f.values.shape[1] == ncols
-            else np.pad(f.values, ((0, 0), (0, ncols - f.values.shape[1])), constant_values=np.nan)
-            for f in frames
-        ]
+        tables = self._tables
+        matrices: list[np.ndarray] = []
+        sizes: list[int] = []
+        stamps: list[int] = []
+        looked: list[np.ndarray] | None = []  # each frame's rows, while every frame is a table seen at this generation
+        fresh: dict[int, DeviceTable] = {}
+        generation = self.registry.generation
+        for f in kept:
+            table, v = f.devices, f.values
+            n, width = v.shape
+            # A frame made before the schema grew is narrower: the newer columns are absent (NaN).
+            matrices.append(v if width == ncols else np.pad(v, ((0, 0), (0, ncols - width)), constant_values=np.nan))
+            sizes.append(n)
+            stamps.append(f.time_unix_nano)
+            seen = tables.get(table.node)
+            if seen is None or seen[0] is not table:
+                fresh[id(table)] = table  # may bring new devices
+            elif seen[1] == generation and looked is not None:
+                looked.append(seen[2])  # a node sending the same devices again
+                continue
+            looked = None
         values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
         read = ~np.isnan(values).all(axis=1)  # a device whose row is all NaN was not read this time
+        counts = np.asarray(sizes, dtype=np.intp)
+        offsets = np.r_[0, np.cumsum(counts)[:-1]]
         everyone = np.logical_and.reduceat(read, offsets).tolist()
-        # Device tables not seen before may bring new devices: room for all of them at once.
-        tables = self._tables
-        fresh = {
-            id(f.devices): f.devices
-            for f in frames
-            if (seen := tables.get(f.devices.node)) is None or seen[0] is not f.devices
-        }
-        if fresh:
-            self.registry.reserve((t.node, t.ids) for t in fresh.values())
-        looked = [
-            self._rows_of(f, read[o : o + n], e)
-            for f, o, n, e in zip(frames, offsets.tolist(), sizes.tolist(), everyone, strict=True)
-        ]
-        rows = looked[0][0] if len(looked) == 1 else np.concatenate([r for r, _ in looked])
-        new = looked[0][1] if len(looked) == 1 else np.concatenate([m for _, m in looked])
-        times = np.repeat(np.asarray([f.time_unix_nano for f in frames], dtype=np.int64), sizes)
-        arrivals = np.repeat(np.asarray(heard, dtype=np.int64), sizes)
+        new = np.zeros(values.shape[0], dtype=bool)
+        if looked is None or not all(everyone):  # (the usual tick skips this: every frame was seen, all read)
+            if fresh:  # room for all the new devices at once
+                self.registry.reserve((t.node, t.ids) for t in fresh.values())
+            looked = []
+            generation = self.registry.generation
+            for f, o, n, e in zip(kept, offsets.tolist(), sizes, everyone, strict=True):
+                seen = tables.get(f.devices.node)
+                if e and seen is not None and seen[0] is f.devices and seen[1] == generation:
+                    looked.append(seen[2])
+                    continue
+                rows_f, new_f = self._rows_of(f, read[o : o + n], e)
+                looked.append(rows_f)
+                if new_f.any():
+                    new[o : o + n][read[o : o + n]] = new_f
+                generation = self.registry.generation
+        rows = looked[0] if len(looked) == 1 else np.concatenate(looked)
+        times = np.repeat(np.asarray(stamps, dtype=np.int64), counts)
+        if heard is None:
+            arrivals = times
+        elif isinstance(heard, int):
+            arrivals = np.full(times.shape, heard, dtype=np.int64)
+        else:
+            arrivals = np.repeat(np.asarray(heard, dtype=np.int64), counts)
         if not all(everyone):
-            values, times, arrivals = values[read], times[read], arrivals[read]
+            values, times, arrivals, new = values[read], times[read], arrivals[read], new[read]
         if rows.size == 0:
             return
-        if len(frames) == 1:
+        if len(kept) == 1:
+            self.ingest_rows(rows, new, times, values, arrivals)
+            return
+        if bool((rows[1:] > rows[:-1]).all()):  # ascending, so every device once (a tick in row order)
             self.ingest_rows(rows, new, times, values, arrivals)
             return
         # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from otel_dra.classifier.registry import grown
+from otel_dra.classifier.window import as_index
 
 _NONE = np.iinfo(np.int64).min  # "no bucket yet"
 
@@ -70,6 +71,7 @@ class HorizonStore:
         """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent.
         A sample older than its row's newest bucket is counted in that bucket."""
         bucket = np.floor(np.asarray(time_s, dtype=np.float64) / self.bucket_s).astype(np.int64)
+        at = as_index(rows)  # a slice for a tick in row order: views and in-place adds, not gathers
         head = self.head[rows]
         started = head != _NONE
         bucket = np.where(started, np.maximum(bucket, head), bucket)
@@ -83,15 +85,17 @@ class HorizonStore:
             self.sums[slot, r] = 0.0
             self.counts[slot, r] = 0
             self.ids[slot, r] = bucket[fresh]
-        self.head[rows] = bucket
+        self.head[at] = bucket
         valid = ~np.isnan(values)
         add = np.where(valid, values, 0.0).astype(np.float32)  # totals add what the buckets hold
         slot = bucket % self.buckets
-        self.sums[slot, rows] += add
-        self.counts[slot, rows] += valid.astype(np.uint16)
+        first = int(slot[0]) if slot.size else 0
+        cell = (first, at) if isinstance(at, slice) and bool((slot == first).all()) else (slot, rows)
+        self.sums[cell] += add
+        self.counts[cell] += valid.astype(np.uint16)
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            s[rows] += add
-            c[rows] += valid
+            s[at] += add
+            c[at] += valid
 
     def _advance(self, rows: np.ndarray, head: np.ndarray, gap: np.ndarray) -> None:
         """Move rows from bucket ``head`` to ``head + gap``: buckets leave each span, slots free up."""

@@ -107,7 +107,10 @@ def centre(
     pick = eligible & ~np.isnan(rate)
     values, groups = rate[pick], cohort[pick]
     med, mad, size = group_medians(values, groups, n_cohorts)
-    if values.size:
+    only = np.flatnonzero(size)
+    if only.size == 1:  # one cohort holds every rate (a fleet of one model): the fleet's centre is its own
+        fleet_med, fleet_mad = float(med[only[0]]), float(mad[only[0]])
+    elif values.size:
         fleet_med = float(np.median(values))
         fleet_mad = float(np.median(np.abs(values - fleet_med)))
     else:

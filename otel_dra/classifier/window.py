@@ -85,14 +85,26 @@ class WindowStore:
         """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent."""
         t = np.broadcast_to(np.asarray(time_s, dtype=np.float64), rows.shape)
         at = as_index(rows)
-        full = self.written[at] - self.tail[at] >= self.window
-        if full.any():  # the slot about to be written still holds a sample in the window
-            self._drop_oldest(rows if full.all() else rows[full])
-        slot = self.written[at] % self.window
+        written = self.written[at]
+        full = written - self.tail[at] >= self.window  # the slot about to be written still holds a sample
+        slot = written % self.window
         new = values.astype(np.float32, copy=False)
         new_valid = ~np.isnan(new)
-        self.sums[at] += np.where(new_valid, new, 0.0)
-        self.counts[at] += new_valid.astype(np.int32)
+        add = np.where(new_valid, new, 0.0)
+        if full.all():  # every row's ring full (a fleet that has run a while): the oldest leaves as the new comes
+            old = self.ring[slot, rows]
+            old_valid = ~np.isnan(old)
+            counts = self.counts[at] - old_valid.astype(np.int32)
+            # (as _drop_oldest then the add, in one pass over the sums: a window left with no valid value of a
+            # feature sums to exactly zero before the new sample's is added)
+            self.sums[at] = np.where(counts == 0, 0.0, self.sums[at] - np.where(old_valid, old, 0.0)) + add
+            self.counts[at] = counts + new_valid.astype(np.int32)
+            self.tail[at] += 1
+        else:
+            if full.any():
+                self._drop_oldest(rows[full])
+            self.sums[at] += add
+            self.counts[at] += new_valid.astype(np.int32)
         self.ring[slot, rows] = new
         self.times[slot, rows] = t
         self.written[at] += 1
