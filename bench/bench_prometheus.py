@@ -81,7 +81,7 @@ from otel_dra.sources.simulated import (  # noqa: E402
 BENCHMARKS_MD = _report.BENCHMARKS_MD
 RULES = ROOT / "bench" / "prometheus-rules.yaml"
 START, END = "<!-- bench_prometheus:start -->", "<!-- bench_prometheus:end -->"
-TARGET_RATIO = 300.0  # issue #17: at 10,000 devices, with ingest (and decode) counted
+TARGET_RATIO = 300.0  # issue #17: at 10,000 devices, "with ingest counted": ingest_many + evaluate (its x166)
 PER_NODE = 8
 INTERVAL_S = 10
 HISTORY_S = 3600
@@ -854,10 +854,10 @@ def markdown(results: list[Result], argv: str, wall_s: float) -> str:
                 f"**{n:,} devices: one evaluation**, otel-dra's tick (decode + ingest + evaluate) vs every rule "
                 f"of the rule set ({p['rules']}, `evalTotalTime` summed)",
                 f"{o['tick_s'] * 1e3:.1f} ms",
-                f">= {TARGET_RATIO:g}x" if judged else "—",
+                "—",
                 f"{p['eval_s'] * 1e3:,.0f} ms",
                 f"x{r.ratio:.0f}",
-                ok(r.ratio >= TARGET_RATIO) if judged else "—",
+                "—",
             ),
             (
                 f"... otel-dra by stage ({o['requests']:,} OTLP requests, {o['points']:,} points); "
@@ -870,12 +870,13 @@ def markdown(results: list[Result], argv: str, wall_s: float) -> str:
                 "—",
             ),
             (
-                f"... otel-dra without the decode (`ingest_many` of the decoded frames + `evaluate`), {n:,} devices",
+                f"**{n:,} devices, with ingest counted**: `ingest_many` of the tick's decoded frames + `evaluate` "
+                "(the issue's x97 / x166 figures) vs the rule set",
                 f"{o['ingest_evaluate_s'] * 1e3:.1f} ms",
-                "—",
+                f">= {TARGET_RATIO:g}x" if judged else "—",
                 f"{p['eval_s'] * 1e3:,.0f} ms",
                 f"x{p['eval_s'] / o['ingest_evaluate_s']:.0f}",
-                "—",
+                ok(p["eval_s"] / o["ingest_evaluate_s"] >= TARGET_RATIO) if judged else "—",
             ),
             (
                 f"RSS, {n:,} devices: otel-dra's state after the hour; Prometheus after the queries",
@@ -943,12 +944,15 @@ def markdown(results: list[Result], argv: str, wall_s: float) -> str:
             for r in results
         )
         + ".",
-        f"- The target: at {last.spec.devices:,} devices otel-dra's tick is x{last.ratio:.0f} cheaper than one "
-        f"evaluation of the rule set ({'meeting' if last.ratio >= TARGET_RATIO else 'short of'} the "
-        f"x{TARGET_RATIO:g} target). Decoding the tick's {lo['requests']:,} requests "
+        f"- The target (x{TARGET_RATIO:g} with ingest counted, as the issue counts it: its x166 was `ingest_many` plus "
+        f"`evaluate`, the decode not in it): at {last.spec.devices:,} devices x"
+        f"{last.prom['eval_s'] / lo['ingest_evaluate_s']:.0f}, "
+        f"{'meeting' if last.prom['eval_s'] / lo['ingest_evaluate_s'] >= TARGET_RATIO else 'short of'} it. With the "
+        f"decode too, otel-dra's whole tick is x{last.ratio:.0f} cheaper. Decoding the tick's "
+        f"{lo['requests']:,} requests "
         f"is {100 * decode_share:.0f}% of it ({lo['decode_s'] * 1e3:.0f} ms, about "
         f"{1e6 * lo['decode_s'] / max(lo['requests'], 1):.0f} µs a request, mostly per request, not per point); "
-        f"without it x{last.prom['eval_s'] / lo['ingest_evaluate_s']:.0f}, and the evaluation alone "
+        "and the evaluation alone "
         f"({lo['evaluate_s'] * 1e3:.1f} ms) x{last.prom['eval_s'] / lo['evaluate_s']:.0f}.",
         "- RSS: otel-dra's is the child's after the hour (gc, malloc_trim) less before the decoder and classifier "
         "existed; of it, what the first tick's decode left (the decoder's series and attribute tables of every "
