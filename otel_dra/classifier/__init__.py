@@ -77,7 +77,7 @@ def window_samples(window_s: float, interval_s: float) -> int:
 
 def _runs(groups: np.ndarray) -> np.ndarray:
     """Where each run of equal neighbours in ``groups`` starts."""
-    return np.r_[0, np.flatnonzero(groups[1:] != groups[:-1]) + 1] if groups.size else groups
+    return np.r_[0, np.flatnonzero(groups[1:] != groups[:-1]) + 1] if groups.size else np.zeros(0, np.intp)
 
 
 def _max_into(out: np.ndarray, groups: np.ndarray, values: np.ndarray, starts: np.ndarray) -> None:
@@ -269,10 +269,7 @@ class Classifier:
             values, times, arrivals, new = values[read], times[read], arrivals[read], new[read]
         if rows.size == 0:
             return
-        if len(kept) == 1:
-            self.ingest_rows(rows, new, times, values, arrivals)
-            return
-        if bool((rows[1:] > rows[:-1]).all()):  # ascending, so every device once (a tick in row order)
+        if len(kept) == 1 or bool((rows[1:] > rows[:-1]).all()):  # ascending rows: every device once
             self.ingest_rows(rows, new, times, values, arrivals)
             return
         # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its

@@ -69,16 +69,21 @@ class WindowStore:
         self.counts[rows] = 0
         self.last[rows] = np.nan
 
-    def _drop_oldest(self, rows: np.ndarray) -> None:
-        """Take each row's oldest sample out of its window sums (rows unique, each with one)."""
+    def _drop_oldest(self, rows: np.ndarray, add: np.ndarray | None = None, added: np.ndarray | None = None) -> None:
+        """Take each row's oldest sample out of its window sums (rows unique, each with one); with ``add`` (the
+        new sample's values, NaN as 0) and ``added`` (which are valid), add the new sample in the same pass."""
         at = as_index(rows)
         slot = self.tail[at] % self.window
         old = self.ring[slot, rows]
         valid = ~np.isnan(old)
         counts = self.counts[at] - valid.astype(np.int32)
-        self.counts[at] = counts
         # A window with no valid value of a feature sums to exactly zero (no float residue).
-        self.sums[at] = np.where(counts == 0, 0.0, self.sums[at] - np.where(valid, old, 0.0))
+        sums = np.where(counts == 0, 0.0, self.sums[at] - np.where(valid, old, 0.0))
+        if add is not None and added is not None:
+            sums += add
+            counts += added.astype(np.int32)
+        self.counts[at] = counts
+        self.sums[at] = sums
         self.tail[at] += 1
 
     def append(self, rows: np.ndarray, time_s: np.ndarray | float, values: np.ndarray) -> None:
@@ -92,14 +97,7 @@ class WindowStore:
         new_valid = ~np.isnan(new)
         add = np.where(new_valid, new, 0.0)
         if full.all():  # every row's ring full (a fleet that has run a while): the oldest leaves as the new comes
-            old = self.ring[slot, rows]
-            old_valid = ~np.isnan(old)
-            counts = self.counts[at] - old_valid.astype(np.int32)
-            # (as _drop_oldest then the add, in one pass over the sums: a window left with no valid value of a
-            # feature sums to exactly zero before the new sample's is added)
-            self.sums[at] = np.where(counts == 0, 0.0, self.sums[at] - np.where(old_valid, old, 0.0)) + add
-            self.counts[at] = counts + new_valid.astype(np.int32)
-            self.tail[at] += 1
+            self._drop_oldest(rows, add, new_valid)
         else:
             if full.any():
                 self._drop_oldest(rows[full])
