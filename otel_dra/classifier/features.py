@@ -129,6 +129,19 @@ class _Plan:
     gen_cols: np.ndarray
     gen_max: np.ndarray
     status: list[tuple[int, int]]  # (column, state code)
+    single_features: np.ndarray = field(init=False)  # features fed by one counter column ...
+    single_positions: np.ndarray = field(init=False)  # ... and that column's place among counter_cols
+    summed: list[tuple[int, np.ndarray]] = field(init=False)  # (feature, places) fed by several
+
+    def __post_init__(self) -> None:
+        # A feature fed by one counter column (the usual case) is that column's increase: one gather
+        # for all of them. Only a feature fed by several sums them (NaN where none was read).
+        fed = self.counter_feature
+        features, counts = np.unique(fed[fed >= 0], return_counts=True)
+        single = features[counts == 1]
+        self.single_features = single.astype(np.intp)
+        self.single_positions = np.asarray([int(np.flatnonzero(fed == f)[0]) for f in single], dtype=np.intp)
+        self.summed = [(int(f), np.flatnonzero(fed == f)) for f in features[counts > 1]]
 
 
 def _attr(column: Column, key: str) -> str | None:
@@ -306,9 +319,9 @@ class FeatureExtractor:
             inc = np.where(np.isnan(prev), np.where(new[:, None], 0.0, v), np.where(v >= prev, v - prev, 0.0))
             inc = np.where(have, inc, np.nan)
             self.prev[rows, :k] = np.where(have, v, prev)
-            feature = plan.counter_feature
-            for f in np.unique(feature[feature >= 0]):
-                block = inc[:, feature == f]
+            out[:, plan.single_features] = inc[:, plan.single_positions]
+            for f, positions in plan.summed:
+                block = inc[:, positions]
                 out[:, f] = np.where(np.isnan(block).all(axis=1), np.nan, np.nansum(block, axis=1))
             if plan.driver_cols:
                 col_pos = {int(c): j for j, c in enumerate(cols.tolist())}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from otel_dra.classifier.registry import grown
-from otel_dra.classifier.window import as_index
+from otel_dra.classifier.rows import RowIndex
 
 _NONE = np.iinfo(np.int64).min  # "no bucket yet"
 
@@ -67,65 +67,72 @@ class HorizonStore:
             s[rows] = 0.0
             c[rows] = 0
 
-    def append(self, rows: np.ndarray, time_s: np.ndarray, values: np.ndarray) -> None:
+    def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray, values: np.ndarray) -> None:
         """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent.
         A sample older than its row's newest bucket is counted in that bucket."""
+        ix = RowIndex.of(rows)
         bucket = np.floor(np.asarray(time_s, dtype=np.float64) / self.bucket_s).astype(np.int64)
-        at = as_index(rows)  # a slice for a tick in row order: views and in-place adds, not gathers
-        head = self.head[rows]
+        head = ix.take(self.head)
         started = head != _NONE
         bucket = np.where(started, np.maximum(bucket, head), bucket)
         gap = np.where(started, bucket - head, 0)
         if gap.any():
-            self._advance(rows, head, gap)
+            self._advance(ix, head, gap)
         fresh = ~started
         if fresh.any():  # a row's first sample: its slot is new
-            r = rows[fresh]
+            r = ix.rows[fresh]
             slot = bucket[fresh] % self.buckets
             self.sums[slot, r] = 0.0
             self.counts[slot, r] = 0
             self.ids[slot, r] = bucket[fresh]
-        self.head[at] = bucket
+        ix.put(self.head, bucket)
         valid = ~np.isnan(values)
         add = np.where(valid, values, 0.0).astype(np.float32)  # totals add what the buckets hold
         slot = bucket % self.buckets
-        first = int(slot[0]) if slot.size else 0
-        cell = (first, at) if isinstance(at, slice) and bool((slot == first).all()) else (slot, rows)
-        self.sums[cell] += add
-        self.counts[cell] += valid.astype(np.uint16)
+        if slot.size and bool((slot == slot[0]).all()):  # every row in the same bucket slot (the usual tick)
+            ix.add(self.sums[int(slot[0])], add)
+            ix.add(self.counts[int(slot[0])], valid.astype(np.uint16))
+        else:
+            ix.put_slots(self.sums, slot, ix.take_slots(self.sums, slot) + add)
+            ix.put_slots(self.counts, slot, ix.take_slots(self.counts, slot) + valid.astype(np.uint16))
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            s[at] += add
-            c[at] += valid
+            ix.add(s, add)
+            ix.add(c, valid)
 
-    def _advance(self, rows: np.ndarray, head: np.ndarray, gap: np.ndarray) -> None:
+    def _advance(self, ix: RowIndex, head: np.ndarray, gap: np.ndarray) -> None:
         """Move rows from bucket ``head`` to ``head + gap``: buckets leave each span, slots free up."""
         moving = gap > 0
         for span, s, c in zip(self.spans, self.total_sums, self.total_counts, strict=True):
             # Buckets head-span+1 .. head+gap-span leave the span (at most ``span`` of them).
             for k in range(int(min(gap.max(), span))):
                 pick = moving & (gap > k)
-                r = rows[pick]
-                leaving = head[pick] - span + 1 + k
+                sub, leaving = _subset(ix, pick, head - span + 1 + k)
                 slot = leaving % self.buckets
-                held = self.ids[slot, r] == leaving
+                held = sub.take_slots(self.ids, slot) == leaving
                 if held.any():
-                    r, slot = r[held], slot[held]
-                    s[r] -= self.sums[slot, r]
-                    c[r] -= self.counts[slot, r]
+                    sub, slot = _subset(sub, held, slot)
+                    sub.subtract(s, sub.take_slots(self.sums, slot))
+                    sub.subtract(c, sub.take_slots(self.counts, slot))
         # Buckets head+1 .. head+gap enter: the newest ``buckets`` of them get a slot each.
         for k in range(int(min(gap.max(), self.buckets))):
-            pick = gap > k
-            r = rows[pick]
-            entering = head[pick] + gap[pick] - k
+            sub, entering = _subset(ix, gap > k, head + gap - k)
             slot = entering % self.buckets
-            self.sums[slot, r] = 0.0
-            self.counts[slot, r] = 0
-            self.ids[slot, r] = entering
+            sub.put_slots(self.sums, slot, 0.0)
+            sub.put_slots(self.counts, slot, 0)
+            sub.put_slots(self.ids, slot, entering)
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
             # No float residue where a span now holds nothing.
-            empty = c[rows] == 0
-            s[rows] = np.where(empty, 0.0, s[rows])
+            empty = ix.take(c) == 0
+            if empty.any():
+                ix.put(s, np.where(empty, 0.0, ix.take(s)))
 
     def span_sums(self, span_index: int, rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
         """(sums, counts) of every feature over span ``span_index`` for ``rows``."""
         return self.total_sums[span_index][rows], self.total_counts[span_index][rows]
+
+
+def _subset(ix: RowIndex, pick: np.ndarray, values: np.ndarray) -> tuple[RowIndex, np.ndarray]:
+    """The picked rows of ``ix`` and their ``values`` (all of them, as they are, when every row is picked)."""
+    if pick.all():
+        return ix, values
+    return RowIndex(ix.rows[pick]), values[pick]

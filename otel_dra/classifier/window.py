@@ -13,15 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from otel_dra.classifier.registry import grown
-
-
-def as_index(rows: np.ndarray) -> np.ndarray | slice:
-    """``rows`` as a slice when they are one ascending run (a fleet tick's usual batch: every device once,
-    in row order), so reads are views and writes in place instead of gathers and scatters."""
-    n = rows.shape[0]
-    if n and int(rows[-1]) - int(rows[0]) == n - 1 and (n < 3 or bool((np.diff(rows) == 1).all())):
-        return slice(int(rows[0]), int(rows[0]) + n)
-    return rows
+from otel_dra.classifier.rows import RowIndex
 
 
 class WindowStore:
@@ -69,56 +61,60 @@ class WindowStore:
         self.counts[rows] = 0
         self.last[rows] = np.nan
 
-    def _drop_oldest(self, rows: np.ndarray, add: np.ndarray | None = None, added: np.ndarray | None = None) -> None:
+    def _drop_oldest(
+        self, rows: np.ndarray | RowIndex, add: np.ndarray | None = None, added: np.ndarray | None = None
+    ) -> None:
         """Take each row's oldest sample out of its window sums (rows unique, each with one); with ``add`` (the
         new sample's values, NaN as 0) and ``added`` (which are valid), add the new sample in the same pass."""
-        at = as_index(rows)
-        slot = self.tail[at] % self.window
-        old = self.ring[slot, rows]
+        ix = RowIndex.of(rows)
+        tail = ix.take(self.tail)
+        old = ix.take_slots(self.ring, tail % self.window)
         valid = ~np.isnan(old)
-        counts = self.counts[at] - valid.astype(np.int32)
+        counts = ix.take(self.counts) - valid.astype(np.int32)
         # A window with no valid value of a feature sums to exactly zero (no float residue).
-        sums = np.where(counts == 0, 0.0, self.sums[at] - np.where(valid, old, 0.0))
+        sums = np.where(counts == 0, 0.0, ix.take(self.sums) - np.where(valid, old, 0.0))
         if add is not None and added is not None:
             sums += add
             counts += added.astype(np.int32)
-        self.counts[at] = counts
-        self.sums[at] = sums
-        self.tail[at] += 1
+        ix.put(self.counts, counts)
+        ix.put(self.sums, sums)
+        ix.put(self.tail, tail + 1)
 
-    def append(self, rows: np.ndarray, time_s: np.ndarray | float, values: np.ndarray) -> None:
+    def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray | float, values: np.ndarray) -> None:
         """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent."""
-        t = np.broadcast_to(np.asarray(time_s, dtype=np.float64), rows.shape)
-        at = as_index(rows)
-        written = self.written[at]
-        full = written - self.tail[at] >= self.window  # the slot about to be written still holds a sample
+        ix = RowIndex.of(rows)
+        t = np.broadcast_to(np.asarray(time_s, dtype=np.float64), ix.rows.shape)
+        written = ix.take(self.written).copy()
+        full = written - ix.take(self.tail) >= self.window  # the slot about to be written still holds a sample
         slot = written % self.window
         new = values.astype(np.float32, copy=False)
         new_valid = ~np.isnan(new)
         add = np.where(new_valid, new, 0.0)
         if full.all():  # every row's ring full (a fleet that has run a while): the oldest leaves as the new comes
-            self._drop_oldest(rows, add, new_valid)
+            self._drop_oldest(ix, add, new_valid)
         else:
             if full.any():
-                self._drop_oldest(rows[full])
-            self.sums[at] += add
-            self.counts[at] += new_valid.astype(np.int32)
-        self.ring[slot, rows] = new
-        self.times[slot, rows] = t
-        self.written[at] += 1
-        self.last[at] = new
+                self._drop_oldest(ix.rows[full])
+            ix.add(self.sums, add)
+            ix.add(self.counts, new_valid.astype(np.int32))
+        ix.put_slots(self.ring, slot, new)
+        ix.put_slots(self.times, slot, t)
+        written += 1
+        ix.put(self.written, written)
+        ix.put(self.last, new)
         if self.window_s != float("inf"):
             cutoff = t - self.window_s
             while True:  # as many rounds as samples leave one row's window: one, usually
-                live = self.tail[at] < self.written[at] - 1  # the newest sample always stays
-                oldest = self.times[self.tail[at] % self.window, rows]
+                tail = ix.take(self.tail)
+                live = tail < written - 1  # the newest sample always stays
+                oldest = ix.take_slots(self.times, tail % self.window)
                 # A sample stamped after the one just written leaves too, once it is the oldest written: the
                 # row's clock jumped back (the decoders take a point far behind its series as such a jump),
                 # and the window is judged by the row's present, not by a time it has gone back from.
                 old = live & ((oldest <= cutoff) | (oldest > t))
                 if not old.any():
                     break
-                self._drop_oldest(rows[old])
+                self._drop_oldest(ix.rows[old])
 
     def holds_first(self, rows: np.ndarray | slice) -> np.ndarray:
         """Whether each row's window still holds its first sample (whose time step is 0)."""
