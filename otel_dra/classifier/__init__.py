@@ -26,6 +26,7 @@ from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.registry import DeviceRegistry
+from otel_dra.classifier.rows import RowIndex
 from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, R, Window, evaluate
 from otel_dra.classifier.verdicts import (
     Verdict,
@@ -308,17 +309,17 @@ class Classifier:
         heard = t if arrival_unix_nano is None else np.asarray(arrival_unix_nano, dtype=np.int64) / 1e9
         if (self._memory or self._baseline_index) and new.any():
             self._recall_rows(rows[new], np.broadcast_to(heard, rows.shape)[new])
-        feats = self.extractor.extract(rows, new, t, values, self.groups.device_params(rows))
-        self.store.append(rows, t, feats)
-        self.horizon.append(rows, t, feats[:, self._horizon_cols])
+        ix = RowIndex(rows)  # how the stores read and write this batch's rows, worked out once
+        feats = self.extractor.extract(ix, new, t, values, self.groups.device_params(rows))
+        self.store.append(ix, t, feats)
+        self.horizon.append(ix, t, feats[:, self._horizon_cols])
         for f, log in self.events.items():
             log.record(rows, t, feats[:, f])
-        seen = self.registry.last_seen[rows]
-        self.registry.last_seen[rows] = np.fmax(seen, t)
-        self.registry.last_heard[rows] = np.fmax(self.registry.last_heard[rows], heard)
-        self.registry.first_seen[rows] = np.where(
-            np.isnan(self.registry.first_seen[rows]), t, self.registry.first_seen[rows]
-        )
+        reg = self.registry
+        ix.put(reg.last_seen, np.fmax(ix.take(reg.last_seen), t))
+        ix.put(reg.last_heard, np.fmax(ix.take(reg.last_heard), heard))
+        first = ix.take(reg.first_seen)
+        ix.put(reg.first_seen, np.where(np.isnan(first), t, first))
         self.ingested_samples += int(rows.size)
 
     # -- evaluate ------------------------------------------------------------------------------

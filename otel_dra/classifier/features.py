@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.registry import grown
+from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
 
 
@@ -288,37 +289,39 @@ class FeatureExtractor:
         return self._plan
 
     def extract(
-        self, rows: np.ndarray, new: np.ndarray, time_s: np.ndarray, values: np.ndarray, params: DeviceParams
+        self, rows: np.ndarray | RowIndex, new: np.ndarray, time_s: np.ndarray, values: np.ndarray, params: DeviceParams
     ) -> np.ndarray:
         """Features for one sample of each row (rows unique). ``values`` is ``(rows, columns)``, NaN = absent;
         ``new`` marks devices seen for the first time; ``params`` holds per-row thresholds."""
         plan = self.plan()
-        n = rows.shape[0]
+        ix = RowIndex.of(rows)
+        n = len(ix)
         if values.shape[1] < plan.width:  # a frame made before the schema grew: the newer columns are absent
             values = np.concatenate([values, np.full((n, plan.width - values.shape[1]), np.nan)], axis=1)
         out = np.full((n, N_FEATURES), np.nan)
-        prev_t = self.prev_time[rows]
+        prev_t = ix.take(self.prev_time)
         out[:, F.DT] = np.where(np.isnan(prev_t), 0.0, np.maximum(time_s - prev_t, 0.0))
-        self.prev_time[rows] = time_s
-        self._counters(plan, rows, new, values, out, params)
+        ix.put(self.prev_time, time_s)
+        self._counters(plan, ix, new, values, out, params)
         self._gauges(plan, values, out, params)
         return out
 
     # -- counters ------------------------------------------------------------------------------
     def _counters(
-        self, plan: _Plan, rows: np.ndarray, new: np.ndarray, values: np.ndarray, out: np.ndarray, params: DeviceParams
+        self, plan: _Plan, ix: RowIndex, new: np.ndarray, values: np.ndarray, out: np.ndarray, params: DeviceParams
     ) -> None:
         cols = plan.counter_cols
         if cols.size:
             v = values[:, cols]
             k = cols.size  # counter j of the plan keeps its baseline in prev[:, j]
-            prev = self.prev[rows, :k]
+            baselines = self.prev[:, :k]
+            prev = ix.take(baselines)
             have = ~np.isnan(v)
             # New series on a known device: all of it is new. A device's first sample: a baseline.
             # Gone down: reset, the new value is the new baseline. Otherwise the difference.
             inc = np.where(np.isnan(prev), np.where(new[:, None], 0.0, v), np.where(v >= prev, v - prev, 0.0))
             inc = np.where(have, inc, np.nan)
-            self.prev[rows, :k] = np.where(have, v, prev)
+            ix.put(baselines, np.where(have, v, prev))
             out[:, plan.single_features] = inc[:, plan.single_positions]
             for f, positions in plan.summed:
                 block = inc[:, positions]

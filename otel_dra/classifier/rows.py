@@ -65,6 +65,12 @@ class RowIndex:
         for lo, s, e in self.runs:
             a[lo : lo + e - s] = values[s:e]
 
+    def written_back(self, a: np.ndarray, taken: np.ndarray) -> None:
+        """Store ``taken``, what :meth:`take` gave and was then changed in place: a view of ``a`` for a
+        slice (already there), else a copy to put back."""
+        if not isinstance(self.at, slice):
+            self.put(a, taken)
+
     def add(self, a: np.ndarray, values: np.ndarray) -> None:
         """``a[rows] += values``, in place."""
         if self.runs is None:

@@ -175,17 +175,23 @@ class Window:
         n = self.rows.shape[0]
         # Rows 0..n-1 (every row in use, the usual case) are read as views, not gathered copies.
         at: np.ndarray | slice = slice(0, n) if n and self.rows[-1] == n - 1 else self.rows
-        self.sums = self.store.sums[at]
-        self.counts = self.store.counts[at]
-        self.seconds = self.sums[:, F.DT]
-        self.samples = self.counts[:, F.DT]
+        # Sums and counts feature-major: a rule reads one feature of every device, a contiguous row
+        # of these, not a strided column of the store's (devices, features) arrays (a cache line a
+        # device, whatever the fleet's size).
+        self.sums = np.ascontiguousarray(self.store.sums[at].T)
+        self.counts = np.ascontiguousarray(self.store.counts[at].T)
+        self.seconds = self.sums[F.DT]
+        self.samples = self.counts[F.DT]
         self.latest = self.store.latest(at)
-        self.span = [self.horizon.span_sums(i, at) for i in range(len(self.horizon.spans))]
+        self.span = []
+        for i in range(len(self.horizon.spans)):
+            sums, counts = self.horizon.span_sums(i, at)
+            self.span.append((np.ascontiguousarray(sums.T), np.ascontiguousarray(counts.T)))
         self.span_s = [self.horizon.spans[i] * self.horizon.bucket_s for i in range(len(self.horizon.spans))]
         dt = H[F.DT]
         # Whether each span holds at least half its length of samples (younger devices: the window only).
         self._covered = [
-            (counts[:, dt] >= self.min_samples) & (sums[:, dt] >= 0.5 * span_s)
+            (counts[dt] >= self.min_samples) & (sums[dt] >= 0.5 * span_s)
             for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
         ]
         self._rates: dict[F, RateVerdict] = {}
@@ -193,31 +199,28 @@ class Window:
         self._span_fractions: dict[int, np.ndarray] = {}
 
     def fraction(self, f: F) -> np.ndarray:
-        if self._fractions is None:
-            # Every feature's share at once, feature-major: a rule reads a contiguous row, not a
-            # strided column of the (devices, features) sums, whatever the fleet's size.
+        if self._fractions is None:  # every feature's share at once
             with np.errstate(invalid="ignore", divide="ignore"):
-                share = np.where(self.counts >= self.min_samples, self.sums / self.counts, 0.0)
-            self._fractions = np.ascontiguousarray(share.T)
+                self._fractions = np.where(self.counts >= self.min_samples, self.sums / self.counts, 0.0)
         return self._fractions[f]
 
     def increase(self, f: F) -> np.ndarray:
-        return self.sums[:, f]
+        return self.sums[f]
 
     def share(self, f: F) -> np.ndarray:
         ok = (self.samples >= self.min_samples) & (self.seconds > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(ok, self.sums[:, f] / self.seconds, 0.0)
+            return np.where(ok, self.sums[f] / self.seconds, 0.0)
 
     def per_minute(self, f: F) -> np.ndarray:
         ok = (self.samples >= self.min_samples) & (self.seconds > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(ok, 60.0 * self.sums[:, f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
+            return np.where(ok, 60.0 * self.sums[f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
 
     def mean(self, f: F) -> np.ndarray:
-        n = self.counts[:, f]
+        n = self.counts[f]
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(n > 0, self.sums[:, f] / n, np.nan)
+            return np.where(n > 0, self.sums[f] / n, np.nan)
 
     def events_since(self, f: F, window_s: np.ndarray) -> np.ndarray:
         return self.events[f].since(self.now_s - window_s, self.rows)
@@ -230,19 +233,19 @@ class Window:
     def span_fraction(self, f: F, span: int) -> np.ndarray:
         """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
         shares = self._span_fractions.get(span)
-        if shares is None:  # every feature at once, feature-major (see fraction)
+        if shares is None:  # every feature at once
             sums, counts = self.span[span]
-            judged = self.covered(span)[:, None] & (counts >= self.min_samples)
+            judged = self.covered(span) & (counts >= self.min_samples)
             with np.errstate(invalid="ignore", divide="ignore"):
-                shares = self._span_fractions[span] = np.ascontiguousarray(np.where(judged, sums / counts, 0.0).T)
+                shares = self._span_fractions[span] = np.where(judged, sums / counts, 0.0)
         return shares[H[f]]
 
     def span_share(self, f: F, span: int) -> np.ndarray:
         """A time counter's increase over the span's time (0 while the span is not covered)."""
         sums, _ = self.span[span]
-        seconds = sums[:, H[F.DT]]
+        seconds = sums[H[F.DT]]
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.covered(span) & (seconds > 0), sums[:, H[f]] / seconds, 0.0)
+            return np.where(self.covered(span) & (seconds > 0), sums[H[f]] / seconds, 0.0)
 
     def duty(self, f: F, reason: str, share: bool = False) -> np.ndarray:
         """A condition that comes and goes: present in at least the rule's ``duty`` of the duty span
@@ -273,8 +276,8 @@ class Window:
             return cached
         p, rows = self.groups.param, self.rows
         sums, _ = self.span[RATE_SPAN]
-        span_minutes = sums[:, H[F.DT]] / 60.0
-        span_count = sums[:, H[f]]
+        span_minutes = sums[H[F.DT]] / 60.0
+        span_count = sums[H[f]]
         with np.errstate(invalid="ignore", divide="ignore"):
             span_rate = np.where(span_minutes > 0, span_count / np.maximum(span_minutes, 1.0), np.nan)
         cohorts = self.groups.cohort[rows]

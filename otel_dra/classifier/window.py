@@ -70,14 +70,18 @@ class WindowStore:
         tail = ix.take(self.tail)
         old = ix.take_slots(self.ring, tail % self.window)
         valid = ~np.isnan(old)
-        counts = ix.take(self.counts) - valid.astype(np.int32)
+        # In place: the rows' own sums and counts when they are a slice, else their copies, written back.
+        counts = ix.take(self.counts)
+        counts -= valid
+        sums = ix.take(self.sums)
+        np.subtract(sums, old, out=sums, where=valid)
         # A window with no valid value of a feature sums to exactly zero (no float residue).
-        sums = np.where(counts == 0, 0.0, ix.take(self.sums) - np.where(valid, old, 0.0))
+        np.copyto(sums, 0.0, where=counts == 0)
         if add is not None and added is not None:
             sums += add
-            counts += added.astype(np.int32)
-        ix.put(self.counts, counts)
-        ix.put(self.sums, sums)
+            counts += added
+        ix.written_back(self.counts, counts)
+        ix.written_back(self.sums, sums)
         ix.put(self.tail, tail + 1)
 
     def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray | float, values: np.ndarray) -> None:
@@ -89,14 +93,14 @@ class WindowStore:
         slot = written % self.window
         new = values.astype(np.float32, copy=False)
         new_valid = ~np.isnan(new)
-        add = np.where(new_valid, new, 0.0)
+        add = np.where(new_valid, new, np.float32(0.0))  # (float32: the sums add it exactly as its float64)
         if full.all():  # every row's ring full (a fleet that has run a while): the oldest leaves as the new comes
             self._drop_oldest(ix, add, new_valid)
         else:
             if full.any():
                 self._drop_oldest(ix.rows[full])
             ix.add(self.sums, add)
-            ix.add(self.counts, new_valid.astype(np.int32))
+            ix.add(self.counts, new_valid)
         ix.put_slots(self.ring, slot, new)
         ix.put_slots(self.times, slot, t)
         written += 1
