@@ -126,8 +126,6 @@ def agent_requests(rounds: int) -> list[bytes]:
     """Node ``node-00000``'s requests, one per round 10 s apart, as its agent's SDK pipeline sends them
     (``bench_receiver.agent_requests``), its GPUs named by UUIDs as NVML names them (the simulator's
     ``gpu-0`` .. ``gpu-7`` would be the same eight names on every node)."""
-    from unittest import mock
-
     from bench import bench_receiver
     from otel_dra.sources.simulated import SimulatedSource
 
@@ -136,8 +134,7 @@ def agent_requests(rounds: int) -> list[bytes]:
             super().__init__(config, schema)
             self._ids = tuple(f"{UUID_TEMPLATE.decode()}-0000-4000-8000-{d:012d}" for d in range(config.devices))
 
-    with mock.patch.object(bench_receiver, "SimulatedSource", UuidSource):
-        return bench_receiver.agent_requests(NODE_TEMPLATE.decode(), PER_NODE, rounds, seed=0)
+    return bench_receiver.agent_requests(NODE_TEMPLATE.decode(), PER_NODE, rounds, seed=0, source=UuidSource)
 
 
 def write_recording(path: Path, requests: list[bytes], nodes: int) -> int:

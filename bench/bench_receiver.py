@@ -78,12 +78,15 @@ def node_requests(args: tuple[int, int, int]) -> list[bytes]:
     return agent_requests(f"node-{index:04d}", devices, rounds, seed=index)
 
 
-def agent_requests(node: str, devices: int, rounds: int, seed: int = 0) -> list[bytes]:
+def agent_requests(
+    node: str, devices: int, rounds: int, seed: int = 0, source: type[SimulatedSource] = SimulatedSource
+) -> list[bytes]:
     """One node's agent pipeline, sampled ``rounds`` times: each collection serialized as the OTLP
     exporter sends it. Wired as ``otel-dra run`` wires it: the data sink, and the verdicts (``hw.status``,
-    ``dra.device.health``) of the node's own classifier."""
+    ``dra.device.health``) of the node's own classifier. ``source``: the simulator, or one that names its
+    devices otherwise."""
     schema = Schema()
-    src = SimulatedSource(SimulatorConfig(node, devices=devices, seed=seed, start_unix_nano=T0), schema)
+    src = source(SimulatorConfig(node, devices=devices, seed=seed, start_unix_nano=T0), schema)
     store = FrameStore()
     reader = InMemoryMetricReader()
     mp = provider.build_meter_provider(node, [reader], 5000)

@@ -217,26 +217,26 @@ class Classifier:
             return
         ncols = len(self.schema)
         tables = self._tables
-        matrices: list[np.ndarray] = []
-        sizes: list[int] = []
-        stamps: list[int] = []
-        looked: list[np.ndarray] | None = []  # each frame's rows, while every frame is a table seen at this generation
-        fresh: dict[int, DeviceTable] = {}
         generation = self.registry.generation
-        for f in kept:
-            table, v = f.devices, f.values
-            n, width = v.shape
+        # One comprehension per column of the batch, not one loop doing all of them (thousands of frames a tick).
+        matrices = [f.values for f in kept]
+        sizes = [m.shape[0] for m in matrices]
+        if any(m.shape[1] != ncols for m in matrices):
             # A frame made before the schema grew is narrower: the newer columns are absent (NaN).
-            matrices.append(v if width == ncols else np.pad(v, ((0, 0), (0, ncols - width)), constant_values=np.nan))
-            sizes.append(n)
-            stamps.append(f.time_unix_nano)
-            seen = tables.get(table.node)
-            if seen is None or seen[0] is not table:
-                fresh[id(table)] = table  # may bring new devices
-            elif seen[1] == generation and looked is not None:
-                looked.append(seen[2])  # a node sending the same devices again
-                continue
+            matrices = [np.pad(m, ((0, 0), (0, ncols - m.shape[1])), constant_values=np.nan) for m in matrices]
+        stamps = [f.time_unix_nano for f in kept]
+        known = [tables.get(f.devices.node) for f in kept]
+        # Each frame's rows, when every frame is a table seen at this generation (a node sending the same
+        # devices again); the tables not seen as they are may bring new devices.
+        looked: list[np.ndarray] | None = [
+            s[2] for s, f in zip(known, kept, strict=True) if s is not None and s[0] is f.devices and s[1] == generation
+        ]
+        fresh: dict[int, DeviceTable] = {}
+        if looked is not None and len(looked) < len(kept):
             looked = None
+            fresh = {
+                id(f.devices): f.devices for s, f in zip(known, kept, strict=True) if s is None or s[0] is not f.devices
+            }
         values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
         read = ~np.isnan(values).all(axis=1)  # a device whose row is all NaN was not read this time
         counts = np.asarray(sizes, dtype=np.intp)

@@ -319,8 +319,12 @@ class FeatureExtractor:
             have = ~np.isnan(v)
             # New series on a known device: all of it is new. A device's first sample: a baseline.
             # Gone down: reset, the new value is the new baseline. Otherwise the difference.
-            inc = np.where(np.isnan(prev), np.where(new[:, None], 0.0, v), np.where(v >= prev, v - prev, 0.0))
-            inc = np.where(have, inc, np.nan)
+            inc = v - prev  # NaN where the series was not read
+            with np.errstate(invalid="ignore"):
+                np.copyto(inc, 0.0, where=v < prev)
+            first = np.isnan(prev) & have
+            if first.any():
+                inc[first] = np.where(new[:, None], 0.0, v)[first]
             ix.put(baselines, np.where(have, v, prev))
             out[:, plan.single_features] = inc[:, plan.single_positions]
             for f, positions in plan.summed:

@@ -44,7 +44,8 @@ class HorizonStore:
         self.ids = np.full((b, capacity), _NONE, dtype=np.int64)  # the bucket each slot holds
         self.head = np.full(capacity, _NONE, dtype=np.int64)  # each row's newest bucket
         self.total_sums = [np.zeros((capacity, features)) for _ in self.spans]
-        self.total_counts = [np.zeros((capacity, features), dtype=np.int64) for _ in self.spans]
+        # int32: a span's count is at most its buckets' (uint16 each), far below 2**31.
+        self.total_counts = [np.zeros((capacity, features), dtype=np.int32) for _ in self.spans]
 
     @property
     def capacity(self) -> int:

@@ -195,14 +195,16 @@ class Window:
             for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
         ]
         self._rates: dict[F, RateVerdict] = {}
-        self._fractions: np.ndarray | None = None
-        self._span_fractions: dict[int, np.ndarray] = {}
+        self._fractions: dict[F, np.ndarray] = {}
+        self._span_fractions: dict[tuple[int, F], np.ndarray] = {}
 
     def fraction(self, f: F) -> np.ndarray:
-        if self._fractions is None:  # every feature's share at once
+        share = self._fractions.get(f)
+        if share is None:  # once per feature a rule reads (a contiguous row of the feature-major sums)
+            counts = self.counts[f]
             with np.errstate(invalid="ignore", divide="ignore"):
-                self._fractions = np.where(self.counts >= self.min_samples, self.sums / self.counts, 0.0)
-        return self._fractions[f]
+                share = self._fractions[f] = np.where(counts >= self.min_samples, self.sums[f] / counts, 0.0)
+        return share
 
     def increase(self, f: F) -> np.ndarray:
         return self.sums[f]
@@ -232,13 +234,13 @@ class Window:
 
     def span_fraction(self, f: F, span: int) -> np.ndarray:
         """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
-        shares = self._span_fractions.get(span)
-        if shares is None:  # every feature at once
-            sums, counts = self.span[span]
+        share = self._span_fractions.get((span, f))
+        if share is None:  # once per (span, feature) a rule reads
+            sums, counts = self.span[span][0][H[f]], self.span[span][1][H[f]]
             judged = self.covered(span) & (counts >= self.min_samples)
             with np.errstate(invalid="ignore", divide="ignore"):
-                shares = self._span_fractions[span] = np.where(judged, sums / counts, 0.0)
-        return shares[H[f]]
+                share = self._span_fractions[span, f] = np.where(judged, sums / counts, 0.0)
+        return share
 
     def span_share(self, f: F, span: int) -> np.ndarray:
         """A time counter's increase over the span's time (0 while the span is not covered)."""
