@@ -36,7 +36,8 @@ class WindowStore:
         self.written = np.zeros(capacity, dtype=np.int64)  # samples ever written per row
         self.tail = np.zeros(capacity, dtype=np.int64)  # the oldest sample still in the window
         self.sums = np.zeros((capacity, features))  # over the window, NaN counted as absent
-        self.counts = np.zeros((capacity, features), dtype=np.int32)
+        # A window's count is at most its ring's length: int16 for any ring that short (they all are).
+        self.counts = np.zeros((capacity, features), dtype=np.int16 if window <= np.iinfo(np.int16).max else np.int32)
         self.last = np.full((capacity, features), np.nan)  # each row's newest sample
 
     @property
