@@ -312,9 +312,9 @@ class Classifier:
         ix = RowIndex(rows)  # how the stores read and write this batch's rows, worked out once
         feats = self.extractor.extract(ix, new, t, values, self.groups.device_params(rows))
         self.store.append(ix, t, feats)
-        self.horizon.append(ix, t, feats[:, self._horizon_cols])
+        self.horizon.append(ix, t, feats[self._horizon_cols])
         for f, log in self.events.items():
-            log.record(rows, t, feats[:, f])
+            log.record(rows, t, feats[f])
         reg = self.registry
         ix.put(reg.last_seen, np.fmax(ix.take(reg.last_seen), t))
         ix.put(reg.last_heard, np.fmax(ix.take(reg.last_heard), heard))
@@ -326,9 +326,9 @@ class Classifier:
     def intervals(self, rows: np.ndarray | slice) -> np.ndarray:
         """Each row's sampling interval as its window shows it (NaN until it has two samples)."""
         st = self.store
-        steps = st.counts[rows, F.DT] - st.holds_first(rows)
+        steps = st.counts[F.DT, rows] - st.holds_first(rows)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(steps > 0, st.sums[rows, F.DT] / steps, np.nan)
+            return np.where(steps > 0, st.sums[F.DT, rows] / steps, np.nan)
 
     def pace(self, every_s: float, monotonic: float | None = None) -> float:
         """Called once a pass by a loop that evaluates every ``every_s`` seconds, before the pass's

@@ -291,20 +291,24 @@ class FeatureExtractor:
     def extract(
         self, rows: np.ndarray | RowIndex, new: np.ndarray, time_s: np.ndarray, values: np.ndarray, params: DeviceParams
     ) -> np.ndarray:
-        """Features for one sample of each row (rows unique). ``values`` is ``(rows, columns)``, NaN = absent;
-        ``new`` marks devices seen for the first time; ``params`` holds per-row thresholds."""
+        """Features for one sample of each row (rows unique), ``(features, rows)``. ``values`` is ``(rows,
+        columns)``, NaN = absent; ``new`` marks devices seen for the first time; ``params`` holds per-row
+        thresholds."""
         plan = self.plan()
         ix = RowIndex.of(rows)
         n = len(ix)
         if values.shape[1] < plan.width:  # a frame made before the schema grew: the newer columns are absent
             values = np.concatenate([values, np.full((n, plan.width - values.shape[1]), np.nan)], axis=1)
-        out = np.full((n, N_FEATURES), np.nan)
+        # Feature-major, as the stores keep them: ``out`` is its (rows, features) view, whose columns
+        # (one feature of every row, what each step below writes) are contiguous.
+        major = np.full((N_FEATURES, n), np.nan)
+        out = major.T
         prev_t = ix.take(self.prev_time)
         out[:, F.DT] = np.where(np.isnan(prev_t), 0.0, np.maximum(time_s - prev_t, 0.0))
         ix.put(self.prev_time, time_s)
         self._counters(plan, ix, new, values, out, params)
         self._gauges(plan, values, out, params)
-        return out
+        return major
 
     # -- counters ------------------------------------------------------------------------------
     def _counters(

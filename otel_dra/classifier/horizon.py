@@ -14,6 +14,9 @@ Running totals are kept in step the way the window's are: when a device moves in
 bucket, the buckets that leave each span are subtracted and the slots they free are
 cleared; a device that skipped buckets (a gap) has each skipped one handled the same way,
 a handful of array operations per skipped bucket, never a loop over devices.
+
+Like the window store, the horizon is feature-major: buckets ``(B, features, devices)`` and
+totals ``(features, devices)``, a batch of samples ``(features, devices)``.
 """
 
 from __future__ import annotations
@@ -39,37 +42,37 @@ class HorizonStore:
         self.spans = tuple(int(s) for s in spans)
         self.buckets = max(self.spans)
         b = self.buckets
-        self.sums = np.zeros((b, capacity, features), dtype=np.float32)
-        self.counts = np.zeros((b, capacity, features), dtype=np.uint16)
+        self.sums = np.zeros((b, features, capacity), dtype=np.float32)
+        self.counts = np.zeros((b, features, capacity), dtype=np.uint16)
         self.ids = np.full((b, capacity), _NONE, dtype=np.int64)  # the bucket each slot holds
         self.head = np.full(capacity, _NONE, dtype=np.int64)  # each row's newest bucket
-        self.total_sums = [np.zeros((capacity, features)) for _ in self.spans]
+        self.total_sums = [np.zeros((features, capacity)) for _ in self.spans]
         # int32: a span's count is at most its buckets' (uint16 each), far below 2**31.
-        self.total_counts = [np.zeros((capacity, features), dtype=np.int32) for _ in self.spans]
+        self.total_counts = [np.zeros((features, capacity), dtype=np.int32) for _ in self.spans]
 
     @property
     def capacity(self) -> int:
         return int(self.head.shape[0])
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.sums = grown(self.sums, capacity, 0.0, axis=1, keep=keep)
-        self.counts = grown(self.counts, capacity, 0, axis=1, keep=keep)
+        self.sums = grown(self.sums, capacity, 0.0, axis=2, keep=keep)
+        self.counts = grown(self.counts, capacity, 0, axis=2, keep=keep)
         self.ids = grown(self.ids, capacity, _NONE, axis=1, keep=keep)
         self.head = grown(self.head, capacity, _NONE, keep=keep)
-        self.total_sums = [grown(t, capacity, 0.0, keep=keep) for t in self.total_sums]
-        self.total_counts = [grown(t, capacity, 0, keep=keep) for t in self.total_counts]
+        self.total_sums = [grown(t, capacity, 0.0, axis=1, keep=keep) for t in self.total_sums]
+        self.total_counts = [grown(t, capacity, 0, axis=1, keep=keep) for t in self.total_counts]
 
     def clear(self, rows: np.ndarray) -> None:
-        self.sums[:, rows] = 0.0
-        self.counts[:, rows] = 0
+        self.sums[:, :, rows] = 0.0
+        self.counts[:, :, rows] = 0
         self.ids[:, rows] = _NONE
         self.head[rows] = _NONE
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            s[rows] = 0.0
-            c[rows] = 0
+            s[:, rows] = 0.0
+            c[:, rows] = 0
 
     def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray, values: np.ndarray) -> None:
-        """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent.
+        """One sample per row (rows unique): ``values`` is ``(features, len(rows))``, NaN = absent.
         A sample older than its row's newest bucket is counted in that bucket."""
         ix = RowIndex.of(rows)
         bucket = np.floor(np.asarray(time_s, dtype=np.float64) / self.bucket_s).astype(np.int64)
@@ -81,24 +84,24 @@ class HorizonStore:
             self._advance(ix, head, gap)
         fresh = ~started
         if fresh.any():  # a row's first sample: its slot is new
-            r = ix.rows[fresh]
-            slot = bucket[fresh] % self.buckets
-            self.sums[slot, r] = 0.0
-            self.counts[slot, r] = 0
-            self.ids[slot, r] = bucket[fresh]
+            sub, first = _subset(ix, fresh, bucket)
+            slot = first % self.buckets
+            sub.put_slots(self.sums, slot, 0.0)
+            sub.put_slots(self.counts, slot, 0)
+            sub.put_slots(self.ids, slot, first)
         ix.put(self.head, bucket)
         valid = ~np.isnan(values)
         add = np.where(valid, values, 0.0).astype(np.float32)  # totals add what the buckets hold
         slot = bucket % self.buckets
         if slot.size and bool((slot == slot[0]).all()):  # every row in the same bucket slot (the usual tick)
-            ix.add(self.sums[int(slot[0])], add)
-            ix.add(self.counts[int(slot[0])], valid.astype(np.uint16))
+            ix.add(self.sums[int(slot[0])], add, axis=1)
+            ix.add(self.counts[int(slot[0])], valid, axis=1)
         else:
             ix.put_slots(self.sums, slot, ix.take_slots(self.sums, slot) + add)
             ix.put_slots(self.counts, slot, ix.take_slots(self.counts, slot) + valid.astype(np.uint16))
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            ix.add(s, add)
-            ix.add(c, valid)
+            ix.add(s, add, axis=1)
+            ix.add(c, valid, axis=1)
 
     def _advance(self, ix: RowIndex, head: np.ndarray, gap: np.ndarray) -> None:
         """Move rows from bucket ``head`` to ``head + gap``: buckets leave each span, slots free up."""
@@ -112,8 +115,8 @@ class HorizonStore:
                 held = sub.take_slots(self.ids, slot) == leaving
                 if held.any():
                     sub, slot = _subset(sub, held, slot)
-                    sub.subtract(s, sub.take_slots(self.sums, slot))
-                    sub.subtract(c, sub.take_slots(self.counts, slot))
+                    sub.subtract(s, sub.take_slots(self.sums, slot), axis=1)
+                    sub.subtract(c, sub.take_slots(self.counts, slot), axis=1)
         # Buckets head+1 .. head+gap enter: the newest ``buckets`` of them get a slot each.
         for k in range(int(min(gap.max(), self.buckets))):
             sub, entering = _subset(ix, gap > k, head + gap - k)
@@ -123,13 +126,15 @@ class HorizonStore:
             sub.put_slots(self.ids, slot, entering)
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
             # No float residue where a span now holds nothing.
-            empty = ix.take(c) == 0
+            empty = ix.take(c, axis=1) == 0
             if empty.any():
-                ix.put(s, np.where(empty, 0.0, ix.take(s)))
+                totals = ix.take(s, axis=1)
+                np.copyto(totals, 0.0, where=empty)
+                ix.written_back(s, totals, axis=1)
 
     def span_sums(self, span_index: int, rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
-        """(sums, counts) of every feature over span ``span_index`` for ``rows``."""
-        return self.total_sums[span_index][rows], self.total_counts[span_index][rows]
+        """(sums, counts) of every feature over span ``span_index`` for ``rows``: ``(features, rows)`` each."""
+        return self.total_sums[span_index][:, rows], self.total_counts[span_index][:, rows]
 
 
 def _subset(ix: RowIndex, pick: np.ndarray, values: np.ndarray) -> tuple[RowIndex, np.ndarray]:

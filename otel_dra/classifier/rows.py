@@ -2,9 +2,10 @@
 
 A fleet tick ingests every device once, in row order, except the few that did not report
 (a lost device, a silent node): rows that are one ascending run with a few holes. Numpy's
-fancy indexing pays per element for what is, between the holes, a slice: gathering rows with
-``np.take`` costs half as much, and scattering them as one slice copy per run of consecutive
-rows a third, while a batch that is one run is read as views and written in place.
+fancy indexing pays per element for what is, between the holes, a slice: such a batch is read
+and written as one slice copy per run of consecutive rows (a third of the cost of a scatter, half
+of a gather), other batches are gathered with ``np.take``, and a batch that is one run is read as
+views and written in place.
 """
 
 from __future__ import annotations
@@ -53,62 +54,79 @@ class RowIndex:
     def __len__(self) -> int:
         return int(self.rows.shape[0])
 
-    def take(self, a: np.ndarray) -> np.ndarray:
-        """The rows of ``a`` (rows on axis 0): a view for a slice, else a copy."""
-        return a[self.at] if isinstance(self.at, slice) else np.take(a, self.rows, axis=0)
+    def _at(self, axis: int, at: slice | np.ndarray) -> tuple[slice | np.ndarray, ...]:
+        return (slice(None),) * axis + (at,)
 
-    def put(self, a: np.ndarray, values: Any) -> None:
-        """``a[rows] = values`` (``values``: one per row, or one for all)."""
-        if self.runs is None or np.ndim(values) == 0:
-            a[self.at] = values
+    def take(self, a: np.ndarray, axis: int = 0) -> np.ndarray:
+        """The rows of ``a`` (rows on ``axis``): a view for a slice, else a copy."""
+        if isinstance(self.at, slice):
+            return a[self._at(axis, self.at)]
+        if self.runs is None or a.ndim == 1:
+            return np.take(a, self.rows, axis=axis)
+        # Run by run: np.take along a last axis copies element by element.
+        shape = list(a.shape)
+        shape[axis] = len(self)
+        out = np.empty(shape, dtype=a.dtype)
+        for lo, s, e in self.runs:
+            out[self._at(axis, slice(s, e))] = a[self._at(axis, slice(lo, lo + e - s))]
+        return out
+
+    def put(self, a: np.ndarray, values: Any, axis: int = 0) -> None:
+        """``a[rows] = values`` along ``axis`` (``values``: one per row, or one for all)."""
+        if self.runs is None or a.ndim == 1 or np.ndim(values) == 0:
+            a[self._at(axis, self.at)] = values
             return
         for lo, s, e in self.runs:
-            a[lo : lo + e - s] = values[s:e]
+            a[self._at(axis, slice(lo, lo + e - s))] = values[self._at(axis, slice(s, e))]
 
-    def written_back(self, a: np.ndarray, taken: np.ndarray) -> None:
+    def written_back(self, a: np.ndarray, taken: np.ndarray, axis: int = 0) -> None:
         """Store ``taken``, what :meth:`take` gave and was then changed in place: a view of ``a`` for a
         slice (already there), else a copy to put back."""
         if not isinstance(self.at, slice):
-            self.put(a, taken)
+            self.put(a, taken, axis)
 
-    def add(self, a: np.ndarray, values: np.ndarray) -> None:
-        """``a[rows] += values``, in place."""
-        if self.runs is None:
-            if isinstance(self.at, slice):
-                a[self.at] += values
-            else:
-                a[self.at] = np.take(a, self.rows, axis=0) + values
-            return
-        for lo, s, e in self.runs:
-            a[lo : lo + e - s] += values[s:e]
+    def add(self, a: np.ndarray, values: np.ndarray, axis: int = 0) -> None:
+        """``a[rows] += values`` along ``axis``, in place."""
+        self._update(np.add, a, values, axis)
 
-    def subtract(self, a: np.ndarray, values: np.ndarray) -> None:
-        """``a[rows] -= values``, in place."""
-        if self.runs is None:
-            if isinstance(self.at, slice):
-                a[self.at] -= values
-            else:
-                a[self.at] = np.take(a, self.rows, axis=0) - values
-            return
-        for lo, s, e in self.runs:
-            a[lo : lo + e - s] -= values[s:e]
+    def subtract(self, a: np.ndarray, values: np.ndarray, axis: int = 0) -> None:
+        """``a[rows] -= values`` along ``axis``, in place."""
+        self._update(np.subtract, a, values, axis)
+
+    def _update(self, op: np.ufunc, a: np.ndarray, values: np.ndarray, axis: int) -> None:
+        if isinstance(self.at, slice):
+            view = a[self._at(axis, self.at)]
+            op(view, values, out=view)
+        elif self.runs is None:
+            a[self._at(axis, self.at)] = op(np.take(a, self.rows, axis=axis), values)
+        else:
+            for lo, s, e in self.runs:
+                view = a[self._at(axis, slice(lo, lo + e - s))]
+                op(view, values[self._at(axis, slice(s, e))], out=view)
 
     def take_slots(self, a: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """``a[slots, rows]`` of a ring ``(slots, rows, ...)``: each row's own slot."""
+        """``a[slot, ..., row]`` for each row of a ring ``(slots, ..., rows)``, each row at its own slot:
+        ``(..., len(rows))``."""
         if _uniform(slots):
-            return self.take(a[int(slots[0])])
-        if a.flags.c_contiguous:  # one gather of the flattened ring's (slot, row) rows
-            return np.take(a.reshape(-1, *a.shape[2:]), slots * a.shape[1] + self.rows, axis=0)
-        return a[slots, self.rows]
+            return self.take(a[int(slots[0])], axis=a.ndim - 2)
+        if a.flags.c_contiguous:  # one gather from the flat ring
+            return np.take(a.reshape(-1), self._flat(a, slots))
+        return np.moveaxis(a[(slots, Ellipsis, self.rows)], 0, -1)
 
     def put_slots(self, a: np.ndarray, slots: np.ndarray, values: Any) -> None:
-        """``a[slots, rows] = values``."""
+        """``a[slot, ..., row] = values`` for each row, at its own slot."""
         if _uniform(slots):
-            self.put(a[int(slots[0])], values)
+            self.put(a[int(slots[0])], values, axis=a.ndim - 2)
         elif a.flags.c_contiguous:
-            a.reshape(-1, *a.shape[2:])[slots * a.shape[1] + self.rows] = values
+            a.reshape(-1)[self._flat(a, slots)] = values
         else:
-            a[slots, self.rows] = values
+            a[(slots, Ellipsis, self.rows)] = np.moveaxis(np.asarray(values), -1, 0) if np.ndim(values) else values
+
+    def _flat(self, a: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Flat positions in the C-contiguous ring ``a`` of each (slot, ..., row): ``(..., len(rows))``."""
+        cap = a.shape[-1]
+        inner = (np.arange(int(np.prod(a.shape[1:-1], dtype=np.int64))) * cap).reshape((*a.shape[1:-1], 1))
+        return inner + (slots.astype(np.int64) * (a[0].size) + self.rows)
 
 
 def _uniform(slots: np.ndarray) -> bool:

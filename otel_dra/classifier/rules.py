@@ -175,18 +175,13 @@ class Window:
         n = self.rows.shape[0]
         # Rows 0..n-1 (every row in use, the usual case) are read as views, not gathered copies.
         at: np.ndarray | slice = slice(0, n) if n and self.rows[-1] == n - 1 else self.rows
-        # Sums and counts feature-major: a rule reads one feature of every device, a contiguous row
-        # of these, not a strided column of the store's (devices, features) arrays (a cache line a
-        # device, whatever the fleet's size).
-        self.sums = np.ascontiguousarray(self.store.sums[at].T)
-        self.counts = np.ascontiguousarray(self.store.counts[at].T)
+        # The stores are feature-major: a rule reads one feature of every device, a contiguous row.
+        self.sums = self.store.sums[:, at]
+        self.counts = self.store.counts[:, at]
         self.seconds = self.sums[F.DT]
         self.samples = self.counts[F.DT]
         self.latest = self.store.latest(at)
-        self.span = []
-        for i in range(len(self.horizon.spans)):
-            sums, counts = self.horizon.span_sums(i, at)
-            self.span.append((np.ascontiguousarray(sums.T), np.ascontiguousarray(counts.T)))
+        self.span = [self.horizon.span_sums(i, at) for i in range(len(self.horizon.spans))]
         self.span_s = [self.horizon.spans[i] * self.horizon.bucket_s for i in range(len(self.horizon.spans))]
         dt = H[F.DT]
         # Whether each span holds at least half its length of samples (younger devices: the window only).
@@ -355,7 +350,7 @@ def memory_ecc(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarra
     failure."""
     p = g.param
     uncorrected = w.increase(F.ECC_UNCORRECTED) >= p(w.rows, "memory_ecc", "uncorrected")
-    retired = np.nan_to_num(w.latest[:, F.RETIRED_TOTAL])
+    retired = np.nan_to_num(w.latest[F.RETIRED_TOTAL])
     retired_failed = retired >= p(w.rows, "memory_ecc", "retired_pages_failed")
     retired_warn = retired >= p(w.rows, "memory_ecc", "retired_pages_predicted")
     storm = corrected_rate(w).flagged
@@ -453,7 +448,7 @@ def device_reset(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndar
 
 def vendor_status(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The device or its vendor library reports a state other than ok."""
-    reported = np.nan_to_num(w.latest[:, F.VENDOR_STATE]).astype(np.int8)
+    reported = np.nan_to_num(w.latest[F.VENDOR_STATE]).astype(np.int8)
     return reported > OK, reported
 
 

@@ -311,12 +311,12 @@ def _explain_one(
     if reason == "firmware":
         return firmware_text or "firmware flagged by the policy"
     if reason == "vendor_status":
-        code = int(np.nan_to_num(w.latest[i, F.VENDOR_STATE]))
+        code = int(np.nan_to_num(w.latest[F.VENDOR_STATE, i]))
         return f"the device reports hw.state={STATE_OF_CODE[code]}"
     if reason == "thermal":
         hot = frac(F.TEMP_HOT)[i]
         say(hot, f"temperature above its high.degraded limit in {hot:.0%} of samples over {win}")
-        say(hot, f"hottest sensor {w.latest[i, F.TEMP_MAX]:.0f} Cel")
+        say(hot, f"hottest sensor {w.latest[F.TEMP_MAX, i]:.0f} Cel")
         say(frac(F.TEMP_CRIT)[i], f"above high.critical in {frac(F.TEMP_CRIT)[i]:.0%}")
         share = w.share(F.THROTTLE_THERMAL)[i]
         say(share, f"thermal throttling {share:.0%} of the time")
@@ -330,7 +330,7 @@ def _explain_one(
     elif reason == "memory_ecc":
         n = w.increase(F.ECC_UNCORRECTED)[i]
         say(n, f"uncorrected ECC errors: {n:g} in {win}")
-        retired = w.latest[i, F.RETIRED_TOTAL]
+        retired = w.latest[F.RETIRED_TOTAL, i]
         say(retired, f"retired pages: {retired:g}")
         items.extend(rate_text(corrected_rate(w), i, "corrected ECC", w))
     elif reason == "power_delivery":

@@ -1,11 +1,13 @@
 """The window store: per device, a ring of its samples' features over the last window.
 
-Devices are rows, features are columns, the ring is ``(W, devices, features)`` float32.
-Appending a sample for a device writes its next slot; running sums and counts of valid
-(non-NaN) values are kept in step (add the new sample, subtract each one that leaves the
-window, by age or because the ring is full), so the sum over a device's window is read in
-O(1), and a rule tick over a whole fleet is O(devices x features), not O(devices x window
-x features).
+Devices are rows, features are columns, kept feature-major: the ring is ``(W, features,
+devices)`` float32 and the running sums ``(features, devices)``, so a rule reading one feature
+of every device reads contiguous memory, and a sample arrives as a ``(features, devices)``
+batch, as the feature extractor writes it. Appending a sample for a device writes its next
+slot; running sums and counts of valid (non-NaN) values are kept in step (add the new sample,
+subtract each one that leaves the window, by age or because the ring is full), so the sum over
+a device's window is read in O(1), and a rule tick over a whole fleet is O(devices x
+features), not O(devices x window x features).
 """
 
 from __future__ import annotations
@@ -31,36 +33,36 @@ class WindowStore:
         self.features = features
         self.window = window
         self.window_s = window_s
-        self.ring = np.full((window, capacity, features), np.nan, dtype=np.float32)
+        self.ring = np.full((window, features, capacity), np.nan, dtype=np.float32)
         self.times = np.full((window, capacity), np.nan)  # sample time (unix s) of each slot
         self.written = np.zeros(capacity, dtype=np.int64)  # samples ever written per row
         self.tail = np.zeros(capacity, dtype=np.int64)  # the oldest sample still in the window
-        self.sums = np.zeros((capacity, features))  # over the window, NaN counted as absent
+        self.sums = np.zeros((features, capacity))  # over the window, NaN counted as absent
         # A window's count is at most its ring's length: int16 for any ring that short (they all are).
-        self.counts = np.zeros((capacity, features), dtype=np.int16 if window <= np.iinfo(np.int16).max else np.int32)
-        self.last = np.full((capacity, features), np.nan)  # each row's newest sample
+        self.counts = np.zeros((features, capacity), dtype=np.int16 if window <= np.iinfo(np.int16).max else np.int32)
+        self.last = np.full((features, capacity), np.nan)  # each row's newest sample
 
     @property
     def capacity(self) -> int:
         return int(self.written.shape[0])
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.ring = grown(self.ring, capacity, np.nan, axis=1, keep=keep)
+        self.ring = grown(self.ring, capacity, np.nan, axis=2, keep=keep)
         self.times = grown(self.times, capacity, np.nan, axis=1, keep=keep)
         self.written = grown(self.written, capacity, 0, keep=keep)
         self.tail = grown(self.tail, capacity, 0, keep=keep)
-        self.sums = grown(self.sums, capacity, 0.0, keep=keep)
-        self.counts = grown(self.counts, capacity, 0, keep=keep)
-        self.last = grown(self.last, capacity, np.nan, keep=keep)
+        self.sums = grown(self.sums, capacity, 0.0, axis=1, keep=keep)
+        self.counts = grown(self.counts, capacity, 0, axis=1, keep=keep)
+        self.last = grown(self.last, capacity, np.nan, axis=1, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
-        self.ring[:, rows] = np.nan
+        self.ring[:, :, rows] = np.nan
         self.times[:, rows] = np.nan
         self.written[rows] = 0
         self.tail[rows] = 0
-        self.sums[rows] = 0.0
-        self.counts[rows] = 0
-        self.last[rows] = np.nan
+        self.sums[:, rows] = 0.0
+        self.counts[:, rows] = 0
+        self.last[:, rows] = np.nan
 
     def _drop_oldest(
         self, rows: np.ndarray | RowIndex, add: np.ndarray | None = None, added: np.ndarray | None = None
@@ -72,21 +74,21 @@ class WindowStore:
         old = ix.take_slots(self.ring, tail % self.window)
         valid = ~np.isnan(old)
         # In place: the rows' own sums and counts when they are a slice, else their copies, written back.
-        counts = ix.take(self.counts)
+        counts = ix.take(self.counts, axis=1)
         counts -= valid
-        sums = ix.take(self.sums)
+        sums = ix.take(self.sums, axis=1)
         np.subtract(sums, old, out=sums, where=valid)
         # A window with no valid value of a feature sums to exactly zero (no float residue).
         np.copyto(sums, 0.0, where=counts == 0)
         if add is not None and added is not None:
             sums += add
             counts += added
-        ix.written_back(self.counts, counts)
-        ix.written_back(self.sums, sums)
+        ix.written_back(self.counts, counts, axis=1)
+        ix.written_back(self.sums, sums, axis=1)
         ix.put(self.tail, tail + 1)
 
     def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray | float, values: np.ndarray) -> None:
-        """One sample per row (rows unique): ``values`` is ``(len(rows), features)``, NaN = absent."""
+        """One sample per row (rows unique): ``values`` is ``(features, len(rows))``, NaN = absent."""
         ix = RowIndex.of(rows)
         t = np.broadcast_to(np.asarray(time_s, dtype=np.float64), ix.rows.shape)
         written = ix.take(self.written).copy()
@@ -100,13 +102,13 @@ class WindowStore:
         else:
             if full.any():
                 self._drop_oldest(ix.rows[full])
-            ix.add(self.sums, add)
-            ix.add(self.counts, new_valid)
+            ix.add(self.sums, add, axis=1)
+            ix.add(self.counts, new_valid, axis=1)
         ix.put_slots(self.ring, slot, new)
         ix.put_slots(self.times, slot, t)
         written += 1
         ix.put(self.written, written)
-        ix.put(self.last, new)
+        ix.put(self.last, new, axis=1)
         if self.window_s != float("inf"):
             cutoff = t - self.window_s
             while True:  # as many rounds as samples leave one row's window: one, usually
@@ -126,8 +128,8 @@ class WindowStore:
         return (self.tail[rows] == 0) & (self.written[rows] > 0)
 
     def latest(self, rows: np.ndarray | slice | None = None) -> np.ndarray:
-        """Each row's newest sample (NaN for rows never written); a view for a slice."""
-        return self.last if rows is None else self.last[rows]
+        """Each row's newest sample, ``(features, rows)`` (NaN for rows never written); a view for a slice."""
+        return self.last if rows is None else self.last[:, rows]
 
     def mean(self) -> np.ndarray:
         """Window mean of every feature (NaN where the window has no valid value)."""

@@ -280,13 +280,13 @@ def test_the_arrays_shrink_when_most_devices_are_gone_and_the_rest_keep_their_st
     assert len(reg) == 10
     assert reg.capacity <= 64, reg.capacity
     arrays = [classifier.store.ring, classifier.horizon.sums, classifier.engine.on, classifier.extractor.prev]
-    assert all(reg.capacity in a.shape[:2] for a in arrays), [a.shape for a in arrays]
-    assert classifier.store.ring.shape[1] == reg.capacity and len(classifier.groups.firmware_text) == reg.capacity
+    assert all(reg.capacity in a.shape for a in arrays), [a.shape for a in arrays]
+    assert classifier.store.ring.shape[2] == reg.capacity and len(classifier.groups.firmware_text) == reg.capacity
     now = {v.hw_id: v for v in classifier.current()}
     assert set(now) == set(few)
     assert (now["gpu-999"].health, now["gpu-999"].reasons) == ("Unhealthy", ("memory_ecc",))
     assert all(now[d].health == "Healthy" and now[d].state == "ok" for d in few[:-1])
-    temps = classifier.store.latest()[[reg.row("n1", d) for d in few], F.TEMP_MAX]
+    temps = classifier.store.latest()[F.TEMP_MAX, [reg.row("n1", d) for d in few]]
     assert temps.tolist() == [60.0 + i % 7 for i in range(990, 1000)]
     # ...and it grows again when devices come back, with no stale state in the reused rows.
     for k in range(12, 15):

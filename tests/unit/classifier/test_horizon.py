@@ -53,20 +53,20 @@ def test_span_totals_match_a_recount(rows: list[list[tuple[float, float]]], span
             times.append(clocks[r])
             values.append(value)
             fed[r].append((clocks[r], value))
-        store.append(np.asarray(live), np.asarray(times), np.asarray(values)[:, None])
+        store.append(np.asarray(live), np.asarray(times), np.asarray(values)[None, :])
         for span_index, span in enumerate(spans):
             sums, counts = store.span_sums(span_index, np.arange(len(rows)))
             for r in range(len(rows)):
                 want_sum, want_n = recount(fed[r], span)
-                assert counts[r, 0] == want_n, (r, span, fed[r])
-                assert math.isclose(sums[r, 0], want_sum, abs_tol=1e-6), (r, span, fed[r])
+                assert counts[0, r] == want_n, (r, span, fed[r])
+                assert math.isclose(sums[0, r], want_sum, abs_tol=1e-6), (r, span, fed[r])
 
 
 def test_a_cleared_row_starts_empty() -> None:
     store = HorizonStore(1, BUCKET_S, (2, 4), capacity=3)
     rows = np.asarray([0, 1])
-    store.append(rows, np.asarray([600.0, 600.0]), np.asarray([[1.0], [2.0]]))
+    store.append(rows, np.asarray([600.0, 600.0]), np.asarray([[1.0, 2.0]]))
     store.clear(np.asarray([1]))
-    store.append(rows, np.asarray([660.0, 720.0]), np.asarray([[1.0], [5.0]]))
+    store.append(rows, np.asarray([660.0, 720.0]), np.asarray([[1.0, 5.0]]))
     sums, counts = store.span_sums(1, rows)
-    assert sums[:, 0].tolist() == [2.0, 5.0] and counts[:, 0].tolist() == [2, 1]
+    assert sums[0].tolist() == [2.0, 5.0] and counts[0].tolist() == [2, 1]

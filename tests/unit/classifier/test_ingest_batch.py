@@ -44,9 +44,9 @@ frame_spec = st.tuples(
 )
 
 
-def frames_of(specs: list[tuple[str, int, list[str], int, int]], tick: int, counters: dict[str, int]) -> tuple[
-    list[Frame], list[int]
-]:
+def frames_of(
+    specs: list[tuple[str, int, list[str], int, int]], tick: int, counters: dict[str, int]
+) -> tuple[list[Frame], list[int]]:
     frames, heard = [], []
     for k, (node, which, reads, step, late) in enumerate(specs):
         table = TABLES[node][which]
@@ -75,8 +75,8 @@ def state(classifier: Classifier, now: int) -> dict[tuple[str, str], tuple]:
             dict(reg.attrs[row]),
             float(reg.last_heard[row]),
             int(store.written[row]),
-            store.sums[row].tolist(),
-            store.counts[row].tolist(),
+            store.sums[:, row].tolist(),
+            store.counts[:, row].tolist(),
         )
     return out
 

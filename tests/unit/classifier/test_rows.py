@@ -53,37 +53,53 @@ def test_row_index_matches_fancy_indexing(rows: np.ndarray, seed: int) -> None:
             want[rows] -= v
             ix.subtract(got, v)
         assert np.array_equal(got, want), op
-    counts = rng.integers(0, 9, CAPACITY).astype(np.int64)
+    # Rows on the last axis of a feature-major array.
+    fm = rng.random((3, CAPACITY))
+    vt = rng.random((3, rows.size))
+    assert np.array_equal(ix.take(fm, axis=1), fm[:, rows])
+    for op in ("put", "add", "subtract"):
+        want, got = fm.copy(), fm.copy()
+        if op == "put":
+            want[:, rows] = vt
+            ix.put(got, vt, axis=1)
+        elif op == "add":
+            want[:, rows] += vt
+            ix.add(got, vt, axis=1)
+        else:
+            want[:, rows] -= vt
+            ix.subtract(got, vt, axis=1)
+        assert np.array_equal(got, want), op
+    counts = rng.integers(0, 9, (3, CAPACITY)).astype(np.int16)
     want_c = counts.copy()
-    want_c[rows] += np.ones(rows.size, dtype=bool)
-    ix.add(counts, np.ones(rows.size, dtype=bool))
+    want_c[:, rows] += np.ones((3, rows.size), dtype=bool)
+    ix.add(counts, np.ones((3, rows.size), dtype=bool), axis=1)
     assert np.array_equal(counts, want_c)
-    # A ring: each row's own slot, or every row in one slot (devices that started together).
-    ring = rng.random((4, CAPACITY, 3)).astype(np.float32)
-    for slots in (rng.integers(0, 4, rows.size), np.full(rows.size, 2)):
-        assert np.array_equal(ix.take_slots(ring, slots), ring[slots, rows])
-        values = rng.random((rows.size, 3)).astype(np.float32)
-        want_r, got_r = ring.copy(), ring.copy()
-        want_r[slots, rows] = values
-        ix.put_slots(got_r, slots, values)
-        assert np.array_equal(got_r, want_r)
-        got_r = ring.copy()
-        want_r = ring.copy()
-        want_r[slots, rows] = 0.0
-        ix.put_slots(got_r, slots, 0.0)
-        assert np.array_equal(got_r, want_r)
+    # Rings (slots, ..., rows): each row's own slot, or every row in one slot (devices that started together).
+    for ring in (rng.random((4, 3, CAPACITY)).astype(np.float32), rng.random((4, CAPACITY))):
+        for slots in (rng.integers(0, 4, rows.size), np.full(rows.size, 2)):
+            want_t = np.moveaxis(ring[(slots, Ellipsis, rows)], 0, -1)
+            assert np.array_equal(ix.take_slots(ring, slots), want_t)
+            values = rng.random(want_t.shape).astype(ring.dtype)
+            want_r, got_r = ring.copy(), ring.copy()
+            want_r[(slots, Ellipsis, rows)] = np.moveaxis(values, -1, 0)
+            ix.put_slots(got_r, slots, values)
+            assert np.array_equal(got_r, want_r)
+            want_r, got_r = ring.copy(), ring.copy()
+            want_r[(slots, Ellipsis, rows)] = 0.0
+            ix.put_slots(got_r, slots, 0.0)
+            assert np.array_equal(got_r, want_r)
 
 
 def test_a_ring_that_is_not_contiguous_is_indexed_as_it_is() -> None:
     """A strided view (no flat index of it is a view) is read and written by its own indices."""
-    base = np.arange(4 * 20 * 2, dtype=np.float64).reshape(4, 20, 2)
-    ring = base[:, ::2]
+    base = np.arange(4 * 2 * 20, dtype=np.float64).reshape(4, 2, 20)
+    ring = base[:, :, ::2]
     rows = np.asarray([0, 2, 3, 7])
     slots = np.asarray([0, 1, 2, 3])
     ix = RowIndex(rows)
-    assert np.array_equal(ix.take_slots(ring, slots), ring[slots, rows])
-    ix.put_slots(ring, slots, -1.0)
-    assert (base[slots, rows * 2] == -1.0).all()
+    assert np.array_equal(ix.take_slots(ring, slots), np.moveaxis(ring[slots, :, rows], 0, -1))
+    ix.put_slots(ring, slots, np.full((2, 4), -1.0))
+    assert (base[slots, :, rows * 2] == -1.0).all()
 
 
 def test_runs_are_used_only_for_few_holes() -> None:

@@ -192,4 +192,4 @@ def test_a_batch_that_brings_a_fleet_grows_the_arrays_once_to_fit_it():
     classifier.ingest_many(frames)
     assert len(classifier.registry) == 1200
     assert classifier.registry.capacity <= 1200 + 64, classifier.registry.capacity
-    assert classifier.store.ring.shape[1] == classifier.registry.capacity
+    assert classifier.store.ring.shape[2] == classifier.registry.capacity
