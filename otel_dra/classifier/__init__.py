@@ -89,6 +89,12 @@ def _max_into(out: np.ndarray, groups: np.ndarray, values: np.ndarray, starts: n
         np.maximum.at(out, groups[starts], np.maximum.reduceat(values, starts))
 
 
+def _widened(values: np.ndarray, ncols: int) -> np.ndarray:
+    """A frame made before the schema grew is narrower: the newer columns are absent (NaN)."""
+    width = values.shape[1]
+    return values if width == ncols else np.pad(values, ((0, 0), (0, ncols - width)), constant_values=np.nan)
+
+
 class Classifier:
     """Ingest frames (or batches), evaluate at a time, get the verdicts that changed.
 
@@ -208,10 +214,10 @@ class Classifier:
         devices again) in two lean loops; the rest is array work over the whole batch, whatever its
         number of frames (a fleet tick has thousands)."""
         if arrivals_unix_nano is None or isinstance(arrivals_unix_nano, int):
-            kept = [f for f in frames if f.values.shape[0]]
+            kept = [f for f in frames if len(f.values)]
             heard: list[int] | int | None = arrivals_unix_nano
         else:
-            pairs = [(f, a) for f, a in zip(frames, arrivals_unix_nano, strict=True) if f.values.shape[0]]
+            pairs = [(f, a) for f, a in zip(frames, arrivals_unix_nano, strict=True) if len(f.values)]
             kept, heard = [f for f, _ in pairs], [a for _, a in pairs]
         if not kept:
             return
@@ -220,24 +226,28 @@ class Classifier:
         generation = self.registry.generation
         # One comprehension per column of the batch, not one loop doing all of them (thousands of frames a tick).
         matrices = [f.values for f in kept]
-        sizes = [m.shape[0] for m in matrices]
-        if any(m.shape[1] != ncols for m in matrices):
-            # A frame made before the schema grew is narrower: the newer columns are absent (NaN).
-            matrices = [np.pad(m, ((0, 0), (0, ncols - m.shape[1])), constant_values=np.nan) for m in matrices]
+        sizes = [len(m) for m in matrices]
         stamps = [f.time_unix_nano for f in kept]
-        known = [tables.get(f.devices.node) for f in kept]
         # Each frame's rows, when every frame is a table seen at this generation (a node sending the same
         # devices again); the tables not seen as they are may bring new devices.
         looked: list[np.ndarray] | None = [
-            s[2] for s, f in zip(known, kept, strict=True) if s is not None and s[0] is f.devices and s[1] == generation
+            s[2]
+            for f in kept
+            if (s := tables.get(f.devices.node)) is not None and s[0] is f.devices and s[1] == generation
         ]
         fresh: dict[int, DeviceTable] = {}
         if looked is not None and len(looked) < len(kept):
             looked = None
-            fresh = {
-                id(f.devices): f.devices for s, f in zip(known, kept, strict=True) if s is None or s[0] is not f.devices
-            }
-        values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
+            for f in kept:
+                s = tables.get(f.devices.node)
+                if s is None or s[0] is not f.devices:
+                    fresh[id(f.devices)] = f.devices
+        try:
+            values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
+        except ValueError:  # frames of different widths: each padded to the schema's below
+            matrices = [_widened(m, ncols) for m in matrices]
+            values = np.concatenate(matrices)
+        values = _widened(values, ncols)
         read = ~np.isnan(values).all(axis=1)  # a device whose row is all NaN was not read this time
         counts = np.asarray(sizes, dtype=np.intp)
         offsets = np.r_[0, np.cumsum(counts)[:-1]]

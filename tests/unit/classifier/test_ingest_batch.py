@@ -105,3 +105,23 @@ def test_the_usual_tick_twice_and_a_tick_with_one_table_new_agree_with_frames_on
     test_a_batch_leaves_the_classifier_as_its_frames_one_at_a_time_would.hypothesis.inner_test(
         [specs, specs, specs, changed, changed]
     )
+
+
+def test_a_batch_of_frames_made_before_and_after_the_schema_grew() -> None:
+    """A frame made before the schema grew is narrower: in one batch with wider frames its newer columns
+    are absent, as they are when it is ingested alone."""
+    schema = Schema([TEMP])
+    batched = Classifier(policy_mod.load(), schema, interval_s=10)
+    single = Classifier(policy_mod.load(), schema, interval_s=10)
+    table = TABLES["n1"][0]
+    narrow = [Frame(T0 + k * 10 * S, table, np.full((2, 1), 60.0 + k)) for k in range(3)]
+    schema.index(UNCORRECTED)  # the schema grows: later frames carry the new column
+    other = TABLES["n2"][0]
+    wide = [Frame(T0 + k * 10 * S, other, np.asarray([[61.0 + k, 0.0], [62.0, float(k)]])) for k in range(3)]
+    for k in range(3):
+        batched.ingest_many([narrow[k], wide[k]])
+        single.ingest_many([narrow[k]])
+        single.ingest_many([wide[k]])
+    now = T0 + 30 * S
+    assert state(batched, now) == state(single, now)
+    assert len(batched.current()) == 4
