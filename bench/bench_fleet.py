@@ -30,10 +30,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parent.parent
-from bench import _report  # noqa: E402
-
 sys.path.insert(0, str(ROOT))
 
+from bench import _report  # noqa: E402
 from bench.bench_classifier import INTERVAL_S, Fleet, rss_mb  # noqa: E402
 from otel_dra import conventions as cv  # noqa: E402
 from otel_dra.sinks import provider  # noqa: E402
