@@ -211,7 +211,7 @@ class Classifier:
         default: each frame's own time (an agent reading its own devices).
 
         Per frame only its device rows are looked up (a dictionary read, for a node sending the same
-        devices again) in two lean loops; the rest is array work over the whole batch, whatever its
+        devices again) in a few comprehensions; the rest is array work over the whole batch, whatever its
         number of frames (a fleet tick has thousands)."""
         if arrivals_unix_nano is None or isinstance(arrivals_unix_nano, int):
             kept = [f for f in frames if len(f.values)]
@@ -230,14 +230,14 @@ class Classifier:
         stamps = [f.time_unix_nano for f in kept]
         # Each frame's rows, when every frame is a table seen at this generation (a node sending the same
         # devices again); the tables not seen as they are may bring new devices.
-        looked: list[np.ndarray] | None = [
+        found = [
             s[2]
             for f in kept
             if (s := tables.get(f.devices.node)) is not None and s[0] is f.devices and s[1] == generation
         ]
+        looked: list[np.ndarray] | None = found if len(found) == len(kept) else None
         fresh: dict[int, DeviceTable] = {}
-        if looked is not None and len(looked) < len(kept):
-            looked = None
+        if looked is None:
             for f in kept:
                 s = tables.get(f.devices.node)
                 if s is None or s[0] is not f.devices:
