@@ -28,15 +28,23 @@ from otel_dra.vocabulary import HW_STATES
 _STATUS = "hw_status"
 _HEALTH = "dra_device_health"
 _STATE_LABEL = prometheus_label(cv.HW_STATE)
-_HEALTH_KEYS = (cv.DRA_DEVICE_HEALTH_STATE, cv.DRA_DEVICE_HEALTH_REASONS, cv.DRA_DEVICE_HEALTH_REMEDIATION)
-#: Label names spliced into a device's labels each cycle: a device whose own labels include one keeps whole lines.
+_HEALTH_KEYS = (
+    cv.DRA_DEVICE_HEALTH_STATE,
+    cv.DRA_DEVICE_HEALTH_REASONS,
+    cv.DRA_DEVICE_HEALTH_REMEDIATION,
+    cv.DRA_DEVICE_HEALTH_SCOPE,
+    cv.DRA_DEVICE_HEALTH_GROUP,  # only when the verdict has one
+)
+#: Label names spliced into a device's labels each cycle: a device whose own labels include one keeps whole lines
+#: (the group's too, present or not, so a device's labels never sort between the health labels).
 _SPLICED = frozenset({_STATE_LABEL, *(prometheus_label(k) for k in _HEALTH_KEYS)})
 #: The five ``hw_status`` values of a device by its state's index in HW_STATES (-1: none, the verdict is Unknown).
 _VALUES = {i: tuple("1" if j == i else "0" for j in range(len(HW_STATES))) for i in range(-1, len(HW_STATES))}
 _STATE_INDEX = {state: i for i, state in enumerate(HW_STATES)}
 #: Devices whose lines :meth:`VerdictText.chunks` makes at a time.
 BATCH = 2048
-#: Distinct (health, reasons, remediation) whose label text is kept for every device to share.
+#: Distinct (health, reasons, remediation, scope, group) whose label text is kept for every device to share
+#: (groups are nodes, workloads, links, firmware versions: a node's devices share one).
 _MAX_HEALTH_TEXTS = 10_000
 
 
@@ -59,7 +67,10 @@ def _labels(attrs: Mapping[str, str]) -> str:
 
 
 def _health_labels(verdict: Verdict) -> dict[str, str]:
-    return dict(zip(_HEALTH_KEYS, (verdict.health, ",".join(verdict.reasons), verdict.remediation), strict=True))
+    """The health attributes: state, reasons, remediation, scope, and the group only when the verdict has one
+    (absent, not "": Prometheus reads an absent label as "", so a device's own verdict needs none)."""
+    values = (verdict.health, ",".join(verdict.reasons), verdict.remediation, verdict.scope, verdict.group)
+    return {k: v for k, v in zip(_HEALTH_KEYS, values, strict=True) if v is not None}
 
 
 def _offset(pairs: list[tuple[str, str]], text: str, names: Iterable[str]) -> int:
@@ -114,9 +125,9 @@ class _Device:
         )
 
     def health_text(self, verdict: Verdict, texts: dict[tuple[object, ...], tuple[tuple[object, ...], str]]) -> str:
-        """The health labels' text of ``verdict``; ``texts``: by (health, reasons, remediation), shared by every
-        device."""
-        vkey = (verdict.health, verdict.reasons, verdict.remediation)
+        """The health labels' text of ``verdict``; ``texts``: by (health, reasons, remediation, scope, group), shared
+        by every device."""
+        vkey = (verdict.health, verdict.reasons, verdict.remediation, verdict.scope, verdict.group)
         text = self.text
         if text is None or vkey != text[0]:
             text = texts.get(vkey)

@@ -3,8 +3,10 @@
 - ``hw.status`` (upstream state set): one series per ``hw.state``, 1 for the verdict's
   state and 0 for the others; all 0 while the verdict is Unknown (no state is known).
 - ``dra.device.health`` (project extension, info-style): value 1, the derived health
-  attribute ``dra.device.health.state`` (Healthy / Unhealthy / Unknown) with the reasons
-  and remediation beside it.
+  attribute ``dra.device.health.state`` (Healthy / Unhealthy / Unknown) with the reasons,
+  remediation and scope beside it, and the group when the verdict names one (a verdict about
+  a node or workload: ``dra.device.health.group="node/train-007"``; absent, not empty, for a
+  device's own, as Prometheus reads an absent label as "" anyway).
 - ``/v1/devices``: every device's current verdict as JSON (the verdict line's keys plus
   ``since``), for ``otel-dra status`` and anything else that wants it.
 """
@@ -83,15 +85,16 @@ class VerdictMetrics:
         return out
 
     def _health(self, _: CallbackOptions) -> Iterable[Observation]:
-        return [
-            Observation(
-                1,
-                {
-                    **_identity(attrs, verdict.hw_id),
-                    cv.DRA_DEVICE_HEALTH_STATE: verdict.health,
-                    cv.DRA_DEVICE_HEALTH_REASONS: ",".join(verdict.reasons),
-                    cv.DRA_DEVICE_HEALTH_REMEDIATION: verdict.remediation,
-                },
-            )
-            for verdict, attrs in self._board.snapshot()
-        ]
+        out = []
+        for verdict, attrs in self._board.snapshot():
+            health = {
+                **_identity(attrs, verdict.hw_id),
+                cv.DRA_DEVICE_HEALTH_STATE: verdict.health,
+                cv.DRA_DEVICE_HEALTH_REASONS: ",".join(verdict.reasons),
+                cv.DRA_DEVICE_HEALTH_REMEDIATION: verdict.remediation,
+                cv.DRA_DEVICE_HEALTH_SCOPE: verdict.scope,
+            }
+            if verdict.group is not None:
+                health[cv.DRA_DEVICE_HEALTH_GROUP] = verdict.group
+            out.append(Observation(1, health))
+        return out

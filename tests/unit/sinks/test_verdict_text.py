@@ -1,5 +1,9 @@
-"""The fleet's own rendering of the verdict metrics says exactly what the SDK path says."""
+"""The fleet's own rendering of the verdict metrics says exactly what the SDK path says, the verdict's scope and
+group (contract section 4) included."""
 
+from pathlib import Path
+
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -10,9 +14,13 @@ from otel_dra.sinks._mapping import prometheus_label
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.sinks.verdicts import VerdictMetrics
 from otel_dra.state.board import VerdictBoard
-from otel_dra.vocabulary import HW_STATES
+from otel_dra.vocabulary import HW_STATES, SCOPES
+
+REGISTRY = Path(__file__).resolve().parents[3] / "semconv" / "registry.yaml"
 
 ATTRS = {"hw.type": "gpu", "hw.vendor": "NVIDIA", "dra.pool.name": "node-1", "dra.driver.name": "gpu.example.com"}
+NODE_SCOPE = {"scope": "node", "group": "node/node-1"}
+WORKLOAD_SCOPE = {"scope": "workload", "group": 'workload/ns/pod "quoted"'}
 
 
 def board_of(verdicts: list[Verdict]) -> VerdictBoard:
@@ -22,12 +30,15 @@ def board_of(verdicts: list[Verdict]) -> VerdictBoard:
 
 
 def samples(text: str) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+    """The verdict series as Prometheus stores them: an empty label is no label. (The SDK's exporter writes
+    every label of a family on every line, ``dra_device_health_group=""`` where a verdict has no group, once
+    any verdict has one; the fleet's text leaves it out. Both are one series to Prometheus.)"""
     out = set()
     for family in text_string_to_metric_families(text):
         if family.name not in ("hw_status", "dra_device_health"):
             continue
         for s in family.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if not k.startswith("otel_scope")))
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if not k.startswith("otel_scope") and v))
             out.add((s.name, labels, s.value))
     return out
 
@@ -38,6 +49,8 @@ def test_same_series_and_values_as_the_sdk_path():
         Verdict(1, "node-1", "gpu-1", "Unhealthy", "failed", ("driver_errors", "memory_ecc"), "reset_device", "x"),
         Verdict(1, "node-1", "gpu-2", "Unknown", None, ("stale",), "none", "silent"),
         Verdict(1, "node-1", "gpu-3", "Healthy", "degraded", ("thermal",), "reduce_load", "hot"),
+        Verdict(1, "node-1", "gpu-4", "Unhealthy", "failed", ("power_delivery",), "reboot_node", "x", **NODE_SCOPE),
+        Verdict(1, "node-1", "gpu-5", "Healthy", "ok", (), "check_workload", "job", **WORKLOAD_SCOPE),
     ]
     board = board_of(verdicts)
     registry = CollectorRegistry()
@@ -47,7 +60,7 @@ def test_same_series_and_values_as_the_sdk_path():
     mp.shutdown()
     ours = VerdictText().render(board.snapshot()).decode()
     assert samples(ours) == samples(sdk)
-    assert len(samples(ours)) == 4 * 5 + 4
+    assert len(samples(ours)) == 6 * 5 + 6
 
 
 def states(text: str) -> dict[str, float]:
@@ -95,6 +108,8 @@ def reference(board: VerdictBoard) -> bytes:
             cv.DRA_DEVICE_HEALTH_STATE: v.health,
             cv.DRA_DEVICE_HEALTH_REASONS: ",".join(v.reasons),
             cv.DRA_DEVICE_HEALTH_REMEDIATION: v.remediation,
+            cv.DRA_DEVICE_HEALTH_SCOPE: v.scope,
+            **({cv.DRA_DEVICE_HEALTH_GROUP: v.group} if v.group is not None else {}),
         }
         health.append(f"dra_device_health{{{labels({**base, **trio})}}} 1")
     return ("\n".join(status) + "\n" + "\n".join(health) + "\n").encode()
@@ -110,6 +125,8 @@ def test_attributes_that_sort_among_the_spliced_labels_render_as_whole_lines_wou
         "gpu-2": {"dra.device.health.score": "sorts between the health labels"},
         "gpu-3": {"hw_state": "same label name, another key"},
         "gpu-4": {},
+        "gpu-6": {"dra.device.health.label": "sorts between the group and the reasons"},
+        "gpu-7": {"dra.device.health.group": "shadowed by a verdict's group, or not"},
     }
     verdicts = [Verdict(1, "node-1", dev, "Unhealthy", "failed", ("memory_ecc",), "reset_device", "x") for dev in odd]
     verdicts.append(Verdict(1, "node-1", "gpu-5", "Unknown", None, ("stale",), "none", "silent"))
@@ -117,7 +134,12 @@ def test_attributes_that_sort_among_the_spliced_labels_render_as_whole_lines_wou
     board.update(verdicts, lambda node, dev: {**ATTRS, **odd.get(dev, {})})
     text = VerdictText()
     assert text.render(board.snapshot()) == reference(board)
-    healed = [Verdict(2, "node-1", dev, "Healthy", "ok", (), "none", "fine") for dev in odd]
+    node_wide = [
+        Verdict(2, "node-1", dev, "Unhealthy", "failed", ("cooling",), "reboot_node", "", **NODE_SCOPE) for dev in odd
+    ]
+    board.update(node_wide, lambda node, dev: {**ATTRS, **odd.get(dev, {})})
+    assert text.render(board.snapshot()) == reference(board)
+    healed = [Verdict(3, "node-1", dev, "Healthy", "ok", (), "none", "fine") for dev in odd]
     board.update(healed, lambda node, dev: {**ATTRS, **odd.get(dev, {})})
     assert text.render(board.snapshot()) == reference(board)
 
@@ -143,3 +165,45 @@ def test_a_device_two_nodes_see_has_its_labels_on_each():
     assert text.render(board.snapshot()) == reference(board)
     board.forget(lambda key: key[0] == "node-2")
     assert text.render(board.snapshot()) == reference(board) and len(text._cache) + len(text._more) == 1
+
+
+def health_labels(text: str) -> dict[str, dict[str, str]]:
+    """Each device's ``dra_device_health`` labels, by its hw_id."""
+    return {dict(labels)["hw_id"]: dict(labels) for name, labels, _ in samples(text) if name == "dra_device_health"}
+
+
+def test_scope_is_always_a_label_and_the_group_only_when_the_verdict_names_one():
+    """A device's own verdict says ``scope="device"`` and has no group label (absent, not "": Prometheus reads both
+    the same, and an absent one costs nothing); one about its node names the node as its group, in both renderers,
+    and the group follows the verdict as it changes, the cached label text too."""
+    board = board_of(
+        [
+            Verdict(1, "node-1", "gpu-0", "Healthy", "ok", (), "none", "fine"),
+            Verdict(1, "node-1", "gpu-1", "Unhealthy", "failed", ("power_delivery",), "reboot_node", "x", **NODE_SCOPE),
+        ]
+    )
+    text = VerdictText()
+    for rendered in (text.render(board.snapshot()).decode(), sdk_text(board)):
+        by_device = health_labels(rendered)
+        assert by_device["gpu-0"]["dra_device_health_scope"] == "device"
+        assert "dra_device_health_group" not in by_device["gpu-0"]  # (empty on the SDK's line: see samples())
+        assert by_device["gpu-1"]["dra_device_health_scope"] == "node"
+        assert by_device["gpu-1"]["dra_device_health_group"] == "node/node-1"
+    own = [line for line in text.render(board.snapshot()).splitlines() if line.startswith(b"dra_device_health{")]
+    assert [b"dra_device_health_group" in line for line in own] == [False, True]
+    moved = Verdict(
+        2, "node-1", "gpu-1", "Unhealthy", "failed", ("power_delivery",), "reboot_node", "x", **WORKLOAD_SCOPE
+    )
+    board.update([moved], lambda node, dev: {**ATTRS, "dra.device.name": dev, "hw.name": 'quote " and \\ back'})
+    rendered = text.render(board.snapshot())
+    assert health_labels(rendered.decode())["gpu-1"]["dra_device_health_group"] == 'workload/ns/pod "quoted"'
+    assert samples(rendered.decode()) == samples(sdk_text(board)) and rendered == reference(board)
+
+
+def test_the_registry_lists_scope_and_group_on_dra_device_health_with_the_contracts_scopes():
+    groups = yaml.safe_load(REGISTRY.read_text())["groups"]
+    [metric] = [g for g in groups if g["type"] == "metric" and g["metric_name"] == cv.DRA_DEVICE_HEALTH.name]
+    assert {cv.DRA_DEVICE_HEALTH_SCOPE, cv.DRA_DEVICE_HEALTH_GROUP} <= {a["ref"] for a in metric["attributes"]}
+    attrs = {a.get("id"): a for g in groups if g["type"] == "attribute_group" for a in g["attributes"]}
+    assert tuple(m["value"] for m in attrs[cv.DRA_DEVICE_HEALTH_SCOPE]["type"]["members"]) == SCOPES
+    assert attrs[cv.DRA_DEVICE_HEALTH_GROUP]["type"] == "string"
