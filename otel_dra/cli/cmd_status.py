@@ -5,6 +5,11 @@ The table never splits a word: identifiers (device, health, state, remediation, 
 wrapped, the evidence wraps between words, and where the terminal is too narrow for every column
 the reasons column goes (the evidence names each reason). When stdout is not a terminal there is
 no wrapping at all: one line per device, whatever ``COLUMNS`` says, for grep and friends.
+
+A verdict about more than its device (contract section 4: its ``scope`` is ``workload``, ``node``,
+``link`` or ``firmware``) shows what it is about, its ``group`` (``node/train-007``; the scope's name
+when it has none), in a ``scope`` column, which is there only when some verdict has one. A document
+without ``scope`` (an older server's) is all device verdicts.
 """
 
 from __future__ import annotations
@@ -87,7 +92,9 @@ def status(url: str, output: str, watch: bool, interval: float, timeout: float) 
     """Show every device's verdict from a running agent or fleet (URL/v1/devices).
 
     Unhealthy devices first, then Unknown, then the rest; with the reasons, the
-    remediation and how long the verdict has stood.
+    remediation and how long the verdict has stood, and, for a verdict about more
+    than the device (its node, its workload, a link, a firmware version), what it
+    is about in a scope column (node/train-007).
 
     URL is http://HOST:PORT, or HOST:PORT (http:// assumed), HOST (port 9464) or
     :PORT (this host); default localhost:9464, or OTEL_DRA_STATUS_URL.
@@ -187,6 +194,7 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
         except (TypeError, ValueError):
             since = "?"
         reasons = d.get("reasons")
+        scope = str(d.get("scope") or "device")  # absent: an older server, whose verdicts are all the device's
         rows.append(
             {
                 "node": str(d.get("k8s.node.name") or "-"),
@@ -198,13 +206,17 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
                 if isinstance(reasons, list) and reasons
                 else "-",
                 "remediation": str(d.get("remediation") or "-"),
+                # What the remediation is for, when not the device: the shared thing's name, else its kind.
+                "scope": "-" if scope == "device" else " ".join(str(d.get("group") or scope).split()),
                 "since": since,
                 "evidence": " ".join(str(d.get("message") or "").split()),
             }
         )
-    columns = ["node", "device", "health", "hw.state", "reasons", "remediation", "since", "evidence"]
+    columns = ["node", "device", "health", "hw.state", "reasons", "remediation", "scope", "since", "evidence"]
     if one_node:
         columns.remove("node")  # in the title instead
+    if all(r["scope"] == "-" for r in rows):
+        columns.remove("scope")  # every verdict is its device's own: nothing to say
 
     def natural(col: str) -> int:
         return max([len(col), *(len(line) for r in rows for line in r[col].splitlines())])
@@ -220,7 +232,10 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
             fixed = sum(evidence_min if c == "evidence" else natural(c) for c in columns)
             return fixed + _GAP * (len(columns) - 1)
 
-        for col in ("reasons", "hw.state", "evidence", "since"):  # the evidence names each reason
+        # The evidence names each reason; the remediation says what a node's or workload's verdict asks for.
+        for col in ("reasons", "hw.state", "scope", "evidence", "since"):
+            if col not in columns:
+                continue
             if needed() <= width:
                 break
             columns.remove(col)

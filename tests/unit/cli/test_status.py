@@ -160,14 +160,14 @@ def on_a_terminal(args: list[str], columns: int, seconds: float, interrupt: bool
 
 def words_of(doc: dict[str, Any], url: str) -> set[str]:
     """Every word the table may show: headers, the title's, the caption's and each device's values."""
-    known = {"device", "health", "hw.state", "reasons", "remediation", "since", "evidence", "node", "-"}
+    known = {"device", "health", "hw.state", "reasons", "remediation", "scope", "since", "evidence", "node", "-"}
     known |= set(f"8 devices on node {NODE} at {url} (2 Unhealthy, 1 Unknown) on 2 nodes".split())
     known |= set(
         ["too", "narrow", "for:", "widen", "the", "terminal,", "pipe", "the", "output", "or", "use", "--output", "json"]
     )
     for d in doc["devices"]:
         known |= {d["k8s.node.name"], d["hw.id"], d["health"], d["hw.state"], d["remediation"]}
-        known |= set(d["message"].split()) | set(d["reasons"])
+        known |= set(d["message"].split()) | set(d["reasons"]) | set(str(d.get("group") or "").split())
     return {w.rstrip(",:;") for w in known}
 
 
@@ -295,3 +295,81 @@ def test_watch_on_a_terminal_redraws_in_place_and_ends_cleanly_on_ctrl_c(served)
     assert shown.count("8 devices on node") >= 2, shown  # drawn, then redrawn
     assert "Traceback" not in shown and "KeyboardInterrupt" not in shown
     assert_no_word_split(shown, words_of(served.doc, served.url))
+
+
+# -- a verdict about more than its device (contract section 4: scope and group) -------------------------
+def scoped_document(node: str = "train-007") -> dict[str, Any]:
+    """A newer server's: every verdict has a scope; gpu-6's is its node's power, gpu-2's its workload's."""
+    doc = agent_document(node)
+    for d in doc["devices"]:
+        d["scope"] = "device"
+    doc["devices"][0].update(scope="node", group=f"node/{node}", remediation="reboot_node")
+    doc["devices"][1].update(scope="workload", group="workload/ml/trainer-0", remediation="check_workload")
+    return doc
+
+
+def cells(line: str) -> list[str]:
+    """A piped row's cells: columns are two or more spaces apart, a cell's words one."""
+    return re.split(r" {2,}", line.strip())
+
+
+def test_piped_a_verdict_about_its_node_or_workload_says_which_in_the_scope_column(served):
+    served.doc = scoped_document()
+    shown = status(served.url)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1].split() == ["device", "health", "hw.state", "reasons", "remediation", "scope", "since", "evidence"]
+    rows = {cells(line)[0]: cells(line) for line in lines if re.match(r"gpu-\d ", line)}
+    assert len(rows) == 8
+    assert rows["gpu-6"][4:6] == ["reboot_node", "node/train-007"]
+    assert rows["gpu-2"][4:6] == ["check_workload", "workload/ml/trainer-0"]
+    assert rows["gpu-0"][4:6] == ["none", "-"]  # a device's own verdict: nothing more to say
+    assert_no_word_split(shown.stdout, words_of(served.doc, served.url))
+
+
+def test_a_document_without_scope_or_with_only_device_verdicts_has_no_scope_column(served):
+    """An older server's document (no scope at all) reads as device verdicts, as does a newer one's whose
+    verdicts are all the device's own; one without a scope beside one with is a device's own."""
+    for doc in (agent_document(), {"devices": [{**d, "scope": "device"} for d in agent_document()["devices"]]}):
+        served.doc = doc
+        shown = status(served.url)
+        assert shown.returncode == 0, shown.stderr
+        assert "scope" not in shown.stdout.splitlines()[1].split()
+    mixed = agent_document()
+    mixed["devices"][0].update(scope="link", group="pcie/0000:40:00.0")
+    served.doc = mixed
+    shown = status(served.url)
+    rows = {cells(line)[0]: cells(line) for line in shown.stdout.splitlines() if re.match(r"gpu-\d ", line)}
+    assert rows["gpu-6"][5] == "pcie/0000:40:00.0" and rows["gpu-0"][5] == "-" and rows["gpu-3"][5] == "-"
+    mixed["devices"][0].pop("group")  # a scope without a group: its name is what it is about
+    shown = status(served.url)
+    assert [cells(line)[5] for line in shown.stdout.splitlines() if line.startswith("gpu-6 ")] == ["link"]
+
+
+def test_on_a_terminal_the_scope_column_shows_when_there_is_room_and_is_named_when_not(served):
+    served.doc = scoped_document()
+    code, wide = on_a_terminal([served.url], 200, 0, interrupt=False)
+    assert code == 0, wide
+    assert any(
+        line.startswith("gpu-6") and "reboot_node" in line and "node/train-007" in line for line in wide.splitlines()
+    )
+    assert "scope" in wide and "too narrow" not in wide
+    code, narrow = on_a_terminal([served.url], 80, 0, interrupt=False)
+    assert code == 0, narrow
+    assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+    caption = " ".join(narrow.split()[narrow.split().index("narrow") :])
+    assert "scope" in caption.split(":")[0] and "evidence" in narrow  # scope goes before the evidence does
+    assert_no_word_split(narrow, words_of(served.doc, served.url))
+
+
+def test_output_json_passes_scope_and_group_through_as_served(served):
+    served.doc = scoped_document()
+    shown = status(served.url, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    devices = json.loads(shown.stdout)["devices"]
+    assert json.loads(shown.stdout) == served.doc
+    assert [(d["scope"], d.get("group")) for d in devices[:3]] == [
+        ("node", "node/train-007"),
+        ("workload", "workload/ml/trainer-0"),
+        ("device", None),
+    ]
