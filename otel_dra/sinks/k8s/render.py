@@ -42,7 +42,7 @@ from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.settings import K8sSettings
 from otel_dra.sinks.k8s.validation import K8sValidationError
 from otel_dra.sinks.k8s.versions import API_VERSIONS, DEFAULT_API_VERSION, SERVED_FROM
-from otel_dra.vocabulary import HEALTH, REASONS
+from otel_dra.vocabulary import HEALTH, REASONS, SCOPES
 
 #: The server assumed when none is given: the version's first, but at least 1.35 (so v1alpha3 may
 #: carry effect None; say ``--kubernetes-version 1.33`` or ``1.34`` for the servers that may not).
@@ -289,6 +289,10 @@ def _rule(
                 f"{d}/hw-id": verdict.hw_id,
                 f"{d}/health": verdict.health,
                 f"{d}/remediation": verdict.remediation,
+                # What the verdict is about (contract section 4), and the shared thing ("" for the device's own):
+                # both always written, so an update (which keeps annotations it does not set) leaves no stale group.
+                f"{d}/scope": verdict.scope,
+                f"{d}/group": verdict.group or "",
                 f"{d}/message": verdict.message,
             },
         },
@@ -371,7 +375,7 @@ _REQUIRED = (cv.K8S_NODE_NAME_ATTR, cv.HW_ID, "health")
 
 def verdict_from_json(row: Mapping[str, Any], where: str) -> tuple[Verdict, str | None]:
     """A verdict line (as ``replay`` writes and ``/v1/devices`` serves: README, "Replay recorded telemetry") and its
-    ``dra.driver.name`` when the line carries one."""
+    ``dra.driver.name`` when the line carries one. A line without ``scope`` (an older agent's) is about the device."""
     if not isinstance(row, Mapping):
         raise VerdictInputError(f"{where}: expected a verdict object, got {type(row).__name__}")
     missing = [k for k in _REQUIRED if not isinstance(row.get(k), str)]
@@ -382,6 +386,11 @@ def verdict_from_json(row: Mapping[str, Any], where: str) -> tuple[Verdict, str 
     reasons = row.get("reasons") or []
     if not isinstance(reasons, list) or not all(r in REASONS for r in reasons):
         raise VerdictInputError(f"{where}: reasons {reasons!r} are not contract reasons ({', '.join(REASONS)})")
+    scope, group = row.get("scope") or "device", row.get("group")
+    if scope not in SCOPES:
+        raise VerdictInputError(f"{where}: scope {scope!r} is not one of: {', '.join(SCOPES)}")
+    if group is not None and not isinstance(group, str):
+        raise VerdictInputError(f"{where}: group {group!r} is not a string")
     verdict = Verdict(
         time_unix_nano=int(row.get("time_unix_nano") or 0),
         node=row[cv.K8S_NODE_NAME_ATTR],
@@ -395,6 +404,8 @@ def verdict_from_json(row: Mapping[str, Any], where: str) -> tuple[Verdict, str 
         device=row.get(cv.DRA_DEVICE_NAME),
         last_transition_time=int(row.get("last_transition_time") or 0),
         last_reported_time=int(row.get("last_reported_time") or 0),
+        scope=scope,
+        group=group,
     )
     return verdict, row.get(cv.DRA_DRIVER_NAME)
 

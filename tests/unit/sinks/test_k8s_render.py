@@ -360,6 +360,72 @@ def test_a_bad_taint_is_named_by_object_and_field():
         v.check_taint_rule(rule)
 
 
+# -- scope and group (contract section 4) ----------------------------------------------------------------
+NODE_WIDE = verdict(
+    "gpu-1", "Unhealthy", "failed", ["power_delivery"], remediation="reboot_node", scope="node", group="node/node-a"
+)
+
+
+def test_scope_and_group_come_through_verdict_lines_and_into_the_rules_annotations():
+    """A verdict line's scope and group are kept (a line without them, an older agent's, is the device's own),
+    and each rule says them in its annotations, a device's own with an empty group."""
+    lines = [json.dumps(x.to_json()) for x in (NODE_WIDE, FLEET[2])]
+    older = {k: x for k, x in FLEET[3].to_json().items() if k not in ("scope", "group")}
+    read, _ = r.read_verdict_lines([*lines, json.dumps(older)], "verdicts.jsonl")
+    assert [(x.hw_id, x.scope, x.group) for x in read] == [
+        ("gpu-1", "node", "node/node-a"),
+        ("gpu-2", "device", None),
+        ("gpu-3", "device", None),
+    ]
+    assert [x.to_json() for x in r.read_verdict_lines(lines, "v")[0]] == [NODE_WIDE.to_json(), FLEET[2].to_json()]
+    devices, _ = r.read_devices_json({"devices": [NODE_WIDE.to_json(), older]}, "http://agent/v1/devices")
+    assert [(x.scope, x.group) for x in devices] == [("node", "node/node-a"), ("device", None)]
+    out = r.render([NODE_WIDE, FLEET[2]], policy_mod.load(), driver=DRIVER)
+    notes = {x["spec"]["deviceSelector"]["device"]: x["metadata"]["annotations"] for x in out.rules}
+    assert (notes["gpu-1"]["health.otel-dra.io/scope"], notes["gpu-1"]["health.otel-dra.io/group"]) == (
+        "node",
+        "node/node-a",
+    )
+    assert (notes["gpu-2"]["health.otel-dra.io/scope"], notes["gpu-2"]["health.otel-dra.io/group"]) == ("device", "")
+    for rule in out.rules:
+        assert_valid_rule(rule)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"scope": "rack"}, "scope 'rack' is not one of: device, workload, node, link, firmware"),
+        ({"group": 7}, "group 7"),
+    ],
+)
+def test_a_verdict_line_with_a_scope_outside_the_contract_is_one_line(extra, expected):
+    with pytest.raises(r.VerdictInputError, match=f"^v.jsonl:1: {expected}"):
+        r.read_verdict_lines([json.dumps({**NODE_WIDE.to_json(), **extra})], "v.jsonl")
+
+
+def test_a_rule_that_was_about_its_node_loses_its_group_when_the_verdict_is_the_devices_own_again():
+    """An update keeps the annotations it does not set (others' ones): the group is always set, empty for the
+    device's own verdict, so no stale group survives the change."""
+    before = r.render([NODE_WIDE], policy_mod.load(), "v1beta2", driver=DRIVER).rules
+    own = verdict("gpu-1", "Unhealthy", "failed", ["power_delivery"], remediation="reboot_node")
+    after = r.render([own], policy_mod.load(), "v1beta2", driver=DRIVER).rules
+    [act] = k8s_apply.plan(after, before, {(DRIVER, "node-a")})
+    notes = act.body["metadata"]["annotations"]
+    assert act.verb == "update" and (notes["health.otel-dra.io/scope"], notes["health.otel-dra.io/group"]) == (
+        "device",
+        "",
+    )
+
+
+def test_render_through_the_cli_keeps_a_node_verdicts_scope_and_group():
+    line = json.dumps({**NODE_WIDE.to_json(), "dra.driver.name": DRIVER})
+    result = otel_dra("k8s", "render", "-", stdin=line + "\n")
+    assert result.returncode == 0, result.stderr
+    [rule] = taint_rules(result.stdout)
+    assert rule["metadata"]["annotations"]["health.otel-dra.io/group"] == "node/node-a"
+    assert rule["metadata"]["annotations"]["health.otel-dra.io/scope"] == "node"
+
+
 # -- the policy section -------------------------------------------------------------------------------
 def test_the_default_policy_section_is_informational():
     s = r.K8sSettings.from_policy(policy_mod.load())
