@@ -1,5 +1,7 @@
 """Network-attached devices: several nodes' views of one DRA device, combined by policy."""
 
+from dataclasses import replace
+
 import pytest
 
 from otel_dra.classifier import Verdict
@@ -69,3 +71,15 @@ def test_by_device_reports_the_disagreeing_nodes_and_passes_single_views_through
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="any, majority, all"):
         combine(ONE_BAD, "most")
+
+
+def test_scope_and_group_follow_the_chosen_view():
+    """The combined verdict is the chosen view with the agreeing views' reasons and remediation
+    (``dataclasses.replace``): what it is about, its scope and group, is the chosen view's."""
+    link = replace(view("n1", "Unhealthy", ["link"]), scope="link", group="pcie/0000:40:00.0")
+    views = [link, view("n2", "Healthy"), view("n3", "Healthy")]
+    worst = combine(views, "any")
+    assert (worst.node, worst.scope, worst.group) == ("n1", "link", "pcie/0000:40:00.0")
+    held = combine(views, "majority")  # two healthy views of the device itself: theirs
+    assert (held.health, held.scope, held.group) == ("Healthy", "device", None)
+    assert combine([link], "all") is link
