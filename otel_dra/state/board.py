@@ -77,7 +77,8 @@ class VerdictBoard:
     def publish(self, changed: list[Verdict], registry: DeviceRegistry) -> None:
         """The classifier's changed verdicts onto the board, each with its device's attributes from
         ``registry``; devices the registry has forgotten leave the board; one log line per change
-        (a device's first, healthy verdict only at debug level)."""
+        (a device's first, healthy verdict only at debug level), naming what a verdict about more than
+        its device is about (``scope=node group=node/train-007``)."""
 
         def attrs_of(node: str, hw_id: str) -> Mapping[str, str]:
             row = registry.row(node, hw_id)
@@ -91,15 +92,17 @@ class VerdictBoard:
         for v in changed:
             first = v.last_transition_time == v.time_unix_nano and v.health == "Healthy" and v.state == "ok"
             level = logging.DEBUG if first else logging.WARNING if v.health != "Healthy" else logging.INFO
+            about = "" if v.scope == "device" else f" scope={v.scope} group={v.group or '-'}"
             log.log(
                 level,
-                "verdict node=%s device=%s health=%s state=%s reasons=%s remediation=%s: %s",
+                "verdict node=%s device=%s health=%s state=%s reasons=%s remediation=%s%s: %s",
                 v.node,
                 v.hw_id,
                 v.health,
                 v.state,
                 ",".join(v.reasons) or "-",
                 v.remediation,
+                about,
                 v.message,
             )
 
