@@ -593,8 +593,9 @@ def fleet() -> Json:
         table(
             "Devices not Healthy",
             [target(f'dra_device_health{{{n}, dra_device_health_state!="Healthy"}}', instant=True, table=True)],
-            "Every Unhealthy or Unknown device now, with its reasons and remediation. The device links to its "
-            "drill-down.",
+            "Every Unhealthy or Unknown device now, with its reasons and remediation, and what the verdict is "
+            "about when more than the device (scope node, workload, link or firmware; group: node/train-007). "
+            "The device links to its drill-down.",
             transformations=table_fields(
                 {
                     "k8s_node_name": "node",
@@ -604,6 +605,8 @@ def fleet() -> Json:
                     "dra_device_health_state": "health",
                     "dra_device_health_reasons": "reasons",
                     "dra_device_health_remediation": "remediation",
+                    "dra_device_health_scope": "scope",
+                    "dra_device_health_group": "group",
                     "hw_model": "model",
                     "hw_serial_number": "serial",
                 }
@@ -955,12 +958,15 @@ def device() -> Json:
         table(
             "Verdict and device",
             [target(f"dra_device_health{{{d}}}", instant=True, table=True)],
-            "The current verdict's reasons and remediation, and the device's identity.",
+            "The current verdict's reasons, remediation and scope (with its group when the verdict is about the "
+            "device's node, workload, link or firmware), and the device's identity.",
             transformations=table_fields(
                 {
                     "dra_device_health_state": "health",
                     "dra_device_health_reasons": "reasons",
                     "dra_device_health_remediation": "remediation",
+                    "dra_device_health_scope": "scope",
+                    "dra_device_health_group": "group",
                     "dra_pool_name": "DRA pool",
                     "dra_device_name": "DRA device",
                     "hw_model": "model",
