@@ -39,7 +39,7 @@ SANE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, float] | None] 
     (cv.HW_PCIE_LINK_GENERATION.name, ()): (1.0, 7.0),
     (cv.HW_PCIE_LINK_GENERATION_LIMIT.name, ()): (1.0, 7.0),
     (cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "thermal"),)): None,
-    (cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "power"),)): None,
+    (cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "power_cap"),)): None,
 }
 #: Present on data-center GPUs (ECC on); reported, not required.
 OPTIONAL = (
@@ -48,6 +48,8 @@ OPTIONAL = (
     (cv.HW_ERRORS.name, ((cv.ERROR_TYPE_ATTR, "retired_page"),)),
     (cv.HW_TEMPERATURE.name, ((cv.HW_SENSOR_LOCATION, "memory"),)),
     (cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "other"),)),
+    (cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "hw_slowdown"),)),
+    (cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "power_brake"),)),
 )
 
 
@@ -105,3 +107,60 @@ def test_sampling_pass_latency_per_gpu() -> None:
         started = time.perf_counter()
         src.close()
         assert time.perf_counter() - started < 2.0
+
+
+def _fields(handle: object, ids: list[int]) -> dict[int, tuple[int, int, float]]:
+    """field id -> (nvmlReturn, valueType, value) as this driver answers."""
+    out = {}
+    for fv in pynvml.nvmlDeviceGetFieldValues(handle, ids):
+        value = float("nan")
+        if fv.nvmlReturn == 0:
+            value = float(
+                getattr(fv.value, ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")[fv.valueType])
+            )
+        out[int(fv.fieldId)] = (int(fv.nvmlReturn), int(fv.valueType), value)
+    return out
+
+
+def test_throttle_counters_are_what_the_source_takes_them_for() -> None:
+    """What this driver answers for the clock-event time counters: the slowdown ids the source picks for its
+    version are 64-bit counts (or NOT_SUPPORTED), every counter is in ns (it grows no faster than the wall
+    clock), field 74 is the power policy's violation time, and the reasons bitmask is an int. Prints both
+    numberings' answers, so a run on a new driver shows whether _SLOWDOWN_FIELD_IDS needs a line."""
+    from otel_dra.sources.nvml import slowdown_field_ids
+
+    pynvml.nvmlInit()
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        ids = slowdown_field_ids(driver)
+        counts = {
+            pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG,
+            pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+            pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG,
+        }
+        asked = [74, 75, 76, 77, 79, 251, 252, 253, 269, 270, 271]
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            started = time.monotonic()
+            first = _fields(h, asked)
+            power = pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_POWER).violationTime
+            time.sleep(2.0)
+            second = _fields(h, asked)
+            elapsed_ns = (time.monotonic() - started) * 1e9
+            reasons = pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+            print(f"GPU {index} driver {driver}: slowdown ids {ids}, reasons {reasons:#x}")
+            for fid in asked:
+                print(f"  field {fid}: (return, type, value) {first[fid]} -> {second[fid]}")
+            assert isinstance(reasons, int)
+            for fid in ids or ():
+                code, value_type, _ = second[fid]
+                assert code != 0 or value_type in counts, f"field {fid} is not a count on driver {driver}"
+            for fid in [74, 75, 76, 77, 79, *(ids or ())]:
+                (c1, _, v1), (c2, _, v2) = first[fid], second[fid]
+                if c1 == 0 and c2 == 0:
+                    assert 0 <= v2 - v1 <= elapsed_ns * 1.05 + 1e7, f"field {fid} grew {v2 - v1} in {elapsed_ns} ns"
+            if first[74][0] == 0:
+                assert abs(first[74][2] - power) <= elapsed_ns, "field 74 is the power policy's violation time"
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,13 +1,19 @@
 """A fake ``pynvml`` for tests: the functions NvmlSource calls, over per-GPU state a test sets.
 
 Errors are the real ``pynvml.NVMLError`` classes with the real codes, so the source's error
-handling is exercised exactly as on a node. Units are NVML's (mW, mJ, percent, ns).
+handling is exercised exactly as on a node. Units are NVML's (mW, mJ, percent, ns). Structures are
+pynvml's own: ``nvmlDeviceGetFieldValues`` returns a ctypes array of ``c_nvmlFieldValue_t`` (a field
+the GPU lacks answers in its ``nvmlReturn``, the call itself succeeds), ``nvmlDeviceGetViolationStatus``
+a ``c_nvmlViolationTime_t``, the clock-event reasons an int bitmask (pynvml returns ``c_ulonglong.value``),
+and a function the driver lacks raises FUNCTION_NOT_FOUND as pynvml's ``_nvmlGetFunctionPointer`` does.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -25,24 +31,46 @@ from pynvml import (  # noqa: F401 - re-exported: the source reads them off the 
     NVML_ERROR_TIMEOUT,
     NVML_ERROR_UNKNOWN,
     NVML_FI_DEV_MEMORY_TEMP,
+    NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT,
+    NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION,
+    NVML_FI_DEV_PERF_POLICY_POWER,
+    NVML_FI_DEV_PERF_POLICY_RELIABILITY,
+    NVML_FI_DEV_PERF_POLICY_SYNC_BOOST,
+    NVML_FI_DEV_PERF_POLICY_THERMAL,
     NVML_MEMORY_ERROR_TYPE_CORRECTED,
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
     NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
     NVML_PERF_POLICY_BOARD_LIMIT,
+    NVML_PERF_POLICY_LOW_UTILIZATION,
     NVML_PERF_POLICY_POWER,
     NVML_PERF_POLICY_RELIABILITY,
     NVML_PERF_POLICY_SYNC_BOOST,
     NVML_PERF_POLICY_THERMAL,
+    NVML_SUCCESS,
     NVML_TEMPERATURE_GPU,
     NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
     NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
     NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
     NVML_VALUE_TYPE_UNSIGNED_INT,
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
     NVML_VOLATILE_ECC,
     NVMLError,
+    c_nvmlFieldValue_t,
+    c_nvmlViolationTime_t,
     nvmlEventTypeXidCriticalError,
 )
+
+#: The perf-policy time counters as field values: nvml.h's nvmlDeviceGetViolationStatus translation
+#: table (NVML_PERF_POLICY_POWER -> NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = 74, ...): one count.
+POLICY_FIELDS = {
+    NVML_FI_DEV_PERF_POLICY_POWER: NVML_PERF_POLICY_POWER,
+    NVML_FI_DEV_PERF_POLICY_THERMAL: NVML_PERF_POLICY_THERMAL,
+    NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: NVML_PERF_POLICY_SYNC_BOOST,
+    NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: NVML_PERF_POLICY_BOARD_LIMIT,
+    NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: NVML_PERF_POLICY_LOW_UTILIZATION,
+    NVML_FI_DEV_PERF_POLICY_RELIABILITY: NVML_PERF_POLICY_RELIABILITY,
+}
 
 
 @dataclass
@@ -81,10 +109,27 @@ class FakeGpu:
             NVML_PERF_POLICY_RELIABILITY: 500_000_000,
         }
     )
+    # Clock-event reasons: the bitmask nvmlDeviceGetCurrentClocksEventReasons answers now, and the
+    # driver's other time counters (ns) by field id, in the numbering of the driver the test models
+    # (the slowdown counters: 269-271 from driver 580.82, 251-253 on 575 and 580.65). The perf-policy
+    # fields (74-79) answer violation_ns unless set here; any other id answers NOT_SUPPORTED.
+    clock_reasons: int = 0
+    counters_ns: dict[int, int] = field(default_factory=lambda: {269: 2_000_000_000, 270: 0, 271: 0})
+    field_types: dict[int, int] = field(default_factory=dict)  # valueType other than unsigned long long
+    field_errors: dict[int, int] = field(default_factory=dict)  # a field's nvmlReturn other than success
     fans_pct: list[int] = field(default_factory=list)
     fail: int | None = None
     unsupported: set[str] = field(default_factory=set)
     calls: int = 0
+    called: collections.Counter[str] = field(default_factory=collections.Counter)  # by function name
+    fields_asked: list[int] = field(default_factory=list)
+
+    def field_counter(self, fid: int) -> int | None:
+        """What the driver counts in field ``fid`` (ns), None when it has no such field."""
+        if fid in self.counters_ns:
+            return self.counters_ns[fid]
+        policy = POLICY_FIELDS.get(fid)
+        return None if policy is None else self.violation_ns.get(policy)
 
 
 class FakeHandle:
@@ -95,11 +140,21 @@ class FakeHandle:
 
 
 class FakeNvml:
-    """Module-like stand-in for ``pynvml``: constants as attributes, functions as methods."""
+    """Module-like stand-in for ``pynvml``: constants as attributes, functions as methods.
+
+    ``hidden`` names attributes this pynvml release lacks (an older nvidia-ml-py); ``driver_lacks``
+    names functions the driver's libnvidia-ml lacks (pynvml raises FUNCTION_NOT_FOUND for them)."""
 
     NVMLError = NVMLError
+    hidden: frozenset[str] = frozenset()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in object.__getattribute__(self, "hidden"):
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "580.95.05") -> None:
+        self.driver_lacks: set[str] = set()
         self.gpus = gpus
         self.driver = driver
         self.init_count = 0
@@ -112,7 +167,7 @@ class FakeNvml:
         self._lock = threading.Lock()
         self.handles = [FakeHandle(i) for i in range(len(gpus))]
         for name in dir(pynvml):  # every constant, as the real module has them
-            if name.startswith(("NVML_", "nvmlEventType")) and not hasattr(self, name):
+            if name.startswith(("NVML_", "nvmlEventType", "nvmlClocks")) and not hasattr(self, name):
                 setattr(self, name, getattr(pynvml, name))
 
     # -- test controls -----------------------------------------------------------------------
@@ -130,6 +185,9 @@ class FakeNvml:
         gpu = self.gpus[handle.index]
         with self._lock:
             gpu.calls += 1
+            gpu.called[fn] += 1
+        if fn in self.driver_lacks:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
         if gpu.fail is not None:
             raise NVMLError(gpu.fail)
         if fn in gpu.unsupported:
@@ -184,20 +242,32 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return by[threshold]
 
-    def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: list[int]) -> list[Any]:
+    def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: list[Any]) -> Any:
+        """A ``c_nvmlFieldValue_t`` array, filled as pynvml's nvmlDeviceGetFieldValues and the driver do."""
         gpu = self._gpu(h, "nvmlDeviceGetFieldValues")
-        out = []
-        for fid in field_ids:
-            ok = fid == NVML_FI_DEV_MEMORY_TEMP and "memory_temp" not in gpu.unsupported
-            out.append(
-                SimpleNamespace(
-                    fieldId=fid,
-                    nvmlReturn=0 if ok else NVML_ERROR_NOT_SUPPORTED,
-                    valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
-                    value=SimpleNamespace(uiVal=gpu.mem_temp if ok else 0),
-                )
-            )
-        return out
+        values = (c_nvmlFieldValue_t * len(field_ids))()
+        now_us = time.time_ns() // 1000
+        for fv, requested in zip(values, field_ids, strict=True):
+            try:
+                (fv.fieldId, fv.scopeId) = requested
+            except TypeError:
+                fv.fieldId = requested
+            fid = int(fv.fieldId)
+            gpu.fields_asked.append(fid)
+            fv.timestamp, fv.latencyUsec = now_us, 0
+            count = gpu.field_counter(fid)
+            if fid in gpu.field_errors:
+                fv.nvmlReturn = gpu.field_errors[fid]
+            elif fid == NVML_FI_DEV_MEMORY_TEMP and "memory_temp" not in gpu.unsupported:
+                fv.nvmlReturn, fv.valueType, fv.value.uiVal = NVML_SUCCESS, NVML_VALUE_TYPE_UNSIGNED_INT, gpu.mem_temp
+            elif count is not None:
+                fv.nvmlReturn = NVML_SUCCESS
+                fv.valueType = gpu.field_types.get(fid, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+                member = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")[fv.valueType]
+                setattr(fv.value, member, count)
+            else:
+                fv.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return values
 
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
         return self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw
@@ -247,7 +317,13 @@ class FakeNvml:
         gpu = self._gpu(h, "nvmlDeviceGetViolationStatus")
         if policy not in gpu.violation_ns:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(referenceTime=0, violationTime=gpu.violation_ns[policy])
+        return c_nvmlViolationTime_t(referenceTime=time.time_ns() // 1000, violationTime=gpu.violation_ns[policy])
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrentClocksEventReasons").clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeHandle) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_reasons
 
     def nvmlDeviceGetNumFans(self, h: FakeHandle) -> int:
         return len(self._gpu(h, "nvmlDeviceGetNumFans").fans_pct)
