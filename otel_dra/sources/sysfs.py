@@ -21,6 +21,31 @@ Mapping decisions (only metrics and attributes of ``otel_dra.conventions``, regi
   ``hw.errors{error.type=link, hw.link.type=other}``. Byte counters are left out: ``hw.gpu.io`` is
   GPU I/O and the conventions have no network I/O metric.
 - ``dra.driver.name`` is left out: sysfs does not know which DRA driver publishes a device.
+- amdgpu throttle causes → ``hw.throttle.time{hw.throttle.reason}`` (seconds, cumulative), from the binary
+  ``gpu_metrics`` file (layouts: the kernel's ``drivers/gpu/drm/amd/include/kgd_pp_interface.h``). What
+  amdgpu tells, by table version (``format_revision.content_revision`` of its header):
+
+  * **v1.3** (MI100, MI200, RDNA2/RDNA3 dGPUs): ``indep_throttle_status``, a u64 of the throttlers active
+    now, ASIC-independent bits of ``drivers/gpu/drm/amd/pm/swsmu/inc/amdgpu_smu.h`` (``SMU_THROTTLER_*_BIT``).
+    No time counters: the bits are sampled each pass and the reasons seen at one pass are credited with
+    the time to the next (the first pass is a baseline), as NVML's bitmask is. Package power tracking and
+    current limits (PPT0-3, SPL, FPPT, SPPT, SPPT_APU, TDC_*, EDC_*, APCC) → ``power_cap``; the firmware's
+    temperature limits (TEMP_GPU ... TEMP_LIQUID1, VR temperatures included) → ``thermal``; VRHOT0/1 and
+    PROCHOT_CPU/GFX (hardware signals) → ``hw_slowdown``; PPM and FIT → ``other``.
+  * **v1.7, v1.8** (MI300 series, newer kernels): ``accumulation_counter`` and the accumulated residencies
+    ``ppt_residency_acc`` → ``power_cap``, ``socket_thm_``/``vr_thm_``/``hbm_thm_residency_acc`` →
+    ``thermal`` (their largest: the union is not reported), ``prochot_residency_acc`` → ``hw_slowdown``.
+    A residency counts the accumulation cycles its throttler was active, so the throttled share of a pass
+    is its increase over the cycle counter's (as amd-smi computes PVIOL/TVIOL), times the pass's
+    duration; both are u32 and wrap.
+
+  Not read: v1.0-1.2 (``throttle_status`` only, ASIC-dependent bits), v1.4-1.5 (MI300: ``throttle_status``
+  only), v1.6 (its residency fields moved between kernel releases under the same version), v1.9 and later
+  (attribute-encoded) and the APU tables v2.x/v3.x. Compared with NVML, amdgpu has **no power-brake
+  signal** (nothing says the board or the node's power controller asserted it: PROCHOT may be driven from
+  outside but is not told apart, so it is ``hw_slowdown`` and ``power_brake`` is never reported), no
+  cumulative per-cause time before v1.6 (v1.3 is sampled, so a cause shorter than a pass can be missed or
+  over-counted), no sync-boost or clock-setting causes, and no idle flag (an idle GPU simply shows no bit).
 """
 
 from __future__ import annotations
@@ -29,6 +54,7 @@ import errno
 import math
 import os
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +83,31 @@ _AER = (
     ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", "TOTAL_ERR_NONFATAL"),
     ("aer_dev_fatal", "TOTAL_ERR_FATAL", "TOTAL_ERR_FATAL"),
 )
+
+#: gpu_metrics (kgd_pp_interface.h), little-endian as the GPU's host writes it. Offsets are the kernel
+#: structs' as the C compiler lays them out (naturally aligned): struct metrics_table_header
+#: {u16 structure_size; u8 format_revision; u8 content_revision}; gpu_metrics_v1_3.indep_throttle_status
+#: (u64) at 112 of 120 bytes; gpu_metrics_v1_7 / _v1_8 (2208 / 3872 bytes) share their first 64 bytes:
+#: accumulation_counter (u32) at 40, then prochot, ppt, socket_thm, vr_thm, hbm_thm _residency_acc (u32).
+_GPU_METRICS_HEADER = struct.Struct("<HBB")
+_V1_3_INDEP_THROTTLE = struct.Struct("<Q"), 112
+_V1_7_RESIDENCIES = struct.Struct("<6I"), 40
+_RESIDENCY_VERSIONS = ((1, 7), (1, 8))
+#: amdgpu_smu.h SMU_THROTTLER_*_BIT (ASIC-independent throttlers) → hw.throttle.reason.
+_INDEP_THROTTLERS: dict[str, tuple[int, ...]] = {
+    # PPT0-3 0-3, SPL 4, FPPT 5, SPPT 6, SPPT_APU 7; TDC_GFX/SOC/MEM/VDD/CVIP 16-20, EDC_CPU/GFX 21-22, APCC 23
+    "power_cap": (*range(0, 8), *range(16, 24)),
+    # TEMP_GPU 32, CORE, MEM, EDGE, HOTSPOT, SOC, VR_GFX, VR_SOC, VR_MEM0, VR_MEM1, LIQUID0, LIQUID1 43
+    "thermal": tuple(range(32, 44)),
+    # VRHOT0 44, VRHOT1 45, PROCHOT_CPU 46, PROCHOT_GFX 47
+    "hw_slowdown": (44, 45, 46, 47),
+    # PPM 56, FIT 57
+    "other": (56, 57),
+}
+#: The reasons amdgpu can report (no power brake); the order of _V1_7_RESIDENCIES after the cycle counter.
+AMD_THROTTLE_REASONS = ("thermal", "power_cap", "hw_slowdown", "other")
+_RESIDENCY_REASONS = ("hw_slowdown", "power_cap", "thermal", "thermal", "thermal")
+_U32 = 1 << 32
 
 
 class DeviceUnreadable(Exception):
@@ -112,6 +163,55 @@ def link_generation(speed: str | None) -> float:
         return float(GENERATIONS.get(float(speed.split()[0]), math.nan))
     except ValueError:
         return math.nan
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """A binary sysfs file (``gpu_metrics``); None when absent or not available now, as :func:`_read`."""
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        if err.errno in _ABSENT or err.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA, errno.EAGAIN):
+            return None
+        raise DeviceUnreadable(f"{path}: {err}") from err
+
+
+@dataclass
+class _Throttle:
+    """One amdgpu's throttle time so far: the previous pass's time and what it read (reasons bitmask of
+    v1.3, or v1.7+ cycle counter and residencies), and the seconds credited per reason."""
+
+    version: tuple[int, int] | None = None
+    last_ns: int | None = None
+    last: tuple[int, ...] = ()
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(AMD_THROTTLE_REASONS, 0.0))
+
+
+def _u32_increase(new: int, old: int) -> int | None:
+    """How much a u32 accumulator grew, across one wrap; None when it went back (a reset)."""
+    if new >= old:
+        return new - old
+    if old >= 3 * _U32 // 4 and new < _U32 // 4:  # wrapped
+        return new + _U32 - old
+    return None
+
+
+def gpu_metrics_throttle(data: bytes) -> tuple[tuple[int, int], tuple[int, ...]] | None:
+    """The throttle data of a ``gpu_metrics`` table: ``((1, 3), (indep_throttle_status,))`` or
+    ``((1, 7|8), (accumulation_counter, prochot, ppt, socket_thm, vr_thm, hbm_thm))``; None for another
+    version or a table shorter than its structure."""
+    if len(data) < _GPU_METRICS_HEADER.size:
+        return None
+    size, frev, crev = _GPU_METRICS_HEADER.unpack_from(data)
+    version = (frev, crev)
+    if version == (1, 3):
+        fmt, offset = _V1_3_INDEP_THROTTLE
+    elif version in _RESIDENCY_VERSIONS:
+        fmt, offset = _V1_7_RESIDENCIES
+    else:
+        return None
+    if len(data) < max(size, offset + fmt.size):
+        return None
+    return version, fmt.unpack_from(data, offset)
 
 
 def _pci_class(dev: Path) -> int | None:
@@ -183,6 +283,7 @@ class SysfsSource:
         self.schema = schema if schema is not None else Schema()
         self._dirs: dict[str, tuple[str, Path]] = {}  # hw.id → (hw.type, directory), in first-seen order
         self._attrs: dict[str, dict[str, str]] = {}  # last known attributes, kept while unreadable
+        self._throttle: dict[str, _Throttle] = {}  # hw.id → amdgpu throttle time so far
         self._table: DeviceTable | None = None
 
     @classmethod
@@ -292,6 +393,48 @@ class SysfsSource:
                 self._put(r, _number(h / f"energy{n}_input", 1e-6), cv.HW_ENERGY.name)
                 break
 
+    def _read_throttle(self, hw_id: str, dev: Path, r: _Reading, now_ns: int) -> None:
+        """``hw.throttle.time`` by reason from ``gpu_metrics`` (module docstring); nothing when the table is
+        absent or of a version not read, and a new baseline after a pass without it."""
+        state = self._throttle.setdefault(hw_id, _Throttle())
+        data = _read_bytes(dev / "gpu_metrics")
+        found = gpu_metrics_throttle(data) if data is not None else None
+        if found is None:
+            state.last_ns = None
+            return
+        version, now = found
+        if state.version != version:  # first table, or the driver changed: start over from here
+            state.version, state.last_ns = version, None
+        if state.last_ns is not None and now_ns > state.last_ns:
+            elapsed = (now_ns - state.last_ns) * 1e-9
+            if version == (1, 3):
+                for reason, bits in _INDEP_THROTTLERS.items():
+                    if any(state.last[0] >> bit & 1 for bit in bits):
+                        state.seconds[reason] += elapsed
+            else:
+                self._credit_residencies(state, now, elapsed)
+        state.last_ns, state.last = now_ns, now
+        reasons = AMD_THROTTLE_REASONS if version == (1, 3) else set(_RESIDENCY_REASONS)
+        for reason in AMD_THROTTLE_REASONS:
+            if reason in reasons:
+                self._put(r, state.seconds[reason], cv.HW_THROTTLE_TIME.name, {cv.HW_THROTTLE_REASON: reason})
+
+    @staticmethod
+    def _credit_residencies(state: _Throttle, now: tuple[int, ...], elapsed: float) -> None:
+        """Credit each reason with its share of the cycles since the last pass (the largest share where
+        several residencies feed one reason); nothing when the cycle counter did not move or was reset."""
+        cycles = _u32_increase(now[0], state.last[0])
+        if not cycles:
+            return
+        share: dict[str, float] = {}
+        for reason, new, old in zip(_RESIDENCY_REASONS, now[1:], state.last[1:], strict=True):
+            grew = _u32_increase(new, old)
+            if grew is None:
+                return
+            share[reason] = max(share.get(reason, 0.0), min(1.0, grew / cycles))
+        for reason, fraction in share.items():
+            state.seconds[reason] += fraction * elapsed
+
     def _read_amdgpu(self, dev: Path, r: _Reading) -> None:
         """amdgpu's own files: busy percent, VRAM, RAS error counts, VBIOS and serial."""
         busy = _number(dev / "gpu_busy_percent", 0.01)
@@ -337,7 +480,7 @@ class SysfsSource:
             if vendor in VENDORS:
                 r.attrs[cv.HW_VENDOR] = VENDORS[vendor]
 
-    def _read_device(self, hw_id: str, kind: str, path: Path) -> _Reading:
+    def _read_device(self, hw_id: str, kind: str, path: Path, now_ns: int) -> _Reading:
         r = _Reading(attrs={cv.HW_TYPE: kind, cv.HW_NAME: hw_id})
         if not path.is_dir():
             raise DeviceUnreadable(f"{path}: gone")
@@ -346,6 +489,7 @@ class SysfsSource:
             self._read_hwmon(path, r)
             if (path / "gpu_busy_percent").exists() or (path / "mem_info_vram_total").exists():
                 self._read_amdgpu(path, r)
+                self._read_throttle(hw_id, path, r, now_ns)
         else:
             self._read_nic(path, r)
         driver = path / "device" / "driver" if kind == "network" else path / "driver"
@@ -368,9 +512,11 @@ class SysfsSource:
         for hw_id in ids:
             kind, path = self._dirs[hw_id]
             try:
-                reading: _Reading | None = self._read_device(hw_id, kind, path)
+                reading: _Reading | None = self._read_device(hw_id, kind, path, now_unix_nano)
             except (DeviceUnreadable, OSError):
                 reading = None
+                if hw_id in self._throttle:
+                    self._throttle[hw_id].last_ns = None  # sampled time restarts from a new baseline
             readings.append(reading)
             if reading is not None:
                 self._attrs[hw_id] = reading.attrs

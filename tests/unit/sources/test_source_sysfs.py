@@ -4,6 +4,7 @@ that the real classifier turns what it reads into verdicts. One test reads this 
 
 from __future__ import annotations
 
+import ctypes
 import math
 import shutil
 from pathlib import Path
@@ -374,3 +375,210 @@ def test_classifier_aer_uncorrectable_burst_is_a_link_fault(tmp_path: Path) -> N
     last = out[BDF][-1]
     assert last.state == "degraded" and "link" in last.reasons, last
     assert out["0000:83:00.0"][-1].reasons == ()
+
+
+# -- amdgpu throttle causes from gpu_metrics ------------------------------------------------------------
+# The tables as the kernel declares them (drivers/gpu/drm/amd/include/kgd_pp_interface.h; ctypes lays
+# them out as the C compiler does), to write gpu_metrics files byte for byte as amdgpu does.
+_u8, _u16, _u32, _u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
+_HEADER = [("structure_size", _u16), ("format_revision", _u8), ("content_revision", _u8)]
+
+
+class GpuMetricsV13(ctypes.Structure):
+    """struct gpu_metrics_v1_3 (MI100, MI200, RDNA2/3 dGPUs)."""
+
+    _fields_ = [
+        *_HEADER,
+        *[(f"temperature_{n}", _u16) for n in ("edge", "hotspot", "mem", "vrgfx", "vrsoc", "vrmem")],
+        *[(f"average_{n}_activity", _u16) for n in ("gfx", "umc", "mm")],
+        ("average_socket_power", _u16),
+        ("energy_accumulator", _u64),
+        ("system_clock_counter", _u64),
+        *[(f"average_{n}_frequency", _u16) for n in ("gfxclk", "socclk", "uclk", "vclk0", "dclk0", "vclk1", "dclk1")],
+        *[(f"current_{n}", _u16) for n in ("gfxclk", "socclk", "uclk", "vclk0", "dclk0", "vclk1", "dclk1")],
+        ("throttle_status", _u32),
+        ("current_fan_speed", _u16),
+        ("pcie_link_width", _u16),
+        ("pcie_link_speed", _u16),
+        ("padding", _u16),
+        ("gfx_activity_acc", _u32),
+        ("mem_activity_acc", _u32),
+        ("temperature_hbm", _u16 * 4),
+        ("firmware_timestamp", _u64),
+        ("voltage_soc", _u16),
+        ("voltage_gfx", _u16),
+        ("voltage_mem", _u16),
+        ("padding1", _u16),
+        ("indep_throttle_status", _u64),
+    ]
+
+
+class XcpMetricsV12(ctypes.Structure):
+    """struct amdgpu_xcp_metrics_v1_2."""
+
+    _fields_ = [
+        ("gfx_busy_inst", _u32 * 8),
+        ("jpeg_busy", _u16 * 40),
+        ("vcn_busy", _u16 * 4),
+        ("gfx_busy_acc", _u64 * 8),
+        ("gfx_below_host_limit_ppt_acc", _u64 * 8),
+        ("gfx_below_host_limit_thm_acc", _u64 * 8),
+        ("gfx_low_utilization_acc", _u64 * 8),
+        ("gfx_below_host_limit_total_acc", _u64 * 8),
+    ]
+
+
+class GpuMetricsV18(ctypes.Structure):
+    """struct gpu_metrics_v1_8 (MI300 series)."""
+
+    _fields_ = [
+        *_HEADER,
+        ("temperature_hotspot", _u16),
+        ("temperature_mem", _u16),
+        ("temperature_vrsoc", _u16),
+        ("curr_socket_power", _u16),
+        ("average_gfx_activity", _u16),
+        ("average_umc_activity", _u16),
+        ("mem_max_bandwidth", _u64),
+        ("energy_accumulator", _u64),
+        ("system_clock_counter", _u64),
+        ("accumulation_counter", _u32),
+        ("prochot_residency_acc", _u32),
+        ("ppt_residency_acc", _u32),
+        ("socket_thm_residency_acc", _u32),
+        ("vr_thm_residency_acc", _u32),
+        ("hbm_thm_residency_acc", _u32),
+        ("gfxclk_lock_status", _u32),
+        ("pcie_link_width", _u16),
+        ("pcie_link_speed", _u16),
+        ("xgmi_link_width", _u16),
+        ("xgmi_link_speed", _u16),
+        ("gfx_activity_acc", _u32),
+        ("mem_activity_acc", _u32),
+        ("pcie_bandwidth_acc", _u64),
+        ("pcie_bandwidth_inst", _u64),
+        ("pcie_l0_to_recov_count_acc", _u64),
+        ("pcie_replay_count_acc", _u64),
+        ("pcie_replay_rover_count_acc", _u64),
+        ("pcie_nak_sent_count_acc", _u32),
+        ("pcie_nak_rcvd_count_acc", _u32),
+        ("xgmi_read_data_acc", _u64 * 8),
+        ("xgmi_write_data_acc", _u64 * 8),
+        ("xgmi_link_status", _u16 * 8),
+        ("padding", _u16),
+        ("firmware_timestamp", _u64),
+        ("current_gfxclk", _u16 * 8),
+        ("current_socclk", _u16 * 4),
+        ("current_vclk0", _u16 * 4),
+        ("current_dclk0", _u16 * 4),
+        ("current_uclk", _u16),
+        ("num_partition", _u16),
+        ("xcp_stats", XcpMetricsV12 * 8),
+        ("pcie_lc_perf_other_end_recovery", _u32),
+    ]
+
+
+# SMU_THROTTLER_*_BIT of amdgpu_smu.h, as recorded data.
+PPT0, TEMP_HOTSPOT, TEMP_VR_GFX, VRHOT0, FIT = 0, 36, 38, 44, 57
+THROTTLE_REASONS_AMD = ("thermal", "power_cap", "hw_slowdown", "other")
+THROTTLE_REASONS = ("thermal", "power", "power_cap", "power_brake", "hw_slowdown", "other")  # the contract's
+
+
+def v13(indep_throttle_status: int) -> bytes:
+    """An MI210's gpu_metrics (v1.3) with these throttlers active."""
+    m = GpuMetricsV13(structure_size=ctypes.sizeof(GpuMetricsV13), format_revision=1, content_revision=3)
+    m.temperature_edge, m.temperature_hotspot, m.average_socket_power = 45, 52, 250
+    m.indep_throttle_status = indep_throttle_status
+    return bytes(m)
+
+
+def v18(counter: int, prochot: int, ppt: int, socket_thm: int, vr_thm: int, hbm_thm: int) -> bytes:
+    """An MI300X's gpu_metrics (v1.8) with these accumulators."""
+    m = GpuMetricsV18(structure_size=ctypes.sizeof(GpuMetricsV18), format_revision=1, content_revision=8)
+    m.temperature_hotspot, m.curr_socket_power, m.num_partition = 61, 690, 1
+    m.accumulation_counter, m.prochot_residency_acc, m.ppt_residency_acc = counter, prochot, ppt
+    m.socket_thm_residency_acc, m.vr_thm_residency_acc, m.hbm_thm_residency_acc = socket_thm, vr_thm, hbm_thm
+    return bytes(m)
+
+
+def throttle(src: SysfsSource, frame: Frame, hw_id: str = BDF) -> dict[str, float]:
+    return {r: value(src, frame, hw_id, cv.HW_THROTTLE_TIME.name, hw__throttle__reason=r) for r in THROTTLE_REASONS}
+
+
+def test_gpu_metrics_layouts_are_the_kernel_s() -> None:
+    """ctypes lays the structs out as gcc does the kernel's (sizes and offsets gcc printed for
+    kgd_pp_interface.h on x86-64), which are the offsets the source reads."""
+    assert ctypes.sizeof(GpuMetricsV13) == 120 and GpuMetricsV13.indep_throttle_status.offset == 112
+    assert ctypes.sizeof(GpuMetricsV18) == 3872 and GpuMetricsV18.accumulation_counter.offset == 40
+    assert GpuMetricsV18.hbm_thm_residency_acc.offset == 60
+    committed = (DATA / "bus/pci/devices" / BDF / "gpu_metrics").read_bytes()
+    m = GpuMetricsV13.from_buffer_copy(committed)
+    assert (m.structure_size, m.format_revision, m.content_revision) == (120, 1, 3) and len(committed) == 120
+    assert m.indep_throttle_status == 1 << PPT0 and m.average_socket_power == 250
+
+
+def test_committed_tree_throttle_baseline(amd: tuple[SysfsSource, Frame]) -> None:
+    src, frame = amd
+    t = throttle(src, frame)
+    assert {r: t[r] for r in THROTTLE_REASONS_AMD} == dict.fromkeys(THROTTLE_REASONS_AMD, 0.0)
+    assert math.isnan(t["power_brake"]) and math.isnan(t["power"])  # amdgpu has no brake signal
+
+
+def test_v13_throttlers_are_sampled_into_time_by_reason(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    shutil.copytree(DATA, root)
+    metrics = root / "bus/pci/devices" / BDF / "gpu_metrics"
+    src = SysfsSource("node-a", root=str(root))
+    # (throttlers active at the pass, then thermal, power_cap, hw_slowdown, other so far): the throttlers
+    # seen at one pass are credited with the 10 s to the next.
+    passes = [
+        ({PPT0}, 0, 0, 0, 0),
+        ({PPT0, TEMP_HOTSPOT}, 0, 10, 0, 0),
+        ({VRHOT0, TEMP_VR_GFX}, 10, 20, 0, 0),
+        ({FIT}, 20, 20, 10, 0),
+        (set(), 20, 20, 10, 10),
+        (set(), 20, 20, 10, 10),
+    ]
+    for k, (bits, *expected) in enumerate(passes):
+        metrics.write_bytes(v13(sum(1 << b for b in bits)))
+        t = throttle(src, src.read(T0 + 10 * k * S))
+        assert [t[r] for r in THROTTLE_REASONS_AMD] == pytest.approx(expected), k
+    metrics.unlink()  # a pass without the table: nothing reported, the next one is a new baseline
+    assert math.isnan(throttle(src, src.read(T0 + 60 * S))["power_cap"])
+    metrics.write_bytes(v13(1 << PPT0))
+    assert throttle(src, src.read(T0 + 70 * S))["power_cap"] == 20
+    assert throttle(src, src.read(T0 + 80 * S))["power_cap"] == 30
+
+
+def test_v18_residency_accumulators_give_each_reason_its_share(tmp_path: Path) -> None:
+    fs = FakeSysfs(tmp_path)
+    base = fs.amd_gpu()
+    fs.write(f"{base}/device", "0x74a1")  # MI300X
+    metrics = tmp_path / base / "gpu_metrics"
+    src = SysfsSource("node-a", root=str(tmp_path))
+    wrap = 1 << 32
+    # (counter, prochot, ppt, socket_thm, vr_thm, hbm_thm), then power_cap, thermal, hw_slowdown so far
+    passes = [
+        ((wrap - 296, 10, wrap - 296, 5, 0, 7), 0, 0, 0),
+        ((704, 10, 304, 55, 0, 207), 6, 2, 0),  # both u32 wrapped: 1000 cycles, PPT 600, HBM 20% (SOCKET 5%)
+        ((1704, 110, 804, 55, 100, 257), 11, 3, 1),  # PPT 50%, VR 10% (HBM 5%), PROCHOT 10%
+        ((1704, 110, 804, 55, 100, 257), 11, 3, 1),  # the firmware did not accumulate: nothing credited
+        ((50, 0, 0, 0, 0, 0), 11, 3, 1),  # reset: a new baseline, never a negative share
+        ((1050, 0, 1000, 0, 0, 0), 21, 3, 1),
+    ]
+    for k, (acc, *expected) in enumerate(passes):
+        metrics.write_bytes(v18(*acc))
+        t = throttle(src, src.read(T0 + 10 * k * S))
+        assert [t["power_cap"], t["thermal"], t["hw_slowdown"]] == pytest.approx(expected), k
+        assert math.isnan(t["other"]) and math.isnan(t["power_brake"])
+
+
+def test_gpu_metrics_versions_not_read_report_no_throttle(tmp_path: Path) -> None:
+    fs = FakeSysfs(tmp_path)
+    base = fs.amd_gpu()
+    src = SysfsSource("node-a", root=str(tmp_path))
+    m = GpuMetricsV13(structure_size=ctypes.sizeof(GpuMetricsV13), format_revision=1, content_revision=2)
+    for data in (b"", b"\x78\x00\x01", bytes(m), v13(1)[:100]):  # empty, torn header, v1.2, short v1.3
+        (tmp_path / base / "gpu_metrics").write_bytes(data)
+        t = throttle(src, src.read(T0))
+        assert all(math.isnan(v) for v in t.values()), data[:4]
