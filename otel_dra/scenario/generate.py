@@ -29,6 +29,8 @@ from typing import IO, Any, Final
 import numpy as np
 
 from otel_dra import conventions as cv
+from otel_dra.scenario import load as wl
+from otel_dra.scenario.load import PROFILES
 from otel_dra.scenario.models import DRIVER_CODES, KEY, METRIC_ORDER, SERIES, STATUS_STATES
 from otel_dra.scenario.plan import (
     FAULT_KINDS,
@@ -67,6 +69,10 @@ class ScenarioConfig:
     duration_s: int = 3000
     seed: int = 0
     shape: str = "mixed"
+    #: What the GPUs run (load.PROFILES): idle (as before profiles), training, inference or mixed.
+    load: str = "idle"
+    #: Place the fault kinds (False: a healthy fleet, traps and oddities only: what a base-rate benchmark replays).
+    faults: bool = True
 
     def __post_init__(self) -> None:
         for name in ("nodes", "devices_per_node", "duration_s", "seed"):
@@ -87,12 +93,18 @@ class ScenarioConfig:
             raise ValueError(f"seed must be 0 or more, got {self.seed}")
         if self.shape not in SHAPES:
             raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
+        if self.load not in PROFILES:
+            raise ValueError(f"load must be one of {', '.join(PROFILES)}, got {self.load!r}")
+        if not isinstance(self.faults, bool):
+            raise ValueError(f"faults must be true or false, got {self.faults!r}")
         gpus = self.nodes * self.devices_per_node
         usable = (self.nodes - 2) * self.devices_per_node  # the silent and the restarted node hold none
-        if usable < devices_needed(gpus):
+        needed = devices_needed(gpus, self.load, self.faults, self.devices_per_node)
+        if usable < needed:
+            under = f" under --load {self.load}" if self.load != "idle" else ""
             raise ValueError(
-                f"{self.nodes} nodes x {self.devices_per_node} GPUs is too small for every fault and trap "
-                f"(needs {devices_needed(gpus)} GPUs outside the silent and the restarted node, has {usable}): "
+                f"{self.nodes} nodes x {self.devices_per_node} GPUs is too small for every fault and trap{under} "
+                f"(needs {needed} GPUs outside the silent and the restarted node, has {usable}): "
                 "raise nodes or devices per node"
             )
 
@@ -169,6 +181,11 @@ class _Sim:
         self.start_override: dict[tuple[int, int], int] = {}
         self.version = [0] * len(plan.nodes)
         self.alpha = 1.0 - np.exp(-1.0 / p["tau"])  # the temperature's first-order lag over one second
+        # Under load the job model drives the busy nodes' GPUs (plan.workload; None: idle, the code as before).
+        self.load = plan.workload
+        self.managed = self.load.managed if self.load is not None else np.zeros(n, bool)
+        self.gen_max = plan.initial[:, KEY["pcie.gen"]].copy()
+        self.tells_causes = self.on[:, KEY["throttle.power_cap"]].copy()  # reports power_cap, not power
         self.step(0, 0.0)
 
     def step(self, t: int, dt: float) -> None:
@@ -182,6 +199,9 @@ class _Sim:
             self.job = np.where(change, 0.35 + 0.6 * u[1], self.job)
         decay = np.exp(-dt / 20.0)
         self.util = hi(lo(self.job + (self.util - self.job) * decay + 0.01 * z[0], 0.02), 1.0)
+        s = self.load.step(float(t)) if self.load is not None else None
+        m = self.managed
+        util = self.util if s is None else np.where(m, s.util, self.util)
 
         # Power: demand from utilization, held down by the device's own thermal throttling, pinned at the
         # cap while power-throttled.
@@ -191,6 +211,16 @@ class _Sim:
         hot = self.temp - p["throttle_c"]
         power = hi(demand * lo(1.0 - 0.06 * lo(hot, 0.0), 0.6), cap)
         power = np.where(throttled, cap * (1.0 - 0.004 * u[1]), power)
+        if s is not None:  # under load: the job's demand under the device's limit (lowered by a throttling fault)
+            limit = np.where(throttled, cap * p["limit_factor"], cap)
+            brake_w = np.where(m & (t >= p["brake_on"]), p["brake_w"], np.nan)
+            slowing = t >= p["slow_on"]
+            slowdown = slowing & (np.mod(t + p["slow_phase"], 60.0) < p["slow_share"] * 60.0)
+            derate = lo(1.0 - 0.06 * lo(hot, 0.0), 0.6)
+            th = wl.power_and_throttle(
+                s, limit, dt, derate, brake_w, p["brake_share"], slowdown, np.where(slowing, p["slow_share"], 0.0)
+            )
+            power = np.where(m, th.power_w, power)
 
         # Cooling: the fan follows temperature, limited by what a decaying or stalled fan can still do;
         # less airflow, more heat. Drift and excursions add heat the fan can't remove.
@@ -202,13 +232,18 @@ class _Sim:
         extra = p["drift_extra"] * hi(lo((t - p["drift_on"]) / p["drift_len"], 0.0), 1.0)
         excursion = _phase(t, p["excursion_on"], p["excursion_period"], p["excursion_duty"])
         extra = extra + np.where(excursion, p["excursion_extra"], 0.0)
-        target = p["ambient"] + p["r"] * power * cool + extra
+        r = p["r"] if s is None else np.where(t >= p["hot_on"], p["r_hot"], p["r"])  # a hot GPU: its paste dried
+        target = p["ambient"] + r * power * cool + extra
         alpha = self.alpha if dt == 1.0 else 1.0 - np.exp(-dt / p["tau"])
+        if s is not None and dt == 0:  # the first step: a busy GPU starts where its load holds it
+            alpha = np.where(m, 1.0, alpha)
         self.temp = self.temp + (target - self.temp) * alpha + 0.1 * z[3]
 
         self.mem = hi(lo(self.mem + 0.002 * z[4], 0.1), 0.88)
         pressure = hi(lo(p["mempress_level"] + 0.003 * z[5], 0.97), 0.998)
         mem = np.where(t >= p["mempress_on"], pressure, self.mem)
+        if s is not None:
+            mem = np.where(m, s.mem, mem)
         volt = np.where(t >= p["pdeliv_on"], p["pdeliv_volt"], p["volt"]) + 0.003 * z[6]
 
         if dt > 0:
@@ -220,9 +255,18 @@ class _Sim:
             lam[self.rows, p["burst_col"]] += np.where(burst, p["burst_rate"], 0.0)
             V[:, _POISSON] += rng.poisson(lam * dt)
             V[:, KEY["energy"]] += power * dt
-            V[:, KEY["io.receive"]] += np.floor(self.util * p["bw"] * dt)
-            V[:, KEY["io.transmit"]] += np.floor(self.util * p["bw"] * 0.8 * dt)
-            V[:, KEY["throttle.power"]] += np.where(throttled, 0.75 + 0.2 * u[2], 0.0) * dt
+            V[:, KEY["io.receive"]] += np.floor(util * p["bw"] * dt)
+            V[:, KEY["io.transmit"]] += np.floor(util * p["bw"] * 0.8 * dt)
+            capped = np.where(throttled, 0.75 + 0.2 * u[2], 0.0) * dt
+            if s is None:
+                V[:, KEY["throttle.power"]] += capped
+            else:  # a busy fleet's sources tell the causes apart: power_cap, not power
+                capped = np.where(m, th.power_cap_s, capped)
+                causes = self.tells_causes
+                V[:, KEY["throttle.power"]] += np.where(causes, 0.0, capped)
+                V[:, KEY["throttle.power_cap"]] += np.where(causes, capped, 0.0)
+                V[:, KEY["throttle.power_brake"]] += np.where(m, th.power_brake_s, 0.0)
+                V[:, KEY["throttle.hw_slowdown"]] += np.where(m, th.hw_slowdown_s, 0.0)
             V[:, KEY["throttle.thermal"]] += (hot > 0) * dt
 
         V[:, KEY["temp.gpu"]] = self.temp
@@ -231,10 +275,13 @@ class _Sim:
         V[:, KEY["fan.ratio"]] = ratio
         V[:, KEY["volt"]] = volt
         V[:, KEY["power"]] = power
-        V[:, KEY["util"]] = self.util
+        V[:, KEY["util"]] = util
         V[:, KEY["mem.util"]] = mem
         V[:, KEY["mem.usage"]] = np.floor(mem * p["mem_bytes"])
         V[:, KEY["pcie.width"]] = np.where(t >= p["linkdeg_on"], p["width"] / 2, p["width"])
+        if s is not None:  # an idle NVIDIA GPU trains its link down to Gen1 and back up under load
+            V[:, KEY["pcie.gen"]] = np.where(m & p["nvidia"] & ~s.running, 1.0, self.gen_max)
+            V[:, KEY["power.limit.max"]] = np.where(m, limit, V[:, KEY["power.limit.max"]])
 
     def apply(self, e: Event) -> None:
         """One discrete event of the plan."""
@@ -542,6 +589,8 @@ def _labels(config: ScenarioConfig, plan: Plan) -> dict[str, Any]:
             entry.update(intermittent=True, duty=f.duty, period_s=f.period_s)
         if f.kind.name in LOST_KINDS:
             entry["lost"] = True
+        if f.kind.scope is not None:
+            entry["scope"], entry["group"] = f.kind.scope, f.group
         detail = {k: v for k, v in f.detail.items() if k != "hw.model"}
         if detail:
             entry["detail"] = detail
@@ -565,11 +614,13 @@ def _labels(config: ScenarioConfig, plan: Plan) -> dict[str, Any]:
         listed += [{"k8s.node.name": node.name, "hw.id": devices[r].hw_id} for r in node.rows]
         listed += [{"k8s.node.name": node.name, "hw.id": devices[r].hw_id} for r in node.shared]
     restart_node, restart_s, restart_start = plan.restart
+    busy = config.load != "idle"  # the idle profile's labels stay what they were, key for key
     return {
         "version": LABELS_VERSION,
         "generator": "otel-dra simulate",
         "seed": config.seed,
         "shape": config.shape,
+        **({"load": config.load} if busy else {}),
         "interval_s": step,
         "t0_unix_nano": T0_NS,
         "ticks": int(plan.duration_s // step),
@@ -597,6 +648,7 @@ def _labels(config: ScenarioConfig, plan: Plan) -> dict[str, Any]:
                 "hw.vendor": n.model.vendor,
                 "limits": n.model.reports_limits,
                 "devices": len(n.rows),
+                **({"load": plan.node_load[n.index]} if busy else {}),
             }
             for n in nodes
         ],
@@ -618,6 +670,8 @@ def run(config: ScenarioConfig, workdir: Path | str) -> tuple[Path, Path]:
     folder = Path(workdir)
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"fleet-{config.shape}-{config.nodes}x{config.devices_per_node}-{config.duration_s}s-seed{config.seed}"
+    stem += "" if config.load == "idle" else f"-{config.load}"
+    stem += "" if config.faults else "-nofaults"
     result = generate(config, folder / f"{stem}.jsonl.gz", folder / f"{stem}.labels.json")
     return result.recording, result.labels
 

@@ -97,6 +97,10 @@ def _catalogue() -> tuple[Series, ...]:
         Series("energy", cv.HW_ENERGY.name, (), decimals=1),
         Series("throttle.thermal", cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "thermal"),), decimals=3),
         Series("throttle.power", cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "power"),), decimals=3),
+        *(
+            Series(f"throttle.{reason}", cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, reason),), decimals=3)
+            for reason in BUSY_THROTTLE_REASONS
+        ),
         Series("util", cv.HW_GPU_UTILIZATION.name, ((cv.HW_GPU_TASK, "general"),), decimals=4),
         Series("mem.util", cv.HW_GPU_MEMORY_UTILIZATION.name, (), decimals=4),
         Series("mem.usage", cv.HW_GPU_MEMORY_USAGE.name),
@@ -112,8 +116,14 @@ def _catalogue() -> tuple[Series, ...]:
 
 
 #: Driver error codes the scenarios use (NVIDIA XIDs): 13 application (graphics engine exception),
-#: 31 application (MMU fault), 48 double-bit ECC (reset class), 79 fallen off the bus (reboot class).
-DRIVER_CODES: Final = ("13", "31", "48", "79")
+#: 31 application (MMU fault), 43 application (GPU stopped processing), 48 double-bit ECC (reset class),
+#: 79 fallen off the bus (reboot class).
+DRIVER_CODES: Final = ("13", "31", "43", "48", "79")
+#: ``hw.throttle.reason`` values a device reports in a busy fleet instead of ``power``, as the project's own
+#: sources do: NVML tells the software power cap, an external power brake and the device's own hardware
+#: slowdown apart; amdgpu's gpu_metrics (MI300) gives the power cap and hardware slowdown, no power brake.
+BUSY_THROTTLE_REASONS: Final = ("power_cap", "power_brake", "hw_slowdown")
+AMD_THROTTLE_REASONS: Final = ("power_cap", "hw_slowdown")
 SERIES: Final[tuple[Series, ...]] = _catalogue()
 #: Column of each series key in the simulation's state matrix.
 KEY: Final[Mapping[str, int]] = MappingProxyType({s.key: i for i, s in enumerate(SERIES)})
@@ -180,6 +190,14 @@ class DeviceModel:
             keys += [f"fan.limit.{k}" for k in self.fan_limits]
             keys += [f"volt.limit.{k}" for k in self.volt_limits]
             keys += ["power.limit.max", "mem.limit", "pcie.width.limit", "pcie.gen.limit"]
+        return tuple(k for k in SERIES_KEYS if k in keys)
+
+    def series_under_load(self) -> tuple[str, ...]:
+        """:attr:`series` of a device in a busy fleet: its throttle causes told apart instead of ``power``
+        (NVIDIA: ``power_cap``, ``power_brake``, ``hw_slowdown``; AMD: no ``power_brake``)."""
+        reasons = BUSY_THROTTLE_REASONS if self.vendor == "NVIDIA" else AMD_THROTTLE_REASONS
+        keys = [k for k in self.series if k != "throttle.power"]
+        keys += [f"throttle.{reason}" for reason in reasons]
         return tuple(k for k in SERIES_KEYS if k in keys)
 
     @property

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from otel_dra.scenario import load as wl
 from otel_dra.scenario.models import H100, KEY, MI300X, MIX, MODELS, NIC, DeviceModel
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class FaultKind:
     nvidia_only: bool = False  # NVIDIA XIDs
     needs_limits: bool = False  # judged against a reported *.limit series
     low_rate_only: bool = False  # a cohort outlier hides below a fixed threshold only on low-rate models
+    busy_only: bool = False  # placed only in busy load profiles (it shows only under load)
+    whole_node: bool = False  # on every GPU of one node at once, one label per GPU
+    scope: str | None = None  # the verdict scope that catches it (absent: any); group names what it is
 
 
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
@@ -73,8 +77,29 @@ FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     FaultKind("thermal_intermittent", ("thermal",), "soft", 900, intermittent=True),
     FaultKind("link_bursts_intermittent", ("link",), "soft", 900, intermittent=True),
     FaultKind("power_throttling_intermittent", ("power_throttling",), "soft", 900, intermittent=True),
+    # Only under load (--load training|inference|mixed): a GPU hotter than its peers at the same load, a node's
+    # power brake on all its GPUs (the node's power, not the GPUs), a GPU's own hardware slowdown.
+    FaultKind("hot_gpu", ("thermal",), "soft", 900, busy_only=True),
+    FaultKind(
+        "node_power_brake",
+        ("power_delivery",),
+        "soft",
+        900,
+        nvidia_only=True,
+        busy_only=True,
+        whole_node=True,
+        scope="node",
+    ),
+    FaultKind("hw_slowdown", ("thermal",), "soft", 900, nvidia_only=True, busy_only=True),
 )
 KIND: Final = {k.name: k for k in FAULT_KINDS}
+
+
+def kinds_for(load: str) -> tuple[FaultKind, ...]:
+    """The fault kinds a fleet under ``load`` holds (the busy-only ones only under load)."""
+    return tuple(k for k in FAULT_KINDS if load != "idle" or not k.busy_only)
+
+
 #: Faults after which the device reports nothing more (Unknown or failed there is no surprise).
 LOST_KINDS: Final = frozenset({"device_lost", "fell_off_bus"})
 #: Traps on one device each (placed like faults), then the node-wide ones.
@@ -88,7 +113,10 @@ DEVICE_TRAPS: Final = (
     "counter_history",
 )
 NODE_TRAPS: Final = ("agent_restart", "high_background_cohort", "one_missed_sample", "hot_plug")
-TRAP_KINDS: Final = (*DEVICE_TRAPS, *NODE_TRAPS)
+#: Under load: a job that crashed (an application XID and an OOM on every GPU it held, in one second) and a job
+#: that crash-looped. The workload's, not the devices': labelled node-wide, with the GPUs in their detail.
+WORKLOAD_TRAPS: Final = ("job_crash", "crash_loop")
+TRAP_KINDS: Final = (*DEVICE_TRAPS, *NODE_TRAPS, *WORKLOAD_TRAPS)
 
 
 def copies_for(gpus: int) -> int:
@@ -96,9 +124,15 @@ def copies_for(gpus: int) -> int:
     return max(1, gpus // GPUS_PER_COPY)
 
 
-def devices_needed(gpus: int) -> int:
-    """GPUs a plan places something on (outside the silent and the restarted node)."""
-    return copies_for(gpus) * (len(FAULT_KINDS) + len(DEVICE_TRAPS)) + 1  # + the one missed sample on a 60 s node
+def devices_needed(gpus: int, load: str = "idle", faults: bool = True, devices_per_node: int = 1) -> int:
+    """GPUs a plan places something on (outside the silent and the restarted node). Under load, each copy
+    also takes whole nodes: one for each node-wide fault kind and the crash-looping node."""
+    kinds = kinds_for(load) if faults else ()
+    per_device = sum(1 for k in kinds if not k.whole_node)
+    need = copies_for(gpus) * (per_device + len(DEVICE_TRAPS)) + 1  # + the one missed sample on a 60 s node
+    if load != "idle":
+        need += copies_for(gpus) * (sum(1 for k in kinds if k.whole_node) + 1) * devices_per_node
+    return need
 
 
 @dataclass
@@ -152,6 +186,7 @@ class Fault:
     duty: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)
     onset_ns: int | None = None
+    group: str | None = None  # with kind.scope: what the fault belongs to (node/<name>)
 
 
 @dataclass
@@ -197,6 +232,9 @@ class Plan:
     params: dict[str, np.ndarray]  # per-row physics and fault parameters
     initial: np.ndarray  # rows x series: counter history and constants at t0
     shared_views: list[tuple[int, list[int]]]  # (NIC row, observer nodes)
+    load: str = "idle"
+    workload: wl.LoadModel | None = None  # the job model of the busy nodes' GPUs (None: idle, as before profiles)
+    node_load: list[str] = field(default_factory=list)  # each node's profile (busy loads only)
 
 
 class _Planner:
@@ -207,6 +245,11 @@ class _Planner:
         self.rng = np.random.default_rng([config.seed, 0x5CE7A])
         self.D = int(config.duration_s)
         self.mixed = config.shape == "mixed"
+        self.busy = config.load != "idle"
+        self.model: wl.LoadModel | None = None  # the job model under load
+        self.lane_of_row: dict[int, wl.Lane] = {}
+        self.node_load: list[str] = []
+        self.crashing: set[int] = set()
         self.seq = 0
         self.events: list[Event] = []
         self.glitches: dict[int, list[tuple[int, str, float]]] = {}
@@ -351,6 +394,10 @@ class _Planner:
         self.nodes_, self.devices_ = nodes, devices
         copies = copies_for(sum(len(x.rows) for x in nodes))
         taken: set[int] = set()
+        reserved: set[int] = set()  # under load: the nodes whose job crash-loops take no fault and no device trap
+        if self.busy:
+            reserved = self.workload(nodes, normal, hotplug, missed60, copies)
+            pool = [r for r in pool if devices[r].node not in reserved]
 
         def take(ok: Callable[[Device], bool], what: str) -> int:
             for r in pool:
@@ -364,7 +411,12 @@ class _Planner:
 
         r60 = take(lambda d: d.node == missed60.index, "the missed sample on a 60 s node")
         self.missed_sample(r60, "one_missed_sample")
-        kinds = sorted(FAULT_KINDS, key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only))
+        placed = kinds_for(self.c.load) if self.c.faults else ()
+        for kind in (k for k in placed if k.whole_node):
+            for _ in range(copies):
+                self.node_fault(kind, [x for x in normal if x not in (hotplug, missed60)], taken)
+        placed = tuple(k for k in placed if not k.whole_node)
+        kinds = sorted(placed, key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only or k.busy_only))
         for _ in range(copies):
             for kind in kinds:
                 row = take(functools.partial(self.fits, kind), f"a {kind.name} fault")
@@ -390,6 +442,9 @@ class _Planner:
             params=params,
             initial=initial,
             shared_views=shared_views,
+            load=self.c.load,
+            workload=self.model,
+            node_load=self.node_load,
         )
 
     def gpu(self, row: int, node: Node, i: int) -> Device:
@@ -407,7 +462,7 @@ class _Planner:
             "dra.pool.name": node.name,
             "dra.device.name": f"gpu-{i}",
         }
-        return Device(row, node.index, f"gpu-{i}", "gpu", attrs, m.series, m)
+        return Device(row, node.index, f"gpu-{i}", "gpu", attrs, m.series_under_load() if self.busy else m.series, m)
 
     def nic(self, row: int, node: int, j: int) -> Device:
         attrs = {
@@ -471,6 +526,17 @@ class _Planner:
         p["burst_rate"] = np.zeros(n)
         p["burst_col"] = np.ones(n, np.intp)
         p["present"] = np.ones(n, bool)
+        # Under load only (constants otherwise): a hot GPU's thermal resistance from its onset, a hardware
+        # slowdown's share of each minute, a node's power brake, a power limit lowered by a fault.
+        p["nvidia"] = np.array([d.model is not None and d.model.vendor == "NVIDIA" for d in devices], bool)
+        for name in ("hot", "slow", "brake"):
+            p[f"{name}_on"] = np.full(n, NEVER)
+        p["r_hot"] = p["r"].copy()
+        p["slow_share"] = np.zeros(n)
+        p["slow_phase"] = np.zeros(n)
+        p["brake_w"] = np.zeros(n)
+        p["brake_share"] = np.zeros(n)
+        p["limit_factor"] = np.ones(n)
 
         # Constants and counter history at t0: what a device brings when first seen.
         init = np.zeros((n, len(KEY)))
@@ -490,7 +556,8 @@ class _Planner:
             init[r, KEY["io.receive"]] = round(minutes * 60 * m.io_bytes_per_s * 0.3)
             init[r, KEY["io.transmit"]] = round(minutes * 60 * m.io_bytes_per_s * 0.25)
             init[r, KEY["throttle.thermal"]] = round(rng.uniform(0, 300), 3)
-            init[r, KEY["throttle.power"]] = round(rng.uniform(0, 3000), 3)
+            throttled = "throttle.power" if "throttle.power" in d.series else "throttle.power_cap"
+            init[r, KEY[throttled]] = round(rng.uniform(0, 3000), 3)
             for kind, value in m.temp_limits.items():
                 init[r, KEY[f"temp.limit.{kind}"]] = value
             for kind, value in m.fan_limits.items():
@@ -513,6 +580,12 @@ class _Planner:
             return False
         if kind.needs_limits and not m.reports_limits:
             return False
+        if kind.busy_only:
+            lane = self.lane_of_row.get(d.row)
+            if lane is None or lane.kind == "vacant":
+                return False
+            if kind.name == "hot_gpu" and self.hot_gpu(d.row) is None:
+                return False
         return not (kind.low_rate_only and m.corrected_per_min * 10 >= 6.0)
 
     def first_sample_at(self, node: Node, at_us: int) -> int:
@@ -598,9 +671,10 @@ class _Planner:
         lo, hi = self.onset_window(kind)
         if kind.name in ("thermal_drift", "fan_decay"):
             lo += 300  # their onset is where noise first carries them across the limit: some minutes either way
-        at = self.second(lo, hi)
+        at = self.onset(row, kind, lo, hi)
         f = Fault(kind, row, node.index, evidence_us=at * US, detail={"hw.model": m.model})
         name = kind.name
+        busy = row in self.lane_of_row
         if name == "ecc_uncorrected":
             n = int(rng.integers(1, 3))
             self.event(at, "add", row, "err.uncorrected", n)
@@ -631,7 +705,7 @@ class _Planner:
         elif name == "thermal_drift":
             # The temperature creeps for 30-60 min towards a plateau above the limit (held under the
             # critical one by the device's own throttling); the onset is the first sample above the limit.
-            base = self.steady_temperature(row)
+            base = self.base_temperature(row, at)
             limit = m.temp_degraded_c
             plateau = max(limit + self.uniform(3.5, 5.0), m.throttle_c + 1.5)
             length = self.uniform(1800, 3600)
@@ -651,6 +725,8 @@ class _Planner:
             f.detail.update(limit=m.fan_floor, series=key, decay_s=round(length))
         elif name == "power_throttling":
             p["throttle_on"][row] = at
+            if busy:  # under load: its power limit lowered, so it runs capped while its peers run at theirs
+                self.lower_limit(f)
         elif name == "power_delivery":
             p["pdeliv_on"][row] = at
             floor = m.volt_limits.get("low.critical", m.volt_nominal - 0.08)
@@ -661,12 +737,33 @@ class _Planner:
                 t += self.uniform(60, 240)
         elif name == "link_degraded":
             p["linkdeg_on"][row] = at
+        elif name == "memory_pressure" and busy:
+            # Under load memory is full on every GPU of the job; this one runs out again and again, across jobs,
+            # while its neighbours stay clean (only while a job holds it).
+            t = float(at)
+            while t < self.D:
+                if self.running(row, t):
+                    self.event(t, "add", row, "err.out_of_memory", 1)
+                t += self.uniform(180, 420)
         elif name == "memory_pressure":
             p["mempress_on"][row], p["mempress_level"][row] = at, self.uniform(0.975, 0.99)
             t = float(at)
             while t < self.D:
                 self.event(t, "add", row, "err.out_of_memory", 1)
                 t += self.uniform(180, 420)
+        elif name == "app_errors_repeated" and busy:
+            # An application XID every 10-20 min on this GPU only, across jobs: two in the hour before the onset.
+            e2 = at - self.uniform(600, 1200)
+            e1 = max(300.0, e2 - self.uniform(600, 1200))
+            for e in (e1, e2):
+                if self.running(row, e):
+                    self.event(e, "add", row, "err.driver.13", 1)
+            t = float(at)
+            while t < self.D:
+                if self.running(row, t) or t == at:
+                    self.event(t, "add", row, "err.driver.13", 1)
+                t += self.uniform(600, 1200)
+            f.detail["hw.error.code"] = "13"
         elif name == "app_errors_repeated":
             # Two earlier XID 13s within the hour; the onset is the third. More follow.
             e2 = at - self.uniform(240, 600)
@@ -678,6 +775,17 @@ class _Planner:
                 self.event(t, "add", row, "err.driver.13", 1)
                 t += self.uniform(480, 900)
             f.detail["hw.error.code"] = "13"
+        elif name == "hot_gpu":
+            found = self.hot_gpu(row)
+            assert found is not None  # fits() checked it
+            offset, r_hot = found
+            p["hot_on"][row], p["r_hot"][row] = at, r_hot
+            f.detail.update(offset_c=round(offset, 1), limit=m.temp_degraded_c)
+        elif name == "hw_slowdown":
+            p["slow_on"][row] = at
+            p["slow_share"][row] = self.uniform(0.5, 0.85)
+            p["slow_phase"][row] = self.uniform(0, 60)
+            f.detail["asserted_share"] = round(float(p["slow_share"][row]), 2)
         elif name == "device_resets":
             self.event(max(300.0, at - self.uniform(300, 900)), "add", row, "err.reset", 1)
             t = float(at)
@@ -687,6 +795,199 @@ class _Planner:
         else:
             self.intermittent(f, at)
         self.faults.append(f)
+
+    # -- under load --------------------------------------------------------------------------------------
+    def workload(self, nodes: list[Node], normal: list[Node], hotplug: Node, missed60: Node, copies: int) -> set[int]:
+        """Each node's profile and lanes (jobs, gaps, crashes), the workload traps the plan guarantees (per copy
+        a job that crashes once or twice and one that crash-loops, on ordinary busy nodes), the busy GPUs'
+        thermal layout, and every crash as counter events (an application XID, NVIDIA only, and an OOM on every
+        GPU the job held, in one second). Returns the crash-looping nodes: no fault or device trap goes there.
+
+        Draws from its own generators, never the plan's: the idle profile's files stay what they were."""
+        c, p, D = self.c, self.params, self.D
+        lrng = np.random.default_rng([c.seed, 0x10AD])
+        self.node_load = wl.profile_of_nodes(c.load, len(nodes), lrng)
+        lanes: list[wl.Lane] = []
+        lane_rows: list[list[int]] = []
+        node_lanes: dict[int, list[int]] = {}
+        for node, prof in zip(nodes, self.node_load, strict=True):
+            if prof not in wl.BUSY:
+                continue
+            gpus = [r for r in node.rows]
+            covered: set[int] = set()
+            for lane in wl.make_lanes(prof, c.devices_per_node, lrng):
+                node_lanes.setdefault(node.index, []).append(len(lanes))
+                lanes.append(lane)
+                lane_rows.append([gpus[i] for i in lane.slots])
+                covered.update(lane.slots)
+            rest = [r for i, r in enumerate(gpus) if i not in covered]  # the hot-plugged GPU: no job holds it yet
+            if rest:
+                node_lanes[node.index].append(len(lanes))
+                lanes.append(wl.Lane("vacant", range(len(rest)), lrng))
+                lane_rows.append(rest)
+
+        # The guaranteed workload traps, training nodes first.
+        busy = [x for x in normal if x.index in node_lanes and x not in (hotplug, missed60)]
+        busy.sort(key=lambda x: self.node_load[x.index] != "training")
+        if len(busy) < 3 * copies:
+            raise ValueError(
+                f"under --load {c.load} the fleet has {len(busy)} busy ordinary nodes, too few for every workload trap "
+                f"and node-wide fault (needs {3 * copies}): raise --nodes"
+            )
+        order = [busy[int(i)] for i in lrng.permutation(len(busy))]
+        order.sort(key=lambda x: self.node_load[x.index] != "training")
+        looping, crashing = order[:copies], order[copies : 2 * copies]
+        latest = max(WARMUP_S, D - 1800)
+        for node in looping:
+            at = float(lrng.integers(WARMUP_S, latest + 1))
+            lanes[node_lanes[node.index][0]].forced.append(wl.Forced(at, float(lrng.uniform(*wl.LOOP_LEN_S))))
+        for node in crashing:
+            at = float(lrng.integers(WARMUP_S, D - 600))
+            lane = lanes[node_lanes[node.index][0]]
+            lane.forced.append(wl.Forced(at))
+            if lrng.random() < 0.5 and at + 1800 < D - 300:
+                lane.forced.append(wl.Forced(at + float(lrng.integers(600, 1800))))
+        self.crashing = {x.index for x in crashing}
+        for lane in lanes:
+            lane.forced.sort(key=lambda f: f.at)
+            lane.extend(D + 7200.0)
+        for lane, rows in zip(lanes, lane_rows, strict=True):
+            for r in rows:
+                self.lane_of_row[r] = lane
+
+        # Thermal layout of the busy GPUs: at its cap the hottest possible one stays MIN_HEADROOM_C under its
+        # high.degraded limit; inlet (ambient under 28.5 °C, the hottest nodes'), slot and spread cool the rest.
+        managed = np.array(sorted(self.lane_of_row), np.intp)
+        limit = np.array([m.temp_degraded_c for m in (self.devices_[r].model for r in managed) if m is not None])
+        slot = np.array(
+            [wl.slot_offsets(len(nodes[self.devices_[r].node].rows))[nodes[self.devices_[r].node].rows.index(r)]
+             for r in managed]
+        )  # fmt: skip
+        inlet_gap = np.maximum(28.5 - p["ambient"][managed], 0.0)
+        t_cap = wl.full_load_temperature(limit, slot, inlet_gap, lrng)
+        p["r"][managed] = (t_cap - p["ambient"][managed]) / p["cap"][managed]
+        p["r_hot"][managed] = p["r"][managed]
+        self.model = wl.LoadModel(
+            lanes, lane_rows, p["idle"], p["cap"], np.random.default_rng([c.seed, 0x10AD, 1]), T0_NS / 1e9
+        )
+
+        # Every crash: counter events, and its job's trap.
+        for lane, rows in zip(lanes, lane_rows, strict=True):
+            if not rows or lane.kind == "vacant":
+                continue
+            node = nodes[self.devices_[rows[0]].node]
+            nvidia = node.model.vendor == "NVIDIA"
+            by_job: dict[int, list[wl.Run]] = {}
+            for run, job in lane.crashes(1.0, float(D)):
+                at = int(run.end)
+                for r in rows:
+                    if nvidia:
+                        self.event(at, "add", r, f"err.driver.{job.xid}", 1)
+                    self.event(at, "add", r, "err.out_of_memory", 1)
+                by_job.setdefault(job.index, []).append(run)
+            for index, runs in by_job.items():
+                job = lane.jobs[index]
+                looped = [run for run in runs if run.loop or any(r.loop for r in lane.runs if r.job == index)]
+                kind = "crash_loop" if looped else "job_crash"
+                times = [node.stamp_ns(int(run.end) * US) for run in runs]
+                detail: dict[str, Any] = {}
+                if nvidia:
+                    detail["hw.error.code"] = job.xid
+                detail["out_of_memory"] = True
+                detail["crashes_unix_nano"] = times
+                detail["group"] = f"workload/node/{node.name}"
+                detail["hw.ids"] = [self.devices_[r].hw_id for r in rows]
+                detail["load"] = lane.kind
+                if looped:
+                    detail["from_unix_nano"], detail["to_unix_nano"] = times[0], times[-1]
+                self.traps.append(Trap(kind, node.index, None, times[0], detail))
+        return {x.index for x in looping}
+
+    def running(self, row: int, t: float) -> bool:
+        """Whether a job holds ``row`` at ``t`` (always, for a device no lane manages)."""
+        lane = self.lane_of_row.get(row)
+        return lane is None or lane.run_at(t) is not None
+
+    def onset(self, row: int, kind: FaultKind, lo: float, hi: float) -> int:
+        """A fault's onset: any second in [lo, hi], or under load one whose surroundings (its ramp before, its
+        deadline after) a job holds the device for, so the fault shows as itself on a busy GPU."""
+        lane = self.lane_of_row.get(row)
+        at = self.second(lo, hi)
+        if lane is None:
+            return at
+        for _ in range(80):
+            if lane.coverage(at - 600, at + kind.deadline_s + 120) >= 0.9:
+                break
+            at = self.second(lo, hi)
+        return at
+
+    def base_temperature(self, row: int, at: float) -> float:
+        """Where the device's temperature sits around ``at``: under load, its job's mean power (idle in a gap)
+        through its thermal resistance; otherwise a steady workload fixed for it."""
+        if row not in self.lane_of_row or self.model is None:
+            return self.steady_temperature(row)
+        p = self.params
+        power = min(float(self.model.expected_demand_w(np.array([row]), at)[0]), float(p["cap"][row]))
+        return float(p["ambient"][row] + p["r"][row] * power)
+
+    def hot_gpu(self, row: int) -> tuple[float, float] | None:
+        """A hot GPU's offset over its peers' median at the same load (6-10 °C, smaller where its limit needs it)
+        and the thermal resistance that makes it, or None when it has no peers or no room under its limit.
+        The offset holds from the lowest busy mean power up (a job's compute share and communication power at
+        their lows); at 99% of its cap the GPU stays 1 °C under its high.degraded limit."""
+        p, lane = self.params, self.lane_of_row.get(row)
+        m = self.devices_[row].model
+        if lane is None or lane.kind == "vacant" or m is None:
+            return None
+        peers = [r for r, other in self.lane_of_row.items() if other is lane and r != row]
+        if len(peers) < 2:
+            return None
+        cap = float(p["cap"][row])
+        low = wl.TRAINING_COMPUTE[0] + (1 - wl.TRAINING_COMPUTE[0]) * wl.TRAINING_COMM_POWER[0]
+        ref = low * cap
+        median = float(np.median(p["ambient"][peers] + p["r"][peers] * ref))
+        amb = float(p["ambient"][row])
+        room = (m.temp_degraded_c - 1.0 - amb) * ref / (0.99 * cap) - (median - amb)
+        if room < 6.5:
+            return None
+        offset = self.uniform(6.0, min(10.0, room))
+        return offset, (median + offset - amb) / ref
+
+    def lower_limit(self, f: Fault) -> None:
+        """Under load a power-throttled device has its power limit lowered to 0.55-0.7 of nominal (reported
+        in hw.power.limit{max}): pinned at it, it accrues power_cap time nearly all its busy time."""
+        p = self.params
+        p["limit_factor"][f.row] = self.uniform(0.55, 0.7)
+        f.detail["limit_w"] = round(float(p["cap"][f.row] * p["limit_factor"][f.row]), 1)
+
+    def node_fault(self, kind: FaultKind, candidates: list[Node], taken: set[int]) -> None:
+        """A fault on every GPU of one node (one label each, scope ``node``, group ``node/<name>``): under load,
+        a node's power brake (every GPU accrues power_brake time for most of each minute, power about half)."""
+        ok = [
+            x for x in candidates
+            if x.index not in self.crashing and not (set(x.rows) & taken) and x.rows
+            and all(self.fits(kind, self.devices_[r]) for r in x.rows)
+        ]  # fmt: skip
+        if not ok:
+            raise ValueError(f"the fleet has no free node for a {kind.name} fault: raise --nodes")
+        node = ok[int(self.rng.integers(len(ok)))]
+        lo, hi = self.onset_window(kind)
+        lanes = {id(self.lane_of_row[r]): self.lane_of_row[r] for r in node.rows}
+        at = self.second(lo, hi)
+        for _ in range(80):
+            if min(lane.coverage(at - 600, at + kind.deadline_s + 120) for lane in lanes.values()) >= 0.9:
+                break
+            at = self.second(lo, hi)
+        p = self.params
+        factor, share = self.uniform(0.45, 0.55), self.uniform(0.85, 1.0)
+        group = f"node/{node.name}"
+        for r in node.rows:
+            taken.add(r)
+            p["brake_on"][r], p["brake_w"][r], p["brake_share"][r] = at, factor * p["cap"][r], share
+            m = self.devices_[r].model
+            detail = {"hw.model": m.model if m else None, "power_w": round(float(factor * p["cap"][r]), 1)}
+            detail["asserted_share"] = round(share, 2)
+            self.faults.append(Fault(kind, r, node.index, evidence_us=at * US, detail=detail, group=group))
 
     def steady_temperature(self, row: int) -> float:
         """Fix the device's workload and return the temperature it settles at with a healthy fan."""
@@ -704,7 +1005,7 @@ class _Planner:
             prefix, period, on = "stall", 360.0, 120.0
         elif name == "thermal_intermittent":
             prefix, period, on = "excursion", 420.0, 180.0
-            p["excursion_extra"][row] = m.temp_degraded_c + self.uniform(6.0, 9.0) - self.steady_temperature(row)
+            p["excursion_extra"][row] = m.temp_degraded_c + self.uniform(6.0, 9.0) - self.base_temperature(row, at)
         elif name == "link_bursts_intermittent":
             prefix, period, on = "burst", 480.0, 180.0
             links = list(m.link_per_min)
@@ -715,6 +1016,8 @@ class _Planner:
         else:
             prefix, period = "cycle", self.uniform(480, 720)
             on = period * self.uniform(0.35, 0.45)
+            if row in self.lane_of_row:
+                self.lower_limit(f)
         p[f"{prefix}_on"][row], p[f"{prefix}_period"][row], p[f"{prefix}_duty"][row] = at, period, on / period
         f.period_s, f.duty = round(period, 1), round(on / period, 3)
 
