@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.faults import Fault
 from otel_dra.receivers.config import ReceiverConfig
+from otel_dra.scenario.load import PROFILES as LOAD_PROFILES
 from otel_dra.sinks.config import EndpointConfig, K8sOutputConfig, KubeletConfig, OtlpPushConfig
 from otel_dra.sinks.k8s.lease import LeaseConfig
 from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
@@ -47,6 +48,8 @@ class AgentConfig:
     faults: tuple[Fault, ...] = ()
     interval_s: float = 5.0
     seed: int | None = None
+    #: --load: what the simulated GPUs run (otel_dra.scenario.load.PROFILES); idle for any real source.
+    load: str = "idle"
     sysfs_root: str = "/sys"
     policy_path: str | None = None
     health_attribute: str = "metric"  # metric: dra.device.health only; all: also on every hw.* series
@@ -62,6 +65,13 @@ class AgentConfig:
             raise ConfigError(f"--source {self.source!r} is not known; use one of: {', '.join(SOURCES)}")
         if self.faults and self.source not in ("simulated", "auto"):
             raise ConfigError("--fault injects into the simulated source only; use --source simulated")
+        if self.load not in LOAD_PROFILES:
+            raise ConfigError(f"--load {self.load!r} is not known; use one of: {', '.join(LOAD_PROFILES)}")
+        if self.load != "idle" and not (self.source == "simulated" or (self.source == "auto" and self.faults)):
+            raise ConfigError(
+                f"--load {self.load} shapes the simulated source's GPUs only; add --source simulated "
+                "(real GPUs run what they run)"
+            )
         if not 1 <= self.devices <= DecodeLimits.max_devices_per_node:
             raise ConfigError(
                 f"--devices must be 1 to {DecodeLimits.max_devices_per_node} (the per-node device limit), "

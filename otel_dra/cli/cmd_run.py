@@ -10,6 +10,7 @@ from otel_dra.cli.options import (
     http_server_config,
     http_server_options,
     k8s_driver_option,
+    load_option,
     log_options,
     policy_option,
     start_logging,
@@ -145,6 +146,7 @@ class FaultType(click.ParamType):
     "else NODE_NAME, else the host name.",
 )
 @click.option("--seed", type=int, default=None, help="Seed the simulator for a repeatable run.")
+@load_option("simulated GPUs (--source simulated) of this node")
 @policy_option("Health policy YAML merged over the default (see 'otel-dra policy check').")
 @click.option(
     "--health-attribute",
@@ -233,6 +235,7 @@ def run(
     otlp_queue_max_points: int,
     node_name: str | None,
     seed: int | None,
+    load: str,
     policy_file: str | None,
     health_attribute: str,
     kubelet_socket: str | None,
@@ -275,6 +278,7 @@ def run(
             faults=faults,
             interval_s=interval,
             seed=seed,
+            load=load,
             policy_path=policy_file,
             health_attribute=health_attribute,
             endpoint=EndpointConfig(

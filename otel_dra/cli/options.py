@@ -80,6 +80,20 @@ k8s_driver_option = click.option(
 )
 
 
+def load_option(what: str) -> Callable[[Any], Any]:
+    """``--load``: what simulated GPUs run (``otel_dra.scenario.load.PROFILES``), default idle; ``what`` says whose."""
+    from otel_dra.scenario.load import PROFILE_HELP, PROFILES
+
+    profiles = "; ".join(f"{name}: {PROFILE_HELP[name]}" for name in PROFILES)
+    return click.option(
+        "--load",
+        type=click.Choice(PROFILES),
+        default="idle",
+        show_default=True,
+        help=f"What the {what} run. {profiles}.",
+    )
+
+
 def policy_option(help_text: str) -> Callable[[Any], Any]:
     """``--policy FILE`` (``OTEL_DRA_POLICY``), passed as ``policy_file``."""
     return click.option(

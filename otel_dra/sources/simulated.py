@@ -5,6 +5,12 @@ order lag; energy integrates power; counters (ECC, PCIe replays) tick at
 realistic background rates. Every failure reason of the contract can be injected
 on a device at a time (``--fault gpu-3:memory_ecc@30``), producing the evidence
 ``failure-modes.md`` lists for it. All devices advance together as arrays.
+
+``--load`` (:data:`otel_dra.scenario.load.PROFILES`) puts the node under the job model
+``otel-dra simulate`` uses (training, inference, mixed): jobs hold memory full and
+power at its cap, checkpoints dip, idle gaps train PCIe down to Gen1, crashes leave an
+application XID and an OOM on every GPU the job held. ``idle`` (the default) is the
+wander this source always had, value for value for a given seed.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import numpy as np
 from otel_dra import conventions as cv
 from otel_dra.faults import ANY_DEVICE, Fault
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+from otel_dra.scenario import load as wl
 from otel_dra.sources import Probe
 from otel_dra.vocabulary import HW_STATES, REASONS
 
@@ -107,6 +114,19 @@ def gpu_columns() -> dict[str, Column]:
     return cols
 
 
+#: Throttle reasons the source reports under load, instead of ``power``: NVML tells these causes apart.
+BUSY_THROTTLE_REASONS = ("power_cap", "power_brake", "hw_slowdown")
+
+
+def busy_columns() -> dict[str, Column]:
+    """The series kinds a node under load adds (``throttle.power_cap`` ...): registered only then, so the
+    idle node's schema is what it always was."""
+    return {
+        f"throttle.{reason}": Column(cv.HW_THROTTLE_TIME.name, attrs_of({cv.HW_THROTTLE_REASON: reason}))
+        for reason in BUSY_THROTTLE_REASONS
+    }
+
+
 def driver_error_column(code: str) -> Column:
     """``hw.errors{error.type=driver, hw.error.code=CODE}``: a series born at the first such event."""
     return Column(cv.HW_ERRORS.name, attrs_of({cv.ERROR_TYPE_ATTR: "driver", cv.HW_ERROR_CODE: code}))
@@ -123,10 +143,14 @@ class SimulatorConfig:
     # Not a real driver's name: taints rendered for simulated devices must never select real GPUs.
     driver_name: str = "gpu.simulated.otel-dra.io"
     start_unix_nano: int | None = None  # fault times count from here; default: the first read
+    #: What the GPUs run (otel_dra.scenario.load.PROFILES); idle: the wander this source always had.
+    load: str = "idle"
 
     def __post_init__(self) -> None:
         if self.devices < 1:
             raise ValueError(f"--devices must be at least 1, got {self.devices}")
+        if self.load not in wl.PROFILES:
+            raise ValueError(f"--load must be one of {', '.join(wl.PROFILES)}, got {self.load!r}")
         known = {f"gpu-{i}" for i in range(self.devices)}
         for fault in self.faults:
             if fault.device != ANY_DEVICE and fault.device not in known:
@@ -194,6 +218,33 @@ class SimulatedSource:
         )
         self._start_ns = config.start_unix_nano
         self._last_t: float | None = None
+        # Under load: the job model, from its own generators (the idle node's draws stay what they were).
+        self._load: wl.LoadModel | None = None
+        self.profile = "idle"
+        if config.load != "idle":
+            self._busy_setup(config)
+
+    def _busy_setup(self, config: SimulatorConfig) -> None:
+        n = config.devices
+        lrng = np.random.default_rng(None if config.seed is None else [config.seed, 0x10AD])
+        self.profile = wl.profile_of_nodes(config.load, 1, lrng)[0]
+        lanes = wl.make_lanes(self.profile, n, lrng)
+        rows = [list(lane.slots) for lane in lanes]
+        self._load = wl.LoadModel(
+            lanes,
+            rows,
+            np.full(n, POWER_IDLE_W),
+            np.full(n, POWER_CAP_W),
+            np.random.default_rng(None if config.seed is None else [config.seed, 0x10AD, 1]),
+        )
+        # Thermal layout (the generator's): slots, the node's inlet, a spread; at its cap the hottest stays under
+        # its high.degraded limit.
+        limit = np.full(n, TEMP_LIMITS_GPU["high.degraded"])
+        t_cap = wl.full_load_temperature(limit, wl.slot_offsets(n), np.full(n, lrng.uniform(0.0, 6.0)), lrng)
+        self._r = (t_cap - AMBIENT_C) / POWER_CAP_W
+        self._cols.update({key: self.schema.index(col) for key, col in busy_columns().items()})
+        for key in busy_columns():
+            self._state.counters[key] = np.zeros(n)
 
     # -- helpers -------------------------------------------------------------------
     @classmethod
@@ -203,8 +254,10 @@ class SimulatedSource:
 
     @classmethod
     def from_config(cls, config: SourceSettings, schema: Schema) -> SimulatedSource:
-        """The simulator with ``config``'s devices, faults and seed, for :func:`otel_dra.sources.build`."""
-        sim = SimulatorConfig(config.node_name, config.devices, faults=config.faults, seed=config.seed)
+        """The simulator with ``config``'s devices, faults, seed and load, for :func:`otel_dra.sources.build`."""
+        sim = SimulatorConfig(
+            config.node_name, config.devices, faults=config.faults, seed=config.seed, load=config.load
+        )
         return cls(sim, schema)
 
     def _active(self, reason: str, t: float) -> np.ndarray:
@@ -269,11 +322,20 @@ class SimulatedSource:
         demand = np.where(on["power_throttling"], POWER_CAP_W, demand)
         power = np.minimum(demand, cap)
         power_capped = demand >= cap
+        resistance: np.ndarray | float = THERMAL_RESISTANCE_C_PER_W
+        model = self._load
+        load = model.step(t) if model is not None else None
+        busy = model.managed if model is not None else np.zeros(n, bool)
+        if load is not None:  # the job model: its utilization and demand, under the device's (maybe lowered) limit
+            util = np.where(busy, load.util, util)
+            throttled = wl.power_and_throttle(load, cap, dt)
+            power = np.where(busy, throttled.power_w, power)
+            resistance = self._r
         c["energy"] += power * dt
 
         # Cooling and temperature: a fan failure stops the fan; a thermal fault adds heat the fan can't remove.
         airflow = np.where(on["cooling"], 0.25, 1.0)
-        target = AMBIENT_C + THERMAL_RESISTANCE_C_PER_W * power / airflow
+        target = AMBIENT_C + resistance * power / airflow
         target = np.where(on["thermal"], np.maximum(target, TEMP_LIMITS_GPU["throttled"] + 2.0), target)
         alpha = 1.0 - np.exp(-dt / THERMAL_TAU_S)
         st.temp = st.temp + (target - st.temp) * alpha + rng.normal(0, 0.3, n)
@@ -283,11 +345,19 @@ class SimulatedSource:
         thermal_throttled = st.temp >= TEMP_LIMITS_GPU["throttled"]
         c["throttle.thermal"] += np.where(thermal_throttled, dt, 0.0)
         c["throttle.power"] += np.where(power_capped, dt, 0.0)
+        if load is not None:  # NVML tells the causes apart: the software power cap's share of the step
+            c["throttle.power_cap"] += np.where(busy, throttled.power_cap_s, np.where(power_capped, dt, 0.0))
 
         # Memory: a pressured device runs full and hits out-of-memory now and then.
         st.mem_frac = np.clip(st.mem_frac + rng.normal(0, 0.01, n), 0.05, 0.9)
         mem_frac = np.where(on["memory_pressure"], rng.uniform(0.97, 0.995, n), st.mem_frac)
         c["out_of_memory"] += self._tick_events(on["memory_pressure"], self._onset["memory_pressure"], t, t_prev, 20.0)
+        if model is not None and load is not None:
+            mem_frac = np.where(busy & ~on["memory_pressure"], load.mem, mem_frac)
+            if dt > 0:  # a job's crash: its application XID and an OOM on every GPU it held, in the same read
+                for rows, code in model.crashes_between(t_prev, t):
+                    st.driver_errors.setdefault(code, np.zeros(n))[rows] += 1
+                    c["out_of_memory"][rows] += 1
 
         # Errors: background rates for everyone, bursts for faulted devices.
         c["corrected"] += rng.poisson(CORRECTED_ECC_RATE * dt, n)
@@ -350,11 +420,16 @@ class SimulatedSource:
         put("io.receive", c["io.receive"])
         put("io.transmit", c["io.transmit"])
         for reason in ("thermal", "power", "other"):
-            put(f"throttle.{reason}", c[f"throttle.{reason}"])
+            if load is None or reason != "power":
+                put(f"throttle.{reason}", c[f"throttle.{reason}"])
         put("pcie.width", np.where(on["link"], PCIE_WIDTH / 2, PCIE_WIDTH))
         put("pcie.width.limit", PCIE_WIDTH)
         put("pcie.gen", PCIE_GEN)
         put("pcie.gen.limit", PCIE_GEN)
+        if load is not None:  # under load power_cap replaces power; an idle GPU's link trains down to Gen1
+            for reason in BUSY_THROTTLE_REASONS:
+                put(f"throttle.{reason}", c[f"throttle.{reason}"])
+            put("pcie.gen", np.where(busy & ~load.running, 1.0, PCIE_GEN))
 
         # A lost device reports nothing; a stale node reports nothing for anyone.
         silent = on["device_lost"] | on["stale"].any()
