@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from otel_dra.cli.options import progress_bar
+from otel_dra.cli.options import load_option, progress_bar
 
 FORM_NAMES = ("short", "long")
 SHAPE_NAMES = ("mixed", "tidy")
@@ -99,6 +99,14 @@ def _size(n: int) -> str:
     help="mixed: four GPU models (one without limit series), sampling every 5-60 s with jitter, clocks "
     "skewed by up to 90 s. tidy: one model, every 10 s, no jitter or skew (the same faults and traps).",
 )
+@load_option("fleet's GPUs")
+@click.option(
+    "--faults/--no-faults",
+    default=True,
+    show_default=True,
+    help="--no-faults places no fault: a healthy fleet with its traps, workload crashes, silent node and agent "
+    "restart, for measuring false positives alone.",
+)
 def simulate(
     out: Path,
     labels_path: Path | None,
@@ -108,6 +116,8 @@ def simulate(
     duration: int | None,
     seed: int,
     shape: str,
+    load: str,
+    faults: bool,
 ) -> None:
     """Write a messy GPU fleet as OTLP JSON lines (gzip when OUT ends in .gz) and its labels.
 
@@ -117,13 +127,18 @@ def simulate(
     counter reset, a hot-plugged device, an agent restart, missed samples), a device shared by
     two nodes and a node that goes silent for ten minutes. Replay it with `otel-dra replay` and
     score the verdicts with `otel-dra score`. Label times are in each node's own clock.
+
+    --load training, inference or mixed puts jobs on the GPUs (memory held full, power at its cap,
+    checkpoint dips, crashes and crash loops labelled as workload traps) and adds the faults that
+    show only under load (a hot GPU, a node's power brake, a hardware slowdown). Busy fleets need
+    whole nodes for some of them: the short form fits; a smaller fleet is refused with what it needs.
     """
     from rich.console import Console
 
     from otel_dra.scenario.generate import form as make_form
     from otel_dra.scenario.generate import generate, labels_path_for
 
-    changes: dict[str, Any] = {"seed": seed, "shape": shape}
+    changes: dict[str, Any] = {"seed": seed, "shape": shape, "load": load, "faults": faults}
     for key, value in (("nodes", nodes), ("devices_per_node", devices_per_node), ("duration_s", duration)):
         if value is not None:
             changes[key] = value
@@ -175,6 +190,11 @@ def score_command(labels: Path, verdicts: Path, output: str) -> None:
     >= 95% of soft faults, <= 0.3 false positives per 100 device-hours, <= 0.1 extra episodes,
     no spurious Unknown, the silent node right. Exit code 0 whether targets are met or not; 2
     when a file can't be read.
+
+    Labels of busy fleets (simulate --load) add one: the GPUs of a crashed job must not get a
+    device-scoped non-ok verdict for it (target 0); a verdict of scope workload there is right,
+    not a false positive. A fault labelled with a scope (a node's power brake) is caught only by
+    verdicts of that scope and group. False positives are split by Unhealthy and by reason.
     """
     import json
 
@@ -218,6 +238,13 @@ def _print_table(result: Any, labels: Path, verdicts: Path) -> None:
         f"verdicts: {result.devices_with_verdicts}/{result.devices_total} ({result.unlabelled_devices} unlabelled)",
         highlight=False,
     )
+    if result.fp_episodes:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.fp_by_reason.items(), key=lambda kv: -kv[1])) or "-"
+        console.print(
+            f"false positives: {result.fp_unhealthy_episodes} Unhealthy, {result.fp_degraded_episodes} degraded; "
+            f"by reason: {reasons}",
+            highlight=False,
+        )
     for title, rows in (("hard faults missed", result.hard_missed), ("soft faults missed", result.soft_missed)):
         if rows:
             console.print(f"{title}:", highlight=False)
@@ -230,6 +257,14 @@ def _print_table(result: Any, labels: Path, verdicts: Path) -> None:
             console.print(
                 f"  {e['k8s.node.name']}/{e['hw.id']} at {e['from_s']} s: {', '.join(e['reasons']) or '-'} "
                 f"({', '.join(e['states']) or '-'}); traps: {traps}",
+                highlight=False,
+            )
+    if result.workload_examples:
+        console.print("device-scoped verdicts on crashed jobs' GPUs (first few):", highlight=False)
+        for e in result.workload_examples:
+            console.print(
+                f"  {e['k8s.node.name']}/{e['hw.id']} at {e['from_s']} s: {', '.join(e['reasons']) or '-'} "
+                f"({', '.join(e['states']) or '-'})",
                 highlight=False,
             )
     for e in result.spurious_unknown_examples:

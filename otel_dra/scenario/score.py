@@ -21,6 +21,23 @@ Semantics, exactly:
 - Extra episodes: episodes of a faulted device that end after onset - interval_s, beyond the first.
 - A spurious Unknown is a maximal run of Unknown lines outside an excuse: on the silent node
   from the silence start until 5 minutes after it ends; on a lost device from its onset on.
+
+Scope (verdict lines and labels of busy fleets; older files have none and score as before):
+
+- A verdict line's ``scope`` is ``device`` when absent; ``group`` names what a non-device scope is
+  about (``node/train-007``). A fault labelled with a ``scope`` is caught only by lines whose scope
+  and group are the label's; a miss whose reason matched in another scope says so.
+- Workload traps (``job_crash``, ``crash_loop``): a job's crash puts an application XID and an OOM
+  on every GPU it held. Their GPUs (the trap's ``detail.hw.ids``, else its node's) are watched from
+  the trap's time to 1 h after its last crash (``detail.to_unix_nano`` or the latest of
+  ``detail.crashes_unix_nano``). An episode there outside every fault window of its device is
+  *device-scoped* when one of its non-ok lines in that window has scope ``device``: the
+  "workload traps with a device-scoped non-ok verdict" figure (target 0, only for labels with such
+  traps). An episode there whose non-ok lines are all of another scope (``workload``) is the right
+  answer, not a false positive: it is counted in ``workload_scoped_episodes`` instead.
+- False positives are also split by health (``fp_unhealthy_episodes``: the episode reached
+  Unhealthy; ``fp_degraded_episodes``: degraded or predicted_failure only) and by reason
+  (``fp_by_reason``, ``fp_unhealthy_by_reason``: an episode counts once for each reason it carried).
 """
 
 from __future__ import annotations
@@ -43,6 +60,11 @@ UNKNOWN_GRACE_S: Final = 300
 SILENT_PROBE_S: Final = 150
 LOST_KINDS: Final = frozenset({"device_lost", "fell_off_bus"})
 EXAMPLES: Final = 10
+#: Trap kinds a job's crash leaves (its GPUs must not be called faulty for it), and how long after the last
+#: crash they are watched.
+WORKLOAD_TRAP_KINDS: Final = frozenset({"job_crash", "crash_loop"})
+WORKLOAD_WATCH_S: Final = 3600
+DEVICE_SCOPE: Final = "device"
 
 # Targets (see passes()).
 SOFT_TARGET: Final = 0.95
@@ -60,6 +82,8 @@ class _Line:
     health: str
     state: str | None
     reasons: frozenset[str]
+    scope: str = DEVICE_SCOPE
+    group: str | None = None
 
     @property
     def non_ok(self) -> bool:
@@ -77,13 +101,14 @@ class _Episode:
     reasons: set[str]
     states: set[str]
     unhealthy: bool
+    device_spans: list[tuple[int, float]] = field(default_factory=list)  # when a line of scope device held it
 
 
 def _episodes(seq: list[_Line], unknown: bool = False) -> list[_Episode]:
     """Maximal runs of non-ok lines (or, with ``unknown``, of Unknown lines)."""
     out: list[_Episode] = []
     cur: _Episode | None = None
-    for v in seq:
+    for i, v in enumerate(seq):
         inside = v.health == "Unknown" if unknown else v.non_ok
         if inside:
             if cur is None:
@@ -93,6 +118,8 @@ def _episodes(seq: list[_Line], unknown: bool = False) -> list[_Episode]:
             if v.state:
                 cur.states.add(v.state)
             cur.unhealthy |= v.health == "Unhealthy"
+            if v.scope == DEVICE_SCOPE:
+                cur.device_spans.append((v.t, seq[i + 1].t if i + 1 < len(seq) else math.inf))
         elif cur is not None:
             cur.stop = v.t
             cur = None
@@ -127,6 +154,18 @@ class Score:
     fp_by_trap: dict[str, int] = field(default_factory=dict)  # per trap kind of the device ("none"); an
     # episode on a device with two trap kinds counts for both
     fp_examples: list[dict[str, Any]] = field(default_factory=list)
+    fp_unhealthy_episodes: int = 0  # of fp_episodes: reached Unhealthy
+    fp_degraded_episodes: int = 0  # of fp_episodes: degraded or predicted_failure only
+    fp_unhealthy_per_100_device_hours: float = 0.0
+    fp_degraded_per_100_device_hours: float = 0.0
+    fp_by_reason: dict[str, int] = field(default_factory=dict)  # reason -> episodes carrying it
+    fp_unhealthy_by_reason: dict[str, int] = field(default_factory=dict)
+    workload_traps: int = 0  # job_crash and crash_loop traps in the labels
+    workload_trap_devices: int = 0  # the GPUs they held
+    workload_device_scoped_episodes: int = 0  # non-ok device-scoped episodes there, outside fault windows
+    workload_device_scoped_devices: int = 0
+    workload_scoped_episodes: int = 0  # episodes there of another scope (workload): right, not false
+    workload_examples: list[dict[str, Any]] = field(default_factory=list)
     intermittent_faults: int = 0
     extra_episodes_per_intermittent: float = 0.0  # mean over intermittent faults of (episodes after onset - 1)
     extra_episodes_per_fault: float = 0.0  # the same over every fault
@@ -194,6 +233,19 @@ class Score:
                 self.spurious_unknown_episodes == 0 and self.final_unknown_devices == 0,
             ),
             silent,
+            *(
+                [
+                    Target(
+                        "workload traps with a device-scoped non-ok verdict",
+                        f"{self.workload_device_scoped_episodes} episodes on {self.workload_device_scoped_devices} "
+                        f"of {self.workload_trap_devices} GPUs ({self.workload_traps} crashed jobs)",
+                        "0",
+                        self.workload_device_scoped_episodes == 0,
+                    )
+                ]
+                if self.workload_traps
+                else []
+            ),
         ]
 
     def to_json(self) -> dict[str, Any]:
@@ -270,6 +322,9 @@ def check_labels(labels: Any) -> None:
         _require(f, "onset_unix_nano", where, int)
         if "end_unix_nano" in f and f["end_unix_nano"] is not None:
             _require(f, "end_unix_nano", where, int)
+        for key in ("scope", "group"):
+            if f.get(key) is not None:
+                _require(f, key, where, str)
     devices = _require(labels, "devices", "labels", list)
     if not devices:
         raise LabelsError("labels 'devices' is empty: nothing to score")
@@ -337,7 +392,12 @@ def _parse(line: Any) -> tuple[tuple[str, str], _Line] | None:
         return None
     if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
         return None
-    return (node, hw_id), _Line(t, health, state, frozenset(reasons))
+    scope, group = line.get("scope"), line.get("group")
+    if scope is None:
+        scope = DEVICE_SCOPE
+    if not isinstance(scope, str) or (group is not None and not isinstance(group, str)):
+        return None
+    return (node, hw_id), _Line(t, health, state, frozenset(reasons), scope, group)
 
 
 def _overlaps(ep: _Episode, lo: float, hi: float) -> bool:
@@ -394,7 +454,8 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
         onset = int(f["onset_unix_nano"])
         lo, hi = onset - step, onset + round(float(f["deadline_s"]) * 1e9)
         wanted = set(f["reasons"])
-        hit, seen, states, late = _detect(seq, lo, hi, wanted, hard)
+        scope = (f["scope"], f.get("group")) if f.get("scope") is not None else None
+        hit, seen, states, late, elsewhere = _detect(seq, lo, hi, wanted, hard, scope)
         if hard:
             out.hard_total += 1
         else:
@@ -412,7 +473,7 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
                 "kind": f["kind"],
                 "k8s.node.name": key[0],
                 "hw.id": key[1],
-                "why": _why(seen, states, wanted, hard, late, onset),
+                "why": _why(seen, states, wanted, hard, late, onset, scope, elsewhere),
             }
             (out.hard_missed if hard else out.soft_missed).append(miss)
         eps = [e for e in _episodes(seq) if e.stop > lo]
@@ -443,6 +504,12 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
             for key in node_devices.get(trap["k8s.node.name"], []):
                 traps_of[key].append(kind)
     fp_by_trap: dict[str, int] = defaultdict(int)
+    fp_by_reason: dict[str, int] = defaultdict(int)
+    fp_unhealthy_by_reason: dict[str, int] = defaultdict(int)
+    watched = _workload_watch(labels, node_devices)
+    out.workload_traps = sum(1 for t in labels.get("traps", []) if _is_workload_trap(t))
+    out.workload_trap_devices = len(watched)
+    device_scoped: set[tuple[str, str]] = set()
     for key, seq in sorted(by_dev.items()):
         windows = []
         for f in faults_of.get(key, []):
@@ -454,7 +521,32 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
         for ep in _episodes(seq):
             if any(_overlaps(ep, lo, hi) for lo, hi in windows):
                 continue
+            watch = [(lo, hi) for lo, hi in watched.get(key, []) if _overlaps(ep, lo, hi)]
+            if watch and not ep.device_spans:  # another scope (the workload's) all along: the right answer
+                out.workload_scoped_episodes += 1
+                continue
+            if any(b > lo and a < hi for a, b in ep.device_spans for lo, hi in watch):
+                out.workload_device_scoped_episodes += 1
+                device_scoped.add(key)
+                if len(out.workload_examples) < EXAMPLES:
+                    out.workload_examples.append(
+                        {
+                            "k8s.node.name": key[0],
+                            "hw.id": key[1],
+                            "reasons": sorted(ep.reasons),
+                            "states": sorted(ep.states),
+                            "from_s": round((ep.start - t0) / 1e9, 1),
+                        }
+                    )
             out.fp_episodes += 1
+            if ep.unhealthy:
+                out.fp_unhealthy_episodes += 1
+            else:
+                out.fp_degraded_episodes += 1
+            for reason in ep.reasons:
+                fp_by_reason[reason] += 1
+                if ep.unhealthy:
+                    fp_unhealthy_by_reason[reason] += 1
             kinds = traps_of.get(key) or ["none"]
             for kind in kinds:
                 fp_by_trap[kind] += 1
@@ -470,8 +562,14 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
                     }
                 )
     out.fp_by_trap = dict(sorted(fp_by_trap.items()))
+    out.fp_by_reason = dict(sorted(fp_by_reason.items()))
+    out.fp_unhealthy_by_reason = dict(sorted(fp_unhealthy_by_reason.items()))
+    out.workload_device_scoped_devices = len(device_scoped)
     out.device_hours = round(len(devices) * (end - t0) / 3.6e12, 3)
-    out.fp_per_100_device_hours = round(100 * out.fp_episodes / out.device_hours, 3) if out.device_hours else 0.0
+    hours = out.device_hours
+    out.fp_per_100_device_hours = round(100 * out.fp_episodes / hours, 3) if hours else 0.0
+    out.fp_unhealthy_per_100_device_hours = round(100 * out.fp_unhealthy_episodes / hours, 3) if hours else 0.0
+    out.fp_degraded_per_100_device_hours = round(100 * out.fp_degraded_episodes / hours, 3) if hours else 0.0
 
     # Unknown: only the silent node (during its silence and a grace after) and lost devices may read it.
     silence = labels.get("node_silence")
@@ -523,20 +621,24 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
 
 
 def _detect(
-    seq: list[_Line], lo: int, hi: int, wanted: set[str], hard: bool
-) -> tuple[int | None, set[str], set[str], int | None]:
+    seq: list[_Line], lo: int, hi: int, wanted: set[str], hard: bool, scope: tuple[str, str | None] | None = None
+) -> tuple[int | None, set[str], set[str], int | None, tuple[str, str | None] | None]:
     """When in [lo, hi] the state first matches (None: never); the reasons and states seen non-ok in
-    there; and, for a miss, when it first matched after ``hi`` (None: never)."""
+    there; for a miss, when it first matched after ``hi`` (None: never); and, for a fault with a
+    ``scope`` (scope, group), the first (scope, group) a line with the right reason and state said
+    instead in [lo, hi] (None: none did)."""
     times = [v.t for v in seq]
     start = max(bisect_right(times, lo) - 1, 0)  # the line whose state holds at lo, if any
     seen: set[str] = set()
     states: set[str] = set()
+    elsewhere: tuple[str, str | None] | None = None
     for v in seq[start:]:
         at = max(v.t, lo)
-        match = v.non_ok and bool(v.reasons & wanted) and (v.failing or not hard)
+        right = v.non_ok and bool(v.reasons & wanted) and (v.failing or not hard)
+        match = right and (scope is None or (v.scope, v.group) == scope)
         if at > hi:
             if match:
-                return None, seen, states, at
+                return None, seen, states, at, elsewhere
             continue
         if v.non_ok:
             seen |= v.reasons
@@ -544,20 +646,64 @@ def _detect(
             if v.health == "Unhealthy":
                 states.add("Unhealthy")
         if match:
-            return at, seen, states, None
-    return None, seen, states, None
+            return at, seen, states, None, None
+        if right and elsewhere is None:
+            elsewhere = (v.scope, v.group)
+    return None, seen, states, None, elsewhere
 
 
-def _why(seen: set[str], states: set[str], wanted: set[str], hard: bool, late: int | None, onset: int) -> str:
+def _why(
+    seen: set[str],
+    states: set[str],
+    wanted: set[str],
+    hard: bool,
+    late: int | None,
+    onset: int,
+    scope: tuple[str, str | None] | None = None,
+    elsewhere: tuple[str, str | None] | None = None,
+) -> str:
     if late is not None:
         return f"caught {round((late - onset) / 1e9)} s after onset, past the deadline"
     if not seen:
         return "never flagged in time"
     if not seen & wanted:
         return f"flagged with other reasons: {', '.join(sorted(seen))}"
+    if scope is not None and elsewhere is not None:
+        said = elsewhere[0] + (f" {elsewhere[1]}" if elsewhere[1] else "")
+        meant = scope[0] + (f" {scope[1]}" if scope[1] else "")
+        return f"matching reason but scope {said}, not {meant}"
     if hard:
         return f"matching reason but not failed/Unhealthy in time (reached {', '.join(sorted(states)) or '-'})"
     return "never flagged in time"  # pragma: no cover - a non-ok state with a wanted reason is a match
+
+
+def _is_workload_trap(trap: Any) -> bool:
+    return (
+        isinstance(trap, dict)
+        and trap.get("kind") in WORKLOAD_TRAP_KINDS
+        and isinstance(trap.get("k8s.node.name"), str)
+    )
+
+
+def _workload_watch(
+    labels: dict[str, Any], node_devices: Mapping[str, list[tuple[str, str]]]
+) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """The GPUs of each workload trap, and when they are watched: from the trap's time to WORKLOAD_WATCH_S
+    after its last crash."""
+    out: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for trap in labels.get("traps", []):
+        if not _is_workload_trap(trap) or _int(trap.get("at_unix_nano")) is None:
+            continue
+        node = trap["k8s.node.name"]
+        detail = trap.get("detail") if isinstance(trap.get("detail"), dict) else {}
+        start = _int(trap["at_unix_nano"]) or 0
+        times = [t for t in (_int(x) for x in detail.get("crashes_unix_nano") or []) if t is not None]
+        last = max([start, *times, _int(detail.get("to_unix_nano")) or start])
+        ids = detail.get("hw.ids")
+        keys = [(node, i) for i in ids if isinstance(i, str)] if isinstance(ids, list) else node_devices.get(node, [])
+        for key in keys:
+            out[key].append((start, last + WORKLOAD_WATCH_S * 10**9))
+    return out
 
 
 def score_files(labels_path: Path | str, verdicts_path: Path | str) -> Score:
