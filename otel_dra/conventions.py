@@ -51,6 +51,8 @@ DRA_DEVICE_NAME: Final = "dra.device.name"
 DRA_DEVICE_HEALTH_STATE: Final = "dra.device.health.state"
 DRA_DEVICE_HEALTH_REASONS: Final = "dra.device.health.reasons"
 DRA_DEVICE_HEALTH_REMEDIATION: Final = "dra.device.health.remediation"
+DRA_DEVICE_HEALTH_SCOPE: Final = "dra.device.health.scope"
+DRA_DEVICE_HEALTH_GROUP: Final = "dra.device.health.group"
 DRA_DEVICE_VIEW_NODE: Final = "dra.device.view.node"
 
 #: Resource attribute: the source the agent samples (``simulated``, ``nvml``, ``sysfs``), so pretend GPUs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import itertools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import yaml
 
 from otel_dra.vocabulary import COMBINE_MODES, REASONS, REMEDIATIONS
@@ -42,6 +44,9 @@ HORIZON_MAX_BUCKETS = 1440
 
 #: Driver error code classes, and the ladder step a fatal class starts at.
 DRIVER_CLASSES: tuple[str, ...] = ("ignore", "application", "reset_device", "reboot_node", "mechanical")
+#: Reasons whose evidence, on most devices of a node at once, is the node's (power, cooling, the host).
+NODE_SCOPE_REASONS: tuple[str, ...] = ("thermal", "cooling", "power_delivery", "power_throttling")
+
 #: hw.state values a rule may set (Unknown is not a state).
 RULE_STATES: tuple[str, ...] = ("degraded", "predicted_failure", "failed")
 
@@ -177,8 +182,22 @@ RULES = struct(
                 "min_fraction": FRACTION,
                 "critical_state": STATE,
                 "throttle_share": FRACTION,
+                "slowdown_share": FRACTION,
                 "duty": FRACTION,
                 "fallback_limits": struct({"high.degraded": number(), "high.critical": number()}),
+                "peers": struct(
+                    {
+                        "enabled": boolean,
+                        "state": STATE,
+                        "margin": POSITIVE,
+                        "mad_k": POSITIVE,
+                        "hold_ratio": FRACTION,
+                        "sustain": duration,
+                        "slope": number(0.0, 200.0),
+                        "min_node_devices": number(2, None, integer=True),
+                        "min_slot_nodes": number(2, None, integer=True),
+                    }
+                ),
                 "remediation": LADDER,
             }
         ),
@@ -207,21 +226,30 @@ RULES = struct(
             }
         ),
         "power_delivery": struct(
-            {"state": STATE, "errors": COUNT, "voltage_fraction": FRACTION, "duty": FRACTION, "remediation": LADDER}
+            {
+                "state": STATE,
+                "errors": COUNT,
+                "voltage_fraction": FRACTION,
+                "brake_share": FRACTION,
+                "duty": FRACTION,
+                "remediation": LADDER,
+            }
         ),
         "power_throttling": struct(
             {
                 "state": STATE,
                 "throttle_share": FRACTION,
                 "pinned_ratio": FRACTION,
-                "pinned_fraction": FRACTION,
                 "duty": FRACTION,
+                "mad_k": POSITIVE,
+                "min_peers": number(2, None, integer=True),
                 "remediation": LADDER,
             }
         ),
         "memory_pressure": struct(
             {
                 "state": STATE,
+                "full_is_evidence": boolean,
                 "utilization": FRACTION,
                 "min_fraction": FRACTION,
                 "duty": FRACTION,
@@ -325,6 +353,8 @@ SCHEMA = struct(
         "cohorts": struct(
             {
                 "by": list_of(string),
+                "slot_by": list_of(string),
+                "load_bins": list_of(FRACTION, min_len=1),
                 "min_devices": COUNT,
                 "significance": POSITIVE,
                 "span_significance": POSITIVE,
@@ -338,6 +368,19 @@ SCHEMA = struct(
         "overrides": list_of(struct({"match": struct({"hw.vendor": string, "hw.model": string}), "rules": RULES})),
         "kubernetes": _owned("kubernetes"),
         "shared_devices": struct({"combine": one_of(COMBINE_MODES)}),
+        "scopes": struct(
+            {
+                "workload": struct({"min_devices": number(2, None, integer=True), "together": duration}),
+                "node": struct(
+                    {
+                        "reasons": list_of(one_of(NODE_SCOPE_REASONS)),
+                        "min_devices": number(2, None, integer=True),
+                        "share": FRACTION,
+                        "remediation": one_of(REMEDIATIONS),
+                    }
+                ),
+            }
+        ),
     }
 )
 
@@ -371,6 +414,7 @@ def parse(text: str, source: str) -> dict[str, Any]:
 
 # Maps whose keys are data (not schema): a user's table replaces the default's whole.
 _REPLACED_WHOLE = frozenset({"code_tables", "minimum", "replays_per_lane_per_minute"})
+# (Lists, load_bins and slot_by among them, are always replaced whole: merge only merges mappings.)
 
 
 def merge(
@@ -449,6 +493,9 @@ def _check_consistency(data: Mapping[str, Any], source: str) -> None:
             f"{source}: horizon: rate_span / bucket is {hz['rate_span'] / hz['bucket']:.0f} buckets per device; "
             f"use at most {HORIZON_MAX_BUCKETS} (a longer bucket or a shorter span)"
         )
+    bins = data["cohorts"]["load_bins"]
+    if any(b <= a for a, b in itertools.pairwise(bins)):
+        raise PolicyError(f"{source}: cohorts.load_bins must increase, got {bins}")
     ecc = data["rules"]["memory_ecc"]
     if ecc["retired_pages_predicted"] > ecc["retired_pages_failed"]:
         raise PolicyError(
@@ -493,10 +540,35 @@ class Cohorts:
     """Which devices' rates are compared (``keys``: attribute names), and how strictly."""
 
     keys: tuple[str, ...]
+    #: Attributes naming a device's slot in its node (the first one present): peers in the same slot of other
+    #: nodes share its airflow, so a slot that always runs hotter is not a fault of the devices in it.
+    slot_keys: tuple[str, ...]
+    #: Utilization bin edges: devices in the same bin are under comparable load.
+    load_bins: np.ndarray
     min_devices: int
     significance: float
     span_significance: float
     healthy_ratio: float
+
+
+@dataclass(frozen=True)
+class WorkloadScope:
+    """Application driver errors and out-of-memory events on ``min_devices`` or more GPUs of a node within
+    ``together_s`` are a job's crash (scope ``workload``), not the devices'."""
+
+    min_devices: int
+    together_s: float
+
+
+@dataclass(frozen=True)
+class NodeScope:
+    """A reason in ``reasons`` present on at least ``min_devices`` devices of a node and ``share`` of those
+    reporting is the node's (scope ``node``), remediated by ``remediation``, never device by device."""
+
+    reasons: tuple[str, ...]
+    min_devices: int
+    share: float
+    remediation: str
 
 
 @dataclass(frozen=True)
@@ -545,6 +617,8 @@ class Policy:
     rules: Rules
     overrides: tuple[Override, ...]
     shared_devices: SharedDevices
+    workload: WorkloadScope
+    node: NodeScope
     sections: Mapping[str, Mapping[str, Any]]
     _raw: Mapping[str, Any] = field(repr=False, compare=False)
 
@@ -564,6 +638,8 @@ class Policy:
             ),
             cohorts=Cohorts(
                 tuple(co["by"]),
+                tuple(co["slot_by"]),
+                np.asarray(co["load_bins"], dtype=np.float64),
                 int(co["min_devices"]),
                 float(co["significance"]),
                 float(co["span_significance"]),
@@ -582,6 +658,15 @@ class Policy:
                 for o in data["overrides"]
             ),
             shared_devices=SharedDevices(str(data["shared_devices"]["combine"])),
+            workload=WorkloadScope(
+                int(data["scopes"]["workload"]["min_devices"]), float(data["scopes"]["workload"]["together"])
+            ),
+            node=NodeScope(
+                tuple(data["scopes"]["node"]["reasons"]),
+                int(data["scopes"]["node"]["min_devices"]),
+                float(data["scopes"]["node"]["share"]),
+                str(data["scopes"]["node"]["remediation"]),
+            ),
             sections=MappingProxyType({name: data[name] for name in SECTION_OWNERS}),
             _raw=data,
         )

@@ -36,6 +36,16 @@ REMEDIATIONS: tuple[str, ...] = (
     "replace_device",
 )
 
+#: What a verdict is about (contract section 4, added 2026-12-03), ``device`` when absent: the device
+#: itself; ``workload``: what runs on it (a job's crash on every GPU it held); ``node``: what the node's
+#: devices share (power, cooling, the host); ``link``: a PCIe switch or fabric a group shares; ``firmware``:
+#: a firmware version, across the fleet.
+SCOPES: tuple[str, ...] = ("device", "workload", "node", "link", "firmware")
+
+#: ``hw.throttle.reason`` values (contract section 2): why a device's clocks were held down.
+#: ``power`` is a power cap whose cause was not reported, read as ``power_cap``.
+THROTTLE_REASONS: tuple[str, ...] = ("thermal", "power", "power_cap", "power_brake", "hw_slowdown", "other")
+
 #: Health as the kubelet knows it (KEP-4680).
 HEALTH: tuple[str, ...] = ("Healthy", "Unhealthy", "Unknown")
 

@@ -25,13 +25,17 @@ from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtra
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
 from otel_dra.classifier.params import PolicyGroups
+from otel_dra.classifier.peers import PeerHistory
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.rows import RowIndex
-from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, R, Window, evaluate
+from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, SCOPE, R, Window, evaluate
 from otel_dra.classifier.verdicts import (
+    NODE_CAUSE,
     Verdict,
     VerdictEngine,
     explain,
+    explain_workload,
+    group_of,
     health_name,
     human_duration,
     reasons_of,
@@ -39,9 +43,10 @@ from otel_dra.classifier.verdicts import (
     state_name,
 )
 from otel_dra.classifier.window import WindowStore
+from otel_dra.classifier.workload import WorkloadSplit
 from otel_dra.frame import DeviceTable, Frame, Schema
 from otel_dra.policy import EVENT_LOG_DEPTH, EVENT_REASONS, Policy
-from otel_dra.vocabulary import REASONS
+from otel_dra.vocabulary import REASONS, SCOPES
 
 __all__ = ["Classifier", "Verdict"]
 
@@ -134,11 +139,23 @@ class Classifier:
         self.groups = PolicyGroups(policy, cap)
         self.events = {f: EventLog(cap, EVENT_LOG_DEPTH) for f in EVENT_FEATURES}
         hold = np.asarray([policy.hold_s(reason) for reason in REASONS])
-        self.engine = VerdictEngine(cap, hold, policy.escalation.window_s, policy.escalation.after)
+        self.engine = VerdictEngine(
+            cap, hold, policy.escalation.window_s, policy.escalation.after, policy.node.remediation
+        )
+        self.workload = WorkloadSplit(cap, policy.workload.min_devices, policy.workload.together_s)
+        self.peers = PeerHistory(cap)
         self.unhealthy = np.zeros(4, dtype=bool)  # by state code: which states are Unhealthy
         self.unhealthy[[STATE_CODE[s] for s in policy.unhealthy_states]] = True
         self._ladders: np.ndarray | None = None
-        parts: list[_RowState] = [self.store, self.horizon, self.extractor, self.groups, self.engine]
+        parts: list[_RowState] = [
+            self.store,
+            self.horizon,
+            self.extractor,
+            self.groups,
+            self.engine,
+            self.workload,
+            self.peers,
+        ]
         for part in parts + list(self.events.values()):
             self.registry.on_resize(part.resize)
             self.registry.on_release(part.clear)
@@ -301,7 +318,8 @@ class Classifier:
     def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]]) -> None:
         for row, a in zip(rows.tolist(), attrs, strict=True):
             if self.registry.set_attrs(row, a):
-                self.groups.assign(row, a)
+                key = self.registry.keys[row]
+                self.groups.assign(row, a, key[1] if key is not None else "")
                 self._ladders = None
 
     def ingest_rows(
@@ -321,11 +339,12 @@ class Classifier:
             self._recall_rows(rows[new], np.broadcast_to(heard, rows.shape)[new])
         ix = RowIndex(rows)  # how the stores read and write this batch's rows, worked out once
         feats = self.extractor.extract(ix, new, t, values, self.groups.device_params(rows))
+        reg = self.registry
+        self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)
         self.store.append(ix, t, feats)
         self.horizon.append(ix, t, feats[self._horizon_cols])
         for f, log in self.events.items():
             log.record(rows, t, feats[f])
-        reg = self.registry
         ix.put(reg.last_seen, np.fmax(ix.take(reg.last_seen), t))
         ix.put(reg.last_heard, np.fmax(ix.take(reg.last_heard), heard))
         first = ix.take(reg.first_seen)
@@ -416,8 +435,21 @@ class Classifier:
         local = self.registry.last_seen[rows] + age
         recent = age <= self.horizon.spans[-1] * self.horizon.bucket_s
         on = self.engine.on[rows]
+        reg = self.registry
         return Window(
-            self.store, self.horizon, self.events, rows, local, self.policy.min_samples, self.groups, fresh, recent, on
+            self.store,
+            self.horizon,
+            self.events,
+            rows,
+            local,
+            self.policy.min_samples,
+            self.groups,
+            fresh,
+            recent,
+            on,
+            reg.node_of[rows].astype(np.intp),
+            len(reg.nodes),
+            self.peers.hot_since[rows],
         )
 
     def evaluate(self, now_unix_nano: int | None = None) -> list[Verdict]:
@@ -436,9 +468,11 @@ class Classifier:
         unknown = ~node_fresh
         w = self._window(rows, age, fresh)
         evidence = evaluate(w, self.groups, fresh, lost)
+        peers = w.thermal_peers()
+        self.peers.update(rows, w.now_s, peers.hot, peers.judged)
         if self._ladders is None:
             self._ladders = self.groups.ladders()
-        health, state, bits, remediation, changed = self.engine.step(
+        health, state, bits, remediation, scope, changed = self.engine.step(
             rows, now_s, evidence, unknown, self.unhealthy, self._ladders, self.groups.group[rows]
         )
         out = []
@@ -461,10 +495,12 @@ class Classifier:
                     int(state[i]),
                     int(bits[i]),
                     int(remediation[i]),
+                    int(scope[i]),
                     float(age[i]),
                     float(node_age[i]),
                     evidence.present[i],
                     at_ns if changed[i] else None,  # (changed now: one int for every such verdict)
+                    (evidence.node_hits[i], int(evidence.node_devices[i])),
                 )
             )
         if self._baselines is not None and now_s - float(self._baselines.heard_s.max(initial=0.0)) > self.window_s:
@@ -617,16 +653,28 @@ class Classifier:
         age_s: float,
         node_age_s: float,
         evidence_now: np.ndarray,
+        hits: tuple[np.ndarray, int] | None = None,
     ) -> str:
-        """Each reason's evidence; a reason held by hysteresis shows the evidence it was last seen with."""
+        """Each reason's evidence, for what it is about (the device, its node, its job); a reason held by
+        hysteresis shows the evidence it was last seen with. ``hits``: per reason, how many of the node's
+        reporting devices show it, and how many report (for a node-scoped reason)."""
         node = self.registry.nodes[self.registry.node_of[row]]
         rules = self.groups.rules[self.groups.group[row]]
         ew = {r: float(rules[r]["events_window"]) for r in EVENT_REASONS}
+        scopes = self.engine.scope[row]
         parts = []
         for reason in reasons:
             r = R[reason]
             if reason == "stale" or evidence_now[r]:
-                text = explain(w, i, reason, self.window_s, node, node_age_s, age_s, self.groups.firmware_text[row], ew)
+                if scopes[r] == SCOPE["workload"]:
+                    text = explain_workload(w, i, reason, node, ew)
+                else:
+                    text = explain(
+                        w, i, reason, self.window_s, node, node_age_s, age_s, self.groups.firmware_text[row], ew
+                    )
+                    if scopes[r] == SCOPE["node"] and hits is not None:
+                        shared = f"{int(hits[0][r])} of {hits[1]} devices of node {node}"
+                        text = f"{text} (on {shared} at once: {NODE_CAUSE[reason]}, not the devices)"
                 self._said[(row, reason)] = text
             else:
                 ago = human_duration(now_s - self.engine.evidence_at[row, r])
@@ -645,17 +693,19 @@ class Classifier:
         state: int,
         bits: int,
         remediation: int,
+        scope: int,
         age_s: float,
         node_age_s: float,
         evidence_now: np.ndarray,
         since_ns: int | None = None,
+        hits: tuple[np.ndarray, int] | None = None,
     ) -> Verdict:
         key = self.registry.keys[row]
         assert key is not None, "a verdict is built only for a registered row"
         node, hw_id = key
         attrs = self.registry.attrs[row]
         reasons = reasons_of(bits)
-        message = self._message(w, i, row, reasons, now_ns / 1e9, age_s, node_age_s, evidence_now)
+        message = self._message(w, i, row, reasons, now_ns / 1e9, age_s, node_age_s, evidence_now, hits)
         return Verdict(
             time_unix_nano=now_ns,
             node=node,
@@ -670,6 +720,8 @@ class Classifier:
             driver=attrs.get(cv.DRA_DRIVER_NAME),
             last_transition_time=int(self.engine.transition_ns[row]) if since_ns is None else since_ns,
             last_reported_time=round(self.registry.last_seen[row] * 1e9),
+            scope=SCOPES[scope],
+            group=group_of(SCOPES[scope], node),
         )
 
     def current(self) -> list[Verdict]:
@@ -685,18 +737,18 @@ class Classifier:
         keys = self.engine.key[rows]
         out = []
         for i, row in enumerate(rows.tolist()):
-            key = int(keys[i])
-            health, state, bits, remediation = key & 3, ((key >> 2) & 7) - 1, (key >> 5) & 0x7FFF, key >> 20
+            v = VerdictMemory.of_key(int(keys[i]), 0)
             out.append(
                 self._verdict(
                     w,
                     i,
                     row,
                     self._time_ns(self.last_now_ns, w, i),
-                    health,
-                    state,
-                    bits,
-                    remediation,
+                    v.health,
+                    v.state,
+                    v.bits,
+                    v.remediation,
+                    v.scope,
                     float(age[i]),
                     float(node_age[i]),
                     self.engine.on[row] & (self.engine.evidence_at[row] >= now_s),

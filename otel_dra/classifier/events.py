@@ -46,6 +46,26 @@ class EventLog:
         self.amounts[r, slot] = amounts[hit]
         self.next[r] += 1
 
+    def move(self, rows: np.ndarray, cutoff_s: np.ndarray, into: EventLog) -> None:
+        """Move each of ``rows``' events at or after its ``cutoff_s`` to ``into`` (the same times and amounts):
+        events found, after the fact, to belong to another log (a job's crash, see workload.py)."""
+        if rows.size == 0:
+            return
+        hit = (self.times[rows] >= cutoff_s[:, None]) & (self.amounts[rows] > 0)
+        if not hit.any():
+            return
+        some = np.flatnonzero(hit.any(axis=1))
+        r, h = rows[some], hit[some]
+        times, amounts = self.times[r], self.amounts[r]
+        order = np.argsort(np.where(h, times, np.inf), axis=1, kind="stable")  # oldest first, as they came
+        for k in range(self.depth):  # a slot a round: at most ``depth``, never a loop over devices
+            j = order[:, k]
+            take = h[np.arange(r.size), j]
+            if not take.any():
+                break
+            into.record(r[take], times[take, j[take]], amounts[take, j[take]].astype(np.float64))
+        self.amounts[r] = np.where(h, 0.0, amounts)
+
     def since(self, cutoff_s: np.ndarray | float, rows: np.ndarray) -> np.ndarray:
         """Events of each of ``rows`` at or after ``cutoff_s`` (scalar, or one per row)."""
         rows = np.asarray(rows)

@@ -58,6 +58,13 @@ class F(IntEnum):
     DRIVER_RESET = 22
     DRIVER_REBOOT = 23
     DRIVER_MECHANICAL = 24
+    UTIL = 25  # utilization (general task), 0..1
+    THROTTLE_BRAKE = 26  # increase, seconds: the hardware power brake (asserted from outside the device)
+    THROTTLE_SLOWDOWN = 27  # increase, seconds: the device's own hardware slowdown
+    # Application driver errors and out-of-memory events that landed on several GPUs of a node at once: a
+    # job's crash (the classifier moves them here from DRIVER_APPLICATION / OUT_OF_MEMORY, see workload.py).
+    WORKLOAD_APPLICATION = 28
+    WORKLOAD_OOM = 29
 
 
 N_FEATURES = len(F)
@@ -73,6 +80,15 @@ _ERROR_FEATURES: dict[str, F] = {
     "reset": F.RESETS,
     "power": F.POWER_ERRORS,
     "out_of_memory": F.OUT_OF_MEMORY,
+}
+#: ``hw.throttle.reason`` -> the throttle-time feature it feeds (contract §2: ``power``, a cap whose cause was not
+#: reported, is read as ``power_cap``; ``other`` (sync boost, clock settings) is not throttling a rule judges).
+_THROTTLE_FEATURES: dict[str, F] = {
+    "thermal": F.THROTTLE_THERMAL,
+    "power": F.THROTTLE_POWER,
+    "power_cap": F.THROTTLE_POWER,
+    "power_brake": F.THROTTLE_BRAKE,
+    "hw_slowdown": F.THROTTLE_SLOWDOWN,
 }
 _DRIVER_FEATURES: dict[str, F | None] = {
     "ignore": None,
@@ -185,10 +201,10 @@ def build_plan(columns: tuple[Column, ...]) -> _Plan:
                 counter_cols.append(i)
                 counter_feature.append(int(_ERROR_FEATURES[etype]))
         elif m == cv.HW_THROTTLE_TIME.name:
-            reason = _attr(col, cv.HW_THROTTLE_REASON)
-            if reason in ("thermal", "power"):
+            throttle = _THROTTLE_FEATURES.get(_attr(col, cv.HW_THROTTLE_REASON) or "")
+            if throttle is not None:
                 counter_cols.append(i)
-                counter_feature.append(int(F.THROTTLE_THERMAL if reason == "thermal" else F.THROTTLE_POWER))
+                counter_feature.append(int(throttle))
         elif m == cv.HW_TEMPERATURE.name:
             temp.append((i, limit_of(col, m, "high.degraded", "throttled"), limit_of(col, m, "high.critical")))
         elif m in (cv.HW_FAN_SPEED.name, cv.HW_FAN_SPEED_RATIO.name):
@@ -400,6 +416,7 @@ class FeatureExtractor:
         width, width_max = _reduce(values, plan.width_cols, np.fmin), _reduce(values, plan.width_max, np.fmax)
         gen, gen_max = _reduce(values, plan.gen_cols, np.fmin), _reduce(values, plan.gen_max, np.fmax)
         util = _reduce(values, plan.util, np.fmax)
+        out[:, F.UTIL] = util
         with np.errstate(invalid="ignore"):
             out[:, F.WIDTH_DOWN] = _indicator(width < width_max, ~np.isnan(width) & ~np.isnan(width_max))
             loaded = np.where(np.isnan(util), True, util >= p.gen_min_util)

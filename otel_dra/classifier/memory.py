@@ -26,7 +26,7 @@ import numpy as np
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
 from otel_dra.frame import Column
-from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
+from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS, SCOPES
 
 #: Longest text kept for a held reason's last evidence (a message, not a log).
 MAX_SAID = 1000
@@ -46,6 +46,14 @@ class ReasonMemory:
     episodes: int
     first_episode_at: float
     said: str = ""  # the evidence last put in words, for the held reason's message
+    scope: int = 0  # what it is about, an index of SCOPES (the device's own)
+
+
+def pack_key(health: Any, state: Any, bits: Any, remediation: Any, scope: Any) -> Any:
+    """A verdict as one integer (scalars or arrays alike): what the engine compares to tell a change, and
+    what :meth:`VerdictMemory.of_key` unpacks. Health 2 bits, state + 1 3 bits, reasons 15, remediation 3,
+    scope 3."""
+    return health | ((state + 1) << 2) | (bits << 5) | (remediation << 20) | (scope << 23)
 
 
 @dataclass(frozen=True)
@@ -57,15 +65,16 @@ class VerdictMemory:
     bits: int  # reasons bitmask, by index of REASONS
     remediation: int
     since_ns: int
+    scope: int = 0  # an index of SCOPES
 
     @property
     def key(self) -> int:
-        """The verdict engine's packed key (health, state, reasons, remediation)."""
-        return self.health | ((self.state + 1) << 2) | (self.bits << 5) | (self.remediation << 20)
+        """The verdict engine's packed key (:func:`pack_key`)."""
+        return int(pack_key(self.health, self.state, self.bits, self.remediation, self.scope))
 
     @classmethod
     def of_key(cls, key: int, since_ns: int) -> VerdictMemory:
-        return cls(key & 3, ((key >> 2) & 7) - 1, (key >> 5) & 0x7FFF, key >> 20, since_ns)
+        return cls(key & 3, ((key >> 2) & 7) - 1, (key >> 5) & 0x7FFF, (key >> 20) & 7, since_ns, (key >> 23) & 7)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class DeviceMemory:
                 "reasons": [REASONS[i] for i in range(len(REASONS)) if v.bits >> i & 1],
                 "remediation": REMEDIATIONS[v.remediation],
                 "since": v.since_ns,
+                "scope": SCOPES[v.scope],
             }
         if self.reasons:
             out["reasons"] = {
@@ -103,6 +113,7 @@ class DeviceMemory:
                     "episodes": m.episodes,
                     "first_episode_at": _time_out(m.first_episode_at),
                     "said": m.said,
+                    "scope": SCOPES[m.scope],
                 }
                 for r, m in sorted(self.reasons.items())
             }
@@ -119,7 +130,7 @@ class DeviceMemory:
             raise ValueError("a device needs a node and an id")
         verdict = None
         if d.get("verdict") is not None:
-            v = _mapping(d["verdict"], "verdict", {"health", "state", "reasons", "remediation", "since"})
+            v = _mapping(d["verdict"], "verdict", {"health", "state", "reasons", "remediation", "since", "scope"})
             state = v.get("state")
             bits = 0
             for name in _list(v.get("reasons"), "verdict reasons"):
@@ -133,9 +144,10 @@ class DeviceMemory:
                 bits,
                 _index(REMEDIATIONS, v.get("remediation"), "remediation"),
                 since,
+                _index(SCOPES, v.get("scope", "device"), "scope"),  # (files before scopes: the device's)
             )
         reasons: dict[int, ReasonMemory] = {}
-        keys = {"on", "evidence_at", "state", "state_at", "floor", "episodes", "first_episode_at", "said"}
+        keys = {"on", "evidence_at", "state", "state_at", "floor", "episodes", "first_episode_at", "said", "scope"}
         for name, raw in _mapping(d.get("reasons", {}), "reasons", None).items():
             m = _mapping(raw, f"reason {name}", keys)
             on, episodes, said = m.get("on"), m.get("episodes"), m.get("said", "")
@@ -152,6 +164,7 @@ class DeviceMemory:
                 episodes,
                 _time_in(m.get("first_episode_at"), "first_episode_at"),
                 _text(said, "said")[:MAX_SAID],
+                _index(SCOPES, m.get("scope", "device"), "scope"),
             )
         events: dict[int, tuple[tuple[float, float], ...]] = {}
         for name, raw in _mapping(d.get("events", {}), "events", None).items():

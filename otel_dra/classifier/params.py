@@ -56,10 +56,15 @@ class PolicyGroups:
         self.cohort_names: list[str] = []
         self.cohort = np.zeros(capacity, dtype=np.intp)
         self._cohort_for(("",) * len(policy.cohorts.keys))
+        # Slots: a cohort's devices that sit in the same place of their nodes (``cohorts.slot_by``).
+        self._slot_index: dict[tuple[int, str], int] = {}
+        self.slot = np.zeros(capacity, dtype=np.intp)
+        self._slot_for(0, "")
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.group = grown(self.group, capacity, 0, keep=keep)
         self.cohort = grown(self.cohort, capacity, 0, keep=keep)
+        self.slot = grown(self.slot, capacity, 0, keep=keep)
         self.firmware_bad = grown(self.firmware_bad, capacity, False, keep=keep)
         kept = self.firmware_text if keep is None else [self.firmware_text[row] for row in keep.tolist()]
         self.firmware_text = kept + [""] * (capacity - len(kept))
@@ -67,6 +72,7 @@ class PolicyGroups:
     def clear(self, rows: np.ndarray) -> None:
         self.group[rows] = 0
         self.cohort[rows] = 0
+        self.slot[rows] = 0
         self.firmware_bad[rows] = False
         for row in rows.tolist():
             self.firmware_text[row] = ""
@@ -88,11 +94,24 @@ class PolicyGroups:
             self.cohort_names.append(" ".join(part for part in key if part) or "(no model)")
         return cohort
 
-    def assign(self, row: int, attrs: Mapping[str, str]) -> None:
-        """(Re)classify one device after its attributes changed."""
+    def _slot_for(self, cohort: int, name: str) -> int:
+        slot = self._slot_index.get((cohort, name))
+        if slot is None:
+            slot = self._slot_index[(cohort, name)] = len(self._slot_index)
+        return slot
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._slot_index)
+
+    def assign(self, row: int, attrs: Mapping[str, str], hw_id: str = "") -> None:
+        """(Re)classify one device after its attributes changed (``hw_id``: its id, which ``slot_by`` may name)."""
         group = self._group_for(attrs.get(cv.HW_VENDOR, ""), attrs.get(cv.HW_MODEL, ""))
         self.group[row] = group
-        self.cohort[row] = self._cohort_for(tuple(attrs.get(key, "") for key in self.policy.cohorts.keys))
+        cohort = self.cohort[row] = self._cohort_for(tuple(attrs.get(key, "") for key in self.policy.cohorts.keys))
+        with_id = {**attrs, cv.HW_ID: hw_id} if hw_id else attrs
+        name = next((with_id[key] for key in self.policy.cohorts.slot_keys if with_id.get(key)), "")
+        self.slot[row] = self._slot_for(int(cohort), name)
         fw = self.rules[group]["firmware"]
         version = attrs.get(cv.HW_FIRMWARE_VERSION)
         bad, why = False, ""

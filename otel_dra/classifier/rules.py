@@ -36,14 +36,18 @@ from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import STATE_CODE, F
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.params import PolicyGroups
+from otel_dra.classifier.peers import MAD_SCALE, ThermalResiduals, grouped_median_mad, load_bins, thermal_residuals
 from otel_dra.classifier.window import WindowStore
-from otel_dra.vocabulary import REASONS, REMEDIATIONS
+from otel_dra.vocabulary import REASONS, REMEDIATIONS, SCOPES
 
 R = {reason: i for i, reason in enumerate(REASONS)}
 #: A rate per minute is judged over at least this much time, however young the window.
 RATE_MIN_SPAN_S = 60.0
 OK, PREDICTED, DEGRADED, FAILED = 0, 1, 2, 3
-EVENT_FEATURES = (F.RESETS, F.OUT_OF_MEMORY, F.DRIVER_APPLICATION)
+EVENT_FEATURES = (F.RESETS, F.OUT_OF_MEMORY, F.DRIVER_APPLICATION, F.WORKLOAD_APPLICATION, F.WORKLOAD_OOM)
+#: Scopes as codes (``otel_dra.vocabulary.SCOPES``): what a reason's evidence is about.
+SCOPE = {scope: i for i, scope in enumerate(SCOPES)}
+DEVICE, WORKLOAD, NODE = SCOPE["device"], SCOPE["workload"], SCOPE["node"]
 
 
 #: Features the long horizon keeps (per-minute buckets): low rates and sustained conditions.
@@ -53,9 +57,10 @@ HORIZON_FEATURES: tuple[F, ...] = (
     F.LINK_ERRORS,
     F.THROTTLE_THERMAL,
     F.THROTTLE_POWER,
+    F.THROTTLE_BRAKE,
+    F.THROTTLE_SLOWDOWN,
     F.TEMP_HOT,
     F.COOLING_BAD,
-    F.POWER_PINNED,
     F.MEM_FULL,
     F.VOLT_BAD,
     F.WIDTH_DOWN,
@@ -151,6 +156,28 @@ class RateVerdict:
 
 
 @dataclass
+class ThermalPeers:
+    """Devices running hotter than their peers at the same load (:meth:`Window.thermal_peers`)."""
+
+    flagged: np.ndarray  # bool: hotter than its peers for the policy's ``sustain``: the evidence
+    hot: np.ndarray  # bool: hotter than its peers now
+    judged: np.ndarray  # bool: had peers to be judged against now
+    residuals: ThermalResiduals
+    bar: np.ndarray  # Cel above the expectation that flags (lowered while the reason is on)
+
+
+@dataclass
+class CapPeers:
+    """Power-cap time against peers at comparable load (:meth:`Window.cap_peers`): per span (the window, the
+    duty span) each device's share of time capped, its peers' median share and robust spread (NaN: no peers)."""
+
+    shares: tuple[np.ndarray, np.ndarray]
+    medians: list[np.ndarray]
+    sigmas: list[np.ndarray]
+    util: np.ndarray  # the window's mean utilization
+
+
+@dataclass
 class Window:
     """Read access to the window and the long horizon of every row in ``rows``.
 
@@ -158,7 +185,9 @@ class Window:
     telemetry is fresh; ``recent`` those heard within the rate span (a cohort's centre is
     taken over them: a node that falls silent for a few minutes does not shrink its peers'
     cohort); ``on`` is each row's reasons that are on before this evaluation (a sustained
-    condition that is already on stays on at a lower share over a longer span)."""
+    condition that is already on stays on at a lower share over a longer span); ``nodes`` each
+    row's node index (of ``n_nodes``), for comparing a device with its node's others;
+    ``hot_since`` what :class:`~otel_dra.classifier.peers.PeerHistory` kept of earlier evaluations."""
 
     store: WindowStore
     horizon: HorizonStore
@@ -170,6 +199,9 @@ class Window:
     fresh: np.ndarray
     recent: np.ndarray
     on: np.ndarray
+    nodes: np.ndarray
+    n_nodes: int
+    hot_since: np.ndarray  # per row, since when (its own clock) it has run hotter than its peers; NaN: not
 
     def __post_init__(self) -> None:
         n = self.rows.shape[0]
@@ -192,6 +224,8 @@ class Window:
         self._rates: dict[F, RateVerdict] = {}
         self._fractions: dict[F, np.ndarray] = {}
         self._span_fractions: dict[tuple[int, F], np.ndarray] = {}
+        self._thermal: ThermalPeers | None = None
+        self._capped: CapPeers | None = None
 
     def fraction(self, f: F) -> np.ndarray:
         share = self._fractions.get(f)
@@ -244,12 +278,12 @@ class Window:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.covered(span) & (seconds > 0), sums[H[f]] / seconds, 0.0)
 
-    def duty(self, f: F, reason: str, share: bool = False) -> np.ndarray:
-        """A condition that comes and goes: present in at least the rule's ``duty`` of the duty span
-        (15 minutes by default), or, once the reason is on, in ``duty x duty_hold_ratio`` of the duty
+    def duty(self, f: F, reason: str, share: bool = False, bar: np.ndarray | None = None) -> np.ndarray:
+        """A condition that comes and goes: present in at least the rule's ``duty`` (or ``bar``) of the duty
+        span (15 minutes by default), or, once the reason is on, in ``duty x duty_hold_ratio`` of the duty
         span or of the longer rate span, so a fault that recurs is one episode, not one per burst."""
         read = self.span_share if share else self.span_fraction
-        duty = self.groups.param(self.rows, reason, "duty")
+        duty = self.groups.param(self.rows, reason, "duty") if bar is None else bar
         stay = duty * self.groups.policy.horizon.duty_hold_ratio
         recent = read(f, DUTY_SPAN)
         held = self.on[:, R[reason]] & (np.maximum(recent, read(f, RATE_SPAN)) >= stay)
@@ -306,14 +340,110 @@ class Window:
         self._rates[f] = out
         return out
 
+    # -- peers under the same load (otel_dra.classifier.peers) ----------------------------------------
+    def thermal_peers(self) -> ThermalPeers:
+        """Each device's temperature against its peers at the same load (``rules.thermal.peers``): flagged when
+        both its window mean and the median of its window's samples run ``max(margin, mad_k x spread)`` above
+        what its node's devices, its slot elsewhere and its utilization say (``hold_ratio`` of that while
+        ``thermal`` is on)."""
+        if self._thermal is not None:
+            return self._thermal
+        g, rows = self.groups, self.rows
+        p = g.param
+        enabled = p(rows, "thermal", "peers", "enabled") > 0
+        judged = enabled & self.fresh & (self.counts[F.TEMP_MAX] >= self.min_samples)
+        res = thermal_residuals(
+            self.mean(F.TEMP_MAX),
+            self.mean(F.UTIL),
+            judged,
+            self.nodes,
+            g.cohort[rows],
+            len(g.cohort_names),
+            g.slot[rows],
+            g.n_slots,
+            g.policy.cohorts.load_bins,
+            p(rows, "thermal", "peers", "slope"),
+            p(rows, "thermal", "peers", "min_node_devices"),
+            p(rows, "thermal", "peers", "min_slot_nodes"),
+        )
+        bar = np.fmax(p(rows, "thermal", "peers", "margin"), p(rows, "thermal", "peers", "mad_k") * res.sigma)
+        bar = np.where(self.on[:, R["thermal"]], p(rows, "thermal", "peers", "hold_ratio") * bar, bar)
+        with np.errstate(invalid="ignore"):
+            flagged = res.residual >= bar
+        some = np.flatnonzero(flagged)
+        if some.size:  # a few devices: their samples' median, so that one spike is not heat
+            r = rows[some]
+            temps = self.store.samples(r, F.TEMP_MAX)
+            utils = self.store.samples(r, F.UTIL)
+            utils = np.where(np.isnan(utils), res.node_util[some], utils)
+            expected = res.base[some] + res.slope[some] * np.nan_to_num(utils)
+            with np.errstate(invalid="ignore"):
+                typical = np.nanmedian(temps - expected, axis=0)
+            flagged[some] = typical >= bar[some]
+        # Sustained: a device has run that hot, judged at every evaluation, for ``sustain`` (a load change or a
+        # job's start moves a node's temperatures for a few minutes; dried paste stays).
+        # Once on, it stays on while it is still that hot, or while it has no peers to be judged against (no news
+        # is not a repair).
+        since = np.where(np.isnan(self.hot_since), self.now_s, self.hot_since)
+        sustained = self.now_s - since >= p(rows, "thermal", "peers", "sustain")
+        judged = ~np.isnan(res.residual)
+        on = self.on[:, R["thermal"]]
+        held = (flagged & (sustained | on)) | (on & ~judged & ~np.isnan(self.hot_since))
+        self._thermal = ThermalPeers(held, flagged, judged, res, bar)
+        return self._thermal
+
+    def cap_peers(self) -> CapPeers:
+        """Each device's power-cap time against its cohort's devices at comparable load: the same
+        utilization bin (``cohorts.load_bins``), or, when that holds fewer than ``min_peers``,
+        every peer at least as loaded (its bin and the bins above): a peer under more load is capped at least
+        as often, so this errs toward quiet. No such peers: not judged (``judged`` False)."""
+        if self._capped is not None:
+            return self._capped
+        g, rows = self.groups, self.rows
+        p = g.param
+        edges = g.policy.cohorts.load_bins
+        n_bins = edges.size + 1
+        util = self.mean(F.UTIL)
+        shares = (self.share(F.THROTTLE_POWER), self.span_share(F.THROTTLE_POWER, DUTY_SPAN))
+        b = load_bins(util, edges)
+        ready = self.fresh & (self.samples >= self.min_samples) & (b >= 0)
+        cohort = g.cohort[rows]
+        n_groups = len(g.cohort_names) * n_bins
+        least = p(rows, "power_throttling", "min_peers")
+        medians, sigmas = [], []
+        for share, eligible in zip(shares, (ready, ready & self.covered(DUTY_SPAN)), strict=True):
+            median = np.full(rows.shape, np.nan)
+            sigma = np.full(rows.shape, np.nan)
+            chosen = np.zeros(rows.shape, dtype=bool)
+            # Its own bin first, then its bin and those above (one pass a bin, never a loop over devices).
+            for lowest in [None, *range(n_bins)]:
+                if lowest is None:
+                    pick, key, mine = eligible, cohort * n_bins + b, b >= 0
+                else:
+                    pick, key, mine = eligible & (b >= lowest), cohort * n_bins + lowest, b == lowest
+                med, mad, size = grouped_median_mad(share[pick], key[pick], n_groups)
+                ok = ~chosen & mine & eligible & (size[np.maximum(key, 0)] >= least)
+                median = np.where(ok, med[np.maximum(key, 0)], median)
+                sigma = np.where(ok, MAD_SCALE * mad[np.maximum(key, 0)], sigma)
+                chosen |= ok
+            medians.append(median)
+            sigmas.append(sigma)
+        self._capped = CapPeers(shares, medians, sigmas, util)
+        return self._capped
+
 
 @dataclass
 class Evidence:
-    """Per (row, reason): evidence present now, the state it implies, the least remediation it needs."""
+    """Per (row, reason): evidence present now, the state it implies, the least remediation it needs,
+    and what it is about (a SCOPE code: the device, the workload on it, its node)."""
 
     present: np.ndarray  # bool (n, R)
     state: np.ndarray  # int8 (n, R)
     floor: np.ndarray  # int8 (n, R): a REMEDIATIONS index the remediation is at least
+    scope: np.ndarray  # int8 (n, R): a SCOPE code
+    #: For a node-scoped reason: how many of the row's node's reporting devices show it, and how many report.
+    node_hits: np.ndarray  # int32 (n, R)
+    node_devices: np.ndarray  # int32 (n,)
 
 
 Rule = Callable[[Window, PolicyGroups, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -325,16 +455,33 @@ def _state(groups: PolicyGroups, rows: np.ndarray, reason: str, key: str = "stat
 
 
 def thermal(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sustained temperature above the sensor's high.degraded limit, or thermal throttling a
-    share of the time, in the window or for the rule's duty of the duty span (excursions that
-    come and go); sustained above high.critical takes ``critical_state``."""
+    """Sustained temperature above the sensor's high.degraded limit, thermal throttling or the device's
+    own hardware slowdown a share of the time, in the window or for the rule's duty of the duty span
+    (excursions that come and go): ``state``; sustained above high.critical: ``critical_state``. Below
+    every limit, running hotter than its peers at the same load (:meth:`Window.thermal_peers`):
+    ``peers.state``."""
     p = g.param
     hot = w.fraction(F.TEMP_HOT) >= p(w.rows, "thermal", "min_fraction")
     throttled = w.share(F.THROTTLE_THERMAL) >= p(w.rows, "thermal", "throttle_share")
+    slowdown_bar = p(w.rows, "thermal", "slowdown_share")
+    slowdown = (w.share(F.THROTTLE_SLOWDOWN) >= slowdown_bar) | w.duty(
+        F.THROTTLE_SLOWDOWN, "thermal", share=True, bar=slowdown_bar
+    )
     recurring = w.duty(F.TEMP_HOT, "thermal") | w.duty(F.THROTTLE_THERMAL, "thermal", share=True)
     critical = w.fraction(F.TEMP_CRIT) >= p(w.rows, "thermal", "min_fraction")
-    state = np.where(critical, _state(g, w.rows, "thermal", "critical_state"), _state(g, w.rows, "thermal"))
-    return hot | throttled | recurring | critical, state
+    limits = hot | throttled | slowdown | recurring | critical
+    peers = w.thermal_peers().flagged
+    state = np.where(
+        critical,
+        _state(g, w.rows, "thermal", "critical_state"),
+        np.where(limits, _state(g, w.rows, "thermal"), _peer_state(g, w.rows)),
+    )
+    return limits | peers, state
+
+
+def _peer_state(groups: PolicyGroups, rows: np.ndarray) -> np.ndarray:
+    codes = np.asarray([STATE_CODE[rules["thermal"]["peers"]["state"]] for rules in groups.rules], dtype=np.int8)
+    return codes[groups.group[rows]]
 
 
 def cooling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -366,33 +513,49 @@ def corrected_rate(w: Window) -> RateVerdict:
 
 
 def power_delivery(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Power delivery faults reported in the window, or voltage outside its critical limits
-    (in the window, or recurring)."""
+    """Power delivery faults reported in the window, voltage outside its critical limits (in the window,
+    or recurring), or the hardware power brake asserted a share of the window's or the duty span's time."""
     p = g.param
     errors = w.increase(F.POWER_ERRORS) >= p(w.rows, "power_delivery", "errors")
     voltage = w.fraction(F.VOLT_BAD) >= p(w.rows, "power_delivery", "voltage_fraction")
-    return errors | voltage | w.duty(F.VOLT_BAD, "power_delivery"), _state(g, w.rows, "power_delivery")
+    brake_bar = p(w.rows, "power_delivery", "brake_share")
+    brake = (w.share(F.THROTTLE_BRAKE) >= brake_bar) | w.duty(
+        F.THROTTLE_BRAKE, "power_delivery", share=True, bar=brake_bar
+    )
+    present = errors | voltage | brake | w.duty(F.VOLT_BAD, "power_delivery")
+    return present, _state(g, w.rows, "power_delivery")
 
 
 def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Power throttling a large share of the time (in the window, or for the rule's duty of the
-    duty span: throttling that cycles), or power pinned at its cap while throttled.
-    (A busy GPU at its cap is normal; pinned and held down is the evidence.)"""
+    """Capped far more than its peers under comparable load (:meth:`Window.cap_peers`): its share of the
+    window's time at the power cap at least ``throttle_share``, or of the duty span at least ``duty``
+    (throttling that cycles), and in either case that far and ``mad_k`` robust deviations above its peers'
+    median share. A busy GPU at its cap is how the power limit works; without peers it is not judged."""
     p = g.param
-    share = w.share(F.THROTTLE_POWER)
-    throttled = share >= p(w.rows, "power_throttling", "throttle_share")
-    pinned = (w.fraction(F.POWER_PINNED) >= p(w.rows, "power_throttling", "pinned_fraction")) & (share > 0)
-    recurring = w.duty(F.THROTTLE_POWER, "power_throttling", share=True)
-    return throttled | pinned | recurring, _state(g, w.rows, "power_throttling")
+    peers = w.cap_peers()
+    k = p(w.rows, "power_throttling", "mad_k")
+    bars = (p(w.rows, "power_throttling", "throttle_share"), p(w.rows, "power_throttling", "duty"))
+    held = w.on[:, R["power_throttling"]]
+    stay = w.groups.policy.horizon.duty_hold_ratio
+    out = np.zeros(w.rows.shape, dtype=bool)
+    for share, median, sigma, bar in zip(peers.shares, peers.medians, peers.sigmas, bars, strict=True):
+        need = np.where(held, stay * bar, bar)
+        with np.errstate(invalid="ignore"):
+            out |= (share >= need) & (share - median >= np.fmax(need, k * sigma))
+    return out, _state(g, w.rows, "power_throttling")
 
 
 def memory_pressure(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Memory full for most of the window (or recurring), or out-of-memory events recurring."""
+    """Out-of-memory events that recur on the device itself (a job's crash on all its GPUs is the workload's:
+    see :mod:`otel_dra.classifier.workload`); memory held full only with ``full_is_evidence``."""
     p = g.param
-    full = w.fraction(F.MEM_FULL) >= p(w.rows, "memory_pressure", "min_fraction")
     window = p(w.rows, "memory_pressure", "events_window")
     ooms = w.events_since(F.OUT_OF_MEMORY, window) >= p(w.rows, "memory_pressure", "out_of_memory")
-    return full | ooms | w.duty(F.MEM_FULL, "memory_pressure"), _state(g, w.rows, "memory_pressure")
+    full = (w.fraction(F.MEM_FULL) >= p(w.rows, "memory_pressure", "min_fraction")) | w.duty(
+        F.MEM_FULL, "memory_pressure"
+    )
+    full &= p(w.rows, "memory_pressure", "full_is_evidence") > 0
+    return ooms | full, _state(g, w.rows, "memory_pressure")
 
 
 def link(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -468,8 +631,8 @@ WINDOW_RULES: dict[str, Rule] = {
 
 
 def evaluate(w: Window, groups: PolicyGroups, fresh: np.ndarray, lost: np.ndarray) -> Evidence:
-    """Every reason's evidence for the rows of ``w``. ``fresh``: the device reports; ``lost``:
-    it stopped while its node still reports (``device_lost``)."""
+    """Every reason's evidence for the rows of ``w``, then its scope (:func:`scoped`). ``fresh``: the device
+    reports; ``lost``: it stopped while its node still reports (``device_lost``)."""
     n = w.rows.shape[0]
     present = np.zeros((n, len(REASONS)), dtype=bool)
     state = np.zeros((n, len(REASONS)), dtype=np.int8)
@@ -481,4 +644,45 @@ def evaluate(w: Window, groups: PolicyGroups, fresh: np.ndarray, lost: np.ndarra
     floor[:, R["driver_errors"]] = driver_floor(w)
     present[:, R["device_lost"]] = lost
     state[:, R["device_lost"]] = FAILED
-    return Evidence(present, state, floor)
+    scope = np.zeros((n, len(REASONS)), dtype=np.int8)
+    evidence = Evidence(present, state, floor, scope, np.zeros((n, len(REASONS)), np.int32), np.zeros(n, np.int32))
+    return scoped(w, groups, evidence)
+
+
+def scoped(w: Window, groups: PolicyGroups, ev: Evidence) -> Evidence:
+    """What each reason's evidence is about (``policy.scopes``):
+
+    - **node**: a reason of ``scopes.node.reasons`` present on at least ``min_devices`` of a node's reporting
+      devices and ``share`` of them at once (all eight GPUs braked: the node's PSU, not eight GPUs);
+    - **workload**: a job that keeps crashing. Where the device has no evidence of its own for the reason, its
+      node's job crashes (:mod:`otel_dra.classifier.workload`) that reach the rule's repeat count within its
+      events window are the workload's, on each GPU it held: ``hw.state`` ok, remediation ``check_workload``.
+    """
+    policy = groups.policy
+    p, rows, fresh = groups.param, w.rows, w.fresh
+    node = w.nodes
+    reporting = np.bincount(node[fresh], minlength=w.n_nodes)
+    ev.node_devices[:] = reporting[node]
+    for reason in policy.node.reasons:
+        r = R[reason]
+        on = ev.present[:, r] & fresh
+        if not on.any():
+            continue
+        hits = np.bincount(node[on], minlength=w.n_nodes)
+        wide = (hits >= policy.node.min_devices) & (hits >= policy.node.share * reporting)
+        mark = on & wide[node]
+        ev.scope[mark, r] = NODE
+        ev.node_hits[:, r] = hits[node]
+    for reason, feature, key in (
+        ("driver_errors", F.WORKLOAD_APPLICATION, "application_repeats"),
+        ("memory_pressure", F.WORKLOAD_OOM, "out_of_memory"),
+    ):
+        r = R[reason]
+        crashes = w.events_since(feature, p(rows, reason, "events_window")) >= p(rows, reason, key)
+        job = crashes & fresh & ~ev.present[:, r]
+        if job.any():
+            ev.present[job, r] = True
+            ev.state[job, r] = OK
+            ev.floor[job, r] = 0
+            ev.scope[job, r] = WORKLOAD
+    return ev

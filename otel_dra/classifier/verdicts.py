@@ -24,12 +24,13 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
-from otel_dra.classifier.memory import ReasonMemory, VerdictMemory
+from otel_dra.classifier.memory import ReasonMemory, VerdictMemory, pack_key
 from otel_dra.classifier.registry import grown
 from otel_dra.classifier.rules import (
     DUTY_SPAN,
     FROM_COHORT,
     FROM_NONE,
+    SCOPE,
     Evidence,
     R,
     RateVerdict,
@@ -37,9 +38,14 @@ from otel_dra.classifier.rules import (
     corrected_rate,
     link_rate,
 )
-from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS
+from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS, SCOPES
 
 HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2
+#: Among reasons of the same state, whose scope a verdict takes: the device's own first, then the most
+#: specific shared thing (a link, then the node), a firmware version, and last what runs on it.
+_SCOPE_RANK = np.zeros(len(SCOPES), dtype=np.int64)
+for _rank, _scope in enumerate(("workload", "firmware", "node", "link", "device")):
+    _SCOPE_RANK[SCOPE[_scope]] = _rank
 _STALE_BIT = 1 << R["stale"]
 _REASON_BITS = np.int64(1) << np.arange(len(REASONS), dtype=np.int64)
 
@@ -76,6 +82,10 @@ class Verdict:
     last_transition_time: int = 0  # unix ns
     last_reported_time: int = 0  # unix ns: the device's newest sample
     driver: str | None = None  # dra.driver.name, when the telemetry carries it
+    #: What the verdict is about (``otel_dra.vocabulary.SCOPES``): the device itself, or what it shares
+    #: (the workload on it, its node, ...), named by ``group`` (``node/train-007``); None for a device's own.
+    scope: str = "device"
+    group: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The verdict line (README, "Replay recorded telemetry"; extended by adding keys only)."""
@@ -95,6 +105,9 @@ class Verdict:
             out[cv.DRA_DEVICE_NAME] = self.device
         if self.driver is not None:
             out[cv.DRA_DRIVER_NAME] = self.driver
+        out["scope"] = self.scope
+        if self.group is not None:
+            out["group"] = self.group
         out["last_transition_time"] = self.last_transition_time
         out["last_reported_time"] = self.last_reported_time
         return out
@@ -103,16 +116,28 @@ class Verdict:
 class VerdictEngine:
     """Per (row, reason) hysteresis and escalation state, and the last verdict per row."""
 
-    def __init__(self, capacity: int, hold_s: np.ndarray, escalation_window_s: float, escalate_after: int) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        hold_s: np.ndarray,
+        escalation_window_s: float,
+        escalate_after: int,
+        node_remediation: str = "reboot_node",
+    ) -> None:
         r = len(REASONS)
         self.hold_s = hold_s
         self.escalation_window_s = escalation_window_s
         self.escalate_after = escalate_after
+        # What a finding beyond the device is remediated with, whatever its reason's ladder says.
+        self.scope_remediation = np.full(len(SCOPES), -1, dtype=np.int8)
+        self.scope_remediation[SCOPE["workload"]] = REMEDIATIONS.index("check_workload")
+        self.scope_remediation[SCOPE["node"]] = REMEDIATIONS.index(node_remediation)
         self.on = np.zeros((capacity, r), dtype=bool)
         self.evidence_at = np.full((capacity, r), -np.inf)
         self.state = np.zeros((capacity, r), dtype=np.int8)
         self.state_at = np.full((capacity, r), -np.inf)  # when the held state was last evidenced
         self.floor = np.zeros((capacity, r), dtype=np.int8)
+        self.scope = np.zeros((capacity, r), dtype=np.int8)  # a SCOPE code per (row, reason), held with it
         self.episodes = np.zeros((capacity, r), dtype=np.int32)
         self.first_episode_at = np.full((capacity, r), -np.inf)
         self.key = np.full(capacity, -1, dtype=np.int64)  # packed (health, state, reasons, remediation)
@@ -124,6 +149,7 @@ class VerdictEngine:
         self.state = grown(self.state, capacity, 0, keep=keep)
         self.state_at = grown(self.state_at, capacity, -np.inf, keep=keep)
         self.floor = grown(self.floor, capacity, 0, keep=keep)
+        self.scope = grown(self.scope, capacity, 0, keep=keep)
         self.episodes = grown(self.episodes, capacity, 0, keep=keep)
         self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf, keep=keep)
         self.key = grown(self.key, capacity, -1, keep=keep)
@@ -135,6 +161,7 @@ class VerdictEngine:
         self.state[rows] = 0
         self.state_at[rows] = -np.inf
         self.floor[rows] = 0
+        self.scope[rows] = 0
         self.episodes[rows] = 0
         self.first_episode_at[rows] = -np.inf
         self.key[rows] = -1
@@ -149,9 +176,13 @@ class VerdictEngine:
         unhealthy: np.ndarray,
         ladders: np.ndarray,
         groups: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Advance the state of ``rows`` to ``now_s``; returns per row (health, state code or -1,
-        reasons bitmask, remediation code, changed mask).
+        reasons bitmask, remediation code, scope code, changed mask).
+
+        A verdict's scope is that of its reason with the worst state (the device's own first among equals:
+        a device fault is never hidden behind its node's or its job's). A reason scoped beyond the device is
+        remediated for what it is about (``check_workload``, the node's remediation), not by its ladder.
 
         ``unhealthy[state]`` says which state codes are Unhealthy; ``ladders`` is
         ``(groups, reasons, steps)`` of remediation codes and ``groups`` each row's group.
@@ -163,6 +194,7 @@ class VerdictEngine:
         worst = np.zeros(n, dtype=np.int64)
         bits = np.zeros(n, dtype=np.int64)
         remediation = np.zeros(n, dtype=np.int64)
+        scope = np.zeros(n, dtype=np.int64)
         busy = np.flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
         if busy.size:
             r = rows[busy]
@@ -175,6 +207,7 @@ class VerdictEngine:
             state = np.where(present, np.where(keep, held, evidence.state[busy]), held)
             self.state_at[r] = np.where(present & ~keep, now_s, held_at)
             floor = np.where(present, evidence.floor[busy], self.floor[r])
+            scopes = np.where(present, evidence.scope[busy], self.scope[r])
             was_on = self.on[r]
             on = present | (was_on & (now_s - at < self.hold_s))
             entered = on & ~was_on
@@ -184,7 +217,10 @@ class VerdictEngine:
             first = np.where(restart, now_s, first)
             episodes = np.where(restart, 0, episodes) + entered
             self.on[r], self.evidence_at[r], self.state[r], self.floor[r] = on, at, state, floor
+            self.scope[r] = scopes
             self.episodes[r], self.first_episode_at[r] = episodes, first
+            rank = np.where(on, state.astype(np.int64) * len(SCOPES) + _SCOPE_RANK[scopes] + 1, 0)
+            scope[busy] = scopes[np.arange(busy.size), rank.argmax(axis=1)]
 
             worst[busy] = np.where(on, state, 0).max(axis=1)
             health[busy] = np.where(unhealthy[worst[busy]], UNHEALTHY, HEALTHY)
@@ -193,15 +229,18 @@ class VerdictEngine:
             step = np.minimum((np.maximum(episodes, 1) - 1) // per_step, ladders.shape[2] - 1)
             codes = ladders[groups[busy][:, None], np.arange(len(REASONS))[None, :], step]
             codes = np.maximum(codes, floor)
+            beyond = self.scope_remediation[scopes]
+            codes = np.where(beyond >= 0, beyond, codes)
             remediation[busy] = np.where(on, codes, 0).max(axis=1)
         health = np.where(unknown, UNKNOWN, health)
         bits = np.where(unknown, _STALE_BIT, bits)
         remediation = np.where(unknown, 0, remediation)
+        scope = np.where(unknown, 0, scope)
         state_code = np.where(unknown, -1, worst)
-        key = health | ((state_code + 1) << 2) | (bits << 5) | (remediation << 20)
+        key = pack_key(health, state_code, bits, remediation, scope)
         changed = key != self.key[rows]
         self.key[rows] = key
-        return health, state_code, bits, remediation, changed
+        return health, state_code, bits, remediation, scope, changed
 
     # -- memory across restarts (otel_dra.state.persist) ----------------------------------------
     def remembered(self, rows: np.ndarray, now_s: float) -> dict[int, dict[int, ReasonMemory]]:
@@ -221,6 +260,7 @@ class VerdictEngine:
                     int(self.floor[row, r]),
                     int(self.episodes[row, r]),
                     float(self.first_episode_at[row, r]),
+                    scope=int(self.scope[row, r]),
                 )
                 for r in np.flatnonzero(keep[i]).tolist()
             }
@@ -237,9 +277,44 @@ class VerdictEngine:
             self.floor[row, r] = m.floor
             self.episodes[row, r] = m.episodes
             self.first_episode_at[row, r] = min(m.first_episode_at, now_s)
+            self.scope[row, r] = m.scope
         if verdict is not None:
             self.key[row] = verdict.key
             self.transition_ns[row] = verdict.since_ns
+
+
+#: What a node's devices share that a node-scoped reason points at (the message says so).
+NODE_CAUSE: dict[str, str] = {
+    "thermal": "the node's cooling or inlet air",
+    "cooling": "the node's fans or airflow",
+    "power_delivery": "the node's power supply",
+    "power_throttling": "the node's power limits",
+}
+
+
+def group_of(scope: str, node: str) -> str | None:
+    """The ``group`` a verdict of ``scope`` names on ``node`` (contract §4): ``node/<node>``; for a job whose
+    pod is not known, ``workload/node/<node>``: the workload running on that node's GPUs."""
+    if scope == "node":
+        return f"node/{node}"
+    if scope == "workload":
+        return f"workload/node/{node}"
+    return None
+
+
+def explain_workload(w: Window, i: int, reason: str, node: str, ew: dict[str, float]) -> str:
+    """A job's crashes, shown on a GPU it held: the workload's, not the device's."""
+    window = human_duration(ew[reason])
+    what, feature = (
+        ("application driver errors", F.WORKLOAD_APPLICATION)
+        if reason == "driver_errors"
+        else ("out-of-memory errors", F.WORKLOAD_OOM)
+    )
+    crashes = w.events_since(feature, np.full(w.rows.shape, ew[reason]))[i]
+    return (
+        f"{reason}: a job crashing on node {node}: {what} on several of its GPUs at once, {crashes:g} times in "
+        f"{window}; the workload's, not the device's (check the job)"
+    )
 
 
 def reasons_of(bits: int) -> tuple[str, ...]:
@@ -320,7 +395,19 @@ def _explain_one(
         say(frac(F.TEMP_CRIT)[i], f"above high.critical in {frac(F.TEMP_CRIT)[i]:.0%}")
         share = w.share(F.THROTTLE_THERMAL)[i]
         say(share, f"thermal throttling {share:.0%} of the time")
+        slow = w.share(F.THROTTLE_SLOWDOWN)[i]
+        say(slow, f"hardware slowdown {slow:.0%} of the time")
         recurring(F.TEMP_HOT, "above high.degraded")
+        recurring(F.THROTTLE_SLOWDOWN, "hardware slowdown", share=True)
+        hot_peers = w.thermal_peers()
+        if hot_peers.flagged[i]:
+            res = hot_peers.residuals
+            load = "" if np.isnan(res.node_util[i]) else f" at utilization {res.node_util[i]:.2f}"
+            items.append(
+                f"{res.residual[i]:.1f} Cel hotter than its peers at the same load over {win} (mean "
+                f"{w.mean(F.TEMP_MAX)[i]:.1f} Cel; its node's {res.peers[i]:.0f} devices' median "
+                f"{res.node_temp[i]:.1f} Cel{load}; bar {hot_peers.bar[i]:.1f} Cel)"
+            )
     elif reason == "cooling":
         say(
             frac(F.COOLING_BAD)[i],
@@ -338,14 +425,20 @@ def _explain_one(
         say(n, f"power delivery errors: {n:g} in {win}")
         say(frac(F.VOLT_BAD)[i], f"voltage outside its critical limits in {frac(F.VOLT_BAD)[i]:.0%} of samples")
         recurring(F.VOLT_BAD, "voltage outside its critical limits")
+        brake = w.share(F.THROTTLE_BRAKE)[i]
+        say(brake, f"hardware power brake asserted {brake:.0%} of the time over {win}")
+        recurring(F.THROTTLE_BRAKE, "power brake", share=True)
     elif reason == "power_throttling":
-        share = w.share(F.THROTTLE_POWER)[i]
-        say(share, f"power throttling {share:.0%} of the time over {win}")
-        say(frac(F.POWER_PINNED)[i], f"at its power cap in {frac(F.POWER_PINNED)[i]:.0%} of samples")
-        recurring(F.THROTTLE_POWER, "power throttled", share=True)
+        capped = w.cap_peers()
+        for share, median, span in zip(capped.shares, capped.medians, (win, duty_span), strict=True):
+            if not np.isnan(share[i]) and share[i] > 0:
+                items.append(
+                    f"at its power cap {share[i]:.0%} of the time over {span}, its peers at utilization "
+                    f"{capped.util[i]:.2f} {median[i]:.0%}"
+                )
+        say(frac(F.POWER_PINNED)[i], f"power at its cap in {frac(F.POWER_PINNED)[i]:.0%} of samples")
     elif reason == "memory_pressure":
         say(frac(F.MEM_FULL)[i], f"memory full in {frac(F.MEM_FULL)[i]:.0%} of samples over {win}")
-        recurring(F.MEM_FULL, "memory full")
         ooms = w.events_since(F.OUT_OF_MEMORY, np.full(w.rows.shape, ew["memory_pressure"]))[i]
         say(ooms, f"out-of-memory errors: {ooms:g} in {human_duration(ew['memory_pressure'])}")
     elif reason == "link":

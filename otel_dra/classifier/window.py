@@ -131,6 +131,15 @@ class WindowStore:
         """Each row's newest sample, ``(features, rows)`` (NaN for rows never written); a view for a slice."""
         return self.last if rows is None else self.last[:, rows]
 
+    def samples(self, rows: np.ndarray, feature: int) -> np.ndarray:
+        """The window's samples of one feature for a few rows, ``(window, rows)`` in ring order, NaN where a
+        slot is outside the row's window: for robust statistics (a median) that running sums can't give."""
+        tail, written = self.tail[rows], self.written[rows]
+        held = np.minimum(written - tail, self.window)
+        age = (np.arange(self.window)[:, None] - tail[None, :]) % self.window  # 0 for the oldest in the window
+        values = self.ring[:, feature, rows].astype(np.float64)
+        return np.where(age < held[None, :], values, np.nan)
+
     def mean(self) -> np.ndarray:
         """Window mean of every feature (NaN where the window has no valid value)."""
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -1,0 +1,193 @@
+"""Judging a device against its peers under the same load: robust statistics over groups of rows.
+
+Healthy load is not a fault (telemetry contract §4): a training job holds every GPU of its node at its
+power cap and some degrees under its slowdown limit for hours. What points at one device is how it
+compares with devices doing the same thing:
+
+- **temperature** against its node's devices (the same inlet air, usually the same job), corrected for
+  a different utilization by the cohort's measured slope and for its slot by the same slot on other
+  nodes (a rear slot that always runs hotter is not a fault): :func:`thermal_residuals`;
+- **power-cap time** against the cohort's devices in the same utilization bin: :func:`load_bins`
+  with :func:`grouped_median` over (cohort, bin) groups.
+
+Everything is array work over the rows: medians of many small groups (a fleet's nodes) come from one
+sort of a composite key, never a loop over groups or devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from otel_dra.classifier.registry import grown
+
+#: 1 / Φ⁻¹(3/4): a MAD times this estimates a normal spread's standard deviation.
+MAD_SCALE = 1.4826
+#: Utilization difference from the node's median below which a device says nothing about the slope.
+SLOPE_MIN_SPREAD = 0.1
+#: How far from its peers' median utilization a device is still judged at the same load.
+SAME_LOAD = 0.1
+#: Devices with such a difference a cohort needs before its own slope replaces the policy's.
+SLOPE_MIN_DEVICES = 4
+
+
+def _order(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Indices sorting ``values`` by (group, value): one argsort of ``group + scaled value``, a key that is
+    nearly sorted already when rows come grouped (a node's devices hold neighbouring rows)."""
+    lo = float(values.min())
+    span = float(values.max()) - lo
+    scaled = (values - lo) / span * 0.999 if span > 0 else np.zeros_like(values)
+    return np.argsort(groups.astype(np.float64) + scaled, kind="quicksort")
+
+
+def grouped_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """(median, size) of ``values`` per group id in ``0..n_groups-1`` (median NaN for an empty group); the
+    values must not be NaN."""
+    size = np.bincount(groups, minlength=n_groups)
+    median = np.full(n_groups, np.nan)
+    if values.size == 0:
+        return median, size
+    ordered = values[_order(values, groups)]
+    start = np.cumsum(size) - size
+    some = np.flatnonzero(size)
+    lo = start[some] + (size[some] - 1) // 2
+    hi = start[some] + size[some] // 2
+    median[some] = 0.5 * (ordered[lo] + ordered[hi])
+    return median, size
+
+
+def grouped_median_mad(
+    values: np.ndarray, groups: np.ndarray, n_groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(median, MAD, size) of ``values`` per group (NaN for an empty group)."""
+    median, size = grouped_median(values, groups, n_groups)
+    if values.size == 0:
+        return median, np.full(n_groups, np.nan), size
+    mad, _ = grouped_median(np.abs(values - median[groups]), groups, n_groups)
+    return median, mad, size
+
+
+@dataclass
+class ThermalResiduals:
+    """Each row's temperature above what its peers at its load say it should run at (NaN: not judged)."""
+
+    residual: np.ndarray  # Cel: the window mean's excess over the expectation
+    sigma: np.ndarray  # Cel: the cohort's robust spread of residuals (1.4826 x MAD)
+    peers: np.ndarray  # devices the expectation was taken over (its node's, of its cohort, at its load)
+    # The expectation at utilization u is base + slope x u (per row), so that each sample can be judged too.
+    base: np.ndarray
+    slope: np.ndarray
+    node_temp: np.ndarray  # the peers' median window temperature (for the message)
+    node_util: np.ndarray  # ... and utilization
+
+
+def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Group ids 0..n-1 for the distinct combinations of the integer arrays ``keys`` (row-wise), and n."""
+    if keys[0].size == 0:
+        return np.zeros(0, dtype=np.intp), 0
+    combined = np.stack([k.astype(np.int64) for k in keys], axis=1)
+    uniq, inverse = np.unique(combined, axis=0, return_inverse=True)
+    return inverse.reshape(-1).astype(np.intp), int(uniq.shape[0])
+
+
+def thermal_residuals(
+    temp: np.ndarray,
+    util: np.ndarray,
+    judged: np.ndarray,
+    node: np.ndarray,
+    cohort: np.ndarray,
+    n_cohorts: int,
+    slot: np.ndarray,
+    n_slots: int,
+    edges: np.ndarray,
+    default_slope: np.ndarray,
+    min_node_devices: np.ndarray,
+    min_slot_nodes: np.ndarray,
+) -> ThermalResiduals:
+    """How much hotter each ``judged`` row runs than its peers at its load (per row: window means ``temp``
+    and ``util``, its ``node``, ``cohort`` and ``slot`` group; the rest are per-row policy values).
+
+    1. Peers are the devices of its node and cohort in its utilization bin (``edges``, :func:`load_bins`):
+       the same inlet air and, usually, the same job; only groups of ``min_node_devices`` are judged.
+    2. A utilization difference within the bin is worth the cohort's slope: the median of its devices'
+       temperature-over-utilization differences from their node's median where they differ enough (at
+       least ``SLOPE_MIN_DEVICES`` of them), else ``default_slope``.
+    3. The slot's effect: the median residual of the same slot on other nodes of the cohort (``min_slot_nodes``
+       of them), taken out; then the peers' median residual, taken out again (one round of median polish).
+    4. The cohort's spread: 1.4826 x the MAD of the residuals.
+    """
+    n = temp.shape[0]
+    out = ThermalResiduals(*(np.full(n, np.nan) for _ in range(7)))
+    out.peers[:] = 0.0
+    rows = np.flatnonzero(judged & ~np.isnan(temp))
+    if rows.size == 0:
+        return out
+    t, u, co = temp[rows], util[rows], cohort[rows]
+    known_u = ~np.isnan(u)
+    # The cohort's slope, from every device's difference to its node's (same cohort) medians.
+    host, n_hosts = dense(node[rows], co)
+    host_t, _ = grouped_median(t, host, n_hosts)
+    host_u, _ = grouped_median(u[known_u], host[known_u], n_hosts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        du = u - host_u[host]
+        spread = known_u & (np.abs(du) >= SLOPE_MIN_SPREAD)
+        cohort_slope, counted = grouped_median((t - host_t[host])[spread] / du[spread], co[spread], n_cohorts)
+    own = (counted >= SLOPE_MIN_DEVICES) & ~np.isnan(cohort_slope)
+    slope = np.clip(np.where(own[co], cohort_slope[co], default_slope[rows]), 0.0, 200.0)
+    # Peers: its node's devices of its cohort at comparable load.
+    peer, n_peers = dense(node[rows], co, load_bins(u, edges))
+    med_t, size = grouped_median(t, peer, n_peers)
+    med_u, _ = grouped_median(u[known_u], peer[known_u], n_peers)
+    # Judged: devices with enough peers, at nearly their peers' load (a slope is a straight line through a curve
+    # that lags: extrapolated far, its error is the size of a fault).
+    with np.errstate(invalid="ignore"):
+        near = ~(np.abs(u - med_u[peer]) > SAME_LOAD)
+    keep = (size[peer] >= min_node_devices[rows]) & near
+    rows, t, u, co, peer, slope = rows[keep], t[keep], u[keep], co[keep], peer[keep], slope[keep]
+    centre_u = np.where(np.isnan(med_u[peer]), 0.0, med_u[peer])
+    slope = np.where(np.isnan(u) | np.isnan(med_u[peer]), 0.0, slope)
+    r = t - med_t[peer] - slope * (np.nan_to_num(u) - centre_u)
+    sl = slot[rows]
+    slot_med, slot_size = grouped_median(r, sl, n_slots)
+    effect = np.where(slot_size[sl] >= min_slot_nodes[rows], slot_med[sl], 0.0)
+    r = r - effect
+    again, _ = grouped_median(r, peer, n_peers)
+    r = r - again[peer]
+    _, mad, _ = grouped_median_mad(r, co, n_cohorts)
+    out.residual[rows] = r
+    out.sigma[rows] = MAD_SCALE * mad[co]
+    out.peers[rows] = size[peer]
+    # expectation(u) = med_t + slope (u - med_u) + effect + again = base + slope u
+    out.base[rows] = med_t[peer] - slope * centre_u + effect + again[peer]
+    out.slope[rows] = slope
+    out.node_temp[rows] = med_t[peer]
+    out.node_util[rows] = med_u[peer]
+    return out
+
+
+def load_bins(util: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Each row's utilization bin (0 .. len(edges)); -1 where its utilization is unknown."""
+    return np.where(np.isnan(util), -1, np.searchsorted(edges, np.nan_to_num(util), side="right"))
+
+
+class PeerHistory:
+    """Since when each device has run hotter than its peers, at every evaluation that could judge it (its
+    own clock; NaN: it does not, or was judged not to since). A rule's input, updated after each evaluation
+    by :meth:`update`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.hot_since = np.full(capacity, np.nan)
+
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.hot_since = grown(self.hot_since, capacity, np.nan, keep=keep)
+
+    def clear(self, rows: np.ndarray) -> None:
+        self.hot_since[rows] = np.nan
+
+    def update(self, rows: np.ndarray, now_s: np.ndarray, hot: np.ndarray, judged: np.ndarray) -> None:
+        """After an evaluation: rows ``hot`` now keep (or start) their time; rows judged and not hot start over;
+        rows without peers to judge them keep what they had (no news)."""
+        since = self.hot_since[rows]
+        kept = np.where(judged, np.nan, since)
+        self.hot_since[rows] = np.where(hot, np.where(np.isnan(since), now_s, since), kept)

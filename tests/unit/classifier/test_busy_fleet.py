@@ -1,0 +1,264 @@
+"""Judge the device, not the workload: a busy fleet's healthy load reads ok, the faults hidden in it do not.
+
+Hand-built telemetry of nodes of 8 GPUs running a training job: utilization near 1, memory held full
+(vLLM reserves 90%, PyTorch's caching allocator keeps what it took), power at its cap with the cap's time
+accruing (an H100 in training sits at its software power cap much of its busy time), temperatures some
+degrees under the slowdown limit with hotter slots. Into that load go: a job that crash-loops (an XID and
+an OOM on every GPU at once), an XID recurring on one GPU, a node's power brake, one GPU hotter than its
+peers, a GPU capped far more than its peers, a hardware slowdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from otel_dra import policy as policy_mod
+from otel_dra.classifier import Classifier, Verdict
+from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
+
+S = 10**9
+T0 = 1_800_000_000
+GPUS = 8
+H100 = {"hw.type": "gpu", "hw.vendor": "NVIDIA", "hw.model": "H100 80GB HBM3"}
+
+
+def col(metric: str, sensor: str | None = None, **attrs: str) -> Column:
+    return Column(
+        metric, attrs_of({k.replace("_", "."): v for k, v in attrs.items()}), sensor, sensor and "temperature"
+    )
+
+
+COLUMNS = {
+    "temp": col("hw.temperature", "temp/gpu", hw_sensor_location="gpu"),
+    "limit": Column(
+        "hw.temperature.limit",
+        attrs_of({"hw.sensor_location": "gpu", "hw.limit_type": "high.degraded"}),
+        "temp/gpu",
+        "temperature",
+    ),
+    "util": Column("hw.gpu.utilization", attrs_of({"hw.gpu.task": "general"})),
+    "mem": Column("hw.gpu.memory.utilization"),
+    "power": Column("hw.power"),
+    "cap": Column("hw.power.limit", attrs_of({"hw.limit_type": "max"})),
+    "t.power_cap": Column("hw.throttle.time", attrs_of({"hw.throttle.reason": "power_cap"})),
+    "t.power_brake": Column("hw.throttle.time", attrs_of({"hw.throttle.reason": "power_brake"})),
+    "t.hw_slowdown": Column("hw.throttle.time", attrs_of({"hw.throttle.reason": "hw_slowdown"})),
+    "xid13": Column("hw.errors", attrs_of({"error.type": "driver", "hw.error.code": "13"})),
+    "oom": Column("hw.errors", attrs_of({"error.type": "out_of_memory"})),
+}
+SLOT_OFFSET = np.array([0.0, 0.5, 1.0, 1.5, 2.5, 3.0, 3.5, 4.0])  # rear slots run hotter, on every node alike
+
+
+@dataclass
+class Busy:
+    """Nodes of 8 H100s held by a training job; ``faults`` bend the telemetry of some."""
+
+    nodes: int = 3
+    interval: int = 10
+    seed: int = 0
+    schema: Schema = field(default_factory=Schema)
+    verdicts: dict[tuple[str, str], list[Verdict]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        self.cols = {key: self.schema.index(c) for key, c in COLUMNS.items()}
+        n = self.nodes * GPUS
+        self.names = [f"train-{i:03d}" for i in range(self.nodes)]
+        self.tables = [
+            DeviceTable(
+                name,
+                tuple(f"gpu-{g}" for g in range(GPUS)),
+                tuple({**H100, "dra.device.name": f"gpu-{g}"} for g in range(GPUS)),
+            )
+            for name in self.names
+        ]
+        self.ambient = np.repeat(self.rng.uniform(22, 27, self.nodes), GPUS)
+        self.resist = self.rng.uniform(0.97, 1.03, n)
+        self.cap_share = self.rng.uniform(0.5, 0.7, n)  # how much of the time each GPU sits at its cap
+        self.counters = {key: self.rng.integers(0, 1000, n).astype(float) for key in ("t.power_cap", "xid13", "oom")}
+        self.counters["t.power_brake"] = np.zeros(n)
+        self.counters["t.hw_slowdown"] = np.zeros(n)
+        self.extra_heat = np.zeros(n)
+        self.brake = np.zeros(n, dtype=bool)
+        self.slowdown = np.zeros(n, dtype=bool)
+        self.classifier = Classifier(policy_mod.load(), self.schema, interval_s=float(self.interval))
+
+    def run(self, seconds: int, each: Callable[[int, Busy], None] | None = None, start: int = 0) -> None:
+        for t in range(start, start + seconds, self.interval):
+            if each is not None:
+                each(t, self)
+            self.tick(t)
+
+    def tick(self, t: int) -> None:
+        n, rng, iv = self.nodes * GPUS, self.rng, self.interval
+        util = np.clip(0.97 + rng.normal(0, 0.01, n), 0, 1)
+        power = np.where(self.brake, 350.0, 700.0 - rng.uniform(0, 3, n))
+        temp = self.ambient + np.tile(SLOT_OFFSET, self.nodes) + 0.066 * power * self.resist + self.extra_heat
+        temp = temp + rng.normal(0, 0.3, n)
+        self.counters["t.power_cap"] += np.where(
+            self.brake, 0.0, iv * np.clip(self.cap_share + rng.normal(0, 0.05, n), 0, 1)
+        )
+        self.counters["t.power_brake"] += np.where(self.brake, iv * 0.9, 0.0)
+        self.counters["t.hw_slowdown"] += np.where(self.slowdown, iv * 0.6, 0.0)
+        values = np.full((n, len(self.schema)), np.nan)
+        c = self.cols
+        values[:, c["temp"]] = temp
+        values[:, c["limit"]] = 85.0
+        values[:, c["util"]] = util
+        values[:, c["mem"]] = np.clip(0.97 + rng.normal(0, 0.005, n), 0, 0.999)
+        values[:, c["power"]] = power
+        values[:, c["cap"]] = 700.0
+        for key, counts in self.counters.items():
+            values[:, c[key]] = counts
+        now = (T0 + t) * S
+        for i, table in enumerate(self.tables):
+            self.classifier.ingest(Frame(now, table, values[i * GPUS : (i + 1) * GPUS]))
+        for v in self.classifier.evaluate(now):
+            self.verdicts.setdefault((v.node, v.hw_id), []).append(v)
+
+    def row(self, node: int, gpu: int) -> int:
+        return node * GPUS + gpu
+
+    def episodes(self, scope: str | None = "device") -> list[tuple[tuple[str, str], Verdict]]:
+        """Verdicts that are not ok (of ``scope``, every scope with None)."""
+        return [
+            (key, v)
+            for key, seq in self.verdicts.items()
+            for v in seq
+            if v.state not in ("ok", None) and (scope is None or v.scope == scope)
+        ]
+
+
+def test_a_busy_healthy_fleet_reads_ok():
+    fleet = Busy(seed=1)
+    fleet.run(2 * 3600)
+    assert fleet.episodes(None) == []
+    last = {key: seq[-1] for key, seq in fleet.verdicts.items()}
+    assert len(last) == 3 * GPUS and all(v.state == "ok" and v.reasons == () for v in last.values())
+
+
+def test_a_crash_looping_job_is_the_workloads_not_eight_device_faults():
+    def crash_loop(t: int, fleet: Busy) -> None:
+        if 1200 <= t < 4800 and t % 240 == 0:  # every 4 minutes, an XID 13 and an OOM on all 8 GPUs at once
+            rows = slice(0, GPUS)
+            fleet.counters["xid13"][rows] += 1
+            fleet.counters["oom"][rows] += 1
+
+    fleet = Busy(seed=2)
+    fleet.run(5400, crash_loop)
+    assert fleet.episodes("device") == []
+    assert fleet.episodes(None) == []  # the job's findings keep hw.state ok: the devices are fine
+    seen = [v for (node, _), seq in fleet.verdicts.items() for v in seq if node == "train-000" and v.scope != "device"]
+    assert {v.hw_id for v in seen} == {f"gpu-{g}" for g in range(GPUS)}
+    for v in seen:
+        assert (v.scope, v.group, v.remediation, v.health) == (
+            "workload",
+            "workload/node/train-000",
+            "check_workload",
+            "Healthy",
+        )
+        assert {"driver_errors", "memory_pressure"} <= set(v.reasons) and "not the device's" in v.message
+    # Other nodes saw nothing.
+    assert all(v.scope == "device" for (node, _), seq in fleet.verdicts.items() for v in seq if node != "train-000")
+
+
+def test_an_xid_recurring_on_one_gpu_is_that_gpus_while_its_neighbours_stay_clean():
+    bad = Busy(seed=3).row(1, 5)
+
+    def recur(t: int, fleet: Busy) -> None:
+        if t >= 1200 and t % 600 == 0:
+            fleet.counters["xid13"][bad] += 1
+
+    fleet = Busy(seed=3)
+    fleet.run(4200, recur)
+    hits = fleet.episodes("device")
+    assert {key for key, _ in hits} == {("train-001", "gpu-5")}
+    v = hits[0][1]
+    assert v.reasons == ("driver_errors",) and v.state == "degraded" and v.scope == "device" and v.group is None
+    assert (v.time_unix_nano / S - T0) <= 1200 + 2 * 600 + 60  # the third within the hour
+
+
+def test_a_power_brake_on_every_gpu_of_a_node_is_the_nodes():
+    def brake(t: int, fleet: Busy) -> None:
+        if t == 1500:
+            fleet.brake[GPUS : 2 * GPUS] = True
+
+    fleet = Busy(seed=4)
+    fleet.run(3000, brake)
+    hits = fleet.episodes(None)
+    assert {key[0] for key, _ in hits} == {"train-001"}
+    assert {key[1] for key, _ in hits} == {f"gpu-{g}" for g in range(GPUS)}
+    for _, v in hits:
+        assert v.reasons == ("power_delivery",) and v.state == "degraded"
+        assert (v.scope, v.group, v.remediation) == ("node", "node/train-001", "reboot_node")
+        assert "power brake" in v.message and "8 of 8 devices of node train-001" in v.message
+        assert v.time_unix_nano / S - T0 <= 1500 + 120
+    # Its cap time stopped: the others' did not make it a power_throttling fault either.
+    assert all("power_throttling" not in v.reasons for _, v in hits)
+
+
+def test_a_power_brake_on_one_gpu_is_that_gpus():
+    fleet = Busy(seed=5)
+    fleet.run(2400, lambda t, f: f.brake.__setitem__(f.row(2, 3), t >= 1200))
+    hits = fleet.episodes(None)
+    assert {key for key, _ in hits} == {("train-002", "gpu-3")}
+    assert all(v.scope == "device" and v.reasons == ("power_delivery",) for _, v in hits)
+
+
+@pytest.mark.parametrize("seed", [6, 7, 8])
+def test_a_gpu_hotter_than_its_peers_is_thermal_before_any_limit(seed: int):
+    fleet = Busy(seed=seed)
+    hot = fleet.row(0, 2)
+    fleet.run(3600, lambda t, f: f.extra_heat.__setitem__(hot, 8.0 if t >= 1800 else 0.0))
+    hits = fleet.episodes(None)
+    assert {key for key, _ in hits} == {("train-000", "gpu-2")}, hits
+    v = hits[0][1]
+    assert v.reasons == ("thermal",) and v.state == "predicted_failure" and v.scope == "device"
+    assert "hotter than its peers at the same load" in v.message
+    assert 1800 + 300 <= v.time_unix_nano / S - T0 <= 1800 + 900  # sustained for 5 minutes, within the deadline
+    temps = fleet.classifier.store.latest()[1]  # (the hottest sensor stayed under its 85 Cel limit)
+    assert np.nanmax(temps[: 3 * GPUS]) < 85.0
+
+
+def test_a_single_temperature_spike_on_a_busy_gpu_is_not_a_fault():
+    spiky = Busy(seed=9).row(2, 6)
+
+    def spike(t: int, fleet: Busy) -> None:
+        fleet.extra_heat[spiky] = 20.0 if t % 900 == 450 else 0.0
+
+    fleet = Busy(seed=9)
+    fleet.run(3600, spike)
+    assert fleet.episodes(None) == []
+
+
+def test_a_gpu_capped_far_more_than_its_peers_is_power_throttling():
+    fleet = Busy(seed=10)
+    capped = fleet.row(1, 1)
+    fleet.cap_share[:] = 0.55 + fleet.rng.uniform(-0.03, 0.03, fleet.cap_share.shape)  # peers close together
+    fleet.run(3600, lambda t, f: f.cap_share.__setitem__(capped, 1.0 if t >= 1800 else 0.55))
+    hits = fleet.episodes(None)
+    assert {key for key, _ in hits} == {("train-001", "gpu-1")}
+    v = hits[0][1]
+    assert v.reasons == ("power_throttling",) and "its peers at utilization" in v.message
+
+
+def test_a_hardware_slowdown_is_thermal():
+    fleet = Busy(seed=11)
+    fleet.run(2400, lambda t, f: f.slowdown.__setitem__(f.row(0, 7), t >= 1200))
+    hits = fleet.episodes(None)
+    assert {key for key, _ in hits} == {("train-000", "gpu-7")}
+    assert hits[0][1].reasons == ("thermal",) and hits[0][1].state == "degraded"
+    assert "hardware slowdown" in hits[0][1].message
+
+
+def test_memory_held_full_is_evidence_only_when_the_policy_says_so(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("rules: {memory_pressure: {full_is_evidence: true}}\n")
+    fleet = Busy(seed=12)
+    fleet.classifier = Classifier(policy_mod.load(path), fleet.schema, interval_s=10.0)
+    fleet.run(1200)
+    assert {v.reasons for _, v in fleet.episodes(None)} == {("memory_pressure",)}
