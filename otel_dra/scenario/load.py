@@ -130,9 +130,9 @@ IDLE_MEM: Final = 0.005
 #: heatsink). At the busy mean power they run a few degrees cooler still: the hottest of a fleet 2-5 °C under.
 MIN_HEADROOM_C: Final = 0.8
 SLOT_PATTERN_C: Final = (0.0, 0.8, 1.5, 0.6, 3.0, 4.2, 5.0, 3.6)  # 8 slots: front row, then the rear (2-5 °C hotter)
-INLET_WEIGHT: Final = 0.5
-SPREAD_C: Final = 0.8
-SPREAD_MAX_C: Final = 1.5
+INLET_WEIGHT: Final = 1.0
+SPREAD_C: Final = 1.0
+SPREAD_MAX_C: Final = 2.0
 #: The busy mean power the layout and the hot-GPU offset are judged at (a share of the cap).
 BUSY_MEAN_POWER: Final = 0.95
 
@@ -374,7 +374,7 @@ def make_lanes(
     none). A node is in the middle of its life when a recording starts: the first job started up to one
     median job length before ``start_s`` (so it may be in a job or in a gap)."""
     if profile == "training":
-        first = start_s - float(rng.uniform(0.0, TRAINING_MEDIAN_S))
+        first = _whole(start_s - float(rng.uniform(0.0, TRAINING_MEDIAN_S)))
         return [Lane("training", range(slots), rng, first, forced, first_job_at=first)]
     if profile != "inference":
         return []
@@ -386,7 +386,7 @@ def make_lanes(
         fits = (sizes <= slots - pos) & (pos % sizes == 0)
         p = np.where(fits, weights, 0.0)
         size = int(sizes[int(rng.choice(len(sizes), p=p / p.sum()))])
-        first = start_s - float(rng.uniform(0.0, INFERENCE_MEDIAN_S))
+        first = _whole(start_s - float(rng.uniform(0.0, INFERENCE_MEDIAN_S)))
         lanes.append(Lane("inference", range(pos, pos + size), rng, first, forced if pos == 0 else (), first))
         pos += size
     return lanes
@@ -497,7 +497,7 @@ class LoadModel:
             self.lane_of[r] = i
         self.managed = self.lane_of >= 0
         self.eff = eff if eff is not None else rng.uniform(EFFICIENCY[0], EFFICIENCY[1], n)
-        self.mem_offset = rng.normal(0.0, 0.002, n)
+        self.mem_offset = np.abs(rng.normal(0.0, 0.002, n))  # some ranks hold a little more than the job level
         L = len(self.lanes)
         self._lane = np.maximum(self.lane_of, 0)
         self.training = np.array([lane.training for lane in self.lanes], bool)

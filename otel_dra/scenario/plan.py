@@ -13,6 +13,7 @@ true time plus its skew; every time in the labels is in that node clock.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -38,6 +39,8 @@ JITTER: Final = 0.1
 NEVER: Final = 1e12
 #: One instance of every fault kind and trap per this many GPUs (at least one each).
 GPUS_PER_COPY: Final = 170
+#: Under load, fault onsets are looked for on this grid (seconds), then jittered within it.
+BUSY_GRID_S: Final = 15
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,11 @@ KIND: Final = {k.name: k for k in FAULT_KINDS}
 
 
 def kinds_for(load: str) -> tuple[FaultKind, ...]:
-    """The fault kinds a fleet under ``load`` holds (the busy-only ones only under load)."""
-    return tuple(k for k in FAULT_KINDS if load != "idle" or not k.busy_only)
+    """The fault kinds a fleet under ``load`` holds: the busy-only ones only under load, and a hot GPU only
+    where training jobs run (it is told from its peers at one steady load; see _Planner.hot_gpu)."""
+    return tuple(
+        k for k in FAULT_KINDS if (load != "idle" or not k.busy_only) and (k.name != "hot_gpu" or load != "inference")
+    )
 
 
 #: Faults after which the device reports nothing more (Unknown or failed there is no surprise).
@@ -240,8 +246,9 @@ class Plan:
 class _Planner:
     """Builds a :class:`Plan`; one instance per generation (holds the RNG)."""
 
-    def __init__(self, config: ScenarioConfig) -> None:
+    def __init__(self, config: ScenarioConfig, attempt: int = 0) -> None:
         self.c = config
+        self.attempt = attempt  # under load: which draw of the jobs (see make_plan)
         self.rng = np.random.default_rng([config.seed, 0x5CE7A])
         self.D = int(config.duration_s)
         self.mixed = config.shape == "mixed"
@@ -250,6 +257,7 @@ class _Planner:
         self.lane_of_row: dict[int, wl.Lane] = {}
         self.node_load: list[str] = []
         self.crashing: set[int] = set()
+        self.busy_cache: dict[tuple[Any, ...], list[int]] = {}
         self.seq = 0
         self.events: list[Event] = []
         self.glitches: dict[int, list[tuple[int, str, float]]] = {}
@@ -412,11 +420,24 @@ class _Planner:
         r60 = take(lambda d: d.node == missed60.index, "the missed sample on a 60 s node")
         self.missed_sample(r60, "one_missed_sample")
         placed = kinds_for(self.c.load) if self.c.faults else ()
+        # The most constrained first: whole nodes, a hot GPU (one of the coolest GPUs of a training job: the
+        # one with the most room under its limit), then the picky kinds.
+        hot = [k for k in placed if k.name == "hot_gpu"]
+        spare: set[int] = set()  # the nodes of the coolest GPUs: a node-wide fault goes elsewhere if it can
+        if hot:
+            best = sorted((r for r in pool if self.fits(hot[0], devices[r])), key=lambda r: -self.room_of(r))
+            spare = {devices[r].node for r in best[: 2 * copies]}
         for kind in (k for k in placed if k.whole_node):
             for _ in range(copies):
-                self.node_fault(kind, [x for x in normal if x not in (hotplug, missed60)], taken)
-        placed = tuple(k for k in placed if not k.whole_node)
-        kinds = sorted(placed, key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only or k.busy_only))
+                self.node_fault(kind, [x for x in normal if x not in (hotplug, missed60)], taken, spare)
+        for kind in hot:
+            for _ in range(copies):
+                free = [r for r in pool if r not in taken and self.fits(kind, devices[r])]
+                if free:
+                    pool.insert(0, pool.pop(pool.index(max(free, key=self.room_of))))
+                self.fault(kind, take(functools.partial(self.fits, kind), f"a {kind.name} fault (a cool GPU)"))
+        kinds = [k for k in placed if not k.whole_node and k.name != "hot_gpu"]
+        kinds.sort(key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only or k.busy_only))
         for _ in range(copies):
             for kind in kinds:
                 row = take(functools.partial(self.fits, kind), f"a {kind.name} fault")
@@ -580,11 +601,13 @@ class _Planner:
             return False
         if kind.needs_limits and not m.reports_limits:
             return False
+        if d.row in self.lane_of_row and not self.busy_onsets([d.row], kind):
+            return False  # under load a fault goes where a job holds the GPU around its onset
         if kind.busy_only:
             lane = self.lane_of_row.get(d.row)
             if lane is None or lane.kind == "vacant":
                 return False
-            if kind.name == "hot_gpu" and self.hot_gpu(d.row) is None:
+            if kind.name == "hot_gpu" and self.room_of(d.row) < 6.5:
                 return False
         return not (kind.low_rate_only and m.corrected_per_min * 10 >= 6.0)
 
@@ -805,7 +828,7 @@ class _Planner:
 
         Draws from its own generators, never the plan's: the idle profile's files stay what they were."""
         c, p, D = self.c, self.params, self.D
-        lrng = np.random.default_rng([c.seed, 0x10AD])
+        lrng = np.random.default_rng([c.seed, 0x10AD, *([self.attempt] if self.attempt else [])])
         self.node_load = wl.profile_of_nodes(c.load, len(nodes), lrng)
         lanes: list[wl.Lane] = []
         lane_rows: list[list[int]] = []
@@ -826,16 +849,14 @@ class _Planner:
                 lanes.append(wl.Lane("vacant", range(len(rest)), lrng))
                 lane_rows.append(rest)
 
-        # The guaranteed workload traps, training nodes first.
+        # The guaranteed workload traps, on any busy ordinary node.
         busy = [x for x in normal if x.index in node_lanes and x not in (hotplug, missed60)]
-        busy.sort(key=lambda x: self.node_load[x.index] != "training")
         if len(busy) < 3 * copies:
             raise ValueError(
                 f"under --load {c.load} the fleet has {len(busy)} busy ordinary nodes, too few for every workload trap "
                 f"and node-wide fault (needs {3 * copies}): raise --nodes"
             )
         order = [busy[int(i)] for i in lrng.permutation(len(busy))]
-        order.sort(key=lambda x: self.node_load[x.index] != "training")
         looping, crashing = order[:copies], order[copies : 2 * copies]
         latest = max(WARMUP_S, D - 1800)
         for node in looping:
@@ -909,17 +930,30 @@ class _Planner:
         return lane is None or lane.run_at(t) is not None
 
     def onset(self, row: int, kind: FaultKind, lo: float, hi: float) -> int:
-        """A fault's onset: any second in [lo, hi], or under load one whose surroundings (its ramp before, its
-        deadline after) a job holds the device for, so the fault shows as itself on a busy GPU."""
-        lane = self.lane_of_row.get(row)
-        at = self.second(lo, hi)
-        if lane is None:
-            return at
-        for _ in range(80):
-            if lane.coverage(at - 600, at + kind.deadline_s + 120) >= 0.9:
-                break
-            at = self.second(lo, hi)
-        return at
+        """A fault's onset: any second in [lo, hi], or under load one of :meth:`busy_onsets`."""
+        if row not in self.lane_of_row:
+            return self.second(lo, hi)
+        choices = self.busy_onsets([row], kind)
+        at = choices[int(self.rng.integers(len(choices)))]
+        return min(at + int(self.rng.integers(0, BUSY_GRID_S)), int(hi))
+
+    def busy_onsets(self, rows: list[int], kind: FaultKind) -> list[int]:
+        """Onsets in the kind's window (every BUSY_GRID_S) around which a job holds every one of ``rows``:
+        from 10 minutes before to 2 minutes past its deadline, 90% of the time outside crash loops, so a fault
+        under load shows as itself on a busy GPU (and the labels ask nothing of an idle one)."""
+        lanes = {id(lane): lane for lane in (self.lane_of_row.get(r) for r in rows) if lane is not None}
+        lo, hi = self.onset_window(kind)
+        if kind.name in ("thermal_drift", "fan_decay"):
+            lo += 300
+        key = (tuple(sorted(lanes)), lo, hi, kind.deadline_s)
+        found = self.busy_cache.get(key)
+        if found is None:
+            found = self.busy_cache[key] = [
+                at
+                for at in range(lo, hi + 1, BUSY_GRID_S)
+                if all(lane.coverage(at - 600, at + kind.deadline_s + 120) >= 0.9 for lane in lanes.values())
+            ]
+        return found
 
     def base_temperature(self, row: int, at: float) -> float:
         """Where the device's temperature sits around ``at``: under load, its job's mean power (idle in a gap)
@@ -930,28 +964,41 @@ class _Planner:
         power = min(float(self.model.expected_demand_w(np.array([row]), at)[0]), float(p["cap"][row]))
         return float(p["ambient"][row] + p["r"][row] * power)
 
-    def hot_gpu(self, row: int) -> tuple[float, float] | None:
-        """A hot GPU's offset over its peers' median at the same load (6-10 °C, smaller where its limit needs it)
-        and the thermal resistance that makes it, or None when it has no peers or no room under its limit.
-        The offset holds from the lowest busy mean power up (a job's compute share and communication power at
-        their lows); at 99% of its cap the GPU stays 1 °C under its high.degraded limit."""
+    def hot_room(self, row: int) -> tuple[float, float, float] | None:
+        """How hot ``row`` may run over its peers and itself (°C) with its limit still 0.5 °C away when held at
+        its cap, with the reference (``base`` °C at ``low`` W) the offset is measured from; None off a training
+        job or without peers (see :meth:`hot_gpu`)."""
         p, lane = self.params, self.lane_of_row.get(row)
         m = self.devices_[row].model
-        if lane is None or lane.kind == "vacant" or m is None:
+        if lane is None or not lane.training or m is None:
             return None
         peers = [r for r, other in self.lane_of_row.items() if other is lane and r != row]
-        if len(peers) < 2:
+        runs = [r for r in lane.runs if not r.loop and r.end > WARMUP_S and r.start < self.D]
+        if len(peers) < 2 or not runs:
             return None
         cap = float(p["cap"][row])
-        low = wl.TRAINING_COMPUTE[0] + (1 - wl.TRAINING_COMPUTE[0]) * wl.TRAINING_COMM_POWER[0]
-        ref = low * cap
-        median = float(np.median(p["ambient"][peers] + p["r"][peers] * ref))
+        low = min(cap * (r.compute + (1 - r.compute) * r.comm) for r in runs)
         amb = float(p["ambient"][row])
-        room = (m.temp_degraded_c - 1.0 - amb) * ref / (0.99 * cap) - (median - amb)
-        if room < 6.5:
+        base = max(float(np.median(p["ambient"][peers] + p["r"][peers] * low)), amb + float(p["r"][row]) * low)
+        return (m.temp_degraded_c - 0.5 - amb) * low / cap - (base - amb), base, low
+
+    def room_of(self, row: int) -> float:
+        found = self.hot_room(row)
+        return found[0] if found is not None else -math.inf
+
+    def hot_gpu(self, row: int) -> tuple[float, float] | None:
+        """A hot GPU's offset over its peers' median and its own temperature at the same load (6-10 °C, smaller
+        where its limit needs it) and the thermal resistance that makes it; None off a training job (a hot GPU
+        is told by its peers at one steady load; an inference replica's traffic swings to the cap at its peaks,
+        where the same resistance would cross the limit), without peers, or without room under its limit.
+        The offset holds at the lowest mean power its job runs at in the recording; held at its cap the GPU
+        stays 0.5 °C under its high.degraded limit (compute phases run at the cap for seconds at a time)."""
+        found = self.hot_room(row)
+        if found is None or found[0] < 6.5:
             return None
+        room, base, low = found
         offset = self.uniform(6.0, min(10.0, room))
-        return offset, (median + offset - amb) / ref
+        return offset, (base + offset - float(self.params["ambient"][row])) / low
 
     def lower_limit(self, f: Fault) -> None:
         """Under load a power-throttled device has its power limit lowered to 0.55-0.7 of nominal (reported
@@ -960,24 +1007,20 @@ class _Planner:
         p["limit_factor"][f.row] = self.uniform(0.55, 0.7)
         f.detail["limit_w"] = round(float(p["cap"][f.row] * p["limit_factor"][f.row]), 1)
 
-    def node_fault(self, kind: FaultKind, candidates: list[Node], taken: set[int]) -> None:
+    def node_fault(self, kind: FaultKind, candidates: list[Node], taken: set[int], spare: set[int]) -> None:
         """A fault on every GPU of one node (one label each, scope ``node``, group ``node/<name>``): under load,
         a node's power brake (every GPU accrues power_brake time for most of each minute, power about half)."""
         ok = [
             x for x in candidates
             if x.index not in self.crashing and not (set(x.rows) & taken) and x.rows
-            and all(self.fits(kind, self.devices_[r]) for r in x.rows)
+            and all(self.fits(kind, self.devices_[r]) for r in x.rows) and self.busy_onsets(x.rows, kind)
         ]  # fmt: skip
         if not ok:
             raise ValueError(f"the fleet has no free node for a {kind.name} fault: raise --nodes")
+        ok = [x for x in ok if x.index not in spare] or ok  # ``spare``: kept for what needs them more
         node = ok[int(self.rng.integers(len(ok)))]
-        lo, hi = self.onset_window(kind)
-        lanes = {id(self.lane_of_row[r]): self.lane_of_row[r] for r in node.rows}
-        at = self.second(lo, hi)
-        for _ in range(80):
-            if min(lane.coverage(at - 600, at + kind.deadline_s + 120) for lane in lanes.values()) >= 0.9:
-                break
-            at = self.second(lo, hi)
+        choices = self.busy_onsets(node.rows, kind)
+        at = choices[int(self.rng.integers(len(choices)))]
         p = self.params
         factor, share = self.uniform(0.45, 0.55), self.uniform(0.85, 1.0)
         group = f"node/{node.name}"
@@ -1022,6 +1065,20 @@ class _Planner:
         f.period_s, f.duty = round(period, 1), round(on / period, 3)
 
 
+#: Under load a small fleet's jobs can leave no cool GPU or free busy node for a fault; the plan then draws the
+#: jobs again (deterministically: the attempt is part of their seed), this many times at most.
+ATTEMPTS: Final = 8
+
+
 def make_plan(config: ScenarioConfig) -> Plan:
     """The plan of ``config``: the same config (seed included) always gives the same plan."""
-    return _Planner(config).build()
+    if config.load == "idle":
+        return _Planner(config).build()
+    error: ValueError | None = None
+    for attempt in range(ATTEMPTS):
+        try:
+            return _Planner(config, attempt).build()
+        except ValueError as exc:
+            error = exc
+    assert error is not None
+    raise error

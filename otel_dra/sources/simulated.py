@@ -219,7 +219,8 @@ class SimulatedSource:
         self._start_ns = config.start_unix_nano
         self._last_t: float | None = None
         # Under load: the job model, from its own generators (the idle node's draws stay what they were).
-        self._load: wl.LoadModel | None = None
+        #: The job model of this node's GPUs (None under --load idle); ``profile``: what the node runs.
+        self.workload: wl.LoadModel | None = None
         self.profile = "idle"
         if config.load != "idle":
             self._busy_setup(config)
@@ -230,7 +231,7 @@ class SimulatedSource:
         self.profile = wl.profile_of_nodes(config.load, 1, lrng)[0]
         lanes = wl.make_lanes(self.profile, n, lrng)
         rows = [list(lane.slots) for lane in lanes]
-        self._load = wl.LoadModel(
+        self.workload = wl.LoadModel(
             lanes,
             rows,
             np.full(n, POWER_IDLE_W),
@@ -323,7 +324,7 @@ class SimulatedSource:
         power = np.minimum(demand, cap)
         power_capped = demand >= cap
         resistance: np.ndarray | float = THERMAL_RESISTANCE_C_PER_W
-        model = self._load
+        model = self.workload
         load = model.step(t) if model is not None else None
         busy = model.managed if model is not None else np.zeros(n, bool)
         if load is not None:  # the job model: its utilization and demand, under the device's (maybe lowered) limit
