@@ -24,10 +24,14 @@ def test_help_explains_the_run_options():
         "--prometheus-port",
         "--otlp-endpoint",
         "--node-name",
+        "--load",
+        "OTEL_DRA_LOAD",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "NODE_NAME",
     ):
         assert option in result.stdout
+    for profile in ("idle", "training", "inference", "mixed"):  # --load says what each profile does
+        assert f"{profile}:" in " ".join(result.stdout.split())
 
 
 @pytest.mark.parametrize(
@@ -40,6 +44,8 @@ def test_help_explains_the_run_options():
         ("run", "--devices", "zero"),
         ("run", "--otlp-protocol", "udp"),
         ("run", "--no-such-flag"),
+        ("run", "--load", "busy"),
+        ("run", "--load", "training"),  # not the simulated source: real GPUs run what they run
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(args):

@@ -3,6 +3,7 @@ contract's format, its labels tell the truth about the data, and the scorer coun
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import itertools
 import json
@@ -199,6 +200,21 @@ def test_same_seed_same_files_other_seed_other_fleet(short, tmp_path):
     ours = {(f["kind"], f["k8s.node.name"], f["hw.id"], f["onset_unix_nano"]) for f in short.labels["faults"]}
     assert not place & ours
     assert [n["skew_s"] for n in theirs["nodes"]] != [n["skew_s"] for n in short.labels["nodes"]]
+
+
+#: sha256 of the short form's recording (gunzipped) and labels, seed 0, as written before load profiles existed
+#: (computed from commit 396eaf7): the idle profile, the default, must draw and write exactly what it did.
+IDLE_SHORT_SEED0 = (
+    "33223ef99e2ba7de5388773ce8c928357500a762df4c498d3ae884a4a21b8110",
+    "20c208f22992680f7fd2eec1e3f8fdb4c9e3990cf48cd051d00ad97bda9f3c49",
+)
+
+
+def test_the_idle_profile_writes_what_it_wrote_before_load_profiles(short):
+    body = hashlib.sha256(gzip.decompress(short.path.read_bytes())).hexdigest()
+    labels = hashlib.sha256(labels_path_for(short.path).read_bytes()).hexdigest()
+    assert (body, labels) == IDLE_SHORT_SEED0
+    assert "load" not in short.labels and all("load" not in n for n in short.labels["nodes"])
 
 
 def test_the_tidy_shape_is_one_model_one_interval_no_skew(tmp_path):
