@@ -77,7 +77,7 @@ CHECKPOINT_UTIL: Final = (0.05, 0.3)
 TRAINING_RAMP_S: Final = (30.0, 120.0)
 #: Natural crashes of a training job per hour. Llama 3's 419 unexpected interruptions in 54 days on 2,048
 #: nodes are 1.6e-4 an hour a node, most of them hardware; multi-tenant research clusters (Philly, Meta's RSC)
-#: lose far more jobs to user-program errors. One an 100 node-hours is between the two.
+#: lose far more jobs to user-program errors. One in 100 node-hours is between the two (a modelling choice).
 TRAINING_CRASH_PER_H: Final = 0.01
 #: After a crash the job restarts from its last checkpoint after this long (the pod recreated).
 RESTART_S: Final = (60.0, 180.0)
@@ -125,16 +125,13 @@ DEMAND_SIGMA: Final = 0.03
 #: Memory an idle GPU shows (no process: the driver's own reservation).
 IDLE_MEM: Final = 0.005
 #: Thermal layout under load: the hottest possible healthy GPU at its cap stays this far under high.degraded;
-#: rear slots of a chassis run hotter (same pattern on every node of one model), nodes' inlets differ (a GPU
-#: sees about half of an inlet difference: its fan controller makes up the rest), and devices spread (paste,
-#: heatsink). At the busy mean power they run a few degrees cooler still: the hottest of a fleet 2-5 °C under.
+#: rear slots of a chassis run hotter (the same pattern on every node), nodes' inlets differ (each degree
+#: of cooler inlet air a degree cooler GPU), and devices spread (paste, heatsink). The hottest GPUs of a fleet
+#: sit 2-5 °C under the limit at their cap, a few degrees more over a job's compute and communication phases.
 MIN_HEADROOM_C: Final = 0.8
 SLOT_PATTERN_C: Final = (0.0, 0.8, 1.5, 0.6, 3.0, 4.2, 5.0, 3.6)  # 8 slots: front row, then the rear (2-5 °C hotter)
-INLET_WEIGHT: Final = 1.0
 SPREAD_C: Final = 1.0
 SPREAD_MAX_C: Final = 2.0
-#: The busy mean power the layout and the hot-GPU offset are judged at (a share of the cap).
-BUSY_MEAN_POWER: Final = 0.95
 
 
 def profile_of_nodes(load: str, n: int, rng: np.random.Generator) -> list[str]:
@@ -172,7 +169,7 @@ def full_load_temperature(
     possible one (hottest inlet, hottest slot, the spread's top), less each way it is cooler (``inlet_gap_c``:
     how much cooler its node's inlet air is than the hottest)."""
     spread = np.clip(rng.normal(0.0, SPREAD_C, len(limit_c)), -SPREAD_MAX_C, SPREAD_MAX_C)
-    cooler = INLET_WEIGHT * inlet_gap_c + (max(SLOT_PATTERN_C) - slot_c) + (SPREAD_MAX_C - spread)
+    cooler = inlet_gap_c + (max(SLOT_PATTERN_C) - slot_c) + (SPREAD_MAX_C - spread)
     return limit_c - MIN_HEADROOM_C - cooler
 
 
