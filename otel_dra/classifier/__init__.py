@@ -215,7 +215,7 @@ class Classifier:
             rows, new = self.registry.rows_for(table.node, ids)
         if seen is None or seen[0] is not table or new.any():
             attrs = [a for a, ok in zip(table.attrs, read.tolist(), strict=True) if ok]
-            self._note_attrs(rows, attrs)
+            self._note_attrs(rows, attrs, new)
         if everyone:
             self._tables[table.node] = (table, self.registry.generation, rows)
         return rows, new
@@ -315,9 +315,11 @@ class Classifier:
             pick = rank == r
             self.ingest_rows(rows[pick], new[pick], times[pick], values[pick], arrivals[pick])
 
-    def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]]) -> None:
-        for row, a in zip(rows.tolist(), attrs, strict=True):
-            if self.registry.set_attrs(row, a):
+    def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]], new: np.ndarray) -> None:
+        """Record the rows' attributes; a device whose attributes changed, or a new one (its id may name its
+        slot), is classified again."""
+        for row, a, first in zip(rows.tolist(), attrs, new.tolist(), strict=True):
+            if self.registry.set_attrs(row, a) or first:
                 key = self.registry.keys[row]
                 self.groups.assign(row, a, key[1] if key is not None else "")
                 self._ladders = None

@@ -49,6 +49,7 @@ float32 here too, so that a threshold compared with a stored value sees the same
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
@@ -69,7 +70,13 @@ from otel_dra.vocabulary import REASONS, REMEDIATIONS
 STATE_CODE = {"ok": 0, "predicted_failure": 1, "degraded": 2, "failed": 3, "needs_cleaning": 2}
 STATE_NAME = ("ok", "predicted_failure", "degraded", "failed")
 EVENT_DEPTH = EVENT_LOG_DEPTH
-EVENT_KINDS = ("resets", "out_of_memory", "driver_application")
+EVENT_KINDS = ("resets", "out_of_memory", "driver_application", "workload_application", "workload_oom")
+#: Device event kinds a job's crash moves to the workload's (the classifier's ``workload.SPLIT``).
+SPLIT = (("driver_application", "workload_application"), ("out_of_memory", "workload_oom"))
+SCOPES = ("device", "workload", "node", "link", "firmware")
+#: Among reasons of the same state, whose scope a verdict takes (the device's own first).
+SCOPE_RANK = {"workload": 0, "firmware": 1, "node": 2, "link": 3, "device": 4}
+MAD_SCALE = 1.4826
 ERROR_FEATURE = {
     "corrected": "ecc_corrected",
     "uncorrected": "ecc_uncorrected",
@@ -87,8 +94,18 @@ DRIVER_FEATURE = {
 COUNTER_FEATURES = (
     "throttle_thermal",
     "throttle_power",
+    "throttle_brake",
+    "throttle_slowdown",
     *ERROR_FEATURE.values(),
 )
+#: hw.throttle.reason -> its counter feature (``power``, a cap of unreported cause, is a power cap; ``other`` none).
+THROTTLE_FEATURE = {
+    "thermal": "throttle_thermal",
+    "power": "throttle_power",
+    "power_cap": "throttle_power",
+    "power_brake": "throttle_brake",
+    "hw_slowdown": "throttle_slowdown",
+}
 #: What the long horizon keeps, per minute-bucket (the classifier's ``HORIZON_FEATURES``).
 HORIZON_FEATURES = (
     "dt",
@@ -96,9 +113,10 @@ HORIZON_FEATURES = (
     "link_errors",
     "throttle_thermal",
     "throttle_power",
+    "throttle_brake",
+    "throttle_slowdown",
     "temp_hot",
     "cooling_bad",
-    "power_pinned",
     "mem_full",
     "volt_bad",
     "width_down",
@@ -201,11 +219,9 @@ def classify_columns(columns: tuple[Column, ...]) -> Columns:
             elif etype in ERROR_FEATURE:
                 out.counters[i] = ERROR_FEATURE[etype]
         elif m == cv.HW_THROTTLE_TIME.name:
-            reason = _attr(col, cv.HW_THROTTLE_REASON)
-            if reason == "thermal":
-                out.counters[i] = "throttle_thermal"
-            elif reason == "power":
-                out.counters[i] = "throttle_power"
+            reason = _attr(col, cv.HW_THROTTLE_REASON) or ""
+            if reason in THROTTLE_FEATURE:
+                out.counters[i] = THROTTLE_FEATURE[reason]
         elif m == cv.HW_TEMPERATURE.name:
             # AMBIGUITY (see the report): the degraded limit is the sensor's high.degraded series,
             # its `throttled` series only when it has no high.degraded series at all.
@@ -263,6 +279,7 @@ class ReasonState:
     floor: int = 0
     episodes: int = 0
     first_episode_at: float = -math.inf
+    scope: str = "device"
 
 
 @dataclass
@@ -282,7 +299,10 @@ class Device:
     head: int | None = None  # newest horizon bucket
     horizon: list[tuple[int, dict[str, float | None]]] = field(default_factory=list)
     cohort: tuple[str, ...] = ()
-    events: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    slot: str = ""  # its place in its node (cohorts.slot_by: the first attribute it has, its id among them)
+    crash_at: float = -math.inf  # its node's last job crash (its clock)
+    hot_since: float | None = None  # since when it has run hotter than its peers (thermal peers)
+    events: dict[str, deque[list[float]]] = field(default_factory=dict)
     reasons: dict[str, ReasonState] = field(default_factory=dict)
     last_key: tuple[Any, ...] | None = None
 
@@ -310,6 +330,8 @@ class NaiveClassifier:
     def _set_attrs(self, dev: Device, attrs: Mapping[str, str]) -> None:
         dev.attrs = dict(attrs)
         dev.cohort = tuple(attrs.get(key, "") for key in self.policy.cohorts.keys)
+        named = {**attrs, cv.HW_ID: dev.hw_id}
+        dev.slot = next((named[key] for key in self.policy.cohorts.slot_keys if named.get(key)), "")
         dev.vendor = attrs.get(cv.HW_VENDOR, "")
         dev.rules = self.policy.rules_for(dev.vendor, attrs.get(cv.HW_MODEL, ""))
         fw = dev.rules["firmware"]
@@ -329,6 +351,7 @@ class NaiveClassifier:
         t = frame.time_unix_nano / 1e9
         heard = t if arrival_unix_nano is None else arrival_unix_nano / 1e9
         table = frame.devices
+        read: list[tuple[Device, dict[str, float | None]]] = []
         for i, hw_id in enumerate(table.ids):
             raw = frame.values[i].tolist()
             values: list[float | None] = [_num(v) for v in raw[: cols.width]]
@@ -347,7 +370,9 @@ class NaiveClassifier:
                 self.devices[key] = dev
             if dict(table.attrs[i]) != dev.attrs:
                 self._set_attrs(dev, table.attrs[i])
-            sample = self._sample(dev, first, t, values, cols)
+            read.append((dev, self._sample(dev, first, t, values, cols)))
+        self._split(table.node, t, read)
+        for dev, sample in read:
             stored = {name: f32(v) for name, v in sample.items()}
             stored["t"] = t
             # The window: at most window_len samples, none window_s older than the newest.
@@ -368,9 +393,37 @@ class NaiveClassifier:
             for kind in EVENT_KINDS:
                 amount = sample[kind]
                 if amount is not None and amount > 0:
-                    dev.events[kind].append((t, amount))
+                    dev.events[kind].append([t, amount])
             dev.last_seen = max(dev.last_seen, t)
             dev.last_heard = max(dev.last_heard, heard)
+
+    def _split(self, node: str, t: float, read: list[tuple[Device, dict[str, float | None]]]) -> None:
+        """A job's crash: application driver errors or OOMs on ``min_devices`` of the node's GPUs in this sample,
+        or within ``together`` of its last crash, are the workload's; so are what its devices logged alone
+        since ``together`` before it."""
+        together_s = self.policy.workload.together_s
+        hits = [dev for dev, sample in read if any((sample[kind] or 0.0) > 0 for kind, _ in SPLIT)]
+        crash = len(hits) >= self.policy.workload.min_devices
+        for dev, sample in read:
+            moved = dev in hits and (crash or abs(t - dev.crash_at) <= together_s)
+            for kind, workload in SPLIT:
+                amount = sample[kind]
+                sample[workload] = (amount or 0.0) if moved else 0.0
+                if moved and amount is not None:
+                    sample[kind] = 0.0
+        if not crash:
+            return
+        for dev in self.devices.values():
+            if dev.node != node:
+                continue
+            dev.crash_at = max(dev.crash_at, t)
+            for kind, workload in SPLIT:
+                moved_events = sorted(
+                    (e for e in dev.events[kind] if e[0] >= t - together_s and e[1] > 0), key=lambda e: e[0]
+                )
+                for e in moved_events:
+                    dev.events[workload].append([e[0], e[1]])
+                    e[1] = 0.0
 
     def _sample(
         self, dev: Device, first: bool, t: float, values: list[float | None], cols: Columns
@@ -498,6 +551,7 @@ class NaiveClassifier:
         width, width_max = _min(g["width"]), _max(g["width_max"])
         gen, gen_max = _min(g["gen"]), _max(g["gen_max"])
         util = _max(g["util"])
+        s["util"] = util
         s["width_down"] = _flag(
             width is not None and width_max is not None and width < width_max,
             width is not None and width_max is not None,
@@ -591,18 +645,30 @@ class NaiveClassifier:
                 else:
                     centres[feature][id(dev)] = (0.0, 0.0, "none")
 
-        out = []
+        thermal = self._thermal_peers(devices, stats, fresh)
+        capped = self._cap_peers(devices, stats, fresh)
+        evidence: dict[int, dict[str, list[Any]]] = {}
         for dev in devices:
             is_fresh, is_node_fresh = fresh[id(dev)], node_fresh[id(dev)]
             lost = not is_fresh and is_node_fresh
-            unknown = not is_node_fresh
-            evidence = self._evidence(
-                dev, stats[id(dev)], is_fresh, lost, centres["ecc_corrected"][id(dev)], centres["link_errors"][id(dev)]
+            evidence[id(dev)] = self._evidence(
+                dev,
+                stats[id(dev)],
+                is_fresh,
+                lost,
+                centres["ecc_corrected"][id(dev)],
+                centres["link_errors"][id(dev)],
+                thermal[id(dev)],
+                capped[id(dev)],
             )
-            key = self._step(dev, now_s, evidence, unknown)
+        self._scopes(devices, evidence, fresh, stats)
+        out = []
+        for dev in devices:
+            unknown = not node_fresh[id(dev)]
+            key = self._step(dev, now_s, evidence[id(dev)], unknown)
             if key != dev.last_key:
                 dev.last_key = key
-                health, state, reasons, remediation = key
+                health, state, reasons, remediation, scope = key
                 out.append(
                     {
                         "time_unix_nano": now_ns,
@@ -612,13 +678,209 @@ class NaiveClassifier:
                         cv.HW_STATE: state,
                         "reasons": list(reasons),
                         "remediation": remediation,
+                        "scope": scope,
+                        "group": {"node": f"node/{dev.node}", "workload": f"workload/node/{dev.node}"}.get(scope),
                     }
                 )
+        for dev in devices:  # what the thermal peers remember: since when a device has run hot
+            t = thermal[id(dev)]
+            if t["hot"]:
+                dev.hot_since = stats[id(dev)].now_s if dev.hot_since is None else dev.hot_since
+            elif t["judged"]:
+                dev.hot_since = None
         ttl = self.policy.device_ttl_s
         for key_, dev in list(self.devices.items()):
             if now_s - dev.last_heard > ttl:
                 del self.devices[key_]  # forgotten: if it comes back, it is a new device
         return out
+
+    # -- peers under the same load ---------------------------------------------------------------
+    def _bin(self, util: float | None) -> int:
+        if util is None:
+            return -1
+        return bisect.bisect_right([float(e) for e in self.policy.cohorts.load_bins], util)
+
+    def _thermal_peers(
+        self, devices: list[Device], stats: dict[int, Stats], fresh: dict[int, bool]
+    ) -> dict[int, dict[str, Any]]:
+        """Per device: its window temperature against its node's devices of its cohort in its utilization bin
+        (README and the classifier's rules.thermal.peers), and whether that holds as evidence."""
+        out: dict[int, dict[str, Any]] = {
+            id(d): {"hot": False, "judged": False, "held": False, "residual": None} for d in devices
+        }
+        judged: list[Device] = []
+        temp: dict[int, float] = {}
+        util: dict[int, float | None] = {}
+        for dev in devices:
+            w = stats[id(dev)]
+            peers = dev.rules["thermal"]["peers"]
+            if peers["enabled"] and fresh[id(dev)] and len(w.known("temp_max")) >= self.min_samples:
+                judged.append(dev)
+                temp[id(dev)] = w.mean("temp_max")  # type: ignore[assignment]
+                util[id(dev)] = w.mean("util")
+        # The cohort's slope: each device's difference from its node's (same cohort) medians.
+        hosts: dict[tuple[Any, ...], list[Device]] = {}
+        for dev in judged:
+            hosts.setdefault((dev.node, dev.cohort), []).append(dev)
+        slopes: dict[tuple[str, ...], list[float]] = {}
+        for members in hosts.values():
+            host_t = statistics.median([temp[id(d)] for d in members])
+            us = [util[id(d)] for d in members if util[id(d)] is not None]
+            host_u = statistics.median(us) if us else None  # type: ignore[type-var]
+            for d in members:
+                u = util[id(d)]
+                if u is None or host_u is None:
+                    continue
+                du = u - host_u
+                if abs(du) >= 0.1:
+                    slopes.setdefault(d.cohort, []).append((temp[id(d)] - host_t) / du)
+        slope: dict[int, float] = {}
+        for dev in judged:
+            own = slopes.get(dev.cohort, [])
+            value = statistics.median(own) if len(own) >= 4 else float(dev.rules["thermal"]["peers"]["slope"])
+            slope[id(dev)] = min(max(value, 0.0), 200.0)
+        # Peers: its node's devices of its cohort at comparable load.
+        groups: dict[tuple[Any, ...], list[Device]] = {}
+        for dev in judged:
+            groups.setdefault((dev.node, dev.cohort, self._bin(util[id(dev)])), []).append(dev)
+        kept: list[Device] = []
+        group_of: dict[int, tuple[Any, ...]] = {}
+        med: dict[tuple[Any, ...], tuple[float, float | None, int]] = {}
+        for key, members in groups.items():
+            us = [util[id(d)] for d in members if util[id(d)] is not None]
+            med[key] = (
+                statistics.median([temp[id(d)] for d in members]),
+                statistics.median(us) if us else None,  # type: ignore[type-var]
+                len(members),
+            )
+            for d in members:
+                u, med_u = util[id(d)], med[key][1]
+                near = u is None or med_u is None or not abs(u - med_u) > 0.1
+                if len(members) >= d.rules["thermal"]["peers"]["min_node_devices"] and near:
+                    kept.append(d)
+                    group_of[id(d)] = key
+        r: dict[int, float] = {}
+        centre: dict[int, float] = {}
+        for d in kept:
+            med_t, med_u, _ = med[group_of[id(d)]]
+            u = util[id(d)]
+            centre[id(d)] = 0.0 if med_u is None else med_u
+            if u is None or med_u is None:
+                slope[id(d)] = 0.0
+            r[id(d)] = temp[id(d)] - med_t - slope[id(d)] * ((0.0 if u is None else u) - centre[id(d)])
+        slots: dict[tuple[Any, ...], list[Device]] = {}
+        for d in kept:
+            slots.setdefault((d.cohort, d.slot), []).append(d)
+        effect: dict[int, float] = {}
+        for members in slots.values():
+            slot_med = statistics.median([r[id(d)] for d in members])
+            for d in members:
+                effect[id(d)] = slot_med if len(members) >= d.rules["thermal"]["peers"]["min_slot_nodes"] else 0.0
+                r[id(d)] = r[id(d)] - effect[id(d)]
+        again: dict[tuple[Any, ...], float] = {}
+        for key in {group_of[id(d)] for d in kept}:
+            again[key] = statistics.median([r[id(d)] for d in kept if group_of[id(d)] == key])
+        for d in kept:
+            r[id(d)] = r[id(d)] - again[group_of[id(d)]]
+        mads: dict[tuple[str, ...], float] = {}
+        for cohort in {d.cohort for d in kept}:
+            values = [r[id(d)] for d in kept if d.cohort == cohort]
+            m = statistics.median(values)
+            mads[cohort] = statistics.median([abs(v - m) for v in values])
+        for d in kept:
+            peers = d.rules["thermal"]["peers"]
+            w = stats[id(d)]
+            med_t, med_u, _ = med[group_of[id(d)]]
+            sigma = MAD_SCALE * mads[d.cohort]
+            bar = max(float(peers["margin"]), float(peers["mad_k"]) * sigma)
+            on = d.reasons["thermal"].on
+            if on:
+                bar = float(peers["hold_ratio"]) * bar
+            base = med_t - slope[id(d)] * centre[id(d)] + effect[id(d)] + again[group_of[id(d)]]
+            hot = r[id(d)] >= bar
+            if hot:  # over its samples' median too: one spike is not heat
+                excess = []
+                for sample in w.samples:
+                    t = sample["temp_max"]
+                    if t is None:
+                        continue
+                    u = sample["util"] if sample["util"] is not None else med_u
+                    excess.append(t - (base + slope[id(d)] * (0.0 if u is None else u)))
+                hot = bool(excess) and statistics.median(excess) >= bar
+            since = w.now_s if d.hot_since is None else d.hot_since
+            sustained = w.now_s - since >= float(peers["sustain"])
+            held = (hot and (sustained or on)) or False
+            out[id(d)] = {"hot": hot, "judged": True, "held": held, "residual": r[id(d)]}
+        for dev in devices:  # no peers to judge it now: a thermal finding it had holds (no news is not a repair)
+            if not out[id(dev)]["judged"] and dev.reasons["thermal"].on and dev.hot_since is not None:
+                out[id(dev)]["held"] = True
+        return out
+
+    def _cap_peers(
+        self, devices: list[Device], stats: dict[int, Stats], fresh: dict[int, bool]
+    ) -> dict[int, list[tuple[float, float | None, float | None]]]:
+        """Per device, for its power-cap share over the window and over the duty span: (share, its peers' median
+        share, their robust spread), peers being its cohort's devices in its utilization bin, else those at
+        least as loaded (None: fewer than ``min_peers``)."""
+        bins = {id(d): self._bin(stats[id(d)].mean("util")) for d in devices}
+        ready = {
+            id(d): fresh[id(d)] and len(stats[id(d)].samples) >= self.min_samples and bins[id(d)] >= 0 for d in devices
+        }
+        out: dict[int, list[tuple[float, float | None, float | None]]] = {id(d): [] for d in devices}
+        for span in ("window", "duty"):
+            share = {
+                id(d): stats[id(d)].share("throttle_power")
+                if span == "window"
+                else stats[id(d)].span_share("throttle_power", "duty")
+                for d in devices
+            }
+            eligible = [d for d in devices if ready[id(d)] and (span == "window" or stats[id(d)].covered("duty"))]
+            for dev in devices:
+                least = dev.rules["power_throttling"]["min_peers"]
+                b = bins[id(dev)]
+                found: tuple[float | None, float | None] = (None, None)
+                if dev in eligible:
+                    own = [share[id(d)] for d in eligible if d.cohort == dev.cohort and bins[id(d)] == b]
+                    above = [share[id(d)] for d in eligible if d.cohort == dev.cohort and bins[id(d)] >= b]
+                    pool = own if len(own) >= least else above if len(above) >= least else []
+                    if pool:
+                        m = statistics.median(pool)
+                        found = (m, MAD_SCALE * statistics.median([abs(x - m) for x in pool]))
+                out[id(dev)].append((share[id(dev)], *found))
+        return out
+
+    def _scopes(
+        self,
+        devices: list[Device],
+        evidence: dict[int, dict[str, list[Any]]],
+        fresh: dict[int, bool],
+        stats: dict[int, Stats],
+    ) -> None:
+        """A reason on most of a node's reporting devices is the node's; a job that keeps crashing on a device with
+        no evidence of its own for the reason is the workload's (hw.state ok)."""
+        node = self.policy.node
+        for reason in node.reasons:
+            reporting: dict[str, int] = {}
+            hits: dict[str, int] = {}
+            for dev in devices:
+                if fresh[id(dev)]:
+                    reporting[dev.node] = reporting.get(dev.node, 0) + 1
+                    if evidence[id(dev)][reason][0]:
+                        hits[dev.node] = hits.get(dev.node, 0) + 1
+            for dev in devices:
+                n = hits.get(dev.node, 0)
+                wide = n >= node.min_devices and n >= node.share * reporting.get(dev.node, 0)
+                if fresh[id(dev)] and evidence[id(dev)][reason][0] and wide:
+                    evidence[id(dev)][reason][3] = "node"
+        for reason, kind, key in (
+            ("driver_errors", "workload_application", "application_repeats"),
+            ("memory_pressure", "workload_oom", "out_of_memory"),
+        ):
+            for dev in devices:
+                rules = dev.rules[reason]
+                crashes = stats[id(dev)].events_since(kind, float(rules["events_window"])) >= rules[key]
+                if crashes and fresh[id(dev)] and not evidence[id(dev)][reason][0]:
+                    evidence[id(dev)][reason] = [True, 0, 0, "workload"]
 
     @staticmethod
     def _centre(pool: list[float]) -> tuple[float, float]:
@@ -658,9 +920,12 @@ class NaiveClassifier:
         slow = slow and w.covered("rate")
         return fast or slow
 
-    def _duty(self, dev: Device, w: Stats, feature: str, reason: str, share: bool = False) -> bool:
-        """Present for the rule's duty of the duty span, or (already on) duty x hold ratio of either span."""
-        duty = float(dev.rules[reason]["duty"])
+    def _duty(
+        self, dev: Device, w: Stats, feature: str, reason: str, share: bool = False, bar: float | None = None
+    ) -> bool:
+        """Present for the rule's duty (or ``bar``) of the duty span, or (already on) that x hold ratio of
+        either span."""
+        duty = float(dev.rules[reason]["duty"]) if bar is None else bar
         read = w.span_share if share else w.span_fraction
         stay = duty * self.policy.horizon.duty_hold_ratio
         held = dev.reasons[reason].on and max(read(feature, "duty"), read(feature, "rate")) >= stay
@@ -674,8 +939,10 @@ class NaiveClassifier:
         lost: bool,
         corrected_centre: tuple[float, float, str],
         link_centre: tuple[float, float, str],
-    ) -> dict[str, tuple[bool, int, int]]:
-        """Per reason: (evidence present now, state it implies, least remediation code)."""
+        thermal_peers: dict[str, Any],
+        cap_peers: list[tuple[float, float | None, float | None]],
+    ) -> dict[str, list[Any]]:
+        """Per reason: [evidence present now, state it implies, least remediation code, scope]."""
         r = dev.rules
         st = STATE_CODE
         ev: dict[str, tuple[bool, int, int]] = {}
@@ -683,13 +950,17 @@ class NaiveClassifier:
         th = r["thermal"]
         hot = w.fraction("temp_hot") >= th["min_fraction"]
         throttled = w.share("throttle_thermal") >= th["throttle_share"]
+        slowdown = w.share("throttle_slowdown") >= th["slowdown_share"] or self._duty(
+            dev, w, "throttle_slowdown", "thermal", share=True, bar=float(th["slowdown_share"])
+        )
         critical = w.fraction("temp_crit") >= th["min_fraction"]
         recurring = self._duty(dev, w, "temp_hot", "thermal") or self._duty(
             dev, w, "throttle_thermal", "thermal", share=True
         )
+        limits = hot or throttled or slowdown or recurring or critical
         ev["thermal"] = (
-            hot or throttled or recurring or critical,
-            st[th["critical_state"] if critical else th["state"]],
+            limits or thermal_peers["held"],
+            st[th["critical_state"] if critical else th["state"] if limits else th["peers"]["state"]],
             0,
         )
 
@@ -717,18 +988,25 @@ class NaiveClassifier:
         pd = r["power_delivery"]
         errors = w.increase("power_errors") >= pd["errors"]
         voltage = w.fraction("volt_bad") >= pd["voltage_fraction"] or self._duty(dev, w, "volt_bad", "power_delivery")
-        ev["power_delivery"] = (errors or voltage, st[pd["state"]], 0)
+        brake = w.share("throttle_brake") >= pd["brake_share"] or self._duty(
+            dev, w, "throttle_brake", "power_delivery", share=True, bar=float(pd["brake_share"])
+        )
+        ev["power_delivery"] = (errors or voltage or brake, st[pd["state"]], 0)
 
+        # Capped far more than its peers at comparable load (none: not judged).
         pt = r["power_throttling"]
-        share = w.share("throttle_power")
-        pinned = w.fraction("power_pinned") >= pt["pinned_fraction"] and share > 0
-        cycling = self._duty(dev, w, "throttle_power", "power_throttling", share=True)
-        ev["power_throttling"] = (share >= pt["throttle_share"] or pinned or cycling, st[pt["state"]], 0)
+        stay = self.policy.horizon.duty_hold_ratio
+        capped = False
+        for (share, median, sigma), bar in zip(cap_peers, (pt["throttle_share"], pt["duty"]), strict=True):
+            need = stay * float(bar) if dev.reasons["power_throttling"].on else float(bar)
+            if median is not None and sigma is not None:
+                capped = capped or (share >= need and share - median >= max(need, float(pt["mad_k"]) * sigma))
+        ev["power_throttling"] = (capped, st[pt["state"]], 0)
 
         mp = r["memory_pressure"]
         full = w.fraction("mem_full") >= mp["min_fraction"] or self._duty(dev, w, "mem_full", "memory_pressure")
         ooms = w.events_since("out_of_memory", float(mp["events_window"])) >= mp["out_of_memory"]
-        ev["memory_pressure"] = (full or ooms, st[mp["state"]], 0)
+        ev["memory_pressure"] = (ooms or (full and bool(mp["full_is_evidence"])), st[mp["state"]], 0)
 
         lk = r["link"]
         expected = w.mean("link_expected") or 0.0
@@ -779,22 +1057,25 @@ class NaiveClassifier:
         ev["vendor_status"] = (reported > 0, reported, 0)
 
         # Rules judge fresh devices only; a silent one is device_lost's or stale's business.
-        for reason, (present, state, floor_) in list(ev.items()):
-            ev[reason] = (present and fresh, state, floor_)
-        ev["device_lost"] = (lost, st["failed"], 0)
-        ev["stale"] = (False, 0, 0)
-        return ev
+        out: dict[str, list[Any]] = {}
+        for reason, (present, state, floor_) in ev.items():
+            out[reason] = [present and fresh, state, floor_, "device"]
+        out["device_lost"] = [lost, st["failed"], 0, "device"]
+        out["stale"] = [False, 0, 0, "device"]
+        return out
 
     def _step(
-        self, dev: Device, now_s: float, evidence: dict[str, tuple[bool, int, int]], unknown: bool
-    ) -> tuple[str, str | None, tuple[str, ...], str]:
+        self, dev: Device, now_s: float, evidence: dict[str, list[Any]], unknown: bool
+    ) -> tuple[str, str | None, tuple[str, ...], str, str]:
         esc_window, after = self.policy.escalation.window_s, self.policy.escalation.after
         per_step = max(1, after - 1)
         on_reasons: list[str] = []
         worst = 0
         remediation = 0
+        scope, rank = "device", -1
+        beyond = {"workload": "check_workload", "node": self.policy.node.remediation}
         for reason in REASONS:
-            present, ev_state, ev_floor = evidence[reason]
+            present, ev_state, ev_floor, ev_scope = evidence[reason]
             hold = self.policy.hold_s(reason) if reason != "stale" else self.policy.hold_s("default")
             rs = dev.reasons[reason]
             if present:
@@ -806,6 +1087,7 @@ class NaiveClassifier:
                     rs.state = ev_state
                     rs.state_at = now_s
                 rs.floor = ev_floor
+                rs.scope = ev_scope
             on = present or (rs.on and now_s - rs.evidence_at < hold)
             if on and not rs.on:  # a new episode
                 if now_s - rs.first_episode_at > esc_window:
@@ -817,13 +1099,19 @@ class NaiveClassifier:
                 continue
             on_reasons.append(reason)
             worst = max(worst, rs.state)
+            this = rs.state * len(SCOPES) + SCOPE_RANK[rs.scope] + 1
+            if this > rank:  # the worst state's reason, the device's own first among equals, first in order
+                scope, rank = rs.scope, this
             ladder = dev.rules[reason]["remediation"] if reason in dev.rules else ["none"]
             step = min((max(rs.episodes, 1) - 1) // per_step, len(ladder) - 1)
-            remediation = max(remediation, REMEDIATIONS.index(ladder[step]), rs.floor)
+            code = max(REMEDIATIONS.index(ladder[step]), rs.floor)
+            if rs.scope in beyond:  # a finding beyond the device is remediated for what it is about
+                code = REMEDIATIONS.index(beyond[rs.scope])
+            remediation = max(remediation, code)
         if unknown:
-            return ("Unknown", None, ("stale",), "none")
+            return ("Unknown", None, ("stale",), "none", "device")
         health = "Unhealthy" if STATE_NAME[worst] in self.policy.unhealthy_states else "Healthy"
-        return (health, STATE_NAME[worst], tuple(sorted(on_reasons)), REMEDIATIONS[remediation])
+        return (health, STATE_NAME[worst], tuple(sorted(on_reasons)), REMEDIATIONS[remediation], scope)
 
 
 class Stats:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from otel_dra import conventions as cv
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier
-from otel_dra.frame import DeviceTable, Frame, Schema
+from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.sources.simulated import driver_error_column, gpu_columns
 from otel_dra.vocabulary import HW_STATES
 from tests.support.naive_twin import NaiveClassifier
@@ -56,9 +56,13 @@ rules:
   driver_errors: {{events_window: 2m, application_repeats: 2}}
   device_reset: {{events_window: 2m, resets: 2}}
   link: {{mad_k: 3, cohort_ratio: 2, storm_ratio: 3, floor_per_minute: 1}}
-  thermal: {{duty: 0.3}}
+  thermal: {{duty: 0.3, slowdown_share: 0.1,
+            peers: {{min_node_devices: 2, min_slot_nodes: 2, sustain: 20s, margin: 3, mad_k: 2, hold_ratio: 0.5}}}}
   cooling: {{duty: 0.3}}
+  power_delivery: {{brake_share: 0.05}}
+  power_throttling: {{min_peers: 2, mad_k: 1}}
   firmware: {{deny: ["{DENIED_FW}"], minimum: {{NVIDIA: "96.00.50.00.01"}}}}
+scopes: {{workload: {{min_devices: 2, together: 15s}}, node: {{min_devices: 2, share: 0.6}}}}
 overrides:
   - match: {{hw.model: "A100*"}}
     rules:
@@ -77,21 +81,23 @@ unhealthy_states: [failed, degraded]
 hold: {{default: 20s, memory_ecc: 40s, driver_errors: 40s, vendor_status: 0s, firmware: 0s, thermal: 50s}}
 escalation: {{window: 2m, after: 3}}
 horizon: {{bucket: 15s, duty_span: 45s, rate_span: 90s, duty_hold_ratio: 0.3}}
-cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0, span_significance: 0.5}}
+cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0, span_significance: 0.5, load_bins: [0.2, 0.5]}}
 stale_intervals: 3
 rules:
-  thermal: {{min_fraction: 0.6, throttle_share: 0.2}}
+  thermal: {{min_fraction: 0.6, throttle_share: 0.2,
+            peers: {{min_node_devices: 2, min_slot_nodes: 3, sustain: 0s, margin: 4, mad_k: 3, slope: 10}}}}
   memory_ecc: {{corrected_per_minute: 3, corrected_mad_k: 5}}
   # more out-of-memory events than the event log keeps (8) can matter here
-  memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5, duty: 0.3}}
+  memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5, duty: 0.3, full_is_evidence: true}}
   driver_errors: {{events_window: 90s, application_repeats: 2}}
   device_reset: {{events_window: 90s, resets: 1}}
-  power_throttling: {{throttle_share: 0.3, pinned_fraction: 0.5, duty: 0.2}}
+  power_throttling: {{throttle_share: 0.3, duty: 0.2, min_peers: 3}}
   link: {{replays_per_lane_per_minute: {{1: 0.05, 4: 0.1, 5: 0.2}}, mad_k: 2}}
   firmware: {{deny: ["{DENIED_FW}", "{OLD_FW}"]}}
+scopes: {{workload: {{min_devices: 3, together: 0s}}, node: {{min_devices: 2, share: 1.0, remediation: reset_device}}}}
 overrides:
   - match: {{hw.vendor: AMD}}
-    rules: {{thermal: {{state: predicted_failure}}, device_reset: {{resets: 2}}}}
+    rules: {{thermal: {{state: predicted_failure, peers: {{state: degraded}}}}, device_reset: {{resets: 2}}}}
 """
 
 
@@ -118,6 +124,9 @@ COUNTERS = (
     "throttle.thermal",
     "throttle.power",
     "throttle.other",
+    "throttle.power_cap",
+    "throttle.power_brake",
+    "throttle.hw_slowdown",
 )
 DRIVER_CODES = ("13", "79", "48", "999", "63", "54")
 # (probability of an increase per tick, largest increase)
@@ -184,6 +193,11 @@ class NodeProfile:
     silences: tuple[tuple[int, int], ...]
     silent_rows: bool  # a silent device is an all-NaN row (True) or missing from the table (False)
     devices: tuple[DeviceProfile, ...]
+    # What the node's devices share: a job crashing every this many ticks (an XID 13 and an OOM on each at
+    # once), a span of ticks with the power brake on all of them, a span with all of them this much hotter.
+    crash_every: int | None = None
+    brake: tuple[int, int] | None = None
+    heat: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -248,7 +262,15 @@ HEALTHY = {
 
 
 @st.composite
-def device_profiles(draw: st.DrawFn, hw_id: str, ticks: int) -> DeviceProfile:
+def device_profiles(
+    draw: st.DrawFn,
+    hw_id: str,
+    ticks: int,
+    kind: tuple[str | None, str | None] | None = None,
+    load: float = 0.9,
+) -> DeviceProfile:
+    """One device; ``kind``: the (vendor, model) its node's devices share, when they do; ``load``: its job's
+    utilization."""
     wild = draw(st.sets(st.sampled_from(ASPECTS), max_size=4))
     counters = tuple((key, draw(counter_profiles(ticks)) if key in wild else QUIET) for key in COUNTERS)
     codes = draw(st.lists(st.sampled_from(DRIVER_CODES), max_size=3, unique=True))
@@ -258,15 +280,15 @@ def device_profiles(draw: st.DrawFn, hw_id: str, ticks: int) -> DeviceProfile:
     )
     profile = DeviceProfile(
         hw_id=hw_id,
-        vendor=draw(st.sampled_from(["NVIDIA", "NVIDIA", "AMD", None])),
-        model=draw(st.sampled_from(["H100 80GB HBM3", "A100 80GB", None])),
+        vendor=draw(st.sampled_from(["NVIDIA", "NVIDIA", "AMD", None])) if kind is None else kind[0],
+        model=draw(st.sampled_from(["H100 80GB HBM3", "A100 80GB", None])) if kind is None else kind[1],
         firmware=draw(st.sampled_from([GOOD_FW, GOOD_FW, DENIED_FW, OLD_FW, None])),
         firmware_change=fw_change,
         join=draw(st.sampled_from([0, 0, 0, 1, 3, ticks // 2])),
         silences=draw(silences(ticks, 24)),
         skip_p=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
         nan_p=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
-        temp=draw(st.sampled_from([30, 45, 74, 76, 84, 85, 86, 91, 92, 93, 100])),
+        temp=draw(st.sampled_from([30, 45, 63, 64, 65, 66, 68, 74, 76, 84, 85, 86, 91, 92, 93, 100])),
         temp_jitter=draw(st.sampled_from([0, 1, 2, 5])),
         spike_p=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
         temp_limits=draw(st.sampled_from(["own", "own", "none", "flaky", "low", "throttled_only"])),
@@ -279,7 +301,7 @@ def device_profiles(draw: st.DrawFn, hw_id: str, ticks: int) -> DeviceProfile:
         volt_limits=draw(st.sampled_from(["own", "own", "none", "flaky"])),
         power=draw(st.sampled_from([None, 300, 685, 686, 700])),
         power_cap=draw(st.sampled_from([None, 700, 700])),
-        util=draw(st.sampled_from([None, 0.1, 0.3, 0.9])),
+        util=draw(st.sampled_from([None, 0.1, 0.3, 0.8, 0.9, 0.95])),
         mem=draw(st.sampled_from(["none", "util_low", "util_full", "util_edge", "usage_full", "usage_low", "flaky"])),
         width=draw(st.sampled_from([None, 16, 16, 8])),
         width_max=draw(st.sampled_from([None, 16, 16])),
@@ -293,6 +315,12 @@ def device_profiles(draw: st.DrawFn, hw_id: str, ticks: int) -> DeviceProfile:
     for aspect, healthy in HEALTHY.items():
         if aspect not in wild:
             profile = dataclasses.replace(profile, **healthy)
+    # Healthy devices of a node differ a little (their place in the airflow, their load), so a peer
+    # comparison has something to weigh.
+    if "thermal" not in wild:
+        profile = dataclasses.replace(profile, temp=60 + draw(st.sampled_from([0, 0, 1, 2, 3])))
+    if "link" not in wild:
+        profile = dataclasses.replace(profile, util=load + draw(st.sampled_from([0.0, 0.0, 0.02, -0.03, 0.08])))
     return profile
 
 
@@ -301,7 +329,11 @@ def fleets(draw: st.DrawFn) -> Fleet:
     ticks = draw(st.integers(5, 60))
     nodes = []
     for n in range(draw(st.integers(1, 3))):
-        devices = tuple(draw(device_profiles(f"gpu-{d}", ticks)) for d in range(draw(st.integers(1, 4))))
+        kind = draw(st.one_of(st.none(), st.sampled_from([("NVIDIA", "H100 80GB HBM3"), ("AMD", None)])))
+        count = draw(st.integers(1, 4))
+        load = draw(st.sampled_from([0.9, 0.75, 0.86]))
+        devices = tuple(draw(device_profiles(f"gpu-{d}", ticks, kind, load)) for d in range(count))
+        span = st.tuples(st.integers(0, ticks), st.integers(2, 30))
         nodes.append(
             NodeProfile(
                 name=f"node-{n}",
@@ -310,6 +342,15 @@ def fleets(draw: st.DrawFn) -> Fleet:
                 silences=draw(silences(ticks, 12)),
                 silent_rows=draw(st.booleans()),
                 devices=devices,
+                crash_every=draw(st.sampled_from([None, None, 1, 2, 4, 9])),
+                brake=draw(st.one_of(st.none(), st.none(), span)),
+                heat=draw(
+                    st.one_of(
+                        st.none(),
+                        st.none(),
+                        st.tuples(st.integers(0, ticks), st.integers(2, 30), st.sampled_from([5, 30])),
+                    )
+                ),
             )
         )
     return Fleet(draw(st.sampled_from(["A", "B"])), ticks, draw(st.integers(0, 2**32 - 1)), tuple(nodes))
@@ -344,6 +385,12 @@ class DeviceSim:
             out[cv.HW_FIRMWARE_VERSION] = firmware
         return out
 
+    def crash(self) -> None:
+        """A job's crash on this GPU: an application XID and an out-of-memory event."""
+        for key in ("xid.13", "errors.out_of_memory"):
+            self.profiles.setdefault(key, QUIET)
+            self.counts[key] = self.counts.get(key, 0.0) + 1.0
+
     def advance(self) -> None:
         rng = self.rng
         for key, c in self.profiles.items():
@@ -353,7 +400,7 @@ class DeviceSim:
             if largest and rng.random() < chance:
                 self.counts[key] += rng.randint(1, largest)
 
-    def values(self, tick: int) -> dict[str, float]:
+    def values(self, tick: int, heat: int = 0) -> dict[str, float]:
         p, rng = self.p, self.rng
         v: dict[str, float] = {}
 
@@ -365,7 +412,7 @@ class DeviceSim:
             c = self.profiles[key]
             if (c.appear is None or tick >= c.appear) and rng.random() >= c.nan_p:
                 v[key] = value
-        temp = p.temp + rng.randint(-p.temp_jitter, p.temp_jitter)
+        temp = p.temp + heat + rng.randint(-p.temp_jitter, p.temp_jitter)
         if rng.random() < p.spike_p:
             temp += 15
         maybe("temp.gpu", temp)
@@ -434,11 +481,28 @@ class Recorder:
 
 
 def key_of(v: dict) -> tuple:
-    return (v[cv.K8S_NODE_NAME_ATTR], v[cv.HW_ID], v["health"], v[cv.HW_STATE], tuple(v["reasons"]), v["remediation"])
+    return (
+        v[cv.K8S_NODE_NAME_ATTR],
+        v[cv.HW_ID],
+        v["health"],
+        v[cv.HW_STATE],
+        tuple(v["reasons"]),
+        v["remediation"],
+        v["scope"],
+        v.get("group"),
+    )
+
+
+def columns() -> dict[str, Column]:
+    """The simulator's series kinds, and the throttle causes a source that tells them apart reports."""
+    cols = gpu_columns()
+    for reason in ("power_cap", "power_brake", "hw_slowdown"):
+        cols[f"throttle.{reason}"] = Column(cv.HW_THROTTLE_TIME.name, attrs_of({cv.HW_THROTTLE_REASON: reason}))
+    return cols
 
 
 def run_fleet(fleet: Fleet, policy: policy_mod.Policy) -> Recorder:
-    cols = gpu_columns()
+    cols = columns()
     schema = Schema(cols.values())
     index = {key: schema.index(col) for key, col in cols.items()}
     fast = Classifier(policy, schema, interval_s=float(INTERVAL_S))
@@ -454,13 +518,21 @@ def run_fleet(fleet: Fleet, policy: policy_mod.Policy) -> Recorder:
                 continue
             node_silent = _silent(tick, node.silences)
             rows: list[tuple[str, dict[str, str], dict[str, float] | None]] = []
+            crash = node.crash_every is not None and tick % node.crash_every == 0
+            braked = node.brake is not None and _silent(tick, (node.brake,))
+            heat = node.heat[2] if node.heat is not None and _silent(tick, (node.heat[:2],)) else 0
             for d in node.devices:
                 sim = sims[(node.name, d.hw_id)]
                 sim.advance()
+                if crash:
+                    sim.crash()
+                if braked:
+                    sim.profiles.setdefault("throttle.power_brake", QUIET)
+                    sim.counts["throttle.power_brake"] = sim.counts.get("throttle.power_brake", 0.0) + 9.0
                 if tick < d.join:
                     continue
                 silent = node_silent or _silent(tick, d.silences) or rng.random() < d.skip_p
-                values = None if silent else sim.values(tick)
+                values = None if silent else sim.values(tick, heat)
                 if values is None and not node.silent_rows:
                     continue
                 rows.append((d.hw_id, sim.attrs(tick), values))
@@ -516,7 +588,7 @@ def test_vectorised_classifier_matches_naive_twin(policies: dict[str, policy_mod
 
 
 # -- examples -------------------------------------------------------------------------------
-COLS = gpu_columns()
+COLS = columns()
 NVIDIA_H100 = {cv.HW_TYPE: "gpu", cv.HW_VENDOR: "NVIDIA", cv.HW_MODEL: "H100 80GB HBM3"}
 
 
@@ -562,12 +634,12 @@ class Pair:
         naive = sorted(key_of(v) for v in self.naive.evaluate(now))
         assert fast == naive, f"tick {tick}: vectorised {fast} != naive {naive}"
         self.fast_log += fast
-        return {(k[0], k[1]): k[2:] for k in fast}
+        return {(k[0], k[1]): k[2:6] for k in fast}  # (scope and group: checked equal above)
 
     def current(self) -> dict[tuple[str, str], tuple]:
         out = {}
         for k in self.fast_log:
-            out[(k[0], k[1])] = k[2:]
+            out[(k[0], k[1])] = k[2:6]
         return out
 
 
@@ -661,3 +733,50 @@ def test_attributes_that_change_while_a_device_is_not_read_are_noted(policies: d
     pair.evaluate(1)
     pair.feed(2, "n", {"gpu-0": ok, "gpu-1": ok}, updated)  # the same table again, gpu-1 read
     assert pair.evaluate(2) == {("n", "gpu-1"): ("Healthy", "ok", (), "none")}
+
+
+# -- peers under the same load, each boundary once (policy A: margin 3, sustain 20 s, 2 slot nodes) -----------
+def run_peers(pair: Pair, ticks: int, nodes: dict[str, dict[str, tuple[float, float]]], spike: int = -1) -> None:
+    """Feed ``nodes`` (node -> device -> (temperature, utilization)) for ``ticks`` ticks, both classifiers alike;
+    at tick ``spike`` every node's gpu-3 reads 15 Cel hotter once."""
+    for tick in range(ticks):
+        for node, devices in nodes.items():
+            frame = {
+                dev: {"temp.gpu": temp + (15 if tick == spike and dev == "gpu-3" else 0), "util": util}
+                for dev, (temp, util) in devices.items()
+            }
+            pair.feed(tick, node, frame)
+        pair.evaluate(tick)
+
+
+def test_a_gpu_hotter_than_its_peers_and_not_a_spike(policies: dict[str, policy_mod.Policy]) -> None:
+    pair = Pair(policies["A"])
+    node = {
+        "gpu-0": (60.0, 0.9),
+        "gpu-1": (60.0, 0.9),
+        "gpu-2": (64.0, 0.9),
+        "gpu-3": (61.0, 0.9),
+        "gpu-4": (60.0, 0.9),
+    }
+    run_peers(pair, 12, {"n": node}, spike=5)
+    state = pair.current()
+    assert state[("n", "gpu-2")] == ("Healthy", "predicted_failure", ("thermal",), "reduce_load")
+    assert state[("n", "gpu-3")] == ("Healthy", "ok", (), "none")  # one sample 15 Cel up: its median is not
+
+
+def test_a_slot_that_runs_hot_on_every_node_is_not_a_fault(policies: dict[str, policy_mod.Policy]) -> None:
+    pair = Pair(policies["A"])
+    node = {"gpu-0": (60.0, 0.9), "gpu-1": (60.0, 0.9), "gpu-2": (65.0, 0.9)}
+    run_peers(pair, 12, {"a": node, "b": node})  # gpu-2 runs 5 Cel hot on both nodes: its slot, not it
+    assert {key: value[1] for key, value in pair.current().items()} == dict.fromkeys(
+        [(n, f"gpu-{g}") for n in "ab" for g in range(3)], "ok"
+    )
+
+
+def test_a_gpu_at_another_load_than_its_peers_is_not_judged_against_them(
+    policies: dict[str, policy_mod.Policy],
+) -> None:
+    pair = Pair(policies["A"])
+    node = {"gpu-0": (60.0, 0.86), "gpu-1": (60.0, 0.86), "gpu-2": (60.0, 0.86), "gpu-3": (68.0, 1.0)}
+    run_peers(pair, 12, {"n": node})  # 0.14 busier: the slope's 4.2 Cel would leave 3.8 over, but it is not a peer
+    assert pair.current()[("n", "gpu-3")][1] == "ok"
