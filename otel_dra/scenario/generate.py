@@ -5,7 +5,9 @@ fleet per seed: several GPU models with their own limits and background rates (o
 limits at all), per-node sampling intervals with jitter, per-node clock skew, every fault
 kind of the contract (hard, soft, slow, intermittent) at random devices and times, traps
 that must not be flagged, a shared network device and a silent node. The labels say what a
-classifier must find, by when, in each node's own clock.
+classifier must find, by when, in each node's own clock. ``load`` puts the GPUs to work
+(:mod:`otel_dra.scenario.load`: training jobs, inference replicas, their crashes) and adds the
+faults that show only under load; ``idle``, the default, writes what it always wrote.
 
 How it is fast: the fleet is one state matrix (devices as rows, series as columns) stepped
 once per second with numpy; a node's line is one ``%`` format of a per-node template (the
@@ -62,7 +64,8 @@ LABELS_VERSION: Final = 1
 @dataclass(frozen=True)
 class ScenarioConfig:
     """One scenario: fleet size, length, seed and shape ("mixed": the messy fleet; "tidy": one
-    model, one 10 s interval, no jitter or skew). Validated on construction."""
+    model, one 10 s interval, no jitter or skew), what the GPUs run (``load``) and whether faults are
+    placed. Validated on construction."""
 
     nodes: int = 12
     devices_per_node: int = 4
