@@ -59,6 +59,7 @@ HORIZON_FEATURES: tuple[F, ...] = (
     F.THROTTLE_POWER,
     F.THROTTLE_BRAKE,
     F.THROTTLE_SLOWDOWN,
+    F.UTIL,
     F.TEMP_HOT,
     F.COOLING_BAD,
     F.MEM_FULL,
@@ -271,6 +272,12 @@ class Window:
                 share = self._span_fractions[span, f] = np.where(judged, sums / counts, 0.0)
         return share
 
+    def span_mean(self, f: F, span: int) -> np.ndarray:
+        """A gauge's mean over the span (NaN where it has none)."""
+        sums, counts = self.span[span][0][H[f]], self.span[span][1][H[f]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, sums / counts, np.nan)
+
     def span_share(self, f: F, span: int) -> np.ndarray:
         """A time counter's increase over the span's time (0 while the span is not covered)."""
         sums, _ = self.span[span]
@@ -396,22 +403,25 @@ class Window:
         """Each device's power-cap time against its cohort's devices at comparable load: the same
         utilization bin (``cohorts.load_bins``), or, when that holds fewer than ``min_peers``,
         every peer at least as loaded (its bin and the bins above): a peer under more load is capped at least
-        as often, so this errs toward quiet. No such peers: not judged (``judged`` False)."""
+        as often, so this errs toward quiet. No such peers: not judged (its median NaN)."""
         if self._capped is not None:
             return self._capped
         g, rows = self.groups, self.rows
         p = g.param
         edges = g.policy.cohorts.load_bins
         n_bins = edges.size + 1
-        util = self.mean(F.UTIL)
+        # Each span against peers at comparable load over that span: the window's utilization for its share,
+        # the duty span's for its (a peer that dipped for a checkpoint ten minutes ago was not at this load then).
+        utils = (self.mean(F.UTIL), self.span_mean(F.UTIL, DUTY_SPAN))
         shares = (self.share(F.THROTTLE_POWER), self.span_share(F.THROTTLE_POWER, DUTY_SPAN))
-        b = load_bins(util, edges)
-        ready = self.fresh & (self.samples >= self.min_samples) & (b >= 0)
+        ready = self.fresh & (self.samples >= self.min_samples)
         cohort = g.cohort[rows]
         n_groups = len(g.cohort_names) * n_bins
         least = p(rows, "power_throttling", "min_peers")
         medians, sigmas = [], []
-        for share, eligible in zip(shares, (ready, ready & self.covered(DUTY_SPAN)), strict=True):
+        for share, util, covered in zip(shares, utils, (ready, ready & self.covered(DUTY_SPAN)), strict=True):
+            b = load_bins(util, edges)
+            eligible = covered & (b >= 0)
             median = np.full(rows.shape, np.nan)
             sigma = np.full(rows.shape, np.nan)
             chosen = np.zeros(rows.shape, dtype=bool)
@@ -428,7 +438,7 @@ class Window:
                 chosen |= ok
             medians.append(median)
             sigmas.append(sigma)
-        self._capped = CapPeers(shares, medians, sigmas, util)
+        self._capped = CapPeers(shares, medians, sigmas, utils[0])
         return self._capped
 
 
