@@ -193,6 +193,7 @@ RULES = struct(
                         "mad_k": POSITIVE,
                         "hold_ratio": FRACTION,
                         "sustain": duration,
+                        "min_utilization": FRACTION,
                         "slope": number(0.0, 200.0),
                         "min_node_devices": number(2, None, integer=True),
                         "min_slot_nodes": number(2, None, integer=True),
@@ -243,6 +244,8 @@ RULES = struct(
                 "duty": FRACTION,
                 "mad_k": POSITIVE,
                 "min_peers": number(2, None, integer=True),
+                "peer_margin": FRACTION,
+                "limit_ratio": FRACTION,
                 "remediation": LADDER,
             }
         ),

@@ -65,6 +65,7 @@ class F(IntEnum):
     # job's crash (the classifier moves them here from DRIVER_APPLICATION / OUT_OF_MEMORY, see workload.py).
     WORKLOAD_APPLICATION = 28
     WORKLOAD_OOM = 29
+    POWER_LIMIT = 30  # the device's power cap (hw.power.limit{max}), W
 
 
 N_FEATURES = len(F)
@@ -406,6 +407,7 @@ class FeatureExtractor:
             out[:, F.VOLT_BAD] = _indicator(bad, known)
         power = _reduce(values, plan.power, np.fmax)
         cap = _reduce(values, plan.power_limit, np.fmin)
+        out[:, F.POWER_LIMIT] = cap
         with np.errstate(invalid="ignore"):
             out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
         mem = _reduce(values, plan.mem_util, np.fmax)

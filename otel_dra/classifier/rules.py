@@ -36,7 +36,15 @@ from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import STATE_CODE, F
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.params import PolicyGroups
-from otel_dra.classifier.peers import MAD_SCALE, ThermalResiduals, grouped_median_mad, load_bins, thermal_residuals
+from otel_dra.classifier.peers import (
+    MAD_SCALE,
+    ThermalResiduals,
+    dense,
+    grouped_median,
+    grouped_median_mad,
+    load_bins,
+    thermal_residuals,
+)
 from otel_dra.classifier.window import WindowStore
 from otel_dra.vocabulary import REASONS, REMEDIATIONS, SCOPES
 
@@ -160,8 +168,8 @@ class RateVerdict:
 class ThermalPeers:
     """Devices running hotter than their peers at the same load (:meth:`Window.thermal_peers`)."""
 
-    flagged: np.ndarray  # bool: hotter than its peers for the policy's ``sustain``: the evidence
-    hot: np.ndarray  # bool: hotter than its peers now
+    flagged: np.ndarray  # bool: hotter than its peers (its samples' median too) for ``sustain``: the evidence
+    hot: np.ndarray  # bool: its window mean hotter than its peers' now (what PeerHistory keeps the time of)
     judged: np.ndarray  # bool: had peers to be judged against now
     residuals: ThermalResiduals
     bar: np.ndarray  # Cel above the expectation that flags (lowered while the reason is on)
@@ -175,7 +183,10 @@ class CapPeers:
     shares: tuple[np.ndarray, np.ndarray]
     medians: list[np.ndarray]
     sigmas: list[np.ndarray]
+    node_medians: list[np.ndarray]  # the median share of its node's devices of its cohort (NaN: too few)
     util: np.ndarray  # the window's mean utilization
+    limit: np.ndarray  # its power limit over the window, W
+    limit_median: np.ndarray  # its cohort's median power limit (NaN: too few devices report one)
 
 
 @dataclass
@@ -352,7 +363,8 @@ class Window:
         """Each device's temperature against its peers at the same load (``rules.thermal.peers``): flagged when
         both its window mean and the median of its window's samples run ``max(margin, mad_k x spread)`` above
         what its node's devices, its slot elsewhere and its utilization say (``hold_ratio`` of that while
-        ``thermal`` is on)."""
+        ``thermal`` is on), at every evaluation for ``sustain``; not judged while its peers run under
+        ``min_utilization``."""
         if self._thermal is not None:
             return self._thermal
         g, rows = self.groups, self.rows
@@ -375,8 +387,12 @@ class Window:
         )
         bar = np.fmax(p(rows, "thermal", "peers", "margin"), p(rows, "thermal", "peers", "mad_k") * res.sigma)
         bar = np.where(self.on[:, R["thermal"]], p(rows, "thermal", "peers", "hold_ratio") * bar, bar)
+        # At light load there is little heat to tell devices apart by (a checkpoint's dip, an idle node): no news.
         with np.errstate(invalid="ignore"):
-            flagged = res.residual >= bar
+            light = res.node_util < p(rows, "thermal", "peers", "min_utilization")
+            judged = ~np.isnan(res.residual) & ~light
+            hot = judged & (res.residual >= bar)
+        flagged = hot.copy()
         some = np.flatnonzero(flagged)
         if some.size:  # a few devices: their samples' median, so that one spike is not heat
             r = rows[some]
@@ -393,10 +409,9 @@ class Window:
         # is not a repair).
         since = np.where(np.isnan(self.hot_since), self.now_s, self.hot_since)
         sustained = self.now_s - since >= p(rows, "thermal", "peers", "sustain")
-        judged = ~np.isnan(res.residual)
         on = self.on[:, R["thermal"]]
         held = (flagged & (sustained | on)) | (on & ~judged & ~np.isnan(self.hot_since))
-        self._thermal = ThermalPeers(held, flagged, judged, res, bar)
+        self._thermal = ThermalPeers(held, hot, judged, res, bar)
         return self._thermal
 
     def cap_peers(self) -> CapPeers:
@@ -418,10 +433,17 @@ class Window:
         cohort = g.cohort[rows]
         n_groups = len(g.cohort_names) * n_bins
         least = p(rows, "power_throttling", "min_peers")
-        medians, sigmas = [], []
+        medians, sigmas, node_medians = [], [], []
         for share, util, covered in zip(shares, utils, (ready, ready & self.covered(DUTY_SPAN)), strict=True):
             b = load_bins(util, edges)
             eligible = covered & (b >= 0)
+            # Its node's devices of its cohort (the same job, usually): a training node at its cap beside a fleet
+            # of inference replicas at the same utilization is not four devices capped far more than their peers.
+            host, n_hosts = dense(self.nodes[eligible], cohort[eligible])
+            host_median, host_size = grouped_median(share[eligible], host, n_hosts)
+            at_node = np.full(rows.shape, np.nan)
+            at_node[eligible] = np.where(host_size[host] >= least[eligible], host_median[host], np.nan)
+            node_medians.append(at_node)
             median = np.full(rows.shape, np.nan)
             sigma = np.full(rows.shape, np.nan)
             chosen = np.zeros(rows.shape, dtype=bool)
@@ -438,7 +460,11 @@ class Window:
                 chosen |= ok
             medians.append(median)
             sigmas.append(sigma)
-        self._capped = CapPeers(shares, medians, sigmas, utils[0])
+        limit = self.mean(F.POWER_LIMIT)
+        known = self.fresh & ~np.isnan(limit)
+        limit_median, size = grouped_median(limit[known], cohort[known], len(g.cohort_names))
+        limit_median = np.where(size[cohort] >= least, limit_median[cohort], np.nan)
+        self._capped = CapPeers(shares, medians, sigmas, node_medians, utils[0], limit, limit_median)
         return self._capped
 
 
@@ -539,19 +565,31 @@ def power_delivery(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.nd
 def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Capped far more than its peers under comparable load (:meth:`Window.cap_peers`): its share of the
     window's time at the power cap at least ``throttle_share``, or of the duty span at least ``duty``
-    (throttling that cycles), and in either case that far and ``mad_k`` robust deviations above its peers'
-    median share. A busy GPU at its cap is how the power limit works; without peers it is not judged."""
+    (throttling that cycles), and in either case ``peer_margin`` and ``mad_k`` robust deviations above its
+    peers' median share (and ``peer_margin`` above its node's); or capped at a power limit under ``limit_ratio``
+    of its cohort's. A busy GPU at its cap is how the power limit works; without peers it is not judged."""
     p = g.param
     peers = w.cap_peers()
     k = p(w.rows, "power_throttling", "mad_k")
     bars = (p(w.rows, "power_throttling", "throttle_share"), p(w.rows, "power_throttling", "duty"))
     held = w.on[:, R["power_throttling"]]
     stay = w.groups.policy.horizon.duty_hold_ratio
+    margin = p(w.rows, "power_throttling", "peer_margin")
+    margin = np.where(held, stay * margin, margin)
     out = np.zeros(w.rows.shape, dtype=bool)
-    for share, median, sigma, bar in zip(peers.shares, peers.medians, peers.sigmas, bars, strict=True):
+    for share, median, sigma, at_node, bar in zip(
+        peers.shares, peers.medians, peers.sigmas, peers.node_medians, bars, strict=True
+    ):
         need = np.where(held, stay * bar, bar)
         with np.errstate(invalid="ignore"):
-            out |= (share >= need) & (share - median >= np.fmax(need, k * sigma))
+            above_node = np.isnan(at_node) | (share - at_node >= margin)
+            out |= (share >= need) & (share - median >= np.fmax(margin, k * sigma)) & above_node
+    # Capped at a power limit well under its cohort's: a limit lowered by firmware, a misconfiguration or the
+    # board (the remediation's "check firmware power limits").
+    need = np.where(held, stay * bars[0], bars[0])
+    with np.errstate(invalid="ignore"):
+        lowered = peers.limit < p(w.rows, "power_throttling", "limit_ratio") * peers.limit_median
+    out |= (peers.shares[0] >= need) & lowered
     return out, _state(g, w.rows, "power_throttling")
 
 

@@ -530,6 +530,7 @@ class NaiveClassifier:
 
         g = {name: [values[c] for c in cs] for name, cs in cols.gauges.items()}
         power, cap = _max(g["power"]), _min(g["power_limit"])
+        s["power_limit"] = cap
         pinned_ratio = float(rules["power_throttling"]["pinned_ratio"])
         s["power_pinned"] = _flag(
             power is not None and cap is not None and power >= pinned_ratio * cap, power is not None and cap is not None
@@ -647,6 +648,18 @@ class NaiveClassifier:
 
         thermal = self._thermal_peers(devices, stats, fresh)
         capped = self._cap_peers(devices, stats, fresh)
+        # Each device's power limit over its window, and its cohort's median (from ``min_peers`` devices).
+        limits = {id(d): stats[id(d)].mean("power_limit") for d in devices}
+        by_cohort: dict[tuple[str, ...], list[float]] = {}
+        for d in devices:
+            value = limits[id(d)]
+            if fresh[id(d)] and value is not None:
+                by_cohort.setdefault(d.cohort, []).append(value)
+        cap_limits = {}
+        for d in devices:
+            pool = by_cohort.get(d.cohort, [])
+            enough = len(pool) >= d.rules["power_throttling"]["min_peers"]
+            cap_limits[id(d)] = (limits[id(d)], statistics.median(pool) if enough else None)
         evidence: dict[int, dict[str, list[Any]]] = {}
         for dev in devices:
             is_fresh, is_node_fresh = fresh[id(dev)], node_fresh[id(dev)]
@@ -660,6 +673,7 @@ class NaiveClassifier:
                 centres["link_errors"][id(dev)],
                 thermal[id(dev)],
                 capped[id(dev)],
+                cap_limits[id(dev)],
             )
         self._scopes(devices, evidence, fresh, stats)
         out = []
@@ -796,8 +810,11 @@ class NaiveClassifier:
             on = d.reasons["thermal"].on
             if on:
                 bar = float(peers["hold_ratio"]) * bar
+            if med_u is not None and med_u < float(peers["min_utilization"]):
+                continue  # its peers at light load: not judged (no news)
             base = med_t - slope[id(d)] * centre[id(d)] + effect[id(d)] + again[group_of[id(d)]]
             hot = r[id(d)] >= bar
+            flagged = hot
             if hot:  # over its samples' median too: one spike is not heat
                 excess = []
                 for sample in w.samples:
@@ -806,10 +823,10 @@ class NaiveClassifier:
                         continue
                     u = sample["util"] if sample["util"] is not None else med_u
                     excess.append(t - (base + slope[id(d)] * (0.0 if u is None else u)))
-                hot = bool(excess) and statistics.median(excess) >= bar
+                flagged = bool(excess) and statistics.median(excess) >= bar
             since = w.now_s if d.hot_since is None else d.hot_since
             sustained = w.now_s - since >= float(peers["sustain"])
-            held = (hot and (sustained or on)) or False
+            held = flagged and (sustained or on)
             out[id(d)] = {"hot": hot, "judged": True, "held": held, "residual": r[id(d)]}
         for dev in devices:  # no peers to judge it now: a thermal finding it had holds (no news is not a repair)
             if not out[id(dev)]["judged"] and dev.reasons["thermal"].on and dev.hot_since is not None:
@@ -818,15 +835,15 @@ class NaiveClassifier:
 
     def _cap_peers(
         self, devices: list[Device], stats: dict[int, Stats], fresh: dict[int, bool]
-    ) -> dict[int, list[tuple[float, float | None, float | None]]]:
+    ) -> dict[int, list[tuple[float, float | None, float | None, float | None]]]:
         """Per device, for its power-cap share over the window and over the duty span: (share, its peers' median
-        share, their robust spread), peers being its cohort's devices in its utilization bin, else those at
-        least as loaded (None: fewer than ``min_peers``)."""
+        share, their robust spread, its node's median share), peers being its cohort's devices in its utilization
+        bin, else those at least as loaded (None: fewer than ``min_peers``), its node's those of its cohort."""
         bins = {id(d): self._bin(stats[id(d)].mean("util")) for d in devices}
         ready = {
             id(d): fresh[id(d)] and len(stats[id(d)].samples) >= self.min_samples and bins[id(d)] >= 0 for d in devices
         }
-        out: dict[int, list[tuple[float, float | None, float | None]]] = {id(d): [] for d in devices}
+        out: dict[int, list[tuple[float, float | None, float | None, float | None]]] = {id(d): [] for d in devices}
         for span in ("window", "duty"):
             share = {
                 id(d): stats[id(d)].share("throttle_power")
@@ -839,6 +856,7 @@ class NaiveClassifier:
                 least = dev.rules["power_throttling"]["min_peers"]
                 b = bins[id(dev)]
                 found: tuple[float | None, float | None] = (None, None)
+                at_node: float | None = None
                 if dev in eligible:
                     own = [share[id(d)] for d in eligible if d.cohort == dev.cohort and bins[id(d)] == b]
                     above = [share[id(d)] for d in eligible if d.cohort == dev.cohort and bins[id(d)] >= b]
@@ -846,7 +864,10 @@ class NaiveClassifier:
                     if pool:
                         m = statistics.median(pool)
                         found = (m, MAD_SCALE * statistics.median([abs(x - m) for x in pool]))
-                out[id(dev)].append((share[id(dev)], *found))
+                    host = [share[id(d)] for d in eligible if d.cohort == dev.cohort and d.node == dev.node]
+                    if len(host) >= least:
+                        at_node = statistics.median(host)
+                out[id(dev)].append((share[id(dev)], *found, at_node))
         return out
 
     def _scopes(
@@ -940,7 +961,8 @@ class NaiveClassifier:
         corrected_centre: tuple[float, float, str],
         link_centre: tuple[float, float, str],
         thermal_peers: dict[str, Any],
-        cap_peers: list[tuple[float, float | None, float | None]],
+        cap_peers: list[tuple[float, float | None, float | None, float | None]],
+        cap_limits: tuple[float | None, float | None],
     ) -> dict[str, list[Any]]:
         """Per reason: [evidence present now, state it implies, least remediation code, scope]."""
         r = dev.rules
@@ -993,14 +1015,21 @@ class NaiveClassifier:
         )
         ev["power_delivery"] = (errors or voltage or brake, st[pd["state"]], 0)
 
-        # Capped far more than its peers at comparable load (none: not judged).
+        # Capped far more than its peers at comparable load (none: not judged), and than its node's; or capped at
+        # a power limit well under its cohort's.
         pt = r["power_throttling"]
         stay = self.policy.horizon.duty_hold_ratio
         capped = False
-        for (share, median, sigma), bar in zip(cap_peers, (pt["throttle_share"], pt["duty"]), strict=True):
-            need = stay * float(bar) if dev.reasons["power_throttling"].on else float(bar)
-            if median is not None and sigma is not None:
-                capped = capped or (share >= need and share - median >= max(need, float(pt["mad_k"]) * sigma))
+        held = dev.reasons["power_throttling"].on
+        margin = stay * float(pt["peer_margin"]) if held else float(pt["peer_margin"])
+        for (share, median, sigma, at_node), bar in zip(cap_peers, (pt["throttle_share"], pt["duty"]), strict=True):
+            need = stay * float(bar) if held else float(bar)
+            if median is not None and sigma is not None and (at_node is None or share - at_node >= margin):
+                capped = capped or (share >= need and share - median >= max(margin, float(pt["mad_k"]) * sigma))
+        limit, limit_median = cap_limits
+        need = stay * float(pt["throttle_share"]) if held else float(pt["throttle_share"])
+        if limit is not None and limit_median is not None:
+            capped = capped or (cap_peers[0][0] >= need and limit < float(pt["limit_ratio"]) * limit_median)
         ev["power_throttling"] = (capped, st[pt["state"]], 0)
 
         mp = r["memory_pressure"]

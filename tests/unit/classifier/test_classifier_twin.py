@@ -60,7 +60,7 @@ rules:
             peers: {{min_node_devices: 2, min_slot_nodes: 2, sustain: 20s, margin: 3, mad_k: 2, hold_ratio: 0.5}}}}
   cooling: {{duty: 0.3}}
   power_delivery: {{brake_share: 0.05}}
-  power_throttling: {{min_peers: 2, mad_k: 1}}
+  power_throttling: {{min_peers: 2, mad_k: 1, peer_margin: 0.1}}
   firmware: {{deny: ["{DENIED_FW}"], minimum: {{NVIDIA: "96.00.50.00.01"}}}}
 scopes: {{workload: {{min_devices: 2, together: 15s}}, node: {{min_devices: 2, share: 0.6}}}}
 overrides:
@@ -91,7 +91,7 @@ rules:
   memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5, duty: 0.3, full_is_evidence: true}}
   driver_errors: {{events_window: 90s, application_repeats: 2}}
   device_reset: {{events_window: 90s, resets: 1}}
-  power_throttling: {{throttle_share: 0.3, duty: 0.2, min_peers: 3}}
+  power_throttling: {{throttle_share: 0.3, duty: 0.2, min_peers: 3, peer_margin: 0.15}}
   link: {{replays_per_lane_per_minute: {{1: 0.05, 4: 0.1, 5: 0.2}}, mad_k: 2}}
   firmware: {{deny: ["{DENIED_FW}", "{OLD_FW}"]}}
 scopes: {{workload: {{min_devices: 3, together: 0s}}, node: {{min_devices: 2, share: 1.0, remediation: reset_device}}}}
@@ -197,6 +197,7 @@ class NodeProfile:
     # once), a span of ticks with the power brake on all of them, a span with all of them this much hotter.
     crash_every: int | None = None
     brake: tuple[int, int] | None = None
+    capped: tuple[int, int] | None = None  # a span of ticks with all of them at their power cap (their job's)
     heat: tuple[int, int, int] | None = None
 
 
@@ -300,7 +301,7 @@ def device_profiles(
         volt=draw(st.sampled_from([None, 0.9, 0.9, 0.75, 1.05])),
         volt_limits=draw(st.sampled_from(["own", "own", "none", "flaky"])),
         power=draw(st.sampled_from([None, 300, 685, 686, 700])),
-        power_cap=draw(st.sampled_from([None, 700, 700])),
+        power_cap=draw(st.sampled_from([None, 700, 700, 500])),
         util=draw(st.sampled_from([None, 0.1, 0.3, 0.8, 0.9, 0.95])),
         mem=draw(st.sampled_from(["none", "util_low", "util_full", "util_edge", "usage_full", "usage_low", "flaky"])),
         width=draw(st.sampled_from([None, 16, 16, 8])),
@@ -344,6 +345,7 @@ def fleets(draw: st.DrawFn) -> Fleet:
                 devices=devices,
                 crash_every=draw(st.sampled_from([None, None, 1, 2, 4, 9])),
                 brake=draw(st.one_of(st.none(), st.none(), span)),
+                capped=draw(st.one_of(st.none(), span)),
                 heat=draw(
                     st.one_of(
                         st.none(),
@@ -520,6 +522,7 @@ def run_fleet(fleet: Fleet, policy: policy_mod.Policy) -> Recorder:
             rows: list[tuple[str, dict[str, str], dict[str, float] | None]] = []
             crash = node.crash_every is not None and tick % node.crash_every == 0
             braked = node.brake is not None and _silent(tick, (node.brake,))
+            capped = node.capped is not None and _silent(tick, (node.capped,))
             heat = node.heat[2] if node.heat is not None and _silent(tick, (node.heat[:2],)) else 0
             for d in node.devices:
                 sim = sims[(node.name, d.hw_id)]
@@ -529,6 +532,9 @@ def run_fleet(fleet: Fleet, policy: policy_mod.Policy) -> Recorder:
                 if braked:
                     sim.profiles.setdefault("throttle.power_brake", QUIET)
                     sim.counts["throttle.power_brake"] = sim.counts.get("throttle.power_brake", 0.0) + 9.0
+                if capped:
+                    sim.profiles.setdefault("throttle.power_cap", QUIET)
+                    sim.counts["throttle.power_cap"] = sim.counts.get("throttle.power_cap", 0.0) + 7.0
                 if tick < d.join:
                     continue
                 silent = node_silent or _silent(tick, d.silences) or rng.random() < d.skip_p
