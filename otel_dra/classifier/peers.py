@@ -26,6 +26,8 @@ from otel_dra.classifier.registry import grown
 MAD_SCALE = 1.4826
 #: Utilization difference from the node's median below which a device says nothing about the slope.
 SLOPE_MIN_SPREAD = 0.1
+#: Devices of a cohort in one utilization bin its own spread of residuals is taken over (fewer: the cohort's).
+SPREAD_MIN_DEVICES = 8
 #: How far from its peers' median utilization a device is still judged at the same load.
 SAME_LOAD = 0.1
 #: Devices with such a difference a cohort needs before its own slope replaces the policy's.
@@ -115,7 +117,8 @@ def thermal_residuals(
        least ``SLOPE_MIN_DEVICES`` of them), else ``default_slope``.
     3. The slot's effect: the median residual of the same slot on other nodes of the cohort (``min_slot_nodes``
        of them), taken out; then the peers' median residual, taken out again (one round of median polish).
-    4. The cohort's spread: 1.4826 x the MAD of the residuals.
+    4. The spread: 1.4826 x the MAD of the residuals of its cohort's devices in its utilization bin (of its
+       whole cohort while that bin holds fewer than ``SPREAD_MIN_DEVICES``).
     """
     n = temp.shape[0]
     out = ThermalResiduals(*(np.full(n, np.nan) for _ in range(7)))
@@ -136,7 +139,8 @@ def thermal_residuals(
     own = (counted >= SLOPE_MIN_DEVICES) & ~np.isnan(cohort_slope)
     slope = np.clip(np.where(own[co], cohort_slope[co], default_slope[rows]), 0.0, 200.0)
     # Peers: its node's devices of its cohort at comparable load.
-    peer, n_peers = dense(node[rows], co, load_bins(u, edges))
+    bins = load_bins(u, edges)
+    peer, n_peers = dense(node[rows], co, bins)
     med_t, size = grouped_median(t, peer, n_peers)
     med_u, _ = grouped_median(u[known_u], peer[known_u], n_peers)
     # Judged: devices with enough peers, at nearly their peers' load (a slope is a straight line through a curve
@@ -144,7 +148,7 @@ def thermal_residuals(
     with np.errstate(invalid="ignore"):
         near = ~(np.abs(u - med_u[peer]) > SAME_LOAD)
     keep = (size[peer] >= min_node_devices[rows]) & near
-    rows, t, u, co, peer, slope = rows[keep], t[keep], u[keep], co[keep], peer[keep], slope[keep]
+    rows, t, u, co, peer, slope, bins = rows[keep], t[keep], u[keep], co[keep], peer[keep], slope[keep], bins[keep]
     centre_u = np.where(np.isnan(med_u[peer]), 0.0, med_u[peer])
     slope = np.where(np.isnan(u) | np.isnan(med_u[peer]), 0.0, slope)
     r = t - med_t[peer] - slope * (np.nan_to_num(u) - centre_u)
@@ -154,9 +158,15 @@ def thermal_residuals(
     r = r - effect
     again, _ = grouped_median(r, peer, n_peers)
     r = r - again[peer]
+    # The spread of residuals at its load (a bursty inference replica's temperature follows its traffic less
+    # closely than a training job's): its cohort's in its utilization bin, from SPREAD_MIN_DEVICES, else its
+    # cohort's.
     _, mad, _ = grouped_median_mad(r, co, n_cohorts)
+    regime, n_regimes = dense(co, bins)
+    _, regime_mad, regime_size = grouped_median_mad(r, regime, n_regimes)
+    spread = np.where(regime_size[regime] >= SPREAD_MIN_DEVICES, regime_mad[regime], mad[co])
     out.residual[rows] = r
-    out.sigma[rows] = MAD_SCALE * mad[co]
+    out.sigma[rows] = MAD_SCALE * spread
     out.peers[rows] = size[peer]
     # expectation(u) = med_t + slope (u - med_u) + effect + again = base + slope u
     out.base[rows] = med_t[peer] - slope * centre_u + effect + again[peer]

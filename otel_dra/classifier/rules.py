@@ -566,8 +566,8 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     """Capped far more than its peers under comparable load (:meth:`Window.cap_peers`): its share of the
     window's time at the power cap at least ``throttle_share``, or of the duty span at least ``duty``
     (throttling that cycles), and in either case ``peer_margin`` and ``mad_k`` robust deviations above its
-    peers' median share (and ``peer_margin`` above its node's); or capped at a power limit under ``limit_ratio``
-    of its cohort's. A busy GPU at its cap is how the power limit works; without peers it is not judged."""
+    peers' median share (and ``peer_margin`` above its node's); or its power limit under ``limit_ratio`` of its
+    cohort's. A busy GPU at its cap is how the power limit works; without peers it is not judged."""
     p = g.param
     peers = w.cap_peers()
     k = p(w.rows, "power_throttling", "mad_k")
@@ -584,12 +584,10 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
         with np.errstate(invalid="ignore"):
             above_node = np.isnan(at_node) | (share - at_node >= margin)
             out |= (share >= need) & (share - median >= np.fmax(margin, k * sigma)) & above_node
-    # Capped at a power limit well under its cohort's: a limit lowered by firmware, a misconfiguration or the
-    # board (the remediation's "check firmware power limits").
-    need = np.where(held, stay * bars[0], bars[0])
+    # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
+    # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.
     with np.errstate(invalid="ignore"):
-        lowered = peers.limit < p(w.rows, "power_throttling", "limit_ratio") * peers.limit_median
-    out |= (peers.shares[0] >= need) & lowered
+        out |= peers.limit < p(w.rows, "power_throttling", "limit_ratio") * peers.limit_median
     return out, _state(g, w.rows, "power_throttling")
 
 

@@ -796,16 +796,21 @@ class NaiveClassifier:
             again[key] = statistics.median([r[id(d)] for d in kept if group_of[id(d)] == key])
         for d in kept:
             r[id(d)] = r[id(d)] - again[group_of[id(d)]]
-        mads: dict[tuple[str, ...], float] = {}
+        mads: dict[tuple[Any, ...], float] = {}
         for cohort in {d.cohort for d in kept}:
             values = [r[id(d)] for d in kept if d.cohort == cohort]
             m = statistics.median(values)
             mads[cohort] = statistics.median([abs(v - m) for v in values])
+        for regime in {(d.cohort, group_of[id(d)][2]) for d in kept}:  # its cohort at its load, from 8 devices
+            values = [r[id(d)] for d in kept if (d.cohort, group_of[id(d)][2]) == regime]
+            if len(values) >= 8:
+                m = statistics.median(values)
+                mads[regime] = statistics.median([abs(v - m) for v in values])
         for d in kept:
             peers = d.rules["thermal"]["peers"]
             w = stats[id(d)]
             med_t, med_u, _ = med[group_of[id(d)]]
-            sigma = MAD_SCALE * mads[d.cohort]
+            sigma = MAD_SCALE * mads.get((d.cohort, group_of[id(d)][2]), mads[d.cohort])
             bar = max(float(peers["margin"]), float(peers["mad_k"]) * sigma)
             on = d.reasons["thermal"].on
             if on:
@@ -1027,9 +1032,8 @@ class NaiveClassifier:
             if median is not None and sigma is not None and (at_node is None or share - at_node >= margin):
                 capped = capped or (share >= need and share - median >= max(margin, float(pt["mad_k"]) * sigma))
         limit, limit_median = cap_limits
-        need = stay * float(pt["throttle_share"]) if held else float(pt["throttle_share"])
         if limit is not None and limit_median is not None:
-            capped = capped or (cap_peers[0][0] >= need and limit < float(pt["limit_ratio"]) * limit_median)
+            capped = capped or limit < float(pt["limit_ratio"]) * limit_median
         ev["power_throttling"] = (capped, st[pt["state"]], 0)
 
         mp = r["memory_pressure"]

@@ -85,6 +85,7 @@ class Busy:
         self.extra_heat = np.zeros(n)
         self.brake = np.zeros(n, dtype=bool)
         self.slowdown = np.zeros(n, dtype=bool)
+        self.limits = np.full(n, 700.0)
         self.classifier = Classifier(policy_mod.load(), self.schema, interval_s=float(self.interval))
 
     def run(self, seconds: int, each: Callable[[int, Busy], None] | None = None, start: int = 0) -> None:
@@ -96,7 +97,7 @@ class Busy:
     def tick(self, t: int) -> None:
         n, rng, iv = self.nodes * GPUS, self.rng, self.interval
         util = np.clip(0.97 + rng.normal(0, 0.01, n), 0, 1)
-        power = np.where(self.brake, 350.0, 700.0 - rng.uniform(0, 3, n))
+        power = np.where(self.brake, 350.0, self.limits - rng.uniform(0, 3, n))
         temp = self.ambient + np.tile(SLOT_OFFSET, self.nodes) + 0.066 * power * self.resist + self.extra_heat
         temp = temp + rng.normal(0, 0.3, n)
         self.counters["t.power_cap"] += np.where(
@@ -111,7 +112,7 @@ class Busy:
         values[:, c["util"]] = util
         values[:, c["mem"]] = np.clip(0.97 + rng.normal(0, 0.005, n), 0, 0.999)
         values[:, c["power"]] = power
-        values[:, c["cap"]] = 700.0
+        values[:, c["cap"]] = self.limits
         for key, counts in self.counters.items():
             values[:, c[key]] = counts
         now = (T0 + t) * S
@@ -262,3 +263,56 @@ def test_memory_held_full_is_evidence_only_when_the_policy_says_so(tmp_path):
     fleet.classifier = Classifier(policy_mod.load(path), fleet.schema, interval_s=10.0)
     fleet.run(1200)
     assert {v.reasons for _, v in fleet.episodes(None)} == {("memory_pressure",)}
+
+
+def test_a_lowered_power_limit_is_power_throttling():
+    fleet = Busy(seed=13)
+    low = fleet.row(2, 4)
+    limits = np.full(3 * GPUS, 700.0)
+
+    def lower(t: int, f: Busy) -> None:
+        limits[low] = 450.0 if t >= 1200 else 700.0
+        f.limits = limits
+
+    fleet.run(2400, lower)
+    hits = fleet.episodes(None)
+    assert {key for key, _ in hits} == {("train-002", "gpu-4")}
+    assert hits[0][1].reasons == ("power_throttling",)
+
+
+def test_a_crash_whose_events_straddle_two_samples_is_still_the_jobs():
+    def crash(t: int, fleet: Busy) -> None:
+        if t >= 1200 and t % 300 == 0:  # five GPUs now, three one sample later
+            fleet.counters["xid13"][0:5] += 1
+            fleet.counters["oom"][0:5] += 1
+        if t >= 1200 and t % 300 == 10:
+            fleet.counters["xid13"][5:8] += 1
+            fleet.counters["oom"][5:8] += 1
+
+    fleet = Busy(seed=14)
+    fleet.run(3600, crash)
+    assert fleet.episodes(None) == []
+    scoped = {v.hw_id for (node, _), seq in fleet.verdicts.items() for v in seq if v.scope == "workload"}
+    assert scoped == {f"gpu-{g}" for g in range(GPUS)}
+
+
+def test_one_crash_is_not_news():
+    def crash(t: int, fleet: Busy) -> None:
+        if t == 1800:
+            fleet.counters["xid13"][8:16] += 1
+            fleet.counters["oom"][8:16] += 1
+
+    fleet = Busy(seed=15)
+    fleet.run(2700, crash)
+    assert fleet.episodes(None) == []
+    assert all(v.reasons == () for seq in fleet.verdicts.values() for v in seq)
+
+
+def test_every_gpu_of_a_node_over_its_limit_is_the_nodes_cooling():
+    fleet = Busy(seed=16)
+    fleet.run(2400, lambda t, f: f.extra_heat.__setitem__(slice(0, GPUS), 20.0 if t >= 1200 else 0.0))
+    hits = fleet.episodes(None)
+    assert {key for key, _ in hits} == {("train-000", f"gpu-{g}") for g in range(GPUS)}
+    for _, v in hits:
+        assert v.reasons == ("thermal",) and (v.scope, v.group) == ("node", "node/train-000")
+        assert "the node's cooling or inlet air" in v.message

@@ -786,3 +786,19 @@ def test_a_gpu_at_another_load_than_its_peers_is_not_judged_against_them(
     node = {"gpu-0": (60.0, 0.86), "gpu-1": (60.0, 0.86), "gpu-2": (60.0, 0.86), "gpu-3": (68.0, 1.0)}
     run_peers(pair, 12, {"n": node})  # 0.14 busier: the slope's 4.2 Cel would leave 3.8 over, but it is not a peer
     assert pair.current()[("n", "gpu-3")][1] == "ok"
+
+
+def test_the_spread_is_taken_at_the_devices_load(policies: dict[str, policy_mod.Policy]) -> None:
+    """Eight or more devices of a cohort in one utilization bin have their own spread of residuals: wide among
+    the busiest here (5 Cel from their median is within it), narrow in the bin below (where 3 Cel is not)."""
+    pair = Pair(policies["A"])
+    patterns = {"a": (60, 62.5, 65, 67.5, 70), "b": (70, 67.5, 65, 62.5, 60), "c": (65, 60, 70, 62.5, 67.5)}
+    nodes = {}
+    for name, temps in patterns.items():
+        busy = {f"gpu-{g}": (temp, 0.9) for g, temp in enumerate(temps)}
+        steady = {f"gpu-{g}": (58.0 if (name, g) == ("c", 8) else 55.0, 0.7) for g in range(5, 9)}
+        nodes[name] = busy | steady
+    run_peers(pair, 12, nodes)
+    state = {key: value[1] for key, value in pair.current().items()}
+    assert state.pop(("c", "gpu-8")) == "predicted_failure"  # 3 Cel above peers that never differ
+    assert set(state.values()) == {"ok"}  # the busiest 5 Cel apart: within their own spread
