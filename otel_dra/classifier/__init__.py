@@ -667,7 +667,9 @@ class Classifier:
         parts = []
         for reason in reasons:
             r = R[reason]
-            if reason == "stale" or evidence_now[r]:
+            if evidence_now[r] and scopes[r] == SCOPE["node"] and hits is None and (row, reason) in self._said:
+                text = self._said[(row, reason)]  # (current(): the last evaluation's words, with its node's count)
+            elif reason == "stale" or evidence_now[r]:
                 if scopes[r] == SCOPE["workload"]:
                     text = explain_workload(w, i, reason, node, ew)
                 else:

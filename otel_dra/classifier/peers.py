@@ -35,12 +35,19 @@ SLOPE_MIN_DEVICES = 4
 
 
 def _order(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Indices sorting ``values`` by (group, value): one argsort of ``group + scaled value``, a key that is
-    nearly sorted already when rows come grouped (a node's devices hold neighbouring rows)."""
+    """Indices sorting ``values`` by (group, value). One argsort of ``group + scaled value``, a key that is
+    nearly sorted already when rows come grouped (a node's devices hold neighbouring rows); where that key's
+    rounding put two values of a group out of order (they differ by less than its resolution), the exact
+    two-pass sort instead."""
     lo = float(values.min())
     span = float(values.max()) - lo
     scaled = (values - lo) / span * 0.999 if span > 0 else np.zeros_like(values)
-    return np.argsort(groups.astype(np.float64) + scaled, kind="quicksort")
+    order = np.argsort(groups.astype(np.float64) + scaled, kind="quicksort")
+    g, v = groups[order], values[order]
+    if bool(((g[1:] == g[:-1]) & (v[1:] < v[:-1])).any()):
+        by_value = np.argsort(values, kind="stable")
+        order = by_value[np.argsort(groups[by_value], kind="stable")]
+    return order
 
 
 def grouped_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,6 +77,37 @@ def grouped_median_mad(
     return median, mad, size
 
 
+def quantile_of_others(
+    values: np.ndarray, groups: np.ndarray, n_groups: int, q: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each element, the ``q`` quantile (linear between order statistics, numpy's default method) of the other
+    members of its group, and how many there are (NaN where none): a device is not its own peer, and a high
+    quantile of a handful of peers would otherwise be the device itself."""
+    n = values.size
+    out = np.full(n, np.nan)
+    if n == 0:
+        return out, np.zeros(0, dtype=np.intp)
+    order = _order(values, groups)
+    ordered = values[order]
+    size = np.bincount(groups, minlength=n_groups)
+    start = np.cumsum(size) - size
+    rank = np.empty(n, dtype=np.intp)
+    rank[order] = np.arange(n) - start[groups[order]]
+    others = size[groups] - 1
+    some = np.flatnonzero(others >= 1)
+    if some.size:
+        m, r, first = others[some], rank[some], start[groups[some]]
+        pos = q * (m - 1)
+        lo = np.floor(pos)
+        frac = pos - lo
+        lo_i = lo.astype(np.intp)
+        hi_i = np.minimum(lo_i + 1, m - 1)
+        v_lo = ordered[first + lo_i + (lo_i >= r)]  # the others' j-th is the group's j-th, or the next past itself
+        v_hi = ordered[first + hi_i + (hi_i >= r)]
+        out[some] = v_lo + frac * (v_hi - v_lo)
+    return out, others
+
+
 @dataclass
 class ThermalResiduals:
     """Each row's temperature above what its peers at its load say it should run at (NaN: not judged)."""
@@ -85,12 +123,21 @@ class ThermalResiduals:
 
 
 def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """Group ids 0..n-1 for the distinct combinations of the integer arrays ``keys`` (row-wise), and n."""
+    """Group ids 0..n-1 for the distinct combinations of the integer arrays ``keys`` (row-wise), and n: one
+    int64 key in mixed radix, then one stable sort (nearly sorted already when rows come grouped by node)."""
     if keys[0].size == 0:
         return np.zeros(0, dtype=np.intp), 0
-    combined = np.stack([k.astype(np.int64) for k in keys], axis=1)
-    uniq, inverse = np.unique(combined, axis=0, return_inverse=True)
-    return inverse.reshape(-1).astype(np.intp), int(uniq.shape[0])
+    combined = np.zeros(keys[0].shape, dtype=np.int64)
+    for k in keys:
+        k = k.astype(np.int64)
+        lo = int(k.min())
+        combined = combined * (int(k.max()) - lo + 1) + (k - lo)
+    order = np.argsort(combined, kind="stable")
+    ordered = combined[order]
+    starts = np.r_[True, ordered[1:] != ordered[:-1]]
+    ids = np.empty(combined.shape, dtype=np.intp)
+    ids[order] = np.cumsum(starts) - 1
+    return ids, int(starts.sum())
 
 
 def thermal_residuals(

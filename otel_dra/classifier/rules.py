@@ -37,12 +37,11 @@ from otel_dra.classifier.features import STATE_CODE, F
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.peers import (
-    MAD_SCALE,
     ThermalResiduals,
     dense,
     grouped_median,
-    grouped_median_mad,
     load_bins,
+    quantile_of_others,
     thermal_residuals,
 )
 from otel_dra.classifier.window import WindowStore
@@ -178,11 +177,10 @@ class ThermalPeers:
 @dataclass
 class CapPeers:
     """Power-cap time against peers at comparable load (:meth:`Window.cap_peers`): per span (the window, the
-    duty span) each device's share of time capped, its peers' median share and robust spread (NaN: no peers)."""
+    duty span) each device's share of time capped and its peers' reference share (NaN: no peers)."""
 
     shares: tuple[np.ndarray, np.ndarray]
-    medians: list[np.ndarray]
-    sigmas: list[np.ndarray]
+    references: list[np.ndarray]  # the peer_quantile of its peers' shares, itself left out (NaN: too few)
     node_medians: list[np.ndarray]  # the median share of its node's devices of its cohort (NaN: too few)
     util: np.ndarray  # the window's mean utilization
     limit: np.ndarray  # its power limit over the window, W
@@ -416,9 +414,12 @@ class Window:
 
     def cap_peers(self) -> CapPeers:
         """Each device's power-cap time against its cohort's devices at comparable load: the same
-        utilization bin (``cohorts.load_bins``), or, when that holds fewer than ``min_peers``,
-        every peer at least as loaded (its bin and the bins above): a peer under more load is capped at least
-        as often, so this errs toward quiet. No such peers: not judged (its median NaN)."""
+        utilization bin (``cohorts.load_bins``), or, when that holds fewer than ``min_peers`` (itself
+        included), every device at least as loaded (its bin and the bins above: a device under more load is
+        capped at least as often, so this errs toward quiet); the reference is a high quantile
+        (``peer_quantile``) of theirs, itself left out: devices differ by several percent in the power they draw
+        for the same work, so at the same utilization some sit at the cap much more than others. No such
+        peers: not judged (its reference NaN)."""
         if self._capped is not None:
             return self._capped
         g, rows = self.groups, self.rows
@@ -433,7 +434,8 @@ class Window:
         cohort = g.cohort[rows]
         n_groups = len(g.cohort_names) * n_bins
         least = p(rows, "power_throttling", "min_peers")
-        medians, sigmas, node_medians = [], [], []
+        q = float(g.policy.rules["power_throttling"]["peer_quantile"])
+        references, node_medians = [], []
         for share, util, covered in zip(shares, utils, (ready, ready & self.covered(DUTY_SPAN)), strict=True):
             b = load_bins(util, edges)
             eligible = covered & (b >= 0)
@@ -444,27 +446,27 @@ class Window:
             at_node = np.full(rows.shape, np.nan)
             at_node[eligible] = np.where(host_size[host] >= least[eligible], host_median[host], np.nan)
             node_medians.append(at_node)
-            median = np.full(rows.shape, np.nan)
-            sigma = np.full(rows.shape, np.nan)
+            reference = np.full(rows.shape, np.nan)
             chosen = np.zeros(rows.shape, dtype=bool)
             # Its own bin first, then its bin and those above (one pass a bin, never a loop over devices).
             for lowest in [None, *range(n_bins)]:
-                if lowest is None:
-                    pick, key, mine = eligible, cohort * n_bins + b, b >= 0
-                else:
-                    pick, key, mine = eligible & (b >= lowest), cohort * n_bins + lowest, b == lowest
-                med, mad, size = grouped_median_mad(share[pick], key[pick], n_groups)
-                ok = ~chosen & mine & eligible & (size[np.maximum(key, 0)] >= least)
-                median = np.where(ok, med[np.maximum(key, 0)], median)
-                sigma = np.where(ok, MAD_SCALE * mad[np.maximum(key, 0)], sigma)
+                mine = eligible & ~chosen & ((b >= 0) if lowest is None else (b == lowest))
+                pick = eligible if lowest is None else eligible & (b >= lowest)
+                key = (cohort * n_bins + (b if lowest is None else lowest))[pick]
+                found, others = quantile_of_others(share[pick], key, n_groups, q)
+                ok = np.zeros(rows.shape, dtype=bool)
+                ok[pick] = others + 1 >= least[pick]
+                ok &= mine
+                value = np.full(rows.shape, np.nan)
+                value[pick] = found
+                reference = np.where(ok, value, reference)
                 chosen |= ok
-            medians.append(median)
-            sigmas.append(sigma)
+            references.append(reference)
         limit = self.mean(F.POWER_LIMIT)
         known = self.fresh & ~np.isnan(limit)
         limit_median, size = grouped_median(limit[known], cohort[known], len(g.cohort_names))
         limit_median = np.where(size[cohort] >= least, limit_median[cohort], np.nan)
-        self._capped = CapPeers(shares, medians, sigmas, node_medians, utils[0], limit, limit_median)
+        self._capped = CapPeers(shares, references, node_medians, utils[0], limit, limit_median)
         return self._capped
 
 
@@ -563,27 +565,27 @@ def power_delivery(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.nd
 
 
 def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Capped far more than its peers under comparable load (:meth:`Window.cap_peers`): its share of the
-    window's time at the power cap at least ``throttle_share``, or of the duty span at least ``duty``
-    (throttling that cycles), and in either case ``peer_margin`` and ``mad_k`` robust deviations above its
-    peers' median share (and ``peer_margin`` above its node's); or its power limit under ``limit_ratio`` of its
-    cohort's. A busy GPU at its cap is how the power limit works; without peers it is not judged."""
+    """Capped far more than its peers under comparable load (:meth:`Window.cap_peers`): its share of the duty
+    span's time at the power cap at least ``duty`` (or, once on, of the window's at least ``throttle_share``),
+    ``peer_margin`` above its peers' reference share (and above its node's median); or its power limit under
+    ``limit_ratio`` of its cohort's. A busy GPU at its cap is how the power limit works; without peers it is
+    not judged."""
     p = g.param
     peers = w.cap_peers()
-    k = p(w.rows, "power_throttling", "mad_k")
     bars = (p(w.rows, "power_throttling", "throttle_share"), p(w.rows, "power_throttling", "duty"))
     held = w.on[:, R["power_throttling"]]
     stay = w.groups.policy.horizon.duty_hold_ratio
     margin = p(w.rows, "power_throttling", "peer_margin")
     margin = np.where(held, stay * margin, margin)
-    out = np.zeros(w.rows.shape, dtype=bool)
-    for share, median, sigma, at_node, bar in zip(
-        peers.shares, peers.medians, peers.sigmas, peers.node_medians, bars, strict=True
-    ):
+    found = []
+    for share, reference, at_node, bar in zip(peers.shares, peers.references, peers.node_medians, bars, strict=True):
         need = np.where(held, stay * bar, bar)
         with np.errstate(invalid="ignore"):
             above_node = np.isnan(at_node) | (share - at_node >= margin)
-            out |= (share >= need) & (share - median >= np.fmax(margin, k * sigma)) & above_node
+            found.append((share >= need) & (share - reference >= margin) & above_node)
+    # It enters on the duty span (15 minutes: an inference replica at its traffic's peak is capped for a few
+    # minutes, as its peers are at theirs); once on, the window holds it too.
+    out = found[1] | (held & found[0])
     # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
     # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.
     with np.errstate(invalid="ignore"):

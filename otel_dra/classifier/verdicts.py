@@ -430,13 +430,19 @@ def _explain_one(
         recurring(F.THROTTLE_BRAKE, "power brake", share=True)
     elif reason == "power_throttling":
         capped = w.cap_peers()
-        for share, median, span in zip(capped.shares, capped.medians, (win, duty_span), strict=True):
+        quantile = float(w.groups.rules[w.groups.group[w.rows[i]]]["power_throttling"]["peer_quantile"])
+        for share, reference, span in zip(capped.shares, capped.references, (win, duty_span), strict=True):
             if not np.isnan(share[i]) and share[i] > 0:
-                items.append(
-                    f"at its power cap {share[i]:.0%} of the time over {span}, its peers at utilization "
-                    f"{capped.util[i]:.2f} {median[i]:.0%}"
+                peers = (
+                    f", its peers at the same load {reference[i]:.0%} (their {quantile:.0%} quantile)"
+                    if not np.isnan(reference[i])
+                    else ""
                 )
+                items.append(f"at its power cap {share[i]:.0%} of the time over {span}{peers}")
         say(frac(F.POWER_PINNED)[i], f"power at its cap in {frac(F.POWER_PINNED)[i]:.0%} of samples")
+        limit, usual = capped.limit[i], capped.limit_median[i]
+        if not np.isnan(limit) and not np.isnan(usual) and limit < usual:
+            items.append(f"power limit {limit:.0f} W, its cohort's {usual:.0f} W")
     elif reason == "memory_pressure":
         say(frac(F.MEM_FULL)[i], f"memory full in {frac(F.MEM_FULL)[i]:.0%} of samples over {win}")
         ooms = w.events_since(F.OUT_OF_MEMORY, np.full(w.rows.shape, ew["memory_pressure"]))[i]

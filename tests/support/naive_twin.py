@@ -115,6 +115,7 @@ HORIZON_FEATURES = (
     "throttle_power",
     "throttle_brake",
     "throttle_slowdown",
+    "util",
     "temp_hot",
     "cooling_bad",
     "mem_full",
@@ -840,39 +841,53 @@ class NaiveClassifier:
 
     def _cap_peers(
         self, devices: list[Device], stats: dict[int, Stats], fresh: dict[int, bool]
-    ) -> dict[int, list[tuple[float, float | None, float | None, float | None]]]:
-        """Per device, for its power-cap share over the window and over the duty span: (share, its peers' median
-        share, their robust spread, its node's median share), peers being its cohort's devices in its utilization
-        bin, else those at least as loaded (None: fewer than ``min_peers``), its node's those of its cohort."""
-        bins = {id(d): self._bin(stats[id(d)].mean("util")) for d in devices}
-        ready = {
-            id(d): fresh[id(d)] and len(stats[id(d)].samples) >= self.min_samples and bins[id(d)] >= 0 for d in devices
-        }
-        out: dict[int, list[tuple[float, float | None, float | None, float | None]]] = {id(d): [] for d in devices}
+    ) -> dict[int, list[tuple[float, float | None, float | None]]]:
+        """Per device, for its power-cap share over the window and over the duty span: (share, its peers'
+        reference share, its node's median share). Peers: its cohort's devices in its utilization bin over that
+        span, else those at least as loaded (None: fewer than ``min_peers``, itself included); the reference is
+        the ``peer_quantile`` of theirs, itself left out (linear between order statistics). Its node's: those of
+        its cohort there."""
+        ready = {id(d): fresh[id(d)] and len(stats[id(d)].samples) >= self.min_samples for d in devices}
+        out: dict[int, list[tuple[float, float | None, float | None]]] = {id(d): [] for d in devices}
         for span in ("window", "duty"):
+            # Comparable load over the same span: the window's utilization, or the duty span's.
+            bins = {
+                id(d): self._bin(
+                    stats[id(d)].mean("util") if span == "window" else stats[id(d)].span_mean("util", "duty")
+                )
+                for d in devices
+            }
             share = {
                 id(d): stats[id(d)].share("throttle_power")
                 if span == "window"
                 else stats[id(d)].span_share("throttle_power", "duty")
                 for d in devices
             }
-            eligible = [d for d in devices if ready[id(d)] and (span == "window" or stats[id(d)].covered("duty"))]
+            eligible = [
+                d
+                for d in devices
+                if ready[id(d)] and bins[id(d)] >= 0 and (span == "window" or stats[id(d)].covered("duty"))
+            ]
             for dev in devices:
-                least = dev.rules["power_throttling"]["min_peers"]
+                rules = dev.rules["power_throttling"]
+                least, q = rules["min_peers"], float(rules["peer_quantile"])
                 b = bins[id(dev)]
-                found: tuple[float | None, float | None] = (None, None)
+                reference: float | None = None
                 at_node: float | None = None
                 if dev in eligible:
-                    own = [share[id(d)] for d in eligible if d.cohort == dev.cohort and bins[id(d)] == b]
-                    above = [share[id(d)] for d in eligible if d.cohort == dev.cohort and bins[id(d)] >= b]
+                    own = [d for d in eligible if d.cohort == dev.cohort and bins[id(d)] == b]
+                    above = [d for d in eligible if d.cohort == dev.cohort and bins[id(d)] >= b]
                     pool = own if len(own) >= least else above if len(above) >= least else []
-                    if pool:
-                        m = statistics.median(pool)
-                        found = (m, MAD_SCALE * statistics.median([abs(x - m) for x in pool]))
+                    others = sorted(share[id(d)] for d in pool if d is not dev)
+                    if others:
+                        pos = q * (len(others) - 1)
+                        lo = math.floor(pos)
+                        hi = min(lo + 1, len(others) - 1)
+                        reference = others[lo] + (pos - lo) * (others[hi] - others[lo])
                     host = [share[id(d)] for d in eligible if d.cohort == dev.cohort and d.node == dev.node]
                     if len(host) >= least:
                         at_node = statistics.median(host)
-                out[id(dev)].append((share[id(dev)], *found, at_node))
+                out[id(dev)].append((share[id(dev)], reference, at_node))
         return out
 
     def _scopes(
@@ -966,7 +981,7 @@ class NaiveClassifier:
         corrected_centre: tuple[float, float, str],
         link_centre: tuple[float, float, str],
         thermal_peers: dict[str, Any],
-        cap_peers: list[tuple[float, float | None, float | None, float | None]],
+        cap_peers: list[tuple[float, float | None, float | None]],
         cap_limits: tuple[float | None, float | None],
     ) -> dict[str, list[Any]]:
         """Per reason: [evidence present now, state it implies, least remediation code, scope]."""
@@ -1027,10 +1042,12 @@ class NaiveClassifier:
         capped = False
         held = dev.reasons["power_throttling"].on
         margin = stay * float(pt["peer_margin"]) if held else float(pt["peer_margin"])
-        for (share, median, sigma, at_node), bar in zip(cap_peers, (pt["throttle_share"], pt["duty"]), strict=True):
+        found = []
+        for (share, reference, at_node), bar in zip(cap_peers, (pt["throttle_share"], pt["duty"]), strict=True):
             need = stay * float(bar) if held else float(bar)
-            if median is not None and sigma is not None and (at_node is None or share - at_node >= margin):
-                capped = capped or (share >= need and share - median >= max(margin, float(pt["mad_k"]) * sigma))
+            ok = reference is not None and (at_node is None or share - at_node >= margin)
+            found.append(ok and share >= need and share - reference >= margin)  # type: ignore[operator]
+        capped = found[1] or (held and found[0])  # in on the duty span; once on, the window holds it too
         limit, limit_median = cap_limits
         if limit is not None and limit_median is not None:
             capped = capped or limit < float(pt["limit_ratio"]) * limit_median
@@ -1182,6 +1199,10 @@ class Stats:
     def covered(self, span: str) -> bool:
         seconds, n = self._span_total("dt", span)
         return n >= self.min_samples and seconds >= 0.5 * self.span_s[span]
+
+    def span_mean(self, f: str, span: str) -> float | None:
+        total, n = self._span_total(f, span)
+        return total / n if n else None
 
     def span_minutes(self) -> float:
         return self._span_total("dt", "rate")[0] / 60.0

@@ -200,6 +200,9 @@ def test_a_power_brake_on_every_gpu_of_a_node_is_the_nodes():
         assert v.time_unix_nano / S - T0 <= 1500 + 120
     # Its cap time stopped: the others' did not make it a power_throttling fault either.
     assert all("power_throttling" not in v.reasons for _, v in hits)
+    # What /v1/devices serves says the same, the node's count included.
+    now = {v.hw_id: v for v in fleet.classifier.current() if v.node == "train-001"}
+    assert all(v.scope == "node" and "8 of 8 devices of node train-001" in v.message for v in now.values())
 
 
 def test_a_power_brake_on_one_gpu_is_that_gpus():
@@ -244,7 +247,7 @@ def test_a_gpu_capped_far_more_than_its_peers_is_power_throttling():
     hits = fleet.episodes(None)
     assert {key for key, _ in hits} == {("train-001", "gpu-1")}
     v = hits[0][1]
-    assert v.reasons == ("power_throttling",) and "its peers at utilization" in v.message
+    assert v.reasons == ("power_throttling",) and "its peers at the same load" in v.message
 
 
 def test_a_hardware_slowdown_is_thermal():

@@ -60,7 +60,7 @@ rules:
             peers: {{min_node_devices: 2, min_slot_nodes: 2, sustain: 20s, margin: 3, mad_k: 2, hold_ratio: 0.5}}}}
   cooling: {{duty: 0.3}}
   power_delivery: {{brake_share: 0.05}}
-  power_throttling: {{min_peers: 2, mad_k: 1, peer_margin: 0.1}}
+  power_throttling: {{min_peers: 2, peer_quantile: 0.5, peer_margin: 0.1}}
   firmware: {{deny: ["{DENIED_FW}"], minimum: {{NVIDIA: "96.00.50.00.01"}}}}
 scopes: {{workload: {{min_devices: 2, together: 15s}}, node: {{min_devices: 2, share: 0.6}}}}
 overrides:
@@ -91,7 +91,7 @@ rules:
   memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5, duty: 0.3, full_is_evidence: true}}
   driver_errors: {{events_window: 90s, application_repeats: 2}}
   device_reset: {{events_window: 90s, resets: 1}}
-  power_throttling: {{throttle_share: 0.3, duty: 0.2, min_peers: 3, peer_margin: 0.15}}
+  power_throttling: {{throttle_share: 0.3, duty: 0.2, min_peers: 3, peer_margin: 0.15, peer_quantile: 0.75}}
   link: {{replays_per_lane_per_minute: {{1: 0.05, 4: 0.1, 5: 0.2}}, mad_k: 2}}
   firmware: {{deny: ["{DENIED_FW}", "{OLD_FW}"]}}
 scopes: {{workload: {{min_devices: 3, together: 0s}}, node: {{min_devices: 2, share: 1.0, remediation: reset_device}}}}
@@ -198,6 +198,7 @@ class NodeProfile:
     crash_every: int | None = None
     brake: tuple[int, int] | None = None
     capped: tuple[int, int] | None = None  # a span of ticks with all of them at their power cap (their job's)
+    dip: tuple[int, int] | None = None  # a span of ticks their job's utilization drops (a checkpoint)
     heat: tuple[int, int, int] | None = None
 
 
@@ -346,6 +347,7 @@ def fleets(draw: st.DrawFn) -> Fleet:
                 crash_every=draw(st.sampled_from([None, None, 1, 2, 4, 9])),
                 brake=draw(st.one_of(st.none(), st.none(), span)),
                 capped=draw(st.one_of(st.none(), span)),
+                dip=draw(st.one_of(st.none(), span)),
                 heat=draw(
                     st.one_of(
                         st.none(),
@@ -402,7 +404,7 @@ class DeviceSim:
             if largest and rng.random() < chance:
                 self.counts[key] += rng.randint(1, largest)
 
-    def values(self, tick: int, heat: int = 0) -> dict[str, float]:
+    def values(self, tick: int, heat: int = 0, dip: bool = False) -> dict[str, float]:
         p, rng = self.p, self.rng
         v: dict[str, float] = {}
 
@@ -450,7 +452,7 @@ class DeviceSim:
         if p.power is not None:
             maybe("power", p.power if rng.random() < 0.85 else 200)
         maybe("power.limit.max", p.power_cap)
-        maybe("util", p.util)
+        maybe("util", 0.2 if dip and p.util is not None else p.util)
         maybe("energy", 1e9 + tick)
         mem = p.mem if p.mem != "flaky" else rng.choice(["util_low", "util_full", "none", "usage_full"])
         if mem.startswith("util"):
@@ -538,7 +540,8 @@ def run_fleet(fleet: Fleet, policy: policy_mod.Policy) -> Recorder:
                 if tick < d.join:
                     continue
                 silent = node_silent or _silent(tick, d.silences) or rng.random() < d.skip_p
-                values = None if silent else sim.values(tick, heat)
+                dipped = node.dip is not None and _silent(tick, (node.dip,))
+                values = None if silent else sim.values(tick, heat, dipped)
                 if values is None and not node.silent_rows:
                     continue
                 rows.append((d.hw_id, sim.attrs(tick), values))
@@ -796,9 +799,35 @@ def test_the_spread_is_taken_at_the_devices_load(policies: dict[str, policy_mod.
     nodes = {}
     for name, temps in patterns.items():
         busy = {f"gpu-{g}": (temp, 0.9) for g, temp in enumerate(temps)}
-        steady = {f"gpu-{g}": (58.0 if (name, g) == ("c", 8) else 55.0, 0.7) for g in range(5, 9)}
+        steady = {f"gpu-{g}": (58.0 if (name, g) == ("c", 8) else 55.0, 0.82) for g in range(5, 9)}
         nodes[name] = busy | steady
     run_peers(pair, 12, nodes)
     state = {key: value[1] for key, value in pair.current().items()}
     assert state.pop(("c", "gpu-8")) == "predicted_failure"  # 3 Cel above peers that never differ
     assert set(state.values()) == {"ok"}  # the busiest 5 Cel apart: within their own spread
+
+
+def test_cap_time_is_compared_at_the_load_of_its_own_span(tmp_path: Path) -> None:
+    """A 30 s window and a 2-minute duty span: a GPU capped all along whose node just dipped for a checkpoint
+    is compared over the duty span with the peers busy then (capped as much), not with the dipped ones."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "window: 30s\nhorizon: {bucket: 20s, duty_span: 2m, rate_span: 2m}\n"
+        "rules: {power_throttling: {min_peers: 2, peer_quantile: 0.5, peer_margin: 0.1}}\n"
+    )
+    pair = Pair(policy_mod.load(path))
+    for tick in range(16):
+        dip = tick >= 14
+        for node, capped in (("a", {"gpu-0", "gpu-1", "gpu-2"}), ("b", {"gpu-0"})):
+            frame = {
+                f"gpu-{g}": {
+                    "util": 0.7 if (dip and node == "b") else 0.95,
+                    "throttle.power_cap": 10.0 * tick if f"gpu-{g}" in capped else 0.0,
+                }
+                for g in range(3)
+            }
+            pair.feed(tick, node, frame)
+        pair.evaluate(tick)
+    assert {key: value[1] for key, value in pair.current().items()} == dict.fromkeys(
+        [(n, f"gpu-{g}") for n in "ab" for g in range(3)], "ok"
+    )

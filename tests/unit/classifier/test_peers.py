@@ -1,0 +1,67 @@
+"""The group statistics the peer rules rest on, against the obvious way: every group's median, MAD and id."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_dra.classifier.peers import dense, grouped_median, grouped_median_mad, load_bins, quantile_of_others
+
+values = st.lists(
+    st.tuples(st.integers(0, 6), st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False)), max_size=60
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(values)
+def test_grouped_median_and_mad_are_each_groups(pairs: list[tuple[int, float]]) -> None:
+    groups = np.asarray([g for g, _ in pairs], dtype=np.intp)
+    data = np.asarray([v for _, v in pairs], dtype=np.float64)
+    median, mad, size = grouped_median_mad(data, groups, 7)
+    for g in range(7):
+        members = [v for k, v in pairs if k == g]
+        assert size[g] == len(members)
+        if not members:
+            assert np.isnan(median[g]) and np.isnan(mad[g])
+            continue
+        m = statistics.median(members)
+        assert median[g] == m
+        assert mad[g] == statistics.median([abs(v - m) for v in members])
+    alone, counted = grouped_median(data, groups, 7)
+    assert np.array_equal(alone, median, equal_nan=True) and np.array_equal(counted, size)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-1, 3), st.integers(0, 2)), min_size=1, max_size=80))
+def test_dense_ids_are_one_per_distinct_combination(rows: list[tuple[int, int, int]]) -> None:
+    keys = [np.asarray(column) for column in zip(*rows, strict=True)]
+    ids, n = dense(*keys)
+    assert n == len(set(rows))
+    assert sorted(set(ids.tolist())) == list(range(n))
+    for i, a in enumerate(rows):
+        for j, b in enumerate(rows):
+            assert (ids[i] == ids[j]) == (a == b)
+
+
+def test_load_bins_count_the_edges_at_or_below():
+    util = np.asarray([0.0, 0.29, 0.3, 0.6, 0.85, 1.0, np.nan])
+    assert load_bins(util, np.asarray([0.3, 0.6, 0.85])).tolist() == [0, 0, 1, 2, 3, 3, -1]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(values, st.sampled_from([0.0, 0.5, 0.75, 0.9, 1.0]))
+def test_the_quantile_of_the_others_leaves_the_device_out(pairs: list[tuple[int, float]], q: float) -> None:
+    groups = np.asarray([g for g, _ in pairs], dtype=np.intp)
+    data = np.asarray([v for _, v in pairs], dtype=np.float64)
+    found, others = quantile_of_others(data, groups, 7, q)
+    for i, (g, _) in enumerate(pairs):
+        rest = [v for j, (k, v) in enumerate(pairs) if k == g and j != i]
+        assert others[i] == len(rest)
+        if not rest:
+            assert np.isnan(found[i])
+            continue
+        assert found[i] == pytest.approx(np.quantile(np.asarray(rest), q), rel=1e-12, abs=1e-12)
