@@ -245,6 +245,7 @@ RULES = struct(
                 "min_peers": number(2, None, integer=True),
                 "peer_quantile": FRACTION,
                 "peer_margin": FRACTION,
+                "busy_utilization": FRACTION,
                 "limit_ratio": FRACTION,
                 "remediation": LADDER,
             }

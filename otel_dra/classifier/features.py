@@ -66,6 +66,7 @@ class F(IntEnum):
     WORKLOAD_APPLICATION = 28
     WORKLOAD_OOM = 29
     POWER_LIMIT = 30  # the device's power cap (hw.power.limit{max}), W
+    BUSY = 31  # 1: utilization at or above the policy's busy_utilization (its demand may reach the cap)
 
 
 N_FEATURES = len(F)
@@ -112,6 +113,7 @@ class DeviceParams:
     pinned_ratio: np.ndarray
     mem_full: np.ndarray
     gen_min_util: np.ndarray
+    busy_util: np.ndarray
     default_gen: np.ndarray
     default_width: np.ndarray
     groups: np.ndarray  # policy group of each row
@@ -419,6 +421,8 @@ class FeatureExtractor:
         gen, gen_max = _reduce(values, plan.gen_cols, np.fmin), _reduce(values, plan.gen_max, np.fmax)
         util = _reduce(values, plan.util, np.fmax)
         out[:, F.UTIL] = util
+        with np.errstate(invalid="ignore"):
+            out[:, F.BUSY] = _indicator(util >= p.busy_util, ~np.isnan(util))
         with np.errstate(invalid="ignore"):
             out[:, F.WIDTH_DOWN] = _indicator(width < width_max, ~np.isnan(width) & ~np.isnan(width_max))
             loaded = np.where(np.isnan(util), True, util >= p.gen_min_util)

@@ -165,6 +165,7 @@ class PolicyGroups:
             pinned_ratio=self.param(rows, "power_throttling", "pinned_ratio"),
             mem_full=self.param(rows, "memory_pressure", "utilization"),
             gen_min_util=self.param(rows, "link", "generation_min_utilization"),
+            busy_util=self.param(rows, "power_throttling", "busy_utilization"),
             default_gen=self.param(rows, "link", "default_generation"),
             default_width=self.param(rows, "link", "default_width"),
             groups=self.group[rows],

@@ -48,6 +48,8 @@ from otel_dra.classifier.window import WindowStore
 from otel_dra.vocabulary import REASONS, REMEDIATIONS, SCOPES
 
 R = {reason: i for i, reason in enumerate(REASONS)}
+#: Peers at a device's load whose reference share of time at the power cap is under this are never capped.
+QUIET_PEERS = 0.01
 #: A rate per minute is judged over at least this much time, however young the window.
 RATE_MIN_SPAN_S = 60.0
 OK, PREDICTED, DEGRADED, FAILED = 0, 1, 2, 3
@@ -67,6 +69,7 @@ HORIZON_FEATURES: tuple[F, ...] = (
     F.THROTTLE_BRAKE,
     F.THROTTLE_SLOWDOWN,
     F.UTIL,
+    F.BUSY,
     F.TEMP_HOT,
     F.COOLING_BAD,
     F.MEM_FULL,
@@ -177,9 +180,10 @@ class ThermalPeers:
 @dataclass
 class CapPeers:
     """Power-cap time against peers at comparable load (:meth:`Window.cap_peers`): per span (the window, the
-    duty span) each device's share of time capped and its peers' reference share (NaN: no peers)."""
+    duty span, the rate span) each device's share of time capped and its peers' reference share (NaN: no
+    peers)."""
 
-    shares: tuple[np.ndarray, np.ndarray]
+    shares: tuple[np.ndarray, np.ndarray, np.ndarray]  # over the window, the duty span, the rate span
     references: list[np.ndarray]  # the peer_quantile of its peers' shares, itself left out (NaN: too few)
     node_medians: list[np.ndarray]  # the median share of its node's devices of its cohort (NaN: too few)
     util: np.ndarray  # the window's mean utilization
@@ -428,15 +432,20 @@ class Window:
         n_bins = edges.size + 1
         # Each span against peers at comparable load over that span: the window's utilization for its share,
         # the duty span's for its (a peer that dipped for a checkpoint ten minutes ago was not at this load then).
-        utils = (self.mean(F.UTIL), self.span_mean(F.UTIL, DUTY_SPAN))
-        shares = (self.share(F.THROTTLE_POWER), self.span_share(F.THROTTLE_POWER, DUTY_SPAN))
+        utils = (self.mean(F.UTIL), self.span_mean(F.UTIL, DUTY_SPAN), self.span_mean(F.UTIL, RATE_SPAN))
+        shares = (
+            self.share(F.THROTTLE_POWER),
+            self.span_share(F.THROTTLE_POWER, DUTY_SPAN),
+            self.span_share(F.THROTTLE_POWER, RATE_SPAN),
+        )
         ready = self.fresh & (self.samples >= self.min_samples)
+        spans = (ready, ready & self.covered(DUTY_SPAN), ready & self.covered(RATE_SPAN))
         cohort = g.cohort[rows]
         n_groups = len(g.cohort_names) * n_bins
         least = p(rows, "power_throttling", "min_peers")
         q = float(g.policy.rules["power_throttling"]["peer_quantile"])
         references, node_medians = [], []
-        for share, util, covered in zip(shares, utils, (ready, ready & self.covered(DUTY_SPAN)), strict=True):
+        for share, util, covered in zip(shares, utils, spans, strict=True):
             b = load_bins(util, edges)
             eligible = covered & (b >= 0)
             # Its node's devices of its cohort (the same job, usually): a training node at its cap beside a fleet
@@ -566,13 +575,15 @@ def power_delivery(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.nd
 
 def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Capped far more than its peers under comparable load (:meth:`Window.cap_peers`): its share of the duty
-    span's time at the power cap at least ``duty`` (or, once on, of the window's at least ``throttle_share``),
-    ``peer_margin`` above its peers' reference share (and above its node's median); or its power limit under
-    ``limit_ratio`` of its cohort's. A busy GPU at its cap is how the power limit works; without peers it is
-    not judged."""
+    span's time at the power cap at least ``duty``, ``peer_margin`` above its peers' reference share and above
+    its node's median, and so over the rate span too, or ``peer_margin`` more than the duty span's share of
+    busy samples (capped while not busy), or against peers that are never capped; once on, of the window's at
+    least ``throttle_share``, or of the duty span's. Or its power limit under ``limit_ratio`` of its cohort's.
+    A busy GPU at its cap is how the power limit works; without peers it is not judged."""
     p = g.param
     peers = w.cap_peers()
-    bars = (p(w.rows, "power_throttling", "throttle_share"), p(w.rows, "power_throttling", "duty"))
+    duty = p(w.rows, "power_throttling", "duty")
+    bars = (p(w.rows, "power_throttling", "throttle_share"), duty, duty)
     held = w.on[:, R["power_throttling"]]
     stay = w.groups.policy.horizon.duty_hold_ratio
     margin = p(w.rows, "power_throttling", "peer_margin")
@@ -581,11 +592,18 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     for share, reference, at_node, bar in zip(peers.shares, peers.references, peers.node_medians, bars, strict=True):
         need = np.where(held, stay * bar, bar)
         with np.errstate(invalid="ignore"):
+            # Peers at its load never capped leave no spread to clear: the bar alone then.
+            above = np.where(reference < QUIET_PEERS, 0.0, margin)
             above_node = np.isnan(at_node) | (share - at_node >= margin)
-            found.append((share >= need) & (share - reference >= margin) & above_node)
-    # It enters on the duty span (15 minutes: an inference replica at its traffic's peak is capped for a few
-    # minutes, as its peers are at theirs); once on, the window holds it too.
-    out = found[1] | (held & found[0])
+            found.append((share >= need) & (share - reference >= above) & above_node)
+    # It enters on the duty span, confirmed over the rate span, or by being capped while not busy, or by peers
+    # at its load that are never capped (15 and 30 minutes: a leaky GPU serving a traffic burst sits at its cap
+    # for minutes, and only while busy, where some of its peers do too); once on, the window or the duty span
+    # holds it.
+    idle_capped = peers.shares[1] - w.span_fraction(F.BUSY, DUTY_SPAN) >= margin
+    with np.errstate(invalid="ignore"):
+        quiet_peers = peers.references[1] < QUIET_PEERS
+    out = (found[1] & (found[2] | idle_capped | quiet_peers)) | (held & (found[0] | found[1]))
     # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
     # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.
     with np.errstate(invalid="ignore"):
@@ -705,6 +723,7 @@ def scoped(w: Window, groups: PolicyGroups, ev: Evidence) -> Evidence:
     - **workload**: a job that keeps crashing. Where the device has no evidence of its own for the reason, its
       node's job crashes (:mod:`otel_dra.classifier.workload`) that reach the rule's repeat count within its
       events window are the workload's, on each GPU it held: ``hw.state`` ok, remediation ``check_workload``.
+      Memory pressure is the workload's too, and degraded: out-of-memory events recurring on one GPU alone.
     """
     policy = groups.policy
     p, rows, fresh = groups.param, w.rows, w.fresh
@@ -721,6 +740,10 @@ def scoped(w: Window, groups: PolicyGroups, ev: Evidence) -> Evidence:
         mark = on & wide[node]
         ev.scope[mark, r] = NODE
         ev.node_hits[:, r] = hits[node]
+    # Memory pressure is about what runs on the device (failure-modes.md: check_workload, scope workload): even
+    # out-of-memory events that recur on one GPU alone may be one job's (a one-GPU replica that keeps failing to
+    # fit) as well as the device's; degraded, shown as the workload's.
+    ev.scope[ev.present[:, R["memory_pressure"]], R["memory_pressure"]] = WORKLOAD
     for reason, feature, key in (
         ("driver_errors", F.WORKLOAD_APPLICATION, "application_repeats"),
         ("memory_pressure", F.WORKLOAD_OOM, "out_of_memory"),

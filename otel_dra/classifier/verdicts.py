@@ -30,6 +30,7 @@ from otel_dra.classifier.rules import (
     DUTY_SPAN,
     FROM_COHORT,
     FROM_NONE,
+    RATE_SPAN,
     SCOPE,
     Evidence,
     R,
@@ -431,7 +432,10 @@ def _explain_one(
     elif reason == "power_throttling":
         capped = w.cap_peers()
         quantile = float(w.groups.rules[w.groups.group[w.rows[i]]]["power_throttling"]["peer_quantile"])
-        for share, reference, span in zip(capped.shares, capped.references, (win, duty_span), strict=True):
+        rate_span = human_duration(w.span_s[RATE_SPAN])
+        for share, reference, span in zip(
+            capped.shares, capped.references, (win, duty_span, rate_span), strict=True
+        ):
             if not np.isnan(share[i]) and share[i] > 0:
                 peers = (
                     f", its peers at the same load {reference[i]:.0%} (their {quantile:.0%} quantile)"

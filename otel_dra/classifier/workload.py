@@ -8,7 +8,8 @@ the fault's hardware location history; failure-modes.md).
 
 So, per sample, each node's application errors and OOMs are split before they reach the event logs: those
 that landed on ``min_devices`` or more of a node's GPUs in the same sample, or within ``together_s`` of such a
-crash on the node (a crash's events may straddle two samples), are the workload's (the
+crash on the node (a crash's events may straddle two samples), or both kinds at once on one GPU (its process
+died: a one-GPU job's crash), are the workload's (the
 ``WORKLOAD_APPLICATION`` / ``WORKLOAD_OOM`` features and their logs); the rest stay the device's. Events a
 device logged alone shortly before its node's crash are moved over too. Array work over the batch's rows;
 only the rows of a node that just crashed are looked at again.
@@ -57,16 +58,18 @@ class WorkloadSplit:
         workload's logs. ``node_of``/``active``: the registry's, for every row."""
         for _, workload_f in SPLIT:
             feats[workload_f] = 0.0
-        hit = np.zeros(rows.shape[0], dtype=bool)
-        for device_f, _ in SPLIT:
-            hit |= np.nan_to_num(feats[device_f]) > 0
+        kinds = [np.nan_to_num(feats[device_f]) > 0 for device_f, _ in SPLIT]
+        hit = kinds[0] | kinds[1]
         if not hit.any():
             return
         nodes = node_of[rows]
         counts = np.bincount(nodes[hit], minlength=int(nodes.max()) + 1)
         together = hit & (counts[nodes] >= self.min_devices)
         near = hit & (np.abs(time_s - self.crash_at[rows]) <= self.together_s)
-        moved = together | near
+        # An application error and an out-of-memory event on one GPU at once: its process died (a one-GPU job's
+        # crash looks so); the GPU's own faults come one kind at a time.
+        died = kinds[0] & kinds[1]
+        moved = together | near | died
         for device_f, workload_f in SPLIT:
             amount = np.nan_to_num(feats[device_f])
             feats[workload_f] = np.where(moved, amount, 0.0)

@@ -116,6 +116,7 @@ HORIZON_FEATURES = (
     "throttle_brake",
     "throttle_slowdown",
     "util",
+    "busy",
     "temp_hot",
     "cooling_bad",
     "mem_full",
@@ -406,7 +407,8 @@ class NaiveClassifier:
         hits = [dev for dev, sample in read if any((sample[kind] or 0.0) > 0 for kind, _ in SPLIT)]
         crash = len(hits) >= self.policy.workload.min_devices
         for dev, sample in read:
-            moved = dev in hits and (crash or abs(t - dev.crash_at) <= together_s)
+            died = all((sample[kind] or 0.0) > 0 for kind, _ in SPLIT)  # both at once: its process died
+            moved = dev in hits and (crash or abs(t - dev.crash_at) <= together_s or died)
             for kind, workload in SPLIT:
                 amount = sample[kind]
                 sample[workload] = (amount or 0.0) if moved else 0.0
@@ -554,6 +556,9 @@ class NaiveClassifier:
         gen, gen_max = _min(g["gen"]), _max(g["gen_max"])
         util = _max(g["util"])
         s["util"] = util
+        s["busy"] = _flag(
+            util is not None and util >= float(rules["power_throttling"]["busy_utilization"]), util is not None
+        )
         s["width_down"] = _flag(
             width is not None and width_max is not None and width < width_max,
             width is not None and width_max is not None,
@@ -842,31 +847,31 @@ class NaiveClassifier:
     def _cap_peers(
         self, devices: list[Device], stats: dict[int, Stats], fresh: dict[int, bool]
     ) -> dict[int, list[tuple[float, float | None, float | None]]]:
-        """Per device, for its power-cap share over the window and over the duty span: (share, its peers'
-        reference share, its node's median share). Peers: its cohort's devices in its utilization bin over that
+        """Per device, for its power-cap share over the window, the duty span and the rate span: (share, its
+        peers' reference share, its node's median share). Peers: its cohort's devices in its utilization bin over that
         span, else those at least as loaded (None: fewer than ``min_peers``, itself included); the reference is
         the ``peer_quantile`` of theirs, itself left out (linear between order statistics). Its node's: those of
         its cohort there."""
         ready = {id(d): fresh[id(d)] and len(stats[id(d)].samples) >= self.min_samples for d in devices}
         out: dict[int, list[tuple[float, float | None, float | None]]] = {id(d): [] for d in devices}
-        for span in ("window", "duty"):
-            # Comparable load over the same span: the window's utilization, or the duty span's.
+        for span in ("window", "duty", "rate"):
+            # Comparable load over the same span: the window's utilization, or the span's.
             bins = {
                 id(d): self._bin(
-                    stats[id(d)].mean("util") if span == "window" else stats[id(d)].span_mean("util", "duty")
+                    stats[id(d)].mean("util") if span == "window" else stats[id(d)].span_mean("util", span)
                 )
                 for d in devices
             }
             share = {
                 id(d): stats[id(d)].share("throttle_power")
                 if span == "window"
-                else stats[id(d)].span_share("throttle_power", "duty")
+                else stats[id(d)].span_share("throttle_power", span)
                 for d in devices
             }
             eligible = [
                 d
                 for d in devices
-                if ready[id(d)] and bins[id(d)] >= 0 and (span == "window" or stats[id(d)].covered("duty"))
+                if ready[id(d)] and bins[id(d)] >= 0 and (span == "window" or stats[id(d)].covered(span))
             ]
             for dev in devices:
                 rules = dev.rules["power_throttling"]
@@ -913,6 +918,9 @@ class NaiveClassifier:
                 wide = n >= node.min_devices and n >= node.share * reporting.get(dev.node, 0)
                 if fresh[id(dev)] and evidence[id(dev)][reason][0] and wide:
                     evidence[id(dev)][reason][3] = "node"
+        for dev in devices:  # memory pressure is about what runs on the device
+            if evidence[id(dev)]["memory_pressure"][0]:
+                evidence[id(dev)]["memory_pressure"][3] = "workload"
         for reason, kind, key in (
             ("driver_errors", "workload_application", "application_repeats"),
             ("memory_pressure", "workload_oom", "out_of_memory"),
@@ -1043,11 +1051,17 @@ class NaiveClassifier:
         held = dev.reasons["power_throttling"].on
         margin = stay * float(pt["peer_margin"]) if held else float(pt["peer_margin"])
         found = []
-        for (share, reference, at_node), bar in zip(cap_peers, (pt["throttle_share"], pt["duty"]), strict=True):
+        bars = (pt["throttle_share"], pt["duty"], pt["duty"])
+        for (share, reference, at_node), bar in zip(cap_peers, bars, strict=True):
             need = stay * float(bar) if held else float(bar)
             ok = reference is not None and (at_node is None or share - at_node >= margin)
-            found.append(ok and share >= need and share - reference >= margin)  # type: ignore[operator]
-        capped = found[1] or (held and found[0])  # in on the duty span; once on, the window holds it too
+            above = 0.0 if reference is not None and reference < 0.01 else margin  # peers never capped: the bar alone
+            found.append(ok and share >= need and share - reference >= above)  # type: ignore[operator]
+        # In on the duty span, confirmed over the rate span or by being capped while not busy; once on, the window
+        # or the duty span holds it.
+        idle_capped = cap_peers[1][0] - w.span_fraction("busy", "duty") >= margin
+        quiet_peers = cap_peers[1][1] is not None and cap_peers[1][1] < 0.01  # peers at its load never capped
+        capped = (found[1] and (found[2] or idle_capped or quiet_peers)) or (held and (found[0] or found[1]))
         limit, limit_median = cap_limits
         if limit is not None and limit_median is not None:
             capped = capped or limit < float(pt["limit_ratio"]) * limit_median

@@ -319,3 +319,18 @@ def test_every_gpu_of_a_node_over_its_limit_is_the_nodes_cooling():
     for _, v in hits:
         assert v.reasons == ("thermal",) and (v.scope, v.group) == ("node", "node/train-000")
         assert "the node's cooling or inlet air" in v.message
+
+
+def test_a_one_gpu_job_that_keeps_crashing_is_the_workloads():
+    """A one-GPU replica's crash leaves its XID and its OOM on that GPU alone, at once: its process died."""
+
+    def crash(t: int, fleet: Busy) -> None:
+        if t >= 1200 and t % 300 == 0:
+            fleet.counters["xid13"][fleet.row(1, 2)] += 1
+            fleet.counters["oom"][fleet.row(1, 2)] += 1
+
+    fleet = Busy(seed=17)
+    fleet.run(3600, crash)
+    assert fleet.episodes(None) == []
+    seen = [v for seq in fleet.verdicts.values() for v in seq if v.scope != "device"]
+    assert {(v.node, v.hw_id, v.scope) for v in seen} == {("train-001", "gpu-2", "workload")}

@@ -49,7 +49,7 @@ EXPECTED = {
     "memory_ecc": ("failed", "Unhealthy", "reset_device", 20),
     "power_delivery": ("degraded", "Healthy", "reduce_load", 20),
     "power_throttling": ("degraded", "Healthy", "reduce_load", 300),
-    "memory_pressure": ("degraded", "Healthy", "reduce_load", 300),
+    "memory_pressure": ("degraded", "Healthy", "check_workload", 300),  # about what runs on it (scope workload)
     "link": ("degraded", "Healthy", "reduce_load", 300),
     "driver_errors": ("failed", "Unhealthy", "reset_device", 20),
     "device_reset": ("degraded", "Healthy", "reset_device", 120),
