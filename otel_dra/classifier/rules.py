@@ -577,9 +577,10 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     """Capped far more than its peers under comparable load (:meth:`Window.cap_peers`): its share of the duty
     span's time at the power cap at least ``duty``, ``peer_margin`` above its peers' reference share and above
     its node's median, and so over the rate span too, or ``peer_margin`` more than the duty span's share of
-    busy samples (capped while not busy), or against peers that are never capped; once on, of the window's at
-    least ``throttle_share``, or of the duty span's. Or its power limit under ``limit_ratio`` of its cohort's.
-    A busy GPU at its cap is how the power limit works; without peers it is not judged."""
+    busy samples (capped while not busy), or against peers that are never capped while capped for ``duty`` of
+    the rate span too; once on, of the window's at least ``throttle_share``, or of the duty span's. Or its power
+    limit under ``limit_ratio`` of its cohort's. A busy GPU at its cap is how the power limit works; without peers
+    it is not judged."""
     p = g.param
     peers = w.cap_peers()
     duty = p(w.rows, "power_throttling", "duty")
@@ -602,7 +603,10 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     # holds it.
     idle_capped = peers.shares[1] - w.span_fraction(F.BUSY, DUTY_SPAN) >= margin
     with np.errstate(invalid="ignore"):
-        quiet_peers = peers.references[1] < QUIET_PEERS
+        # Peers never capped over the duty span: capped for ``duty`` of the rate span too (one traffic burst that a
+        # leaky GPU alone rode at its cap fills a duty span, not the rate span; a lowered limit holds it down every
+        # time its job asks).
+        quiet_peers = (peers.references[1] < QUIET_PEERS) & (peers.shares[2] >= duty)
     out = (found[1] & (found[2] | idle_capped | quiet_peers)) | (held & (found[0] | found[1]))
     # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
     # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.

@@ -433,9 +433,7 @@ def _explain_one(
         capped = w.cap_peers()
         quantile = float(w.groups.rules[w.groups.group[w.rows[i]]]["power_throttling"]["peer_quantile"])
         rate_span = human_duration(w.span_s[RATE_SPAN])
-        for share, reference, span in zip(
-            capped.shares, capped.references, (win, duty_span, rate_span), strict=True
-        ):
+        for share, reference, span in zip(capped.shares, capped.references, (win, duty_span, rate_span), strict=True):
             if not np.isnan(share[i]) and share[i] > 0:
                 peers = (
                     f", its peers at the same load {reference[i]:.0%} (their {quantile:.0%} quantile)"

@@ -1060,7 +1060,8 @@ class NaiveClassifier:
         # In on the duty span, confirmed over the rate span or by being capped while not busy; once on, the window
         # or the duty span holds it.
         idle_capped = cap_peers[1][0] - w.span_fraction("busy", "duty") >= margin
-        quiet_peers = cap_peers[1][1] is not None and cap_peers[1][1] < 0.01  # peers at its load never capped
+        # Peers at its load never capped over the duty span, and it capped for `duty` of the rate span too.
+        quiet_peers = cap_peers[1][1] is not None and cap_peers[1][1] < 0.01 and cap_peers[2][0] >= float(pt["duty"])
         capped = (found[1] and (found[2] or idle_capped or quiet_peers)) or (held and (found[0] or found[1]))
         limit, limit_median = cap_limits
         if limit is not None and limit_median is not None:

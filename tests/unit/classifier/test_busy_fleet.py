@@ -250,6 +250,20 @@ def test_a_gpu_capped_far_more_than_its_peers_is_power_throttling():
     assert v.reasons == ("power_throttling",) and "its peers at the same load" in v.message
 
 
+@pytest.mark.parametrize("burst_s", [300, 420])
+def test_one_traffic_burst_ridden_at_the_cap_is_not_power_throttling(burst_s: int):
+    # Inference replicas that never reach their cap; one, drawing a few percent more, rides a burst of traffic at
+    # its cap for minutes: a third or more of its duty span, and nothing like that over the rate span.
+    fleet = Busy(seed=15)
+    fleet.cap_share[:] = -1.0  # never capped (under the sampling noise)
+    burst = fleet.row(0, 3)
+    fleet.run(3600, lambda t, f: f.cap_share.__setitem__(burst, 1.0 if 2400 <= t < 2400 + burst_s else -1.0))
+    assert fleet.episodes(None) == []
+    # The same GPU held at its cap from then on is power_throttling.
+    fleet.run(1200, lambda t, f: f.cap_share.__setitem__(burst, 1.0), start=3600)
+    assert {(key, v.reasons) for key, v in fleet.episodes(None)} == {(("train-000", "gpu-3"), ("power_throttling",))}
+
+
 def test_a_hardware_slowdown_is_thermal():
     fleet = Busy(seed=11)
     fleet.run(2400, lambda t, f: f.slowdown.__setitem__(f.row(0, 7), t >= 1200))
