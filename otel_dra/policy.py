@@ -100,6 +100,14 @@ def duration(node: yaml.Node, key: str, where: Where) -> float:
     return float(match[1]) * _UNITS[match[2]]
 
 
+def positive_duration(node: yaml.Node, key: str, where: Where) -> float:
+    """A :func:`duration` longer than zero (a time constant, something divided by)."""
+    value = duration(node, key, where)
+    if value <= 0:
+        raise where(node, f"{key}: must be longer than 0s; write e.g. 30m or 1h")
+    return value
+
+
 def one_of(choices: tuple[str, ...]) -> Validator:
     def check(node: yaml.Node, key: str, where: Where) -> str:
         value = _scalar(node, key, where)
@@ -197,6 +205,10 @@ RULES = struct(
                         "slope": number(0.0, 200.0),
                         "min_node_devices": number(2, None, integer=True),
                         "min_slot_nodes": number(2, None, integer=True),
+                        "change_margin": POSITIVE,
+                        "change_floor": number(0.0, None),
+                        "history": duration,
+                        "baseline_tau": positive_duration,
                     }
                 ),
                 "remediation": LADDER,
@@ -246,6 +258,7 @@ RULES = struct(
                 "peer_quantile": FRACTION,
                 "peer_margin": FRACTION,
                 "busy_utilization": FRACTION,
+                "load_coupling": FRACTION,
                 "limit_ratio": FRACTION,
                 "remediation": LADDER,
             }

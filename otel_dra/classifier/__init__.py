@@ -452,6 +452,8 @@ class Classifier:
             reg.node_of[rows].astype(np.intp),
             len(reg.nodes),
             self.peers.hot_since[rows],
+            self.peers.baseline[rows],
+            self.peers.history_s[rows],
         )
 
     def evaluate(self, now_unix_nano: int | None = None) -> list[Verdict]:
@@ -471,7 +473,10 @@ class Classifier:
         w = self._window(rows, age, fresh)
         evidence = evaluate(w, self.groups, fresh, lost)
         peers = w.thermal_peers()
-        self.peers.update(rows, w.now_s, peers.hot, peers.judged)
+        # Learnt from: judged now, neither hotter than its bar nor held hot (a fault is not its normal).
+        learn = peers.judged & ~peers.hot & ~w.on[:, R["thermal"]]
+        tau = self.groups.param(rows, "thermal", "peers", "baseline_tau")
+        self.peers.update(rows, w.now_s, peers.hot, peers.judged, peers.residuals.residual, learn, tau)
         if self._ladders is None:
             self._ladders = self.groups.ladders()
         health, state, bits, remediation, scope, changed = self.engine.step(

@@ -136,6 +136,20 @@ class HorizonStore:
         """(sums, counts) of every feature over span ``span_index`` for ``rows``: ``(features, rows)`` each."""
         return self.total_sums[span_index][:, rows], self.total_counts[span_index][:, rows]
 
+    def bucket_sums(self, span_index: int, rows: np.ndarray, feature: int) -> tuple[np.ndarray, np.ndarray]:
+        """One feature's (sum, count) in each bucket of span ``span_index`` for ``rows``, oldest first:
+        ``(span, rows)`` each, the sum NaN (and the count 0) for a bucket the row has no samples of it in (a
+        gap, or before its first). For the shape of a span (how often a condition came and went, and at what
+        load), where its totals say only how much."""
+        rows = np.asarray(rows, dtype=np.intp)
+        span = self.spans[span_index]
+        head = self.head[rows]
+        wanted = head[None, :] - np.arange(span - 1, -1, -1, dtype=np.int64)[:, None]
+        slot = wanted % self.buckets
+        held = (head[None, :] != _NONE) & (self.ids[slot, rows[None, :]] == wanted)
+        counts = np.where(held, self.counts[slot, feature, rows[None, :]], 0)
+        return np.where(counts > 0, self.sums[slot, feature, rows[None, :]], np.nan), counts
+
 
 def _subset(ix: RowIndex, pick: np.ndarray, values: np.ndarray) -> tuple[RowIndex, np.ndarray]:
     """The picked rows of ``ix`` and their ``values`` (all of them, as they are, when every row is picked)."""

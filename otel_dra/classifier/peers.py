@@ -229,22 +229,59 @@ def load_bins(util: np.ndarray, edges: np.ndarray) -> np.ndarray:
 
 
 class PeerHistory:
-    """Since when each device has run hotter than its peers, at every evaluation that could judge it (its
-    own clock; NaN: it does not, or was judged not to since). A rule's input, updated after each evaluation
-    by :meth:`update`."""
+    """What earlier evaluations said of each device against its peers (its own clock): since when it has run
+    hotter than them, at every evaluation that could judge it (NaN: it does not, or was judged not to since),
+    and how much hotter it usually runs (``baseline``, Cel: a moving average of its residual, over
+    ``history_s`` seconds of being judged). Devices of one model differ by a few degrees for good (paste,
+    the die, the heatsink's seat); a device that turns several degrees hotter than it was, at the same load,
+    has changed. A rule's input, updated after each evaluation by :meth:`update`; not kept across a restart
+    (the baseline is learnt again)."""
 
     def __init__(self, capacity: int) -> None:
         self.hot_since = np.full(capacity, np.nan)
+        self.baseline = np.full(capacity, np.nan)
+        self.history_s = np.zeros(capacity)
+        self.judged_at = np.full(capacity, np.nan)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.hot_since = grown(self.hot_since, capacity, np.nan, keep=keep)
+        self.baseline = grown(self.baseline, capacity, np.nan, keep=keep)
+        self.history_s = grown(self.history_s, capacity, 0.0, keep=keep)
+        self.judged_at = grown(self.judged_at, capacity, np.nan, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.hot_since[rows] = np.nan
+        self.baseline[rows] = np.nan
+        self.history_s[rows] = 0.0
+        self.judged_at[rows] = np.nan
 
-    def update(self, rows: np.ndarray, now_s: np.ndarray, hot: np.ndarray, judged: np.ndarray) -> None:
+    def update(
+        self,
+        rows: np.ndarray,
+        now_s: np.ndarray,
+        hot: np.ndarray,
+        judged: np.ndarray,
+        residual: np.ndarray,
+        learn: np.ndarray,
+        tau_s: np.ndarray,
+    ) -> None:
         """After an evaluation: rows ``hot`` now keep (or start) their time; rows judged and not hot start over;
-        rows without peers to judge them keep what they had (no news)."""
+        rows without peers to judge them keep what they had (no news). Rows to ``learn`` from (judged, neither
+        hot now nor held hot) move their baseline toward ``residual`` with time constant ``tau_s`` (a fault is
+        not learnt as the device's normal)."""
         since = self.hot_since[rows]
         kept = np.where(judged, np.nan, since)
         self.hot_since[rows] = np.where(hot, np.where(np.isnan(since), now_s, since), kept)
+        learn = learn & ~np.isnan(residual)
+        if not learn.any():
+            return
+        r = rows[learn]
+        now = np.broadcast_to(np.asarray(now_s, dtype=np.float64), rows.shape)[learn]
+        # The time since it was last learnt from, at most one time constant (a device back after a day away is
+        # not the same step).
+        step = np.clip(np.nan_to_num(now - self.judged_at[r], nan=0.0), 0.0, tau_s[learn])
+        base = self.baseline[r]
+        weight = 1.0 - np.exp(-step / tau_s[learn])
+        self.baseline[r] = np.where(np.isnan(base), residual[learn], base + weight * (residual[learn] - base))
+        self.history_s[r] += step
+        self.judged_at[r] = now

@@ -155,6 +155,15 @@ def above(count: np.ndarray, minutes: np.ndarray, bar: np.ndarray, z: np.ndarray
 
 
 @dataclass
+class SpanRuns:
+    """A time counter's shape over a span (:meth:`Window.span_runs`)."""
+
+    runs: np.ndarray  # separate runs of minutes spent mostly in it
+    util_on: np.ndarray  # mean utilization of those minutes (NaN: none, or no utilization)
+    util_off: np.ndarray  # ... and of the span's other minutes
+
+
+@dataclass
 class RateVerdict:
     """A counter rate judged against its bars, with what a message needs to say why."""
 
@@ -175,6 +184,7 @@ class ThermalPeers:
     judged: np.ndarray  # bool: had peers to be judged against now
     residuals: ThermalResiduals
     bar: np.ndarray  # Cel above the expectation that flags (lowered while the reason is on)
+    baseline: np.ndarray  # Cel it usually runs above its peers, where that set the bar (NaN elsewhere)
 
 
 @dataclass
@@ -201,7 +211,8 @@ class Window:
     cohort); ``on`` is each row's reasons that are on before this evaluation (a sustained
     condition that is already on stays on at a lower share over a longer span); ``nodes`` each
     row's node index (of ``n_nodes``), for comparing a device with its node's others;
-    ``hot_since`` what :class:`~otel_dra.classifier.peers.PeerHistory` kept of earlier evaluations."""
+    ``hot_since``, ``baseline`` and ``history_s`` what :class:`~otel_dra.classifier.peers.PeerHistory` kept of
+    earlier evaluations."""
 
     store: WindowStore
     horizon: HorizonStore
@@ -216,6 +227,8 @@ class Window:
     nodes: np.ndarray
     n_nodes: int
     hot_since: np.ndarray  # per row, since when (its own clock) it has run hotter than its peers; NaN: not
+    baseline: np.ndarray  # per row, how much hotter than its peers it usually runs (Cel; NaN: not learnt)
+    history_s: np.ndarray  # ... learnt over this many seconds of being judged
 
     def __post_init__(self) -> None:
         n = self.rows.shape[0]
@@ -297,6 +310,28 @@ class Window:
         seconds = sums[H[F.DT]]
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.covered(span) & (seconds > 0), sums[H[f]] / seconds, 0.0)
+
+    def span_runs(self, f: F, span: int, pick: np.ndarray, bar: float = 0.5) -> SpanRuns:
+        """The shape of a time counter ``f`` over a span, for the rows ``pick`` (a mask): how many separate runs of
+        the span's buckets (minutes) spent at least ``bar`` of their time with it (a condition that comes and goes
+        makes several, one burst of load one), and the mean utilization of those minutes and of the others (a
+        cap reached only at the device's busiest minutes follows its load). Read bucket by bucket, so only for
+        the few rows a rule asks about; 0 runs and NaN elsewhere."""
+        n = self.rows.shape[0]
+        out = SpanRuns(np.zeros(n, dtype=np.int64), np.full(n, np.nan), np.full(n, np.nan))
+        some = np.flatnonzero(pick)
+        if some.size:
+            rows = self.rows[some]
+            seconds, _ = self.horizon.bucket_sums(span, rows, H[F.DT])
+            time_in, _ = self.horizon.bucket_sums(span, rows, H[f])
+            util, util_n = self.horizon.bucket_sums(span, rows, H[F.UTIL])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                on = np.nan_to_num(time_in / seconds) >= bar
+                out.runs[some] = on[0].astype(np.int64) + (on[1:] & ~on[:-1]).sum(axis=0)
+                util = np.nan_to_num(util)
+                out.util_on[some] = (util * on).sum(axis=0) / (util_n * on).sum(axis=0)
+                out.util_off[some] = (util * ~on).sum(axis=0) / (util_n * ~on).sum(axis=0)
+        return out
 
     def duty(self, f: F, reason: str, share: bool = False, bar: np.ndarray | None = None) -> np.ndarray:
         """A condition that comes and goes: present in at least the rule's ``duty`` (or ``bar``) of the duty
@@ -387,8 +422,20 @@ class Window:
             p(rows, "thermal", "peers", "min_node_devices"),
             p(rows, "thermal", "peers", "min_slot_nodes"),
         )
-        bar = np.fmax(p(rows, "thermal", "peers", "margin"), p(rows, "thermal", "peers", "mad_k") * res.sigma)
-        bar = np.where(self.on[:, R["thermal"]], p(rows, "thermal", "peers", "hold_ratio") * bar, bar)
+        on = self.on[:, R["thermal"]]
+        hold = np.where(on, p(rows, "thermal", "peers", "hold_ratio"), 1.0)
+        bar = hold * np.fmax(p(rows, "thermal", "peers", "margin"), p(rows, "thermal", "peers", "mad_k") * res.sigma)
+        # Or hotter than it usually runs against the same peers (`change_margin` over its baseline, and at least
+        # `change_floor` over them), once it has `history` of being judged: a device that always ran 3 Cel over
+        # its peers is that device; one that now runs 6 Cel over them where it ran 1 Cel has changed.
+        known = (self.history_s >= p(rows, "thermal", "peers", "history")) & ~np.isnan(self.baseline)
+        own = np.fmax(
+            self.baseline + hold * p(rows, "thermal", "peers", "change_margin"),
+            hold * p(rows, "thermal", "peers", "change_floor"),
+        )
+        with np.errstate(invalid="ignore"):
+            changed = known & (own < bar)
+        bar = np.where(changed, own, bar)
         # At light load there is little heat to tell devices apart by (a checkpoint's dip, an idle node): no news.
         with np.errstate(invalid="ignore"):
             light = res.node_util < p(rows, "thermal", "peers", "min_utilization")
@@ -411,9 +458,8 @@ class Window:
         # is not a repair).
         since = np.where(np.isnan(self.hot_since), self.now_s, self.hot_since)
         sustained = self.now_s - since >= p(rows, "thermal", "peers", "sustain")
-        on = self.on[:, R["thermal"]]
         held = (flagged & (sustained | on)) | (on & ~judged & ~np.isnan(self.hot_since))
-        self._thermal = ThermalPeers(held, hot, judged, res, bar)
+        self._thermal = ThermalPeers(held, hot, judged, res, bar, np.where(changed, self.baseline, np.nan))
         return self._thermal
 
     def cap_peers(self) -> CapPeers:
@@ -578,9 +624,10 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     span's time at the power cap at least ``duty``, ``peer_margin`` above its peers' reference share and above
     its node's median, and so over the rate span too, or ``peer_margin`` more than the duty span's share of
     busy samples (capped while not busy), or against peers that are never capped while capped for ``duty`` of
-    the rate span too; once on, of the window's at least ``throttle_share``, or of the duty span's. Or its power
-    limit under ``limit_ratio`` of its cohort's. A busy GPU at its cap is how the power limit works; without peers
-    it is not judged."""
+    the rate span too or in two or more runs of minutes that do not follow its load (:meth:`Window.span_runs`,
+    ``load_coupling``); once on, of the window's at least ``throttle_share``, or of the duty span's. Or its
+    power limit under ``limit_ratio`` of its cohort's. A busy GPU at its cap is how the power limit works;
+    without peers it is not judged."""
     p = g.param
     peers = w.cap_peers()
     duty = p(w.rows, "power_throttling", "duty")
@@ -603,10 +650,16 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     # holds it.
     idle_capped = peers.shares[1] - w.span_fraction(F.BUSY, DUTY_SPAN) >= margin
     with np.errstate(invalid="ignore"):
-        # Peers never capped over the duty span: capped for ``duty`` of the rate span too (one traffic burst that a
-        # leaky GPU alone rode at its cap fills a duty span, not the rate span; a lowered limit holds it down every
-        # time its job asks).
-        quiet_peers = (peers.references[1] < QUIET_PEERS) & (peers.shares[2] >= duty)
+        # Peers never capped over the duty span: capped for ``duty`` of the rate span too, or in more than one run
+        # of minutes (one traffic burst that a leaky GPU alone rode at its cap fills a duty span in one run; a
+        # lowered limit holds it down every time its job asks, and a limit that comes and goes does so again).
+        quiet = found[1] & (peers.references[1] < QUIET_PEERS)
+    # A cap reached only in its busiest minutes follows its load (a leaky GPU at each burst of traffic): its capped
+    # minutes' mean utilization more than `load_coupling` above its other minutes'.
+    shape = w.span_runs(F.THROTTLE_POWER, DUTY_SPAN, quiet & (peers.shares[2] < duty))
+    with np.errstate(invalid="ignore"):
+        follows_load = shape.util_on - shape.util_off > p(w.rows, "power_throttling", "load_coupling")
+    quiet_peers = quiet & ((peers.shares[2] >= duty) | ((shape.runs >= 2) & ~follows_load))
     out = (found[1] & (found[2] | idle_capped | quiet_peers)) | (held & (found[0] | found[1]))
     # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
     # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.

@@ -404,10 +404,12 @@ def _explain_one(
         if hot_peers.flagged[i]:
             res = hot_peers.residuals
             load = "" if np.isnan(res.node_util[i]) else f" at utilization {res.node_util[i]:.2f}"
+            usual = hot_peers.baseline[i]
+            own = "" if np.isnan(usual) else f", {usual:.1f} Cel over them as usual"
             items.append(
                 f"{res.residual[i]:.1f} Cel hotter than its peers at the same load over {win} (mean "
                 f"{w.mean(F.TEMP_MAX)[i]:.1f} Cel; its node's {res.peers[i]:.0f} devices' median "
-                f"{res.node_temp[i]:.1f} Cel{load}; bar {hot_peers.bar[i]:.1f} Cel)"
+                f"{res.node_temp[i]:.1f} Cel{load}; bar {hot_peers.bar[i]:.1f} Cel{own})"
             )
     elif reason == "cooling":
         say(

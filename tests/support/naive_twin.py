@@ -304,6 +304,9 @@ class Device:
     slot: str = ""  # its place in its node (cohorts.slot_by: the first attribute it has, its id among them)
     crash_at: float = -math.inf  # its node's last job crash (its clock)
     hot_since: float | None = None  # since when it has run hotter than its peers (thermal peers)
+    baseline: float | None = None  # how much hotter than its peers it usually runs (learnt while judged, not hot)
+    history_s: float = 0.0  # ... over this much time
+    judged_at: float | None = None  # when it was last learnt from
     events: dict[str, deque[list[float]]] = field(default_factory=dict)
     reasons: dict[str, ReasonState] = field(default_factory=dict)
     last_key: tuple[Any, ...] | None = None
@@ -615,7 +618,11 @@ class NaiveClassifier:
         for name, length in self.spans.items():
             spans[name] = [h for b, h in dev.horizon if dev.head is not None and b > dev.head - length]
         span_s = {name: length * self.bucket_s for name, length in self.spans.items()}
-        return Stats(list(dev.window), self.min_samples, local, dev.events, spans, span_s)
+        buckets: dict[str, list[list[dict[str, float | None]]]] = {}
+        for name, length in self.spans.items():  # each span's buckets, oldest first (empty where none)
+            first = (dev.head if dev.head is not None else 0) - length + 1
+            buckets[name] = [[h for b, h in dev.horizon if b == k] for k in range(first, first + length)]
+        return Stats(list(dev.window), self.min_samples, local, dev.events, spans, span_s, buckets)
 
     def evaluate(self, now_unix_nano: int | None = None) -> list[dict[str, Any]]:
         now_ns = time.time_ns() if now_unix_nano is None else int(now_unix_nano)
@@ -702,12 +709,22 @@ class NaiveClassifier:
                         "group": {"node": f"node/{dev.node}", "workload": f"workload/node/{dev.node}"}.get(scope),
                     }
                 )
-        for dev in devices:  # what the thermal peers remember: since when a device has run hot
+        for dev in devices:  # what the thermal peers remember: since when a device has run hot, and its usual
             t = thermal[id(dev)]
             if t["hot"]:
                 dev.hot_since = stats[id(dev)].now_s if dev.hot_since is None else dev.hot_since
             elif t["judged"]:
                 dev.hot_since = None
+            if t["judged"] and not t["hot"] and not t["was_on"]:
+                tau = float(dev.rules["thermal"]["peers"]["baseline_tau"])
+                now = stats[id(dev)].now_s
+                step = 0.0 if dev.judged_at is None else min(max(now - dev.judged_at, 0.0), tau)
+                r = float(t["residual"])
+                dev.baseline = (
+                    r if dev.baseline is None else dev.baseline + (1 - math.exp(-step / tau)) * (r - dev.baseline)
+                )
+                dev.history_s += step
+                dev.judged_at = now
         ttl = self.policy.device_ttl_s
         for key_, dev in list(self.devices.items()):
             if now_s - dev.last_heard > ttl:
@@ -726,7 +743,7 @@ class NaiveClassifier:
         """Per device: its window temperature against its node's devices of its cohort in its utilization bin
         (README and the classifier's rules.thermal.peers), and whether that holds as evidence."""
         out: dict[int, dict[str, Any]] = {
-            id(d): {"hot": False, "judged": False, "held": False, "residual": None} for d in devices
+            id(d): {"hot": False, "judged": False, "held": False, "residual": None, "was_on": False} for d in devices
         }
         judged: list[Device] = []
         temp: dict[int, float] = {}
@@ -817,10 +834,13 @@ class NaiveClassifier:
             w = stats[id(d)]
             med_t, med_u, _ = med[group_of[id(d)]]
             sigma = MAD_SCALE * mads.get((d.cohort, group_of[id(d)][2]), mads[d.cohort])
-            bar = max(float(peers["margin"]), float(peers["mad_k"]) * sigma)
             on = d.reasons["thermal"].on
-            if on:
-                bar = float(peers["hold_ratio"]) * bar
+            hold = float(peers["hold_ratio"]) if on else 1.0
+            bar = hold * max(float(peers["margin"]), float(peers["mad_k"]) * sigma)
+            # Or hotter than its own usual over its peers, once learnt for `history`.
+            if d.baseline is not None and d.history_s >= float(peers["history"]):
+                own = max(d.baseline + hold * float(peers["change_margin"]), hold * float(peers["change_floor"]))
+                bar = min(bar, own)
             if med_u is not None and med_u < float(peers["min_utilization"]):
                 continue  # its peers at light load: not judged (no news)
             base = med_t - slope[id(d)] * centre[id(d)] + effect[id(d)] + again[group_of[id(d)]]
@@ -838,7 +858,7 @@ class NaiveClassifier:
             since = w.now_s if d.hot_since is None else d.hot_since
             sustained = w.now_s - since >= float(peers["sustain"])
             held = flagged and (sustained or on)
-            out[id(d)] = {"hot": hot, "judged": True, "held": held, "residual": r[id(d)]}
+            out[id(d)] = {"hot": hot, "judged": True, "held": held, "residual": r[id(d)], "was_on": on}
         for dev in devices:  # no peers to judge it now: a thermal finding it had holds (no news is not a repair)
             if not out[id(dev)]["judged"] and dev.reasons["thermal"].on and dev.hot_since is not None:
                 out[id(dev)]["held"] = True
@@ -1060,8 +1080,13 @@ class NaiveClassifier:
         # In on the duty span, confirmed over the rate span or by being capped while not busy; once on, the window
         # or the duty span holds it.
         idle_capped = cap_peers[1][0] - w.span_fraction("busy", "duty") >= margin
-        # Peers at its load never capped over the duty span, and it capped for `duty` of the rate span too.
-        quiet_peers = cap_peers[1][1] is not None and cap_peers[1][1] < 0.01 and cap_peers[2][0] >= float(pt["duty"])
+        # Peers at its load never capped over the duty span, and it capped for `duty` of the rate span too, or in
+        # more than one run of minutes of the duty span.
+        quiet_peers = found[1] and cap_peers[1][1] is not None and cap_peers[1][1] < 0.01
+        if quiet_peers and cap_peers[2][0] < float(pt["duty"]):  # in runs that do not follow its load
+            runs, on_u, off_u = w.span_runs("throttle_power", "duty")
+            follows = on_u is not None and off_u is not None and on_u - off_u > float(pt["load_coupling"])
+            quiet_peers = runs >= 2 and not follows
         capped = (found[1] and (found[2] or idle_capped or quiet_peers)) or (held and (found[0] or found[1]))
         limit, limit_median = cap_limits
         if limit is not None and limit_median is not None:
@@ -1190,8 +1215,10 @@ class Stats:
         events: dict[str, deque[tuple[float, float]]],
         spans: dict[str, list[dict[str, float | None]]],
         span_s: dict[str, float],
+        buckets: dict[str, list[list[dict[str, float | None]]]] | None = None,
     ) -> None:
         self.samples = samples
+        self.buckets = buckets or {}
         self.min_samples = min_samples
         self.now_s = now_s
         self.events = events
@@ -1210,6 +1237,25 @@ class Stats:
                 total += v
                 n += 1
         return total, n
+
+    def span_runs(self, f: str, span: str, bar: float = 0.5) -> tuple[int, float | None, float | None]:
+        """Separate runs of the span's buckets that spent at least ``bar`` of their time with ``f``, and the mean
+        utilization of those buckets' samples and of the others' (None: none)."""
+        runs, before = 0, False
+        util: dict[bool, list[float]] = {True: [], False: []}
+        for bucket in self.buckets.get(span, []):
+            dts = [x["dt"] for x in bucket if x["dt"] is not None]
+            values = [x[f] for x in bucket if x[f] is not None]
+            on = False
+            if dts and values:
+                seconds, total = sum(dts), sum(values)  # type: ignore[arg-type]
+                on = total / seconds >= bar if seconds > 0 else total > 0
+            runs += on and not before
+            before = on
+            util[on].extend(x["util"] for x in bucket if x["util"] is not None)  # type: ignore[misc]
+        on_u = sum(util[True]) / len(util[True]) if util[True] else None
+        off_u = sum(util[False]) / len(util[False]) if util[False] else None
+        return runs, on_u, off_u
 
     def covered(self, span: str) -> bool:
         seconds, n = self._span_total("dt", span)

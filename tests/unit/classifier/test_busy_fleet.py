@@ -86,6 +86,7 @@ class Busy:
         self.brake = np.zeros(n, dtype=bool)
         self.slowdown = np.zeros(n, dtype=bool)
         self.limits = np.full(n, 700.0)
+        self.util = np.full(n, 0.97)  # each GPU's utilization (about it)
         self.classifier = Classifier(policy_mod.load(), self.schema, interval_s=float(self.interval))
 
     def run(self, seconds: int, each: Callable[[int, Busy], None] | None = None, start: int = 0) -> None:
@@ -96,7 +97,7 @@ class Busy:
 
     def tick(self, t: int) -> None:
         n, rng, iv = self.nodes * GPUS, self.rng, self.interval
-        util = np.clip(0.97 + rng.normal(0, 0.01, n), 0, 1)
+        util = np.clip(self.util + rng.normal(0, 0.01, n), 0, 1)
         power = np.where(self.brake, 350.0, self.limits - rng.uniform(0, 3, n))
         temp = self.ambient + np.tile(SLOT_OFFSET, self.nodes) + 0.066 * power * self.resist + self.extra_heat
         temp = temp + rng.normal(0, 0.3, n)
@@ -262,6 +263,62 @@ def test_one_traffic_burst_ridden_at_the_cap_is_not_power_throttling(burst_s: in
     # The same GPU held at its cap from then on is power_throttling.
     fleet.run(1200, lambda t, f: f.cap_share.__setitem__(burst, 1.0), start=3600)
     assert {(key, v.reasons) for key, v in fleet.episodes(None)} == {(("train-000", "gpu-3"), ("power_throttling",))}
+
+
+def test_a_leaky_gpu_at_its_cap_in_every_traffic_burst_is_not_power_throttling():
+    # Inference replicas whose traffic comes in bursts (utilization 0.95 for 2.5 minutes in 7, 0.6 between); one,
+    # drawing a few percent more, reaches its cap in each burst: two runs of minutes in 15 (a third of
+    # them), each at its busiest, and under a quarter of 30 minutes.
+    fleet = Busy(seed=18)
+    fleet.cap_share[:] = -1.0
+    fleet.util[:] = 0.6
+    leaky = fleet.row(1, 2)
+
+    def traffic(t: int, f: Busy) -> None:
+        burst = t >= 3000 and (t - 3000) % 420 < 150
+        f.util[:] = 0.95 if burst else 0.6
+        f.cap_share[leaky] = 1.0 if burst else -1.0
+
+    fleet.run(3000 + 600, traffic)
+    assert fleet.episodes(None) == []
+
+
+@pytest.mark.parametrize(("period_s", "on_s"), [(480, 180), (600, 240), (720, 260)])
+def test_a_cap_that_comes_and_goes_against_peers_never_capped_is_caught_in_time(period_s: int, on_s: int):
+    # The same peers; one GPU's limit comes and goes (a firmware power controller that keeps stepping it down):
+    # capped 35-45% of each cycle, in runs of a few minutes. Over the rate span that is under `duty` until well
+    # past 15 minutes; its runs tell it from one burst of traffic.
+    fleet = Busy(seed=16)
+    fleet.cap_share[:] = -1.0
+    gpu = fleet.row(2, 5)
+    onset = 2400
+
+    def cycle(t: int, f: Busy) -> None:
+        f.cap_share[gpu] = 1.0 if t >= onset and (t - onset) % period_s < on_s else -1.0
+
+    fleet.run(onset + 900, cycle)
+    hits = fleet.episodes(None)
+    assert {(key, v.reasons) for key, v in hits} == {(("train-002", "gpu-5"), ("power_throttling",))}
+    assert hits[0][1].time_unix_nano <= (T0 + onset + 900) * S
+
+
+def test_a_gpu_turned_hotter_than_its_own_usual_is_thermal_and_one_always_that_warm_is_not():
+    # One GPU runs 4 Cel over its peers from the start (its own seat and paste: under the 5.5 Cel bar, and its
+    # usual); another, after an hour like its peers, turns 5 Cel hotter (paste drying): under the bar too, but
+    # 3 Cel over its own usual.
+    fleet = Busy(seed=17)
+    warm, drying = fleet.row(0, 2), fleet.row(1, 6)
+    fleet.extra_heat[warm] = 4.0
+
+    def heat(t: int, f: Busy) -> None:
+        f.extra_heat[drying] = 5.0 if t >= 3600 else 0.0
+
+    fleet.run(3600 + 900, heat)
+    hits = fleet.episodes(None)
+    assert {(key, v.reasons) for key, v in hits} == {(("train-001", "gpu-6"), ("thermal",))}
+    v = hits[0][1]
+    assert v.state == "predicted_failure" and "as usual" in v.message
+    assert v.time_unix_nano <= (T0 + 3600 + 900) * S
 
 
 def test_a_hardware_slowdown_is_thermal():

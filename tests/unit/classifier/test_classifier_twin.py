@@ -57,7 +57,8 @@ rules:
   device_reset: {{events_window: 2m, resets: 2}}
   link: {{mad_k: 3, cohort_ratio: 2, storm_ratio: 3, floor_per_minute: 1}}
   thermal: {{duty: 0.3, slowdown_share: 0.1,
-            peers: {{min_node_devices: 2, min_slot_nodes: 2, sustain: 20s, margin: 3, mad_k: 2, hold_ratio: 0.5}}}}
+            peers: {{min_node_devices: 2, min_slot_nodes: 2, sustain: 20s, margin: 3, mad_k: 2, hold_ratio: 0.5,
+                     history: 30s, baseline_tau: 1m, change_margin: 1.5, change_floor: 1}}}}
   cooling: {{duty: 0.3}}
   power_delivery: {{brake_share: 0.05}}
   power_throttling: {{min_peers: 2, peer_quantile: 0.5, peer_margin: 0.1}}
@@ -85,7 +86,8 @@ cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0, span_significance: 
 stale_intervals: 3
 rules:
   thermal: {{min_fraction: 0.6, throttle_share: 0.2,
-            peers: {{min_node_devices: 2, min_slot_nodes: 3, sustain: 0s, margin: 4, mad_k: 3, slope: 10}}}}
+            peers: {{min_node_devices: 2, min_slot_nodes: 3, sustain: 0s, margin: 4, mad_k: 3, slope: 10,
+                     history: 0s, baseline_tau: 2m, change_margin: 2, change_floor: 0}}}}
   memory_ecc: {{corrected_per_minute: 3, corrected_mad_k: 5}}
   # more out-of-memory events than the event log keeps (8) can matter here
   memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5, duty: 0.3, full_is_evidence: true}}

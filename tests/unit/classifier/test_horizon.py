@@ -1,4 +1,4 @@
-"""The long horizon's running totals equal a plain recount of its buckets, whatever the gaps."""
+"""The long horizon's running totals, and each bucket's sum, equal a plain recount, whatever the gaps."""
 
 from __future__ import annotations
 
@@ -25,6 +25,23 @@ def recount(samples: list[tuple[float, float]], span: int) -> tuple[float, int]:
         return 0.0, 0
     inside = [v for b, v in kept if b > head - span and not math.isnan(v)]
     return float(sum(np.float32(v) for v in inside)), len(inside)
+
+
+def recount_buckets(samples: list[tuple[float, float]], span: int) -> list[float]:
+    """The plain way, bucket by bucket: the sum in each of the last ``span`` buckets, oldest first (NaN: none)."""
+    head = None
+    kept: list[tuple[int, float]] = []
+    for t, value in samples:
+        bucket = math.floor(t / BUCKET_S)
+        head = bucket if head is None else max(head, bucket)
+        kept.append((head, value))
+    if head is None:
+        return [math.nan] * span
+    out = []
+    for b in range(head - span + 1, head + 1):
+        inside = [v for k, v in kept if k == b and not math.isnan(v)]
+        out.append(float(sum(np.float32(v) for v in inside)) if inside else math.nan)
+    return out
 
 
 steps = st.lists(
@@ -60,6 +77,10 @@ def test_span_totals_match_a_recount(rows: list[list[tuple[float, float]]], span
                 want_sum, want_n = recount(fed[r], span)
                 assert counts[0, r] == want_n, (r, span, fed[r])
                 assert math.isclose(sums[0, r], want_sum, abs_tol=1e-6), (r, span, fed[r])
+            each, _ = store.bucket_sums(span_index, np.arange(len(rows)), 0)
+            for r in range(len(rows)):
+                want = recount_buckets(fed[r], span)
+                assert np.allclose(each[:, r], want, atol=1e-6, equal_nan=True), (r, span, fed[r], each[:, r])
 
 
 def test_a_cleared_row_starts_empty() -> None:

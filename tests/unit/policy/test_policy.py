@@ -53,6 +53,10 @@ def test_overrides_apply_per_vendor_and_model(tmp_path):
         ("unhealthy_states: [broken]\n", "unhealthy_states[0]: 'broken' is not one of"),
         ("rules: {link: {remediation: [pray]}}\n", "rules.link.remediation[0]: 'pray' is not one of: none,"),
         ("hold: {thermal: forever}\n", "hold.thermal: 'forever' is not a duration"),
+        (
+            "rules: {thermal: {peers: {baseline_tau: 0s}}}\n",
+            "rules.thermal.peers.baseline_tau: must be longer than 0s",
+        ),
         ("hold: {sunburn: 1m}\n", "hold key: 'sunburn' is not one of: default, thermal"),
         ("rules: [1, 2]\n", "rules: expected a mapping"),
         ("window: [1\n", "not valid YAML"),
