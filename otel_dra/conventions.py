@@ -250,6 +250,21 @@ OTEL_DRA_RECEIVER_CONNECTIONS = _extension(
     GAUGE,
     "Connections open to the OTLP/HTTP receiver (bounded by --max-connections).",
 )
+# The cluster writer's brake on mass quarantine (otel_dra/sinks/k8s/brake.py).
+OTEL_DRA_K8S_BRAKE_TRIPPED = _extension(
+    "otel_dra.k8s.brake.tripped",
+    "1",
+    GAUGE,
+    "1 while the cluster writer's brake on mass quarantine holds (a batch of new acting taints went past "
+    "kubernetes.budget): new NoSchedule and NoExecute taints are written with effect None until it is released.",
+)
+OTEL_DRA_K8S_BRAKE_WITHHELD = _extension(
+    "otel_dra.k8s.brake.withheld",
+    "{rule}",
+    GAUGE,
+    "DeviceTaintRules the cluster writer's last apply wrote with a milder effect than rendered, because the brake "
+    "on mass quarantine held.",
+)
 #: Metrics only `otel-dra fleet` emits, by name.
 FLEET_METRICS: dict[str, MetricSpec] = {
     s.name: s
@@ -260,6 +275,8 @@ FLEET_METRICS: dict[str, MetricSpec] = {
         OTEL_DRA_RECEIVER_CLOCK_SKEW,
         OTEL_DRA_RECEIVER_ATTRIBUTES_IGNORED,
         OTEL_DRA_RECEIVER_CONNECTIONS,
+        OTEL_DRA_K8S_BRAKE_TRIPPED,
+        OTEL_DRA_K8S_BRAKE_WITHHELD,
     )
 }
 

@@ -30,6 +30,7 @@ from otel_dra.policy import Policy
 from otel_dra.receivers.tls import describe
 from otel_dra.sinks import provider
 from otel_dra.sinks.http import PrometheusEndpoint, Route
+from otel_dra.sinks.k8s.brake import Brake, BudgetSettings
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.sinks.verdicts import VerdictMetrics
 from otel_dra.state import VerdictBoard
@@ -69,6 +70,8 @@ class Fleet:
         self.endpoint: PrometheusEndpoint | None = None
         self.elector: LeaderElector | None = None  # with --k8s-apply and leader election
         self.k8s: K8sOutputSink | None = None  # with --k8s-apply
+        # The cluster writer's budget of new acting taints (its metric reads 0 without a writer).
+        self.brake = Brake(BudgetSettings.from_policy(self.policy))
         self.state: StateStore | None = None  # with a state directory: held faults across restarts
 
     # -- data in -------------------------------------------------------------------------------
@@ -154,6 +157,8 @@ class Fleet:
             leader=elector.is_leader if elector is not None else None,
             whole_fleet=True,
             name="cluster writer",
+            # The one writer of the cluster's rules: a budget of new acting taints (kubernetes.budget).
+            brake=self.brake,
         )
         if elector is not None:
             self.elector = self.components.start("leader election", elector)
@@ -186,6 +191,7 @@ class Fleet:
         node = cfg.node_name or socket.gethostname()
         meter = provider.start_meter_provider(run, node, readers, FLEET_SERIES_LIMIT, "otel_dra.fleet")
         VerdictMetrics(self.board, meter, self.policy.shared_devices.combine, states=False)
+        self.brake.instrument(meter)
         rc = cfg.receiver
         receiver = OtlpReceiver(
             self.schema,

@@ -276,16 +276,20 @@ def apply(
     *,
     whole_fleet: bool = False,
     may_write: Callable[[], bool] | None = None,
+    gate: Callable[[list[dict[str, Any]], list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
 ) -> ApplyResult:
     """Reconcile the cluster's managed DeviceTaintRules with ``rendering`` (see the module doc).
 
     ``whole_fleet``: delete every managed rule not rendered, not only those in the rendering's
     pools (the fleet is the one writer). ``may_write`` is asked before each change; when it says
-    no (a leader whose Lease lapsed), :class:`NotLeader` stops the apply at once."""
+    no (a leader whose Lease lapsed), :class:`NotLeader` stops the apply at once. ``gate``: the
+    rules to write instead of the rendered ones, given the cluster's (the brake on mass quarantine,
+    :mod:`otel_dra.sinks.k8s.brake`)."""
     api = _Api(api_client if api_client is not None else connect(), rendering.api_version, timeout_s)
     existing = api.list_managed()
-    result = ApplyResult(plan(rendering.rules, existing, None if whole_fleet else rendering.scope))
-    result.unchanged = len(rendering.rules) - sum(a.verb in ("create", "update") for a in result.actions)
+    desired = rendering.rules if gate is None else gate(rendering.rules, existing)
+    result = ApplyResult(plan(desired, existing, None if whole_fleet else rendering.scope))
+    result.unchanged = len(desired) - sum(a.verb in ("create", "update") for a in result.actions)
     for done, action in enumerate(result.actions):
         if may_write is not None and not may_write():
             raise NotLeader(f"lost the leader Lease: stopped after {done} of {len(result.actions)} changes")

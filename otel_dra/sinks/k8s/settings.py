@@ -16,7 +16,21 @@ from typing import Any
 import yaml
 
 from otel_dra import policy as pol
-from otel_dra.policy import Policy, PolicyError, Where, boolean, list_of, map_of, number, one_of, show, string, struct
+from otel_dra.policy import (
+    Policy,
+    PolicyError,
+    Where,
+    boolean,
+    duration,
+    list_of,
+    map_of,
+    number,
+    one_of,
+    positive_duration,
+    show,
+    string,
+    struct,
+)
 from otel_dra.sinks.k8s import validation as k8s
 from otel_dra.vocabulary import HEALTH, REASONS
 
@@ -114,6 +128,16 @@ SCHEMA = struct(
                     }
                 ),
                 "max_per_device": number(1, k8s.TAINTS_PER_DEVICE_MAX, integer=True),
+            }
+        ),
+        "budget": struct(
+            {
+                "window": positive_duration,
+                "share": number(0.0, 1.0),
+                "devices": number(1, None, integer=True),
+                "no_execute_share": number(0.0, 1.0),
+                "no_execute_devices": number(1, None, integer=True),
+                "cooldown": duration,
             }
         ),
         "attributes": _attributes,

@@ -25,6 +25,7 @@ from otel_dra.policy import Policy
 from otel_dra.sinks.config import K8sOutputConfig
 from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.apply import K8sApplyError, apply, connect, discover
+from otel_dra.sinks.k8s.brake import Brake, Decision
 from otel_dra.sinks.k8s.render import (
     ATTRIBUTES_FILE,
     DEFAULT_API_VERSION,
@@ -63,6 +64,7 @@ class K8sOutputSink:
         whole_fleet: bool = False,
         name: str = "k8s output",
         attributes: bool = False,
+        brake: Brake | None = None,
     ) -> None:
         """``driver``: the DRA driver for devices whose telemetry has no ``dra.driver.name``.
         ``out_dir``: where the files go; ``None``: no files (the fleet's writer only applies).
@@ -82,7 +84,10 @@ class K8sOutputSink:
 
         ``leader``: asked before each apply and before each change in it: only a leader writes
         (:class:`~otel_dra.sinks.k8s.lease.LeaderElector`). ``whole_fleet``: every managed rule not
-        rendered is deleted, whatever its pool (the fleet is the cluster's one writer)."""
+        rendered is deleted, whatever its pool (the fleet is the cluster's one writer).
+
+        ``brake``: the budget of new acting taints the writer may add (:mod:`otel_dra.sinks.k8s.brake`);
+        the files always hold what the verdicts say, the cluster what the brake let through."""
         self.board = board
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.policy = policy
@@ -93,6 +98,7 @@ class K8sOutputSink:
         self.poll_s, self.resync_s, self.retry_s, self.warmup_s = poll_s, resync_s, retry_s, warmup_s
         self.leader, self.whole_fleet, self.name = leader, whole_fleet, name
         self.attributes = attributes
+        self.brake = brake
         self._not_before = 0.0
         val.client_models()
         if self.out_dir is not None:
@@ -191,8 +197,17 @@ class K8sOutputSink:
             return False
         rendering = self._rendering
         self._attempted = self._rules_text
+        gate = None
+        if self.brake is not None:
+            brake, devices = self.brake, len(rendering.attributes)
+
+            def gate(desired: list[dict[str, Any]], existing: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                decision = brake.gate(desired, existing, devices, time.time())
+                self._brake_news(decision)
+                return decision.rules
+
         try:
-            result = apply(rendering, self._api_client, whole_fleet=self.whole_fleet, may_write=self.leader)
+            result = apply(rendering, self._api_client, whole_fleet=self.whole_fleet, may_write=self.leader, gate=gate)
         except K8sApplyError as exc:
             self._failed(exc)
             return False
@@ -204,6 +219,24 @@ class K8sOutputSink:
         self._apply_due = time.monotonic() + self.resync_s
         self.applies += 1
         return True
+
+    def _brake_news(self, decision: Decision) -> None:
+        """One line when the brake trips or its cool-down ends; the withheld count rides on the metric."""
+        if decision.tripped_now:
+            cooldown = self.brake.settings.cooldown_s if self.brake is not None else 0.0
+            until = f"its cool-down of {cooldown:g}s ends" if cooldown > 0 else "the writer restarts"
+            log.error(
+                "%s: the brake on mass quarantine tripped: %s; writing %d new acting taints with their old effect "
+                "(None for new rules) until %s",
+                self.name,
+                decision.state.why,
+                len(decision.withheld),
+                until,
+            )
+        elif decision.released_now:
+            log.warning(
+                "%s: the brake on mass quarantine's cool-down ended: new acting taints are written again", self.name
+            )
 
     def _run(self) -> None:
         seen: int | None = None

@@ -486,7 +486,7 @@ def test_the_default_policy_section_is_informational():
         ),
         (
             "kubernetes: {colour: red}\n",
-            "p.yaml:1:14: kubernetes.colour: unknown key; allowed here: domain, taints, attributes",
+            "p.yaml:1:14: kubernetes.colour: unknown key; allowed here: domain, taints, budget, attributes",
         ),
         (
             "kubernetes:\n  taints: {key: '{domain}/unhealthy'}\n",
