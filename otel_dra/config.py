@@ -101,6 +101,7 @@ class ClusterWriterConfig:
     output_dir: str | None = None  # also write the rendered files here
     leader_elect: bool = True
     lease: LeaseConfig = field(default_factory=LeaseConfig)
+    events: bool = True  # a Kubernetes Event (events.k8s.io/v1) for every rule change and for the brake
     resync_s: float = K8sOutputConfig.resync_s
     retry_s: float = K8sOutputConfig.retry_s
 

@@ -30,7 +30,7 @@ from otel_dra.policy import Policy
 from otel_dra.receivers.tls import describe
 from otel_dra.sinks import provider
 from otel_dra.sinks.http import PrometheusEndpoint, Route
-from otel_dra.sinks.k8s.brake import Brake, BudgetSettings
+from otel_dra.sinks.k8s.brake import Brake, BudgetSettings, annotation_key
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.sinks.verdicts import VerdictMetrics
 from otel_dra.state import VerdictBoard
@@ -136,12 +136,34 @@ class Fleet:
         """The DeviceTaintRule writer, and the election that decides whether it may write. Fails
         here (no kubeconfig, no client) before any port is bound."""
         from otel_dra.sinks.k8s.apply import connect
+        from otel_dra.sinks.k8s.events import NORMAL, EventRecorder, Ref
         from otel_dra.sinks.k8s.lease import LeaderElector
         from otel_dra.sinks.k8s.sink import K8sOutputSink
 
         lease = k8s.lease.resolved()
         api_client = connect(user_agent=f"otel-dra/{__version__} (fleet; {lease.identity})", flag="--k8s-apply")
-        elector = LeaderElector(api_client, lease) if k8s.leader_elect else None
+        domain = str(self.policy.sections["kubernetes"]["domain"])
+        events = EventRecorder(api_client, f"{domain}/fleet", lease.identity) if k8s.events else None
+        lease_ref = Ref("coordination.k8s.io/v1", "Lease", lease.name, lease.namespace) if k8s.leader_elect else None
+        # The brake's state rides on the Lease: the next leader (or this one, restarted) holds the same brake.
+        key = annotation_key(self.policy)
+
+        def watch(found: dict[str, str]) -> None:
+            if self.brake.watch(found, key) and events is not None and lease_ref is not None:
+                note = f"released by an operator ({key}-release={found.get(f'{key}-release')})"
+                events.record(lease_ref, NORMAL, "QuarantineBrakeReleased", "Release", note)
+
+        elector = (
+            LeaderElector(
+                api_client,
+                lease,
+                annotations=lambda: self.brake.annotations(key),
+                adopt=lambda found: self.brake.adopt(found, key),
+                watch=watch,
+            )
+            if k8s.leader_elect
+            else None
+        )
         sink = K8sOutputSink(
             self.board,
             Path(k8s.output_dir) if k8s.output_dir else None,
@@ -159,6 +181,8 @@ class Fleet:
             name="cluster writer",
             # The one writer of the cluster's rules: a budget of new acting taints (kubernetes.budget).
             brake=self.brake,
+            events=events,
+            brake_ref=lease_ref,
         )
         if elector is not None:
             self.elector = self.components.start("leader election", elector)

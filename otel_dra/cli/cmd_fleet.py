@@ -180,6 +180,15 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
     help="With --k8s-apply, also write the rendered DeviceTaintRules here (devicetaintrules.yaml).",
 )
 @click.option(
+    "--k8s-events/--no-k8s-events",
+    default=True,
+    show_default=True,
+    help="With --k8s-apply, record a Kubernetes Event (events.k8s.io/v1) for every DeviceTaintRule created, "
+    "changed or deleted (the device, the reason, the evidence and the remediation: `kubectl get events -n "
+    "default`) and for the brake on mass quarantine; rate-limited as client-go's recorder is. Needs create "
+    "and patch on events (deploy/kubernetes/fleet).",
+)
+@click.option(
     "--leader-elect/--no-leader-elect",
     default=True,
     show_default=True,
@@ -249,6 +258,7 @@ def fleet(
     k8s_api_version: str,
     k8s_driver: str | None,
     k8s_output: str | None,
+    k8s_events: bool,
     leader_elect: bool,
     leader_elect_lease_duration: float,
     leader_elect_renew_deadline: float,
@@ -301,6 +311,7 @@ def fleet(
                 output_dir=k8s_output,
                 leader_elect=leader_elect,
                 lease=lease,
+                events=k8s_events,
             )
         http = http_server_config(max_connections, header_timeout, body_timeout, idle_timeout)
         limits = decode_limits(max_nodes, max_devices, max_devices_per_node, max_series, max_attribute_length)

@@ -15,6 +15,7 @@ import click
 from click.core import ParameterSource
 
 from otel_dra.cli.client import read_devices
+from otel_dra.cli.common import load_policy
 from otel_dra.cli.options import Seconds, driver_name, policy_option
 from otel_dra.sinks.k8s.versions import API_VERSIONS, DEFAULT_API_VERSION
 
@@ -213,3 +214,146 @@ def render_command(
             f"{result.unchanged} unchanged",
             err=True,
         )
+
+
+# -- the brake on mass quarantine ------------------------------------------------------------------------------
+@k8s.group("brake")
+def brake() -> None:
+    """The fleet's brake on mass quarantine (the policy's kubernetes.budget): see it, release it.
+
+    Its state rides on the fleet's leader Lease (annotation <domain>/quarantine-brake); a release is
+    a new value under <domain>/quarantine-brake-release there, which the leader honours at its next
+    renewal (within the retry period, 2 s by default). Needs get and update on that Lease.
+    """
+
+
+def _lease_options(fn: Any) -> Any:
+    from otel_dra.sinks.k8s.lease import LeaseConfig
+
+    fn = click.option("--timeout", type=Seconds(), default=10.0, show_default=True, help="Seconds per API request.")(fn)
+    fn = policy_option("Policy YAML merged over the default: its kubernetes.domain names the annotations.")(fn)
+    fn = click.option(
+        "--namespace",
+        "-n",
+        default="",
+        help="The Lease's namespace (the fleet's --leader-elect-resource-namespace). Default: $POD_NAMESPACE, "
+        "else otel-dra.",
+    )(fn)
+    return click.option(
+        "--lease",
+        "lease_name",
+        default=LeaseConfig.name,
+        show_default=True,
+        help="The fleet's Lease (its --leader-elect-resource-name).",
+    )(fn)
+
+
+def _lease_client(lease_name: str, namespace: str) -> tuple[Any, str]:
+    from otel_dra.sinks.k8s.apply import K8sApplyError, connect
+    from otel_dra.sinks.k8s.lease import default_namespace
+
+    try:
+        return connect(flag="k8s brake"), namespace or default_namespace()
+    except K8sApplyError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _lease_problem(exc: Any, lease_name: str, namespace: str) -> click.ClickException:
+    """One line for an API error on the Lease: what failed and what to do."""
+    if exc.status == 404:
+        return click.ClickException(
+            f"no Lease {namespace}/{lease_name}: is the fleet running with --k8s-apply and leader election? "
+            "(Without leader election the brake lives in the process: restarting it releases the brake.) "
+            "Give the Lease with --lease and --namespace"
+        )
+    if exc.status in (401, 403):
+        return click.ClickException(
+            f"Lease {namespace}/{lease_name}: {'unauthorized' if exc.status == 401 else 'forbidden'}: "
+            "releasing the brake needs get and update on leases.coordination.k8s.io in that namespace"
+        )
+    return click.ClickException(f"Lease {namespace}/{lease_name}: HTTP {exc.status} {exc.reason}")
+
+
+def _describe(state: Any, pending: str, holder: str) -> list[str]:
+    import datetime as dt
+
+    if state is None:
+        lines = ["no brake state on the Lease yet (no leader has written one: it is released)"]
+    elif state.tripped:
+        at = dt.datetime.fromtimestamp(state.tripped_at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        lines = [f"tripped at {at}: {state.why}"]
+    else:
+        lines = ["released: new acting taints are written, within the budget"]
+    if state is not None:
+        lines.append(f"{len(state.added)} devices gained an acting taint in the current window")
+    if pending:
+        lines.append(f"a release ({pending}) waits for the leader's next renewal")
+    lines.append(f"leader: {holder or '(none)'}")
+    return lines
+
+
+@brake.command("status")
+@_lease_options
+def brake_status(lease_name: str, namespace: str, policy_file: str | None, timeout: float) -> None:
+    """Say whether the brake holds, why, and since when."""
+    from otel_dra.sinks.k8s.brake import annotation_key, read_lease_brake
+
+    policy = load_policy(policy_file)
+    api_client, namespace = _lease_client(lease_name, namespace)
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+
+    try:
+        lease = client.CoordinationV1Api(api_client).read_namespaced_lease(
+            lease_name, namespace, _request_timeout=timeout
+        )
+        found = read_lease_brake(lease, annotation_key(policy))
+    except client.ApiException as exc:
+        raise _lease_problem(exc, lease_name, namespace) from None
+    except (HTTPError, OSError) as exc:
+        where = api_client.configuration.host
+        raise click.ClickException(f"cannot reach the Kubernetes API at {where}: {str(exc).splitlines()[0]}") from None
+    except ValueError as exc:
+        raise click.ClickException(
+            f"Lease {namespace}/{lease_name}: the brake's annotation is unreadable ({exc}): release it to reset it"
+        ) from None
+    for line in _describe(found.state, found.pending_release, found.holder):
+        click.echo(line)
+
+
+@brake.command("release")
+@_lease_options
+def brake_release(lease_name: str, namespace: str, policy_file: str | None, timeout: float) -> None:
+    """Release the brake: new acting taints are written again, with a fresh budget.
+
+    Release it once you know the mass event is real (or fixed what caused a false one). If more
+    devices than the budget are still waiting, the brake trips again at the next batch: to let a
+    real mass event through at once, raise kubernetes.budget in the policy first.
+    """
+    import datetime as dt
+
+    from otel_dra.sinks.k8s.brake import annotation_key, release_key, request_release
+
+    policy = load_policy(policy_file)
+    key = annotation_key(policy)
+    api_client, namespace = _lease_client(lease_name, namespace)
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+
+    token = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    try:
+        before = request_release(api_client, lease_name, namespace, key, token)
+    except client.ApiException as exc:
+        raise _lease_problem(exc, lease_name, namespace) from None
+    except (HTTPError, OSError) as exc:
+        where = api_client.configuration.host
+        raise click.ClickException(f"cannot reach the Kubernetes API at {where}: {str(exc).splitlines()[0]}") from None
+    except ValueError as exc:
+        raise click.ClickException(
+            f"Lease {namespace}/{lease_name}: the brake's annotation is unreadable ({exc}): release it to reset it"
+        ) from None
+    was = "tripped" if before.state is not None and before.state.tripped else "not tripped"
+    click.echo(
+        f"asked the leader ({before.holder or 'none yet'}) to release the brake ({was}): "
+        f"{release_key(key)}={token} on Lease {namespace}/{lease_name}"
+    )

@@ -182,6 +182,13 @@ def test_two_replicas_elect_one_writer_and_a_killed_leader_hands_over_within_one
     log = (tmp_path / f"{standby}.log").read_text()
     assert "became the leader" in log and "DeviceTaintRules: resource.k8s.io/v1" in log
     assert "released lease" in log  # the standby's clean exit handed the Lease back
+    # The audit trail: one Event per rule created, each from the replica that wrote it, all taken by the server
+    # (which checks the events.k8s.io/v1 schema and the API server's own Event rules).
+    events = api.event_list("default")
+    assert sorted(e["regarding"]["name"] for e in events) == sorted(api.objects), events
+    assert {e["reason"] for e in events} == {"DeviceTainted"}
+    assert {e["reportingInstance"] for e in events} == {leader, standby}
+    assert all(w.status == 201 for w in api.writes if w.kind == "events")
 
 
 def test_without_a_cluster_fleet_k8s_apply_is_a_one_line_error(tmp_path):

@@ -619,6 +619,12 @@ def device_taint_grants() -> set[tuple[str, str, str, None]]:
     return {("resource.k8s.io", "devicetaintrules", verb, None) for verb in TAINT_VERBS}
 
 
+def fleet_cluster_grants() -> set[tuple[str, str, str, None]]:
+    """The DeviceTaintRules, and the Events that record each change (in ``default``, where client-go puts those of
+    a cluster-scoped object, and in the Lease's namespace for the brake): create, and patch for their series."""
+    return device_taint_grants() | {("events.k8s.io", "events", verb, None) for verb in ("create", "patch")}
+
+
 def lease_grants() -> set[tuple[str, str, str, str | None]]:
     return {("coordination.k8s.io", "leases", verb, name) for verb, name in LEASE_VERBS}
 
@@ -656,11 +662,11 @@ def test_the_fleet_has_its_own_service_account_with_its_api_token():
     assert fleet_pod_spec().get("automountServiceAccountToken", True) is True, "it calls the API"
 
 
-def test_the_fleet_cluster_role_grants_exactly_device_taint_rules():
+def test_the_fleet_cluster_role_grants_exactly_device_taint_rules_and_their_events():
     role, binding = the("ClusterRole", fleet=True), the("ClusterRoleBinding", fleet=True)
     assert "aggregationRule" not in role
     assert "*" not in json.dumps(role), "no wildcards"
-    assert grants(role) == device_taint_grants()
+    assert grants(role) == fleet_cluster_grants()
     assert role["metadata"]["name"] != the("ClusterRole")["metadata"]["name"], "not the agent's opt-in role"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -701,7 +707,7 @@ def test_the_fleet_role_grants_exactly_its_lease_in_its_namespace():
 )
 def test_the_rbac_checks_catch_a_wider_grant(kind, change):
     role = json.loads(json.dumps(the(kind, fleet=True)))
-    expected = device_taint_grants() if kind == "ClusterRole" else lease_grants()
+    expected = fleet_cluster_grants() if kind == "ClusterRole" else lease_grants()
     assert grants(role) == expected
     change(role)
     assert grants(role) != expected

@@ -9,7 +9,10 @@ No kube-apiserver runs here, so this stand-in keeps the rules of the real one th
   create of an existing name is 409 AlreadyExists; a missing object is 404 NotFound;
 - every DeviceTaintRule written is validated against the official OpenAPI schema of the
   server's Kubernetes version (``kubernetes-validate``), and refused with 422 Invalid if it fails;
-- Lease bodies are checked for the fields leader election depends on.
+- Lease bodies are checked for the fields leader election depends on;
+- ``events.k8s.io/v1`` Events: created (schema, and the API server's own ``ValidateEventCreate`` rules
+  with its error texts: k8s.io/kubernetes pkg/apis/core/validation/events.go), and their series
+  patched with a strategic merge patch (only ``series`` may change: ``ValidateEventUpdate``).
 
 It records every request (``requests``, for the assertions the older tests make) and every write
 with the client's User-Agent and the time (``writes``), so a test can tell which replica wrote.
@@ -17,7 +20,10 @@ with the client's User-Agent and the time (``writes``), so a test can tell which
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,10 +32,102 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import jsonschema
 import kubernetes_validate
+import referencing
+from kubernetes_validate import utils as kv
 
 DTR_PREFIX = "/apis/resource.k8s.io/"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/"
+EVENTS = "/apis/events.k8s.io/v1/namespaces/"
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@functools.lru_cache(maxsize=64)
+def _validator(kubernetes: str, kind: str, api_version: str) -> tuple[Any, str]:
+    """``kubernetes_validate.validate``'s strict validator for one kind, built once: loading the schema files
+    on every call made 1,600 rules take minutes."""
+    version = [v for v in kv.all_versions() if kv.major_minor(v) <= kv.major_minor(kubernetes)][-1]
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    schema = kv.schema_contents(f"{folder}/{kind.lower()}-{group}.json", kubernetes)
+    definitions = kv.schema_contents(f"{folder}/_definitions.json", kubernetes)
+    registry = referencing.Resource.from_contents(definitions) @ (
+        referencing.Resource.from_contents(schema) @ referencing.Registry()
+    )
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry), kv.major_minor(version)
+
+
+def schema_problem(obj: dict, kubernetes: str) -> str | None:
+    """The first line of ``kubernetes_validate.validate(obj, kubernetes, strict=True)``'s error, or None."""
+    validator, version = _validator(kubernetes, str(obj.get("kind")), str(obj.get("apiVersion")))
+    try:
+        validator.validate(obj)
+    except jsonschema.ValidationError as exc:
+        return str(kubernetes_validate.ValidationError(exc, version)).splitlines()[0]
+    return None
+
+
+def event_problems(obj: dict) -> list[str]:
+    """``ValidateEventCreate`` for events.k8s.io/v1 (k8s.io/kubernetes pkg/apis/core/validation/events.go),
+    in the API server's field-error wording."""
+    out = []
+    meta, regarding = obj.get("metadata") or {}, obj.get("regarding") or {}
+    namespace = meta.get("namespace") or ""
+    if not regarding.get("namespace") and namespace not in ("default", "kube-system"):
+        out.append('involvedObject.namespace: Invalid value: "": does not match event.namespace')
+    controller = obj.get("reportingController") or ""
+    if not controller:
+        out.append("reportingController: Required value")
+    else:
+        prefix, _, name = controller.rpartition("/")
+        if (prefix and not _DNS_SUBDOMAIN.match(prefix)) or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+            out.append(
+                f'reportingController: Invalid value: "{controller}": name part must consist of alphanumeric '
+                "characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+            )
+    for field_, limit, required in (
+        ("reportingInstance", 128, True),
+        ("action", 128, True),
+        ("reason", 128, True),
+        ("note", 1024, False),
+    ):
+        value = obj.get(field_) or ""
+        path = "message" if field_ == "note" else field_  # the internal type's name for it
+        if required and not value:
+            out.append(f"{path}: Required value")
+        if len(value) > limit:
+            out.append(f'{path}: Invalid value: "": can have at most {limit} characters')
+    if not _DNS_SUBDOMAIN.match(namespace):
+        out.append(f'namespace: Invalid value: "{namespace}": a lowercase RFC 1123 subdomain')
+    name = meta.get("name") or ""
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        out.append(
+            f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower '
+            "case alphanumeric characters, '-' or '.'"
+        )
+    series = obj.get("series")
+    if series is not None:
+        if int(series.get("count") or 0) < 2:
+            out.append('series.count: Invalid value: "": should be at least 2')
+        if not series.get("lastObservedTime"):
+            out.append("series.lastObservedTime: Required value")
+    if not obj.get("eventTime"):
+        out.append("eventTime: Required value")
+    if obj.get("type") not in ("Normal", "Warning"):
+        out.append(f'type: Invalid value: "": has invalid value: {obj.get("type")}')
+    for legacy in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount", "deprecatedSource"):
+        if obj.get(legacy):
+            out.append(f'{legacy}: Invalid value: "": needs to be unset')
+    return out
+
+
+def invalid(kind: str, name: str, problems: list[str]) -> str:
+    """The API server's 422 message: one field error bare, several in brackets."""
+    what = problems[0] if len(problems) == 1 else "[" + ", ".join(problems) + "]"
+    return f'{kind} "{name}" is invalid: {what}'
 
 
 @dataclass(frozen=True)
@@ -106,6 +204,7 @@ class FakeApiServer:
             }
         self.objects: dict[str, dict] = {}  # devicetaintrules by name
         self.leases: dict[tuple[str, str], dict] = {}  # (namespace, name)
+        self.events: dict[tuple[str, str], dict] = {}  # (namespace, name)
         self.namespaces: set[str] | None = None  # None: every namespace exists
         self.partitioned: set[str] = set()  # User-Agent substrings answered 503, as an unreachable server
         self.user = "system:serviceaccount:otel-dra:otel-dra-fleet"
@@ -138,11 +237,7 @@ class FakeApiServer:
 
     # -- the endpoints ---------------------------------------------------------------------------
     def _rule_problem(self, obj: dict) -> str | None:
-        try:
-            kubernetes_validate.validate(obj, self.kubernetes, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            return str(exc).splitlines()[0]
-        return None
+        return schema_problem(obj, self.kubernetes)
 
     def _lease_problem(self, obj: dict) -> str | None:
         spec = obj.get("spec") or {}
@@ -154,17 +249,28 @@ class FakeApiServer:
         seconds = spec.get("leaseDurationSeconds")
         if seconds is not None and (not isinstance(seconds, int) or seconds <= 0):
             return "spec.leaseDurationSeconds: Invalid value: must be greater than 0"
-        try:
-            kubernetes_validate.validate(obj, self.kubernetes, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            return str(exc).splitlines()[0]
-        return None
+        return schema_problem(obj, self.kubernetes)
+
+    def _event_schema_problem(self, obj: dict) -> str | None:
+        return schema_problem(obj, self.kubernetes)
+
+    def event_list(self, namespace: str | None = None) -> list[dict]:
+        """The Events stored, oldest first (``namespace`` None: every namespace)."""
+        with self.lock:
+            items = [o for (ns, _), o in self.events.items() if namespace is None or ns == namespace]
+            return json.loads(json.dumps(items))
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         store = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                # A reply is two writes (headers, body): with Nagle's algorithm the second waits for the
+                # client's delayed ACK, 40 ms a request on a keep-alive connection. The API server sends at once.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -201,6 +307,8 @@ class FakeApiServer:
                         return self.reply(200, store.discovery[path])
                     if path.startswith(LEASES):
                         return self.leases(verb, path[len(LEASES) :].split("/"))
+                    if path.startswith(EVENTS):
+                        return self.event(verb, path[len(EVENTS) :].split("/"))
                     if path.startswith(f"{DTR_PREFIX}{store.served}/devicetaintrules"):
                         rest = path[len(f"{DTR_PREFIX}{store.served}/devicetaintrules") :].strip("/")
                         return self.rules(verb, rest, url.query)
@@ -218,6 +326,9 @@ class FakeApiServer:
 
             def do_DELETE(self) -> None:
                 self.route("DELETE")
+
+            def do_PATCH(self) -> None:
+                self.route("PATCH")
 
             # -- resource.k8s.io devicetaintrules (cluster-scoped) ---------------------------------
             def rules(self, verb: str, name: str, query: str) -> None:
@@ -344,6 +455,85 @@ class FakeApiServer:
                     store.leases[(namespace, name)] = obj
                     self.record("PUT", kind, name, 200, obj)
                     return self.reply(200, obj)
+                return self.reply(405, status(405, "MethodNotAllowed", "the server does not allow this method"))
+
+            # -- events.k8s.io/v1 events (namespaced) ---------------------------------------------
+            def event(self, verb: str, parts: list[str]) -> None:
+                kind = "events"
+                if len(parts) < 2 or parts[1] != kind:
+                    return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+                namespace, name = parts[0], (parts[2] if len(parts) > 2 else "")
+                store.requests.append(f"{verb} event {namespace}/{name}")
+                if verb == "GET" and not name:
+                    items = [o for (ns, _), o in store.events.items() if ns == namespace]
+                    body = {"apiVersion": "events.k8s.io/v1", "kind": "EventList", "metadata": {}, "items": items}
+                    return self.reply(200, body)
+                if verb == "POST":
+                    obj = self.body()
+                    obj.setdefault("apiVersion", "events.k8s.io/v1")
+                    obj.setdefault("kind", "Event")
+                    name = (obj.get("metadata") or {}).get("name") or ""
+                    if (obj.get("metadata") or {}).get("namespace", namespace) != namespace:
+                        message = (
+                            "the namespace of the provided object does not match the namespace sent on the request"
+                        )
+                        return self.reply(400, status(400, "BadRequest", message))
+                    obj["metadata"]["namespace"] = namespace
+                    if (namespace, name) in store.events:
+                        self.record("POST", kind, name, 409)
+                        message = f'{kind}.events.k8s.io "{name}" already exists'
+                        return self.reply(409, status(409, "AlreadyExists", message, name, kind))
+                    for stamp in (obj.get("eventTime"), (obj.get("series") or {}).get("lastObservedTime")):
+                        if stamp is not None and not _MICRO_TIME.match(str(stamp)):
+                            message = (  # metav1.MicroTime's UnmarshalJSON: time.Parse(RFC3339Micro, ...)
+                                f'Event in version "v1" cannot be handled as a Event: parsing time "{stamp}" as '
+                                '"2006-01-02T15:04:05.000000Z07:00": cannot parse'
+                            )
+                            return self.reply(400, status(400, "BadRequest", message))
+                    schema = store._event_schema_problem(obj)
+                    problems = ([schema] if schema else []) + event_problems(obj)
+                    if problems:
+                        self.record("POST", kind, name, 422, obj)
+                        return self.reply(422, status(422, "Invalid", invalid("Event.events.k8s.io", name, problems)))
+                    obj["metadata"].update(resourceVersion=store._next_version(), uid=f"uid-{name}")
+                    store.events[(namespace, name)] = obj
+                    self.record("POST", kind, name, 201, obj)
+                    return self.reply(201, obj)
+                have = store.events.get((namespace, name))
+                if have is None:
+                    if verb != "GET":
+                        self.record(verb, kind, name, 404)
+                    message = f'{kind}.events.k8s.io "{name}" not found'
+                    return self.reply(404, status(404, "NotFound", message, name, kind))
+                if verb == "GET":
+                    return self.reply(200, have)
+                if verb == "PATCH":
+                    content_type = self.headers.get("Content-Type", "")
+                    if content_type != "application/strategic-merge-patch+json":
+                        message = (
+                            "the body of the request was in an unknown format - accepted media types include: "
+                            "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, "
+                            "application/strategic-merge-patch+json"
+                        )
+                        return self.reply(415, status(415, "UnsupportedMediaType", message))
+                    patch = self.body()
+                    merged = json.loads(json.dumps(have))
+                    for key, value in patch.items():
+                        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                            merged[key].update(value)
+                        else:
+                            merged[key] = value
+                    immutable = [k for k in merged if k not in ("series", "metadata") and merged.get(k) != have.get(k)]
+                    problems = [f"{k}: Invalid value: field is immutable" for k in immutable]
+                    schema = store._event_schema_problem(merged)
+                    problems += ([schema] if schema else []) + event_problems(merged)
+                    if problems:
+                        self.record("PATCH", kind, name, 422, patch)
+                        return self.reply(422, status(422, "Invalid", invalid("Event.events.k8s.io", name, problems)))
+                    merged["metadata"]["resourceVersion"] = store._next_version()
+                    store.events[(namespace, name)] = merged
+                    self.record("PATCH", kind, name, 200, patch)
+                    return self.reply(200, merged)
                 return self.reply(405, status(405, "MethodNotAllowed", "the server does not allow this method"))
 
         return Handler

@@ -277,6 +277,7 @@ def apply(
     whole_fleet: bool = False,
     may_write: Callable[[], bool] | None = None,
     gate: Callable[[list[dict[str, Any]], list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    done: Callable[[Action, Mapping[str, Any] | None], None] | None = None,
 ) -> ApplyResult:
     """Reconcile the cluster's managed DeviceTaintRules with ``rendering`` (see the module doc).
 
@@ -284,21 +285,25 @@ def apply(
     pools (the fleet is the one writer). ``may_write`` is asked before each change; when it says
     no (a leader whose Lease lapsed), :class:`NotLeader` stops the apply at once. ``gate``: the
     rules to write instead of the rendered ones, given the cluster's (the brake on mass quarantine,
-    :mod:`otel_dra.sinks.k8s.brake`)."""
+    :mod:`otel_dra.sinks.k8s.brake`). ``done``: called after each change the cluster took, with the rule it
+    replaced or deleted (None for a create): the audit trail's Events."""
     api = _Api(api_client if api_client is not None else connect(), rendering.api_version, timeout_s)
     existing = api.list_managed()
     desired = rendering.rules if gate is None else gate(rendering.rules, existing)
     result = ApplyResult(plan(desired, existing, None if whole_fleet else rendering.scope))
     result.unchanged = len(desired) - sum(a.verb in ("create", "update") for a in result.actions)
-    for done, action in enumerate(result.actions):
+    before = {(o.get("metadata") or {}).get("name"): o for o in existing}
+    for count, action in enumerate(result.actions):
         if may_write is not None and not may_write():
-            raise NotLeader(f"lost the leader Lease: stopped after {done} of {len(result.actions)} changes")
+            raise NotLeader(f"lost the leader Lease: stopped after {count} of {len(result.actions)} changes")
         try:
             api.run(action)
         except K8sApplyError as exc:
-            if done:
-                raise type(exc)(f"{exc} (after {done} of {len(result.actions)} changes)") from None
+            if count:
+                raise type(exc)(f"{exc} (after {count} of {len(result.actions)} changes)") from None
             raise
+        if done is not None:
+            done(action, before.get(action.name))
     return result
 
 

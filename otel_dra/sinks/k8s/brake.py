@@ -15,7 +15,13 @@ AMD's GPU operator caps parallel remediations; this is ours (the policy's ``kube
   holds, is written with the effect the cluster already has for it, ``None`` for a new rule: the
   fact is recorded, nothing more is taken away;
 - a rule already acting keeps its effect; the brake only withholds new ones;
-- it holds until an operator releases it, or for ``cooldown`` after it tripped (``0s``: until released).
+- it holds until an operator releases it, or for ``cooldown`` after it tripped (``0s``: until released);
+  a release also empties the window, so the next batch has a whole budget again;
+- its state rides on the leader's Lease (:meth:`Brake.annotations`, :meth:`Brake.adopt`), so a restarted
+  leader, or the next one, holds the same brake;
+- an operator releases it by writing a new value under ``<domain>/quarantine-brake-release`` on that
+  Lease (``otel-dra k8s brake release`` does; so does ``kubectl annotate --overwrite``): the leader reads
+  the Lease at every renewal (:meth:`Brake.watch`) and honours each new value once.
 
 :func:`gate` is pure (rules, the cluster's rules, the state and the time in; rules and the state
 out), so every path is tested without a cluster; :class:`Brake` keeps the state between batches.
@@ -24,6 +30,8 @@ out), so every path is tested without a cluster; :class:`Brake` keeps the state 
 from __future__ import annotations
 
 import copy
+import json
+import logging
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -31,6 +39,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otel_dra.policy import Policy
+
+log = logging.getLogger(__name__)
 
 SECTION = "kubernetes"
 NONE, NO_SCHEDULE, NO_EXECUTE = "None", "NoSchedule", "NoExecute"
@@ -68,6 +78,16 @@ class BudgetSettings:
         return acting, no_execute
 
 
+def annotation_key(policy: Policy) -> str:
+    """The Lease annotation that carries the brake's state: ``<kubernetes.domain>/quarantine-brake``."""
+    return f"{policy.sections[SECTION]['domain']}/quarantine-brake"
+
+
+def release_key(key: str) -> str:
+    """The Lease annotation an operator writes to release the brake whose state is under ``key``."""
+    return f"{key}-release"
+
+
 @dataclass(frozen=True)
 class BrakeState:
     """What the brake remembers: when it tripped (None: it has not, or was released), why, and the new acting
@@ -77,6 +97,7 @@ class BrakeState:
     why: str = ""
     added: tuple[tuple[float, str, str], ...] = ()
     withheld: int = 0  # rules written milder than rendered in the last batch
+    released: str = ""  # the last release request honoured (the value of the release annotation)
 
     @property
     def tripped(self) -> bool:
@@ -175,8 +196,25 @@ def gate(
         why=why,
         added=tuple(added),
         withheld=len(withheld),
+        released=state.released,
     )
     return Decision(out, new_state, tripped_now, released, withheld)
+
+
+def parse_state(text: str) -> BrakeState:
+    """The state a Lease annotation carries (:meth:`Brake.annotations`). ValueError: it does not parse (an
+    unreadable one is ignored: the brake starts released, as a new writer would)."""
+    try:
+        doc = json.loads(text)
+        tripped = doc.get("trippedAt")
+        return BrakeState(
+            tripped_at=None if tripped is None else float(tripped),
+            why=str(doc.get("why") or ""),
+            added=tuple((float(a), str(d), str(e)) for a, d, e in doc.get("added") or []),
+            released=str(doc.get("released") or ""),
+        )
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(str(exc)) from None
 
 
 class Brake:
@@ -200,6 +238,41 @@ class Brake:
             self._state = decision.state
         return decision
 
+    def annotations(self, key: str) -> dict[str, str]:
+        """The state as a Lease annotation (``key``), so that the next leader, or this one restarted, holds the
+        same brake: when it tripped, why, and the devices that gained an acting taint within the window (each
+        once, its strongest effect: at most the budget's count)."""
+        state = self.state
+        added: dict[str, tuple[float, str]] = {}
+        for at, device, effect in state.added:
+            old = added.get(device)
+            if old is None or RANK.get(effect, 0) >= RANK.get(old[1], 0):
+                added[device] = (max(at, old[0]) if old else at, effect)
+        doc = {
+            "trippedAt": state.tripped_at,
+            "why": state.why,
+            "added": [[at, device, effect] for device, (at, effect) in sorted(added.items())],
+            "released": state.released,
+        }
+        return {key: json.dumps(doc, separators=(",", ":"), sort_keys=True)}
+
+    def adopt(self, annotations: Mapping[str, str], key: str) -> None:
+        """Take over the state a Lease carries under ``key`` (see :func:`parse_state`)."""
+        text = annotations.get(key)
+        if text is None:
+            return
+        try:
+            state = parse_state(text)
+        except ValueError as exc:
+            log.warning(
+                "the brake on mass quarantine: annotation %s on the Lease is not readable (%s); ignored", key, exc
+            )
+            return
+        with self._lock:
+            self._state = state
+        if state.tripped:
+            log.error("the brake on mass quarantine holds (taken over from the Lease): %s", state.why)
+
     def instrument(self, meter: Any) -> None:
         """``otel_dra.k8s.brake.tripped`` and ``.withheld`` on ``meter`` (an OpenTelemetry Meter)."""
         from opentelemetry.metrics import CallbackOptions, Observation
@@ -215,9 +288,64 @@ class Brake:
         for spec, callback in ((cv.OTEL_DRA_K8S_BRAKE_TRIPPED, tripped), (cv.OTEL_DRA_K8S_BRAKE_WITHHELD, withheld)):
             meter.create_observable_gauge(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
-    def release(self) -> bool:
-        """An operator's release: True when it was tripped."""
+    def watch(self, annotations: Mapping[str, str], key: str) -> bool:
+        """Honour an operator's release written on the Lease (a value under :func:`release_key` not honoured
+        before). True when this call released the brake."""
+        token = annotations.get(release_key(key))
+        if not token or token == self.state.released:
+            return False
+        was = self.release(token)
+        if was:
+            log.warning("the brake on mass quarantine was released by an operator (%s=%s)", release_key(key), token)
+        else:
+            log.info("a release of the brake on mass quarantine (%s) found it not tripped: nothing to do", token)
+        return was
+
+    def release(self, token: str = "") -> bool:
+        """An operator's release: the brake opens and the window empties. True when it was tripped."""
         with self._lock:
             was = self._state.tripped
-            self._state = replace(self._state, tripped_at=None, why="")
+            self._state = replace(self._state, tripped_at=None, why="", added=(), withheld=0, released=token)
         return was
+
+
+# -- the operator's side: otel-dra k8s brake status / release --------------------------------------------------
+@dataclass(frozen=True)
+class LeaseBrake:
+    """What the leader's Lease says of the brake: its state (None: no leader has written one), the release asked
+    for and not yet honoured (""), and the holder."""
+
+    state: BrakeState | None
+    pending_release: str
+    holder: str
+
+
+def read_lease_brake(lease: Any, key: str) -> LeaseBrake:
+    """The brake as ``lease`` (a V1Lease) carries it under ``key``; ValueError when unreadable."""
+    notes = (lease.metadata.annotations if lease.metadata else None) or {}
+    state = parse_state(notes[key]) if key in notes else None
+    asked = notes.get(release_key(key), "")
+    pending = asked if asked and (state is None or asked != state.released) else ""
+    return LeaseBrake(state, pending, (lease.spec.holder_identity if lease.spec else "") or "")
+
+
+def request_release(api_client: Any, name: str, namespace: str, key: str, token: str, tries: int = 5) -> LeaseBrake:
+    """Write ``token`` under :func:`release_key` on the Lease (read, then replace with its resourceVersion; a
+    conflict with the leader's renewal is read again and retried): the leader honours it at its next renewal.
+    Returns the brake as the Lease said before the write. Raises the client's ApiException."""
+    from kubernetes import client
+
+    api = client.CoordinationV1Api(api_client)
+    for attempt in range(tries):
+        lease = api.read_namespaced_lease(name, namespace, _request_timeout=10)
+        before = read_lease_brake(lease, key)
+        meta = lease.metadata or client.V1ObjectMeta(name=name, namespace=namespace)
+        meta.annotations = {**(meta.annotations or {}), release_key(key): token}
+        lease.metadata = meta
+        try:
+            api.replace_namespaced_lease(name, namespace, lease, _request_timeout=10)
+            return before
+        except client.ApiException as exc:
+            if exc.status != 409 or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -146,7 +146,15 @@ class LeaderElector:
         on_started: Callable[[], None] = lambda: None,
         on_stopped: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        annotations: Callable[[], dict[str, str]] | None = None,
+        adopt: Callable[[dict[str, str]], None] | None = None,
+        watch: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
+        """``annotations``: what the holder writes on the Lease with every renewal (state the next leader
+        needs: the brake on mass quarantine's); ``adopt``: given the Lease's annotations when a term
+        begins, before this candidate writes its own (a new leader, or this one restarted, takes the
+        state over instead of resetting it); ``watch``: given them at every renewal, after ``adopt`` (an
+        operator's request written on the Lease: the brake's release)."""
         from kubernetes import client
 
         self.config = config.resolved()
@@ -165,6 +173,8 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         self.holder = ""  # the holder last seen
         self.terms = 0  # how many times this candidate became the leader
+        self._annotations, self._adopt, self._watch = annotations, adopt, watch
+        self._adopted = False  # this term took the Lease's annotations over
 
     @property
     def identity(self) -> str:
@@ -213,6 +223,7 @@ class LeaderElector:
                     lease_transitions=0,
                 ),
             )
+            self._carry(body)
             try:
                 created = self._call(self._api.create_namespaced_lease, cfg.namespace, body)
             except c.ApiException as exc2:
@@ -237,6 +248,7 @@ class LeaderElector:
         self.holder = holder
         mine = holder == cfg.identity
         if holder and not mine:
+            self._adopted = False  # a term of ours that starts later takes over what the holder leaves
             with self._lock:
                 self._renewed_at = None  # someone else holds it: if we led, we stop writing now
         if holder and not mine and started < self._observed_at + cfg.lease_duration_s:
@@ -245,6 +257,7 @@ class LeaderElector:
         if not mine:
             transitions += 1
         acquire_time = spec.acquire_time if mine and spec.acquire_time else now
+        self._carry(lease)
         lease.spec = c.V1LeaseSpec(
             holder_identity=cfg.identity,
             lease_duration_seconds=duration,
@@ -260,6 +273,20 @@ class LeaderElector:
             raise
         self._won(updated, started, transitions)
         return True
+
+    def _carry(self, lease: Any) -> None:
+        """Before writing ``lease`` as its holder: at a term's start, hand its annotations to ``adopt``; at every
+        renewal, to ``watch``; then put ours on it (others' annotations are kept)."""
+        if lease.metadata is None:
+            lease.metadata = self._client.V1ObjectMeta(name=self.config.name, namespace=self.config.namespace)
+        found = dict(lease.metadata.annotations or {})
+        if not self._adopted and self._adopt is not None:
+            self._adopt(found)
+        self._adopted = True
+        if self._watch is not None:
+            self._watch(found)
+        if self._annotations is not None:
+            lease.metadata.annotations = {**found, **self._annotations()}
 
     def _won(self, lease: Any, started: float, transitions: int) -> None:
         with self._lock:
@@ -363,6 +390,7 @@ class LeaderElector:
                     break
             lost = not self._stop.is_set()
             if lost:
+                self._adopted = False
                 with self._lock:
                     self._renewed_at = None
                 why = (

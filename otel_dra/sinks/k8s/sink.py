@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,9 @@ from otel_dra import conventions as cv
 from otel_dra.policy import Policy
 from otel_dra.sinks.config import K8sOutputConfig
 from otel_dra.sinks.k8s import validation as val
-from otel_dra.sinks.k8s.apply import K8sApplyError, apply, connect, discover
+from otel_dra.sinks.k8s.apply import Action, K8sApplyError, apply, connect, discover
 from otel_dra.sinks.k8s.brake import Brake, Decision
+from otel_dra.sinks.k8s.events import WARNING, EventRecorder, Ref, rule_ref, taint_change
 from otel_dra.sinks.k8s.render import (
     ATTRIBUTES_FILE,
     DEFAULT_API_VERSION,
@@ -65,6 +66,8 @@ class K8sOutputSink:
         name: str = "k8s output",
         attributes: bool = False,
         brake: Brake | None = None,
+        events: EventRecorder | None = None,
+        brake_ref: Ref | None = None,
     ) -> None:
         """``driver``: the DRA driver for devices whose telemetry has no ``dra.driver.name``.
         ``out_dir``: where the files go; ``None``: no files (the fleet's writer only applies).
@@ -87,7 +90,11 @@ class K8sOutputSink:
         rendered is deleted, whatever its pool (the fleet is the cluster's one writer).
 
         ``brake``: the budget of new acting taints the writer may add (:mod:`otel_dra.sinks.k8s.brake`);
-        the files always hold what the verdicts say, the cluster what the brake let through."""
+        the files always hold what the verdicts say, the cluster what the brake let through.
+
+        ``events``: a Kubernetes Event for every rule created, changed or deleted, and for the brake
+        (:mod:`otel_dra.sinks.k8s.events`; this sink starts and stops it); the brake's are about
+        ``brake_ref`` (the leader's Lease, where its state lives), else the first rule it withheld."""
         self.board = board
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.policy = policy
@@ -99,6 +106,9 @@ class K8sOutputSink:
         self.leader, self.whole_fleet, self.name = leader, whole_fleet, name
         self.attributes = attributes
         self.brake = brake
+        self.events, self.brake_ref = events, brake_ref
+        self._domain = str(policy.sections["kubernetes"]["domain"])
+        self._withheld: dict[str, str] = {}  # rule name: the effect the brake kept back, in the last batch
         self._not_before = 0.0
         val.client_models()
         if self.out_dir is not None:
@@ -203,11 +213,21 @@ class K8sOutputSink:
 
             def gate(desired: list[dict[str, Any]], existing: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 decision = brake.gate(desired, existing, devices, time.time())
+                rendered = {o["metadata"]["name"]: o for o in desired}
+                self._withheld = {n: str(rendered[n]["spec"]["taint"].get("effect")) for n in decision.withheld}
                 self._brake_news(decision)
                 return decision.rules
 
+        audit = self._audit if self.events is not None else None
         try:
-            result = apply(rendering, self._api_client, whole_fleet=self.whole_fleet, may_write=self.leader, gate=gate)
+            result = apply(
+                rendering,
+                self._api_client,
+                whole_fleet=self.whole_fleet,
+                may_write=self.leader,
+                gate=gate,
+                done=audit,
+            )
         except K8sApplyError as exc:
             self._failed(exc)
             return False
@@ -220,11 +240,31 @@ class K8sOutputSink:
         self.applies += 1
         return True
 
+    def _audit(self, action: Action, old: Mapping[str, Any] | None) -> None:
+        """The Event for one change the cluster took."""
+        obj = action.body if action.body is not None else old
+        if self.events is None or obj is None:
+            return
+        said = taint_change(action.verb, obj, old, self._domain, self._withheld.get(action.name, ""))
+        self.events.record(rule_ref(obj), said.type, said.reason, said.action, said.note)
+
     def _brake_news(self, decision: Decision) -> None:
-        """One line when the brake trips or its cool-down ends; the withheld count rides on the metric."""
+        """One line (and an Event) when the brake trips or its cool-down ends; the withheld count rides on the
+        metric."""
+        if self.events is not None and (decision.tripped_now or decision.released_now):
+            regarding = self.brake_ref
+            if regarding is None and decision.withheld:
+                first = next(o for o in decision.rules if o["metadata"]["name"] == decision.withheld[0])
+                regarding = rule_ref(first)
+            if regarding is not None and decision.tripped_now:
+                note = f"{decision.state.why}; {len(decision.withheld)} new acting taints written as None"
+                self.events.record(regarding, WARNING, "QuarantineBrakeTripped", "Withhold", note)
+            elif regarding is not None:
+                note = "its cool-down ended: new acting taints are written again"
+                self.events.record(regarding, "Normal", "QuarantineBrakeReleased", "Release", note)
         if decision.tripped_now:
             cooldown = self.brake.settings.cooldown_s if self.brake is not None else 0.0
-            until = f"its cool-down of {cooldown:g}s ends" if cooldown > 0 else "the writer restarts"
+            until = f"its cool-down of {cooldown:g}s ends" if cooldown > 0 else "it is released"
             log.error(
                 "%s: the brake on mass quarantine tripped: %s; writing %d new acting taints with their old effect "
                 "(None for new rules) until %s",
@@ -258,6 +298,8 @@ class K8sOutputSink:
     def start(self) -> None:
         """Write (and, after ``warmup_s``, apply) now, then after every board change, on a daemon thread."""
         self._not_before = time.monotonic() + self.warmup_s
+        if self.events is not None:
+            self.events.start()
         self._thread = threading.Thread(target=self._run, name="k8s-output", daemon=True)
         self._thread.start()
 
@@ -272,3 +314,5 @@ class K8sOutputSink:
                 self.write()
             except (OSError, val.K8sValidationError) as exc:
                 log.error("%s: last write to %s failed: %s", self.name, self.out_dir, exc)
+        if self.events is not None:
+            self.events.shutdown(min(1.0, timeout_s))
