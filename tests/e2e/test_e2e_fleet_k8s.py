@@ -219,3 +219,41 @@ def test_fleet_writer_flags_that_cannot_work_are_usage_errors(args, message):
         [sys.executable, "-m", "otel_dra", "fleet", *args], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_silence_does_not_repair_a_collector_outage_keeps_every_noexecute_rule_and_adds_stale(tmp_path, cluster):
+    """Issue #27: failed GPUs held NoExecute taints; the Collector went down for longer than the stale timeout and
+    every device turned Unknown (stale). The writer used to delete every rule; it keeps them and adds stale."""
+    api, env = cluster
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "stale_timeout: 2s\n"
+        "kubernetes:\n"
+        "  taints: {effect: {by_state: {failed: NoExecute}}}\n"
+        "  budget: {share: 1.0, no_execute_share: 1.0}\n"
+    )
+    args = ["--policy", str(policy), "--k8s-apply", "--no-leader-elect"]
+    fleet = spawn_fleet(tmp_path, *args, env=env)
+    pusher = Pusher([fleet])
+    pusher.add_node("n1", (Fault("gpu-0", "memory_ecc", 2.0),))
+    pusher.add_node("n2", (Fault("gpu-1", "memory_ecc", 2.0),))
+    pusher.start()
+    failed = {("n1", "gpu-0", "memory_ecc"), ("n2", "gpu-1", "memory_ecc")}
+    try:
+        wait_for(lambda: failed <= rules_by_device(api), 30, "the failed devices' NoExecute rules")
+        held = {name: obj["spec"]["taint"]["effect"] for name, obj in api.objects.items()}
+        assert set(held.values()) == {"NoExecute"}, held
+        pusher.stop()  # the Collector goes down
+        outage = time.monotonic()
+        every = {(n, g, "stale") for n in ("n1", "n2") for g in ("gpu-0", "gpu-1")}
+        wait_for(lambda: every <= rules_by_device(api), 30, "stale beside the held rules")
+        time.sleep(3.0)  # more evaluations and resyncs in the outage
+        with api.lock:
+            now = {name: obj["spec"]["taint"]["effect"] for name, obj in api.objects.items()}
+        assert {name: now.get(name) for name in held} == held  # every NoExecute rule kept, as it was
+        assert rules_by_device(api) == failed | every
+        touched = [w for w in api.rule_writes() if w.at > outage and w.name in held]
+        assert not touched, [(w.verb, w.name) for w in touched]  # neither deleted nor rewritten
+    finally:
+        if fleet.proc.poll() is None:
+            fleet.stop()

@@ -11,7 +11,9 @@ tested without a cluster; :func:`apply` lists the rules labelled
 - delete a managed rule that is no longer rendered (its device is healthy again, or gone)
   when its device's (driver, pool) is one this rendering covers: rules of pools it did not see
   belong to devices another agent reports and are left alone. The fleet, the one writer of a
-  cluster's rules, owns every managed rule instead (``whole_fleet``).
+  cluster's rules, owns every managed rule instead (``whole_fleet``);
+- leave alone every rule of a device whose verdict is Unknown (silence does not repair: see
+  :func:`plan`), adding only what it did not have.
 
 ResourceSlice attributes are never applied: slices belong to their DRA driver, which would
 overwrite (or fight) any other writer; the driver publishes the rendered attributes itself.
@@ -111,14 +113,24 @@ def _update_body(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> dic
     return body
 
 
+def _device_of(obj: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    sel = (obj.get("spec") or {}).get("deviceSelector") or {}
+    return sel.get("driver"), sel.get("pool"), sel.get("device")
+
+
 def plan(
     desired: Sequence[Mapping[str, Any]],
     existing: Sequence[Mapping[str, Any]],
     scope: Collection[tuple[str, str]] | None,
+    silent: Collection[tuple[str, str, str]] = (),
 ) -> list[Action]:
     """The creates, updates and deletes that make ``existing`` (the cluster's managed rules)
     match ``desired``; deletes only in ``scope`` ((driver, pool) pairs; ``None``: every managed
-    rule, for the fleet, the one writer of them all). Sorted, deterministic."""
+    rule, for the fleet, the one writer of them all). Sorted, deterministic.
+
+    Silence does not repair: a rule of a ``silent`` device (driver, pool, device: its verdict is
+    Unknown, its telemetry stopped) is neither deleted nor changed, so a Collector outage does not
+    put failed GPUs back into scheduling; rules it did not have (``stale``) are still created."""
     want = {o["metadata"]["name"]: o for o in desired}
     have = {
         o["metadata"]["name"]: o
@@ -126,13 +138,14 @@ def plan(
         if ((o.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
     }
     actions: list[Action] = []
+    hush = set(silent)
     for name in sorted(want):
         if name not in have:
             actions.append(Action("create", name, want[name]))
-        elif differs(want[name], have[name]):
+        elif differs(want[name], have[name]) and _device_of(have[name]) not in hush:
             actions.append(Action("update", name, _update_body(want[name], have[name])))
     for name in sorted(have.keys() - want.keys()):
-        if scope is None or _selector(have[name]) in scope:
+        if (scope is None or _selector(have[name]) in scope) and _device_of(have[name]) not in hush:
             actions.append(Action("delete", name))
     return actions
 
@@ -290,7 +303,7 @@ def apply(
     api = _Api(api_client if api_client is not None else connect(), rendering.api_version, timeout_s)
     existing = api.list_managed()
     desired = rendering.rules if gate is None else gate(rendering.rules, existing)
-    result = ApplyResult(plan(desired, existing, None if whole_fleet else rendering.scope))
+    result = ApplyResult(plan(desired, existing, None if whole_fleet else rendering.scope, rendering.silent))
     result.unchanged = len(desired) - sum(a.verb in ("create", "update") for a in result.actions)
     before = {(o.get("metadata") or {}).get("name"): o for o in existing}
     for count, action in enumerate(result.actions):

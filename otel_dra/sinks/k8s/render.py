@@ -148,6 +148,9 @@ class Rendering:
     scope: set[tuple[str, str]] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)  # taints over the per-device cap
     skipped: list[str] = field(default_factory=list)  # devices not rendered, and why
+    #: (driver, pool, device) of every device whose verdict is Unknown: silence does not repair, so
+    #: ``--apply`` keeps the rules such a device has in the cluster (and adds ``stale`` beside them).
+    silent: set[tuple[str, str, str]] = field(default_factory=set)
 
     def rules_yaml(self) -> str:
         head = (
@@ -235,6 +238,8 @@ def render(
             out.skipped.append(str(exc))
             continue
         out.scope.add((ref.driver, ref.pool))
+        if verdict.health == "Unknown":
+            out.silent.add((ref.driver, ref.pool, ref.device))
         out.attributes.append(attributes)
         out.rules.extend(rules)
     val.check_taint_count(out.rules)

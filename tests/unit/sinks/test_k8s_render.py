@@ -911,3 +911,21 @@ def test_an_explicit_api_version_skips_discovery(cluster, replayed):
     assert result.returncode == 0, result.stderr
     assert "DeviceTaintRules:" not in result.stderr and "applied: 1 created" in result.stderr
     assert not any(q in ("GET /version", "GET /apis/resource.k8s.io") for q in api.requests), api.requests
+
+
+def test_silence_does_not_repair_a_silent_devices_rules_are_neither_deleted_nor_changed():
+    """Issue #27: a device whose verdict is Unknown (its telemetry stopped) keeps the rules it has; what it did not
+    have (stale) is still created, and a device that speaks again is reconciled as before."""
+    held = managed("a", effect="NoExecute", resourceVersion="5")
+    stale = managed("a-stale")
+    stale["spec"]["deviceSelector"]["device"] = "a"  # the same device's stale rule
+    silent = {(DRIVER, "node-a", "a")}
+    weaker = managed("a", effect="None")  # what an Unknown verdict would render for it
+    actions = k8s_apply.plan([weaker, stale], [held], None, silent)
+    assert [(x.verb, x.name) for x in actions] == [("create", "a-stale")]
+    assert k8s_apply.plan([stale], [held], None, silent) == [k8s_apply.Action("create", "a-stale", stale)]
+    # Heard again (not silent): its verdict rules.
+    assert sorted((x.verb, x.name) for x in k8s_apply.plan([], [held, stale], None)) == [
+        ("delete", "a"),
+        ("delete", "a-stale"),
+    ]
