@@ -7,7 +7,9 @@ is a :class:`click.ClickException`: one line, exit code 2 through ``otel_dra.cli
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +260,25 @@ def _lease_client(lease_name: str, namespace: str) -> tuple[Any, str]:
         raise click.ClickException(str(exc)) from None
 
 
+@contextlib.contextmanager
+def _lease_errors(api_client: Any, lease_name: str, namespace: str) -> Iterator[None]:
+    """Each way a call on the Lease fails, as one line that says what to do."""
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except client.ApiException as exc:
+        raise _lease_problem(exc, lease_name, namespace) from None
+    except (HTTPError, OSError) as exc:
+        where = api_client.configuration.host
+        raise click.ClickException(f"cannot reach the Kubernetes API at {where}: {str(exc).splitlines()[0]}") from None
+    except ValueError as exc:
+        raise click.ClickException(
+            f"Lease {namespace}/{lease_name}: the brake's annotation is unreadable ({exc}): release it to reset it"
+        ) from None
+
+
 def _lease_problem(exc: Any, lease_name: str, namespace: str) -> click.ClickException:
     """One line for an API error on the Lease: what failed and what to do."""
     if exc.status == 404:
@@ -301,22 +322,12 @@ def brake_status(lease_name: str, namespace: str, policy_file: str | None, timeo
     policy = load_policy(policy_file)
     api_client, namespace = _lease_client(lease_name, namespace)
     from kubernetes import client
-    from urllib3.exceptions import HTTPError
 
-    try:
+    with _lease_errors(api_client, lease_name, namespace):
         lease = client.CoordinationV1Api(api_client).read_namespaced_lease(
             lease_name, namespace, _request_timeout=timeout
         )
         found = read_lease_brake(lease, annotation_key(policy))
-    except client.ApiException as exc:
-        raise _lease_problem(exc, lease_name, namespace) from None
-    except (HTTPError, OSError) as exc:
-        where = api_client.configuration.host
-        raise click.ClickException(f"cannot reach the Kubernetes API at {where}: {str(exc).splitlines()[0]}") from None
-    except ValueError as exc:
-        raise click.ClickException(
-            f"Lease {namespace}/{lease_name}: the brake's annotation is unreadable ({exc}): release it to reset it"
-        ) from None
     for line in _describe(found.state, found.pending_release, found.holder):
         click.echo(line)
 
@@ -337,21 +348,9 @@ def brake_release(lease_name: str, namespace: str, policy_file: str | None, time
     policy = load_policy(policy_file)
     key = annotation_key(policy)
     api_client, namespace = _lease_client(lease_name, namespace)
-    from kubernetes import client
-    from urllib3.exceptions import HTTPError
-
     token = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    try:
-        before = request_release(api_client, lease_name, namespace, key, token)
-    except client.ApiException as exc:
-        raise _lease_problem(exc, lease_name, namespace) from None
-    except (HTTPError, OSError) as exc:
-        where = api_client.configuration.host
-        raise click.ClickException(f"cannot reach the Kubernetes API at {where}: {str(exc).splitlines()[0]}") from None
-    except ValueError as exc:
-        raise click.ClickException(
-            f"Lease {namespace}/{lease_name}: the brake's annotation is unreadable ({exc}): release it to reset it"
-        ) from None
+    with _lease_errors(api_client, lease_name, namespace):
+        before = request_release(api_client, lease_name, namespace, key, token, timeout_s=timeout)
     was = "tripped" if before.state is not None and before.state.tripped else "not tripped"
     click.echo(
         f"asked the leader ({before.holder or 'none yet'}) to release the brake ({was}): "

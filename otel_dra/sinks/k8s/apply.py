@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_dra import __version__
-from otel_dra.sinks.k8s.render import KIND, MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, Rendering
+from otel_dra.sinks.k8s.render import KIND, MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, Rendering, device_of
 
 #: Server-set fields a comparison ignores.
 _SERVER_TAINT_FIELDS = ("timeAdded",)
@@ -66,8 +66,7 @@ class ApplyResult:
 
 
 def _selector(obj: Mapping[str, Any]) -> tuple[Any, Any]:
-    sel = (obj.get("spec") or {}).get("deviceSelector") or {}
-    return sel.get("driver"), sel.get("pool")
+    return device_of(obj)[:2]
 
 
 def _comparable_spec(spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -113,11 +112,6 @@ def _update_body(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> dic
     return body
 
 
-def _device_of(obj: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    sel = (obj.get("spec") or {}).get("deviceSelector") or {}
-    return sel.get("driver"), sel.get("pool"), sel.get("device")
-
-
 def plan(
     desired: Sequence[Mapping[str, Any]],
     existing: Sequence[Mapping[str, Any]],
@@ -142,10 +136,10 @@ def plan(
     for name in sorted(want):
         if name not in have:
             actions.append(Action("create", name, want[name]))
-        elif differs(want[name], have[name]) and _device_of(have[name]) not in hush:
+        elif differs(want[name], have[name]) and device_of(have[name]) not in hush:
             actions.append(Action("update", name, _update_body(want[name], have[name])))
     for name in sorted(have.keys() - want.keys()):
-        if (scope is None or _selector(have[name]) in scope) and _device_of(have[name]) not in hush:
+        if (scope is None or _selector(have[name]) in scope) and device_of(have[name]) not in hush:
             actions.append(Action("delete", name))
     return actions
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otel_dra.policy import Policy
+from otel_dra.sinks.k8s.render import device_of, effect_of
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +116,9 @@ class Decision:
     withheld: list[str] = field(default_factory=list)  # rule names written milder than rendered
 
 
-def _effect(obj: Mapping[str, Any] | None) -> str:
-    taint = ((obj or {}).get("spec") or {}).get("taint") or {}
-    return str(taint.get("effect") or NONE)
-
-
 def _device(obj: Mapping[str, Any]) -> str:
-    s = (obj.get("spec") or {}).get("deviceSelector") or {}
-    return f"{s.get('driver')}/{s.get('pool')}/{s.get('device')}"
+    """The key a device is counted (and carried on the Lease) under: ``driver/pool/device``."""
+    return "/".join(map(str, device_of(obj)))
 
 
 def _with_effect(obj: Mapping[str, Any], effect: str) -> dict[str, Any]:
@@ -151,8 +147,8 @@ def gate(
     # New acting taints, most disruptive first, then by name (deterministic: the same batch trips the same way).
     new = []
     for obj in desired:
-        effect = _effect(obj)
-        old = _effect(have.get(obj["metadata"]["name"]))
+        effect = effect_of(obj)
+        old = effect_of(have.get(obj["metadata"]["name"]))
         if RANK.get(effect, 0) > RANK.get(old, 0):
             new.append((-RANK[effect], obj["metadata"]["name"], obj))
     new.sort(key=lambda item: (item[0], item[1]))
@@ -161,7 +157,7 @@ def gate(
     added = list(recent)
     tripped_now = False
     for _, name, obj in new:
-        effect, device = _effect(obj), _device(obj)
+        effect, device = effect_of(obj), _device(obj)
         fits = not state.tripped and not tripped_now
         if fits and device not in acting_seen and len(acting_seen) >= acting_cap:
             fits = False
@@ -188,7 +184,7 @@ def gate(
     for obj in desired:
         name = obj["metadata"]["name"]
         if name in withheld_set:
-            out.append(_with_effect(obj, _effect(have.get(name)) if name in have else NONE))
+            out.append(_with_effect(obj, effect_of(have.get(name)) if name in have else NONE))
         else:
             out.append(dict(obj))
     new_state = BrakeState(
@@ -329,7 +325,9 @@ def read_lease_brake(lease: Any, key: str) -> LeaseBrake:
     return LeaseBrake(state, pending, (lease.spec.holder_identity if lease.spec else "") or "")
 
 
-def request_release(api_client: Any, name: str, namespace: str, key: str, token: str, tries: int = 5) -> LeaseBrake:
+def request_release(
+    api_client: Any, name: str, namespace: str, key: str, token: str, tries: int = 5, timeout_s: float = 10.0
+) -> LeaseBrake:
     """Write ``token`` under :func:`release_key` on the Lease (read, then replace with its resourceVersion; a
     conflict with the leader's renewal is read again and retried): the leader honours it at its next renewal.
     Returns the brake as the Lease said before the write. Raises the client's ApiException."""
@@ -337,13 +335,13 @@ def request_release(api_client: Any, name: str, namespace: str, key: str, token:
 
     api = client.CoordinationV1Api(api_client)
     for attempt in range(tries):
-        lease = api.read_namespaced_lease(name, namespace, _request_timeout=10)
+        lease = api.read_namespaced_lease(name, namespace, _request_timeout=timeout_s)
         before = read_lease_brake(lease, key)
         meta = lease.metadata or client.V1ObjectMeta(name=name, namespace=namespace)
         meta.annotations = {**(meta.annotations or {}), release_key(key): token}
         lease.metadata = meta
         try:
-            api.replace_namespaced_lease(name, namespace, lease, _request_timeout=10)
+            api.replace_namespaced_lease(name, namespace, lease, _request_timeout=timeout_s)
             return before
         except client.ApiException as exc:
             if exc.status != 409 or attempt == tries - 1:

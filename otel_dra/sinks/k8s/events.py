@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_dra.sinks.k8s.render import effect_of
+
 log = logging.getLogger(__name__)
 
 NORMAL, WARNING = "Normal", "Warning"
@@ -233,11 +235,6 @@ class EventRecorder:
     def _series_body(self, cached: _Cached) -> dict[str, Any]:
         return {"series": {"count": cached.count, "lastObservedTime": _micro(cached.last_at)}}
 
-    @staticmethod
-    def _model(body: dict[str, Any]) -> Any:
-        """``body`` for the client (which turns it into its model, and the times back into text)."""
-        return body
-
     def _write(self, job: _Job) -> bool:
         """One write; True when done with the job (written, or given up)."""
         with self._lock:
@@ -251,8 +248,7 @@ class EventRecorder:
         timeout = self.settings.request_timeout_s
         try:
             if job.create:
-                event = self._model(body)
-                self._api.create_namespaced_event(meta["namespace"], event, _request_timeout=timeout)
+                self._api.create_namespaced_event(meta["namespace"], body, _request_timeout=timeout)  # type: ignore[arg-type]
                 self.counts.created += 1
             else:
                 try:
@@ -263,8 +259,7 @@ class EventRecorder:
                     if exc.status != 404:
                         raise
                     # client-go: the series' first Event is gone (expired): create it with the series.
-                    event = self._model({**body, **patch})
-                    self._api.create_namespaced_event(meta["namespace"], event, _request_timeout=timeout)
+                    self._api.create_namespaced_event(meta["namespace"], {**body, **patch}, _request_timeout=timeout)  # type: ignore[arg-type]
                 self.counts.patched += 1
             with self._lock:
                 cached.sent_count = max(cached.sent_count, count)
@@ -381,10 +376,6 @@ class Said:
     note: str
 
 
-def _effect_of(obj: Mapping[str, Any] | None) -> str:
-    return str((((obj or {}).get("spec") or {}).get("taint") or {}).get("effect") or "None")
-
-
 def taint_change(
     verb: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None, domain: str, withheld: str = ""
 ) -> Said:
@@ -396,13 +387,13 @@ def taint_change(
     labels = meta.get("labels") or {}
     where = f"{notes.get(f'{domain}/node', '?')} {notes.get(f'{domain}/hw-id', '?')}"
     reason = labels.get(f"{domain}/reason", "?")
-    effect = _effect_of(obj)
+    effect = effect_of(obj)
     why = f"{notes.get(f'{domain}/message', '')}; remediation: {notes.get(f'{domain}/remediation', '?')}"
     held = f" (the brake on mass quarantine withheld {withheld})" if withheld else ""
     if verb == "create":
         return Said(WARNING, "DeviceTainted", "Taint", f"{where}: {reason}, effect {effect}{held}: {why}")
     if verb == "update":
-        was = _effect_of(old)
+        was = effect_of(old)
         change = f"effect {was} to {effect}" if was != effect else f"effect {effect}"
         return Said(WARNING, "DeviceTaintChanged", "Taint", f"{where}: {reason}, {change}{held}: {why}")
     return Said(NORMAL, "DeviceTaintRemoved", "Untaint", f"{where}: {reason} cleared; its {effect} taint is removed")

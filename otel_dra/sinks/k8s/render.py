@@ -109,6 +109,17 @@ def target_kubernetes(api_version: str, kubernetes_version: str | tuple[int, int
     return target
 
 
+def effect_of(rule: Mapping[str, Any] | None) -> str:
+    """A DeviceTaintRule's taint effect: ``None`` when it sets none, or for no rule at all."""
+    return str((((rule or {}).get("spec") or {}).get("taint") or {}).get("effect") or "None")
+
+
+def device_of(rule: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """The (driver, pool, device) a DeviceTaintRule selects."""
+    sel = (rule.get("spec") or {}).get("deviceSelector") or {}
+    return sel.get("driver"), sel.get("pool"), sel.get("device")
+
+
 def rule_name(driver: str, pool: str, device: str, reason: str) -> str:
     """``otel-dra-<pool>-<device>-<reason>-<hash>``: a DNS subdomain (≤ 253), the same on every run.
 

@@ -26,13 +26,14 @@ from otel_dra.sinks.config import K8sOutputConfig
 from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.apply import Action, K8sApplyError, apply, connect, discover
 from otel_dra.sinks.k8s.brake import Brake, Decision
-from otel_dra.sinks.k8s.events import WARNING, EventRecorder, Ref, rule_ref, taint_change
+from otel_dra.sinks.k8s.events import NORMAL, WARNING, EventRecorder, Ref, rule_ref, taint_change
 from otel_dra.sinks.k8s.render import (
     ATTRIBUTES_FILE,
     DEFAULT_API_VERSION,
     RULES_FILE,
     Rendering,
     api_version_of,
+    effect_of,
     render,
     target_kubernetes,
     write_if_changed,
@@ -214,7 +215,7 @@ class K8sOutputSink:
             def gate(desired: list[dict[str, Any]], existing: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 decision = brake.gate(desired, existing, devices, time.time())
                 rendered = {o["metadata"]["name"]: o for o in desired}
-                self._withheld = {n: str(rendered[n]["spec"]["taint"].get("effect")) for n in decision.withheld}
+                self._withheld = {n: effect_of(rendered[n]) for n in decision.withheld}
                 self._brake_news(decision)
                 return decision.rules
 
@@ -261,7 +262,7 @@ class K8sOutputSink:
                 self.events.record(regarding, WARNING, "QuarantineBrakeTripped", "Withhold", note)
             elif regarding is not None:
                 note = "its cool-down ended: new acting taints are written again"
-                self.events.record(regarding, "Normal", "QuarantineBrakeReleased", "Release", note)
+                self.events.record(regarding, NORMAL, "QuarantineBrakeReleased", "Release", note)
         if decision.tripped_now:
             cooldown = self.brake.settings.cooldown_s if self.brake is not None else 0.0
             until = f"its cool-down of {cooldown:g}s ends" if cooldown > 0 else "it is released"

@@ -11,7 +11,7 @@ import pytest
 
 from otel_dra import policy as policy_mod
 from otel_dra.sinks.k8s.events import NOTE_LIMIT, WARNING, EventRecorder, EventSettings, Ref
-from tests.support.fake_apiserver import FakeApiServer, write_kubeconfig
+from tests.support.fake_apiserver import FakeApiServer
 
 RULE = Ref("resource.k8s.io/v1", "DeviceTaintRule", "otel-dra-node-1-gpu-0-memory-ecc-1a2b3c")
 
@@ -22,14 +22,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def api(tmp_path, monkeypatch):
-    server = FakeApiServer()
-    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(server, tmp_path)))
-    yield server
-    server.close()
 
 
 def recorder(clock: Clock, **settings: Any) -> EventRecorder:
