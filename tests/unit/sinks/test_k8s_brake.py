@@ -124,7 +124,7 @@ def test_a_budget_the_policy_refuses(tmp_path):
 
 # -- through the writer, against the fake API server ------------------------------------------------------------
 def test_a_fleet_turning_unhealthy_in_one_evaluation_writes_only_the_budgets_worth_of_acting_taints(
-    tmp_path, monkeypatch, caplog
+    tmp_path, caplog, api
 ):
     """The Done-when: 200 nodes x 8 GPUs Unhealthy at once; the API server validates every rule and Event."""
     from opentelemetry.sdk.metrics import MeterProvider
@@ -135,72 +135,63 @@ def test_a_fleet_turning_unhealthy_in_one_evaluation_writes_only_the_budgets_wor
     from otel_dra.sinks.k8s.events import EventRecorder, Ref
     from otel_dra.sinks.k8s.sink import K8sOutputSink
     from otel_dra.state.board import VerdictBoard
-    from tests.support.fake_apiserver import FakeApiServer, write_kubeconfig
 
     policy_file = tmp_path / "p.yaml"
     policy_file.write_text("kubernetes: {taints: {effect: {by_state: {failed: NoSchedule}}}}\n")
     pol = policy_mod.load(policy_file)
-    api = FakeApiServer()
-    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api, tmp_path)))
-    try:
-        board = VerdictBoard()
-        sick = [
-            Verdict(1, f"node-{n:03d}", f"gpu-{g}", "Unhealthy", "failed", ("memory_ecc",), "reset_device",
-                    "memory_ecc: uncorrected ECC errors: 1 in 5m", pool=f"node-{n:03d}", device=f"gpu-{g}")
-            for n in range(NODES)
-            for g in range(GPUS)
-        ]  # fmt: skip
-        board.update(sick, lambda node, hw: {"dra.driver.name": "gpu.nvidia.com"})
-        brake = Brake(BudgetSettings.from_policy(pol))
-        reader = InMemoryMetricReader()
-        brake.instrument(MeterProvider(metric_readers=[reader]).get_meter("t"))
-        events = EventRecorder(connect(), "health.otel-dra.io/fleet", "fleet-0")
-        lease = Ref("coordination.k8s.io/v1", "Lease", "otel-dra-fleet", "otel-dra")
-        sink = K8sOutputSink(
-            board, None, pol, apply_rules=True, brake=brake, events=events, brake_ref=lease, name="cluster writer"
-        )
-        sink.render()
-        assert sink.reconcile(force=True)
-        written = list(api.objects.values())
-        assert len(written) == FLEET and effects(written) == {"NoSchedule": 64, "None": FLEET - 64}
-        assert brake.state.tripped and brake.state.withheld == FLEET - 64
-        # The log line, once.
-        lines = [r.getMessage() for r in caplog.records if "the brake on mass quarantine tripped" in r.getMessage()]
-        assert len(lines) == 1 and "1600 new acting taints in one batch" in lines[0]
-        # The metric.
-        metrics = {
-            m.name: m.data.data_points[0].value
-            for rm in reader.get_metrics_data().resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-        }
-        assert metrics == {"otel_dra.k8s.brake.tripped": 1, "otel_dra.k8s.brake.withheld": FLEET - 64}
-        # The Event, about the Lease that carries the brake's state, in its namespace; it was queued first.
-        assert events.flush(timeout_s=60)
-        [tripped] = api.event_list("otel-dra")
-        said = (tripped["type"], tripped["reason"], tripped["action"])
-        assert said == ("Warning", "QuarantineBrakeTripped", "Withhold")
-        assert tripped["regarding"]["kind"] == "Lease" and "1536 new acting taints written as None" in tripped["note"]
-        # Each rule its own Event, up to client-go's queue of 1,000 (the rest are counted as dropped).
-        taints = api.event_list("default")
-        assert len(taints) == 999 and events.counts.dropped == FLEET - 999
-        withheld = [e for e in taints if "the brake on mass quarantine withheld NoSchedule" in e["note"]]
-        assert withheld and all("effect None" in e["note"] for e in withheld)
-    finally:
-        api.close()
+    board = VerdictBoard()
+    sick = [
+        Verdict(1, f"node-{n:03d}", f"gpu-{g}", "Unhealthy", "failed", ("memory_ecc",), "reset_device",
+                "memory_ecc: uncorrected ECC errors: 1 in 5m", pool=f"node-{n:03d}", device=f"gpu-{g}")
+        for n in range(NODES)
+        for g in range(GPUS)
+    ]  # fmt: skip
+    board.update(sick, lambda node, hw: {"dra.driver.name": "gpu.nvidia.com"})
+    brake = Brake(BudgetSettings.from_policy(pol))
+    reader = InMemoryMetricReader()
+    brake.instrument(MeterProvider(metric_readers=[reader]).get_meter("t"))
+    events = EventRecorder(connect(), "health.otel-dra.io/fleet", "fleet-0")
+    lease = Ref("coordination.k8s.io/v1", "Lease", "otel-dra-fleet", "otel-dra")
+    sink = K8sOutputSink(
+        board, None, pol, apply_rules=True, brake=brake, events=events, brake_ref=lease, name="cluster writer"
+    )
+    sink.render()
+    assert sink.reconcile(force=True)
+    written = list(api.objects.values())
+    assert len(written) == FLEET and effects(written) == {"NoSchedule": 64, "None": FLEET - 64}
+    assert brake.state.tripped and brake.state.withheld == FLEET - 64
+    # The log line, once.
+    lines = [r.getMessage() for r in caplog.records if "the brake on mass quarantine tripped" in r.getMessage()]
+    assert len(lines) == 1 and "1600 new acting taints in one batch" in lines[0]
+    # The metric.
+    metrics = {
+        m.name: m.data.data_points[0].value
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert metrics == {"otel_dra.k8s.brake.tripped": 1, "otel_dra.k8s.brake.withheld": FLEET - 64}
+    # The Event, about the Lease that carries the brake's state, in its namespace; it was queued first.
+    assert events.flush(timeout_s=60)
+    [tripped] = api.event_list("otel-dra")
+    said = (tripped["type"], tripped["reason"], tripped["action"])
+    assert said == ("Warning", "QuarantineBrakeTripped", "Withhold")
+    assert tripped["regarding"]["kind"] == "Lease" and "1536 new acting taints written as None" in tripped["note"]
+    # Each rule its own Event, up to client-go's queue of 1,000 (the rest are counted as dropped).
+    taints = api.event_list("default")
+    assert len(taints) == 999 and events.counts.dropped == FLEET - 999
+    withheld = [e for e in taints if "the brake on mass quarantine withheld NoSchedule" in e["note"]]
+    assert withheld and all("effect None" in e["note"] for e in withheld)
 
 
 # -- across a restart and a change of leader: the state rides on the Lease ----------------------------------------
-def test_the_brake_holds_across_a_restart_and_a_change_of_leader(tmp_path, monkeypatch):
+def test_the_brake_holds_across_a_restart_and_a_change_of_leader(api):
     from otel_dra.sinks.k8s import apply as k8s_apply
     from otel_dra.sinks.k8s.brake import annotation_key
     from otel_dra.sinks.k8s.lease import LeaderElector, LeaseConfig
-    from tests.support.fake_apiserver import FakeApiServer, write_kubeconfig
 
     key = annotation_key(policy_mod.load())
     assert key == "health.otel-dra.io/quarantine-brake"
-    api = FakeApiServer()
-    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api, tmp_path)))
 
     def candidate(identity: str, brake: Brake) -> LeaderElector:
         cfg = LeaseConfig(namespace="otel-dra", identity=identity)
@@ -211,32 +202,29 @@ def test_the_brake_holds_across_a_restart_and_a_change_of_leader(tmp_path, monke
             adopt=lambda found: brake.adopt(found, key),
         )
 
-    try:
-        first = Brake(SETTINGS)
-        tripped = first.gate(whole_fleet(), [], FLEET, now=1000.0)
-        assert tripped.tripped_now
-        leader = candidate("fleet-0", first)
-        assert leader.try_acquire_or_renew()
-        carried = api.lease()["metadata"]["annotations"][key]
-        assert '"trippedAt":1000.0' in carried and len(carried) < 8192  # one entry per device let through
-        # The same pod restarted (a StatefulSet keeps its name): it finds itself the holder and takes the brake
-        # over instead of writing a released one.
-        restarted_brake = Brake(SETTINGS)
-        restarted = candidate("fleet-0", restarted_brake)
-        assert restarted.try_acquire_or_renew() and restarted_brake.state.tripped
-        assert restarted_brake.state.why == first.state.why and len(restarted_brake.state.added) == 64
-        # Handed over to another replica: it holds the same brake, and writes it on.
-        assert restarted.release()
-        standby_brake = Brake(SETTINGS)
-        standby = candidate("fleet-1", standby_brake)
-        assert standby.try_acquire_or_renew() and standby_brake.state.tripped
-        assert effects(standby_brake.gate(whole_fleet(), [], FLEET, now=1010.0).rules)["None"] == FLEET
-        assert '"trippedAt":1000.0' in api.lease()["metadata"]["annotations"][key]
-        # Released there, the release is what the Lease carries next.
-        assert standby_brake.release() and standby.try_acquire_or_renew()
-        assert '"trippedAt":null' in api.lease()["metadata"]["annotations"][key]
-    finally:
-        api.close()
+    first = Brake(SETTINGS)
+    tripped = first.gate(whole_fleet(), [], FLEET, now=1000.0)
+    assert tripped.tripped_now
+    leader = candidate("fleet-0", first)
+    assert leader.try_acquire_or_renew()
+    carried = api.lease()["metadata"]["annotations"][key]
+    assert '"trippedAt":1000.0' in carried and len(carried) < 8192  # one entry per device let through
+    # The same pod restarted (a StatefulSet keeps its name): it finds itself the holder and takes the brake
+    # over instead of writing a released one.
+    restarted_brake = Brake(SETTINGS)
+    restarted = candidate("fleet-0", restarted_brake)
+    assert restarted.try_acquire_or_renew() and restarted_brake.state.tripped
+    assert restarted_brake.state.why == first.state.why and len(restarted_brake.state.added) == 64
+    # Handed over to another replica: it holds the same brake, and writes it on.
+    assert restarted.release()
+    standby_brake = Brake(SETTINGS)
+    standby = candidate("fleet-1", standby_brake)
+    assert standby.try_acquire_or_renew() and standby_brake.state.tripped
+    assert effects(standby_brake.gate(whole_fleet(), [], FLEET, now=1010.0).rules)["None"] == FLEET
+    assert '"trippedAt":1000.0' in api.lease()["metadata"]["annotations"][key]
+    # Released there, the release is what the Lease carries next.
+    assert standby_brake.release() and standby.try_acquire_or_renew()
+    assert '"trippedAt":null' in api.lease()["metadata"]["annotations"][key]
 
 
 def test_an_unreadable_annotation_is_ignored_with_a_warning(caplog):
@@ -268,50 +256,44 @@ class Runner:
         return Result(code, out.out + out.err)
 
 
-def test_an_operator_releases_it_with_a_command_the_leader_honours_at_its_next_renewal(tmp_path, monkeypatch, capsys):
+def test_an_operator_releases_it_with_a_command_the_leader_honours_at_its_next_renewal(capsys, api):
     from otel_dra.sinks.k8s import apply as k8s_apply
     from otel_dra.sinks.k8s.brake import annotation_key, release_key
     from otel_dra.sinks.k8s.lease import LeaderElector, LeaseConfig
-    from tests.support.fake_apiserver import FakeApiServer, write_kubeconfig
 
     key = annotation_key(policy_mod.load())
-    api = FakeApiServer()
-    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api, tmp_path)))
     runner = Runner(capsys)
     status = ["k8s", "brake", "status", "-n", "otel-dra"]
-    try:
-        missing = runner.invoke(["k8s", "brake", "release", "-n", "otel-dra"])
-        assert missing.exit_code == 2 and "no Lease otel-dra/otel-dra-fleet" in missing.output
-        brake = Brake(BudgetSettings(600.0, 0.05, 64, 0.01, 8, 0.0))  # cooldown 0: only a release opens it
-        leader = LeaderElector(
-            k8s_apply.connect(),
-            LeaseConfig(namespace="otel-dra", identity="fleet-0"),
-            annotations=lambda: brake.annotations(key),
-            adopt=lambda found: brake.adopt(found, key),
-            watch=lambda found: brake.watch(found, key),
-        )
-        assert brake.gate(whole_fleet(), [], FLEET, now=1000.0).tripped_now
-        assert leader.try_acquire_or_renew()
-        shown = runner.invoke(status)
-        assert shown.exit_code == 0, shown.output
-        assert "tripped at 1970-01-01T00:16:40Z: 1600 new acting taints" in shown.output and "fleet-0" in shown.output
+    missing = runner.invoke(["k8s", "brake", "release", "-n", "otel-dra"])
+    assert missing.exit_code == 2 and "no Lease otel-dra/otel-dra-fleet" in missing.output
+    brake = Brake(BudgetSettings(600.0, 0.05, 64, 0.01, 8, 0.0))  # cooldown 0: only a release opens it
+    leader = LeaderElector(
+        k8s_apply.connect(),
+        LeaseConfig(namespace="otel-dra", identity="fleet-0"),
+        annotations=lambda: brake.annotations(key),
+        adopt=lambda found: brake.adopt(found, key),
+        watch=lambda found: brake.watch(found, key),
+    )
+    assert brake.gate(whole_fleet(), [], FLEET, now=1000.0).tripped_now
+    assert leader.try_acquire_or_renew()
+    shown = runner.invoke(status)
+    assert shown.exit_code == 0, shown.output
+    assert "tripped at 1970-01-01T00:16:40Z: 1600 new acting taints" in shown.output and "fleet-0" in shown.output
 
-        released = runner.invoke(["k8s", "brake", "release", "-n", "otel-dra"])
-        assert released.exit_code == 0, released.output
-        assert "asked the leader (fleet-0) to release the brake (tripped)" in released.output
-        token = api.lease()["metadata"]["annotations"][release_key(key)]
-        assert "waits for the leader's next renewal" in runner.invoke(status).output
-        assert brake.state.tripped  # not before the leader reads the Lease
-        assert leader.try_acquire_or_renew() and not brake.state.tripped
-        assert brake.state.released == token and brake.state.added == ()  # a fresh budget
-        assert effects(brake.gate(whole_fleet(), [], FLEET, now=1001.0).rules)["NoSchedule"] == 64  # trips again
-        # The token is honoured once: the same one on the next renewal, or on a new leader's first, does nothing.
-        assert leader.try_acquire_or_renew() and brake.state.tripped
-        assert '"released":"' + token + '"' in api.lease()["metadata"]["annotations"][key]
-        after = runner.invoke(status)
-        assert "tripped at" in after.output and "waits" not in after.output
-    finally:
-        api.close()
+    released = runner.invoke(["k8s", "brake", "release", "-n", "otel-dra"])
+    assert released.exit_code == 0, released.output
+    assert "asked the leader (fleet-0) to release the brake (tripped)" in released.output
+    token = api.lease()["metadata"]["annotations"][release_key(key)]
+    assert "waits for the leader's next renewal" in runner.invoke(status).output
+    assert brake.state.tripped  # not before the leader reads the Lease
+    assert leader.try_acquire_or_renew() and not brake.state.tripped
+    assert brake.state.released == token and brake.state.added == ()  # a fresh budget
+    assert effects(brake.gate(whole_fleet(), [], FLEET, now=1001.0).rules)["NoSchedule"] == 64  # trips again
+    # The token is honoured once: the same one on the next renewal, or on a new leader's first, does nothing.
+    assert leader.try_acquire_or_renew() and brake.state.tripped
+    assert '"released":"' + token + '"' in api.lease()["metadata"]["annotations"][key]
+    after = runner.invoke(status)
+    assert "tripped at" in after.output and "waits" not in after.output
 
 
 def test_releasing_without_a_cluster_says_what_to_set(tmp_path, monkeypatch, capsys):
