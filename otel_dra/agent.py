@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 #: Time the shutdown may spend flushing before the process gives up on it.
 SHUTDOWN_BUDGET_S = 4.0
+STATE_FLUSH_S = 1.5  # of it, at most, for the state file's last write (the first thing done at shutdown)
 
 
 def build_source(config: AgentConfig, schema: Schema) -> tuple[Source, str]:
@@ -61,7 +62,8 @@ class Agent:
         self.store = FrameStore()
         self.source, self.source_reason = build_source(config, self.schema)
         self.policy = load_policy(config.policy_path)
-        self.classifier = Classifier(self.policy, self.schema, interval_s=config.interval_s)
+        # On the devices' node: this agent's own restart, the devices present again, is the reboot_node repair.
+        self.classifier = Classifier(self.policy, self.schema, interval_s=config.interval_s, restart_repairs=True)
         self.board = VerdictBoard()
         self.components = Components(SHUTDOWN_BUDGET_S)
         self.components.start("source", OnShutdown(lambda _t: self.source.close()))
@@ -209,7 +211,10 @@ class Agent:
 
     def _shutdown(self) -> None:
         log.info("stopping: flushing metrics")
-        late = self.components.shutdown()
+        began = time.monotonic()
+        if self.state is not None:  # first: a slow sink must not take the time of the held faults' last write
+            self.state.flush(STATE_FLUSH_S)
+        late = self.components.shutdown(SHUTDOWN_BUDGET_S - (time.monotonic() - began))
         if "meter provider" in late:
             log.warning("metric flush did not finish in %.0fs; exiting without it", SHUTDOWN_BUDGET_S)
         log.info("stopped after %d samples", self.samples)

@@ -61,10 +61,11 @@ class Components:
     def names(self) -> list[str]:
         return [name for name, _ in self._started]
 
-    def shutdown(self) -> list[str]:
-        """Shut every started component down, newest first; each gets what is left of the budget
-        and is abandoned (logged) past it. Returns the names of those that did not finish."""
-        deadline = time.monotonic() + self.budget_s
+    def shutdown(self, budget_s: float | None = None) -> list[str]:
+        """Shut every started component down, newest first; each gets what is left of the budget (``budget_s``:
+        what is left of it, when the caller spent some first) and is abandoned (logged) past it. Returns the
+        names of those that did not finish."""
+        deadline = time.monotonic() + (self.budget_s if budget_s is None else max(0.0, budget_s))
         late: list[str] = []
         while self._started:
             name, component = self._started.pop()

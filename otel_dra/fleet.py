@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 FLEET_SERIES_LIMIT = 1_000_000
 #: Time the shutdown may spend (the Lease release, the flush) before the process gives up on it.
 SHUTDOWN_BUDGET_S = 5.0
+STATE_FLUSH_S = 2.0  # of it, at most, for the state file's last write (the first thing done at shutdown)
 
 
 class Fleet:
@@ -268,6 +269,9 @@ class Fleet:
 
     def close(self) -> None:
         started = self.receiver is not None
-        self.components.shutdown()
+        began = time.monotonic()
+        if self.state is not None:  # first: a taint write in flight must not take the time of this write
+            self.state.flush(STATE_FLUSH_S)
+        self.components.shutdown(SHUTDOWN_BUDGET_S - (time.monotonic() - began))
         if started:
             log.info("fleet stopped after %d ticks, %d samples", self.ticks, self.classifier.ingested_samples)

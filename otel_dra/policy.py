@@ -353,6 +353,10 @@ def _owned(name: str) -> Validator:
     return check
 
 
+#: How a reason that is on clears (the policy's ``clears``): ``hold``, once its evidence has been gone for its hold
+#: time; ``repair``, a failure, only once the repair its remediation names was seen on the device and it stayed clean.
+CLEAR_MODES: tuple[str, ...] = ("hold", "repair")
+
 #: Reasons a policy has rules (and hold times) for: every contract reason but ``stale``.
 RULES_KEYS: tuple[str, ...] = tuple(r for r in REASONS if r != "stale")
 
@@ -380,6 +384,8 @@ SCHEMA = struct(
         ),
         "unhealthy_states": list_of(one_of(RULE_STATES), min_len=1),
         "hold": map_of(one_of(("default", *RULES_KEYS)), duration),
+        "clears": map_of(one_of(("default", *RULES_KEYS)), one_of(CLEAR_MODES)),
+        "clean_after_repair": duration,
         "escalation": struct({"window": duration, "after": COUNT}),
         "rules": RULES,
         "overrides": list_of(struct({"match": struct({"hw.vendor": string, "hw.model": string}), "rules": RULES})),
@@ -630,6 +636,8 @@ class Policy:
     cohorts: Cohorts
     unhealthy_states: tuple[str, ...]
     hold: Mapping[str, float]
+    clears: Mapping[str, str]
+    clean_after_repair_s: float
     escalation: Escalation
     rules: Rules
     overrides: tuple[Override, ...]
@@ -664,6 +672,8 @@ class Policy:
             ),
             unhealthy_states=tuple(data["unhealthy_states"]),
             hold=MappingProxyType({str(k): float(v) for k, v in data["hold"].items()}),
+            clears=MappingProxyType({str(k): str(v) for k, v in data["clears"].items()}),
+            clean_after_repair_s=float(data["clean_after_repair"]),
             escalation=Escalation(float(esc["window"]), int(esc["after"])),
             rules=_frozen(data["rules"]),
             overrides=tuple(
@@ -691,6 +701,10 @@ class Policy:
     def hold_s(self, reason: str) -> float:
         """How long a reason holds after its evidence ends: its own, else the default."""
         return self.hold.get(reason, self.hold["default"])
+
+    def clears_by(self, reason: str) -> str:
+        """How a reason clears once on (one of CLEAR_MODES): its own, else the default."""
+        return self.clears.get(reason, self.clears.get("default", "hold"))
 
     def rules_for(self, vendor: str, model: str) -> Rules:
         """The rules for one device model: the base rules with matching overrides merged in order."""

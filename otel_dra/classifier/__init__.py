@@ -31,6 +31,9 @@ from otel_dra.classifier.rows import RowIndex
 from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, SCOPE, R, Window, evaluate
 from otel_dra.classifier.verdicts import (
     NODE_CAUSE,
+    REBOOT,
+    REPAIRS,
+    RESET,
     Verdict,
     VerdictEngine,
     explain,
@@ -54,6 +57,10 @@ __all__ = ["Classifier", "Verdict"]
 _DESCRIPTIVE_SKIP = frozenset({cv.HW_ID, cv.HW_PARENT})
 #: The verdict engine's key of Healthy, ok, no reasons, no remediation.
 _HEALTHY_OK = VerdictMemory(0, 0, 0, 0, 0).key
+#: What a held failure waits for, by repair (``REPAIRS``).
+_AWAITED = ("the device is reset", "its node is rebooted", "the device is replaced")
+#: Reasons that keep a silent device past ``device_ttl``: what it held, not its silence itself.
+_HELD_BY_SILENT = np.asarray([r not in ("device_lost", "stale") for r in REASONS])
 #: A loop pass more than this many of its periods late means its own process was stalled.
 STALL_PERIODS = 2.0
 #: How early a stall's grace may end: times are compared to the millisecond, not to a float's last bit.
@@ -121,8 +128,12 @@ class Classifier:
         interval_s: float = 10.0,
         capacity: int = 64,
         node_time: bool = False,
+        restart_repairs: bool = False,
     ) -> None:
         self.policy = policy
+        #: This process runs on the devices' node (the agent): its own restart, the devices present again, is
+        #: the ``reboot_node`` repair for what it held (the fleet's restart is no repair of anything).
+        self.restart_repairs = restart_repairs
         self.schema = schema if schema is not None else Schema()
         self.interval_s = interval_s
         self.node_time = node_time
@@ -140,7 +151,13 @@ class Classifier:
         self.events = {f: EventLog(cap, EVENT_LOG_DEPTH) for f in EVENT_FEATURES}
         hold = np.asarray([policy.hold_s(reason) for reason in REASONS])
         self.engine = VerdictEngine(
-            cap, hold, policy.escalation.window_s, policy.escalation.after, policy.node.remediation
+            cap,
+            hold,
+            policy.escalation.window_s,
+            policy.escalation.after,
+            policy.node.remediation,
+            np.asarray([reason != "stale" and policy.clears_by(reason) == "repair" for reason in REASONS]),
+            policy.clean_after_repair_s,
         )
         self.workload = WorkloadSplit(cap, policy.workload.min_devices, policy.workload.together_s)
         self.peers = PeerHistory(cap)
@@ -215,7 +232,7 @@ class Classifier:
             rows, new = self.registry.rows_for(table.node, ids)
         if seen is None or seen[0] is not table or new.any():
             attrs = [a for a, ok in zip(table.attrs, read.tolist(), strict=True) if ok]
-            self._note_attrs(rows, attrs, new)
+            new = new | self._note_attrs(rows, attrs, new)
         if everyone:
             self._tables[table.node] = (table, self.registry.generation, rows)
         return rows, new
@@ -315,14 +332,22 @@ class Classifier:
             pick = rank == r
             self.ingest_rows(rows[pick], new[pick], times[pick], values[pick], arrivals[pick])
 
-    def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]], new: np.ndarray) -> None:
+    def _note_attrs(self, rows: np.ndarray, attrs: Iterable[Mapping[str, str]], new: np.ndarray) -> np.ndarray:
         """Record the rows' attributes; a device whose attributes changed, or a new one (its id may name its
-        slot), is classified again."""
-        for row, a, first in zip(rows.tolist(), attrs, new.tolist(), strict=True):
-            if self.registry.set_attrs(row, a) or first:
-                key = self.registry.keys[row]
+        slot), is classified again. A device whose serial number changed is another device in the same slot
+        (replaced): it starts clean, as a new one; returns which rows were."""
+        reg = self.registry
+        replaced = np.zeros(len(new), dtype=bool)
+        for i, (row, a, first) in enumerate(zip(rows.tolist(), attrs, new.tolist(), strict=True)):
+            was = reg.attrs[row].get(cv.HW_SERIAL_NUMBER, "")
+            if not first and was and a.get(cv.HW_SERIAL_NUMBER, was) != was:
+                replaced[i] = True
+                reg.renew(np.asarray([row]))
+            if reg.set_attrs(row, a) or first or replaced[i]:
+                key = reg.keys[row]
                 self.groups.assign(row, a, key[1] if key is not None else "")
                 self._ladders = None
+        return replaced
 
     def ingest_rows(
         self,
@@ -342,6 +367,7 @@ class Classifier:
         ix = RowIndex(rows)  # how the stores read and write this batch's rows, worked out once
         feats = self.extractor.extract(ix, new, t, values, self.groups.device_params(rows))
         reg = self.registry
+        self._note_repairs(rows, feats, np.broadcast_to(heard, rows.shape))
         self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)
         self.store.append(ix, t, feats)
         self.horizon.append(ix, t, feats[self._horizon_cols])
@@ -352,6 +378,29 @@ class Classifier:
         first = ix.take(reg.first_seen)
         ix.put(reg.first_seen, np.where(np.isnan(first), t, first))
         self.ingested_samples += int(rows.size)
+
+    def _note_repairs(self, rows: np.ndarray, feats: np.ndarray, heard_s: np.ndarray) -> None:
+        """The repairs this sample shows (the policy's ``clears``): a reset event or the device's counters
+        starting over is a reset; counters starting over on more than half of a node's devices at once, a reboot
+        of the node (or a restart of its driver or agent). A device that held a failure only a repair clears
+        begins a new window at its repair: what the old one held was the device before it."""
+        restarted = feats[F.RESTARTS] > 0
+        reset = restarted | (feats[F.RESETS] > 0)
+        if not reset.any():
+            return
+        node = self.registry.node_of[rows]
+        nodes = len(self.registry.nodes)
+        heard_here = np.bincount(node, minlength=nodes)
+        restarted_here = np.bincount(node, weights=restarted, minlength=nodes)
+        reboot = restarted & (2 * restarted_here[node] > heard_here[node])
+        kinds = np.where(reboot, RESET | REBOOT, np.where(reset, RESET, 0))
+        self._repair(rows, kinds, heard_s)
+
+    def _repair(self, rows: np.ndarray, kinds: np.ndarray, heard_s: np.ndarray) -> None:
+        renewed = rows[(kinds > 0) & self.engine.awaiting_repair(rows)]
+        self.engine.repaired(rows, kinds, heard_s)
+        if renewed.size:
+            self.store.clear(renewed)
 
     # -- evaluate ------------------------------------------------------------------------------
     def intervals(self, rows: np.ndarray | slice) -> np.ndarray:
@@ -514,10 +563,20 @@ class Classifier:
             self._baselines, self._baseline_index = None, {}  # the devices not heard again by now start afresh
         # A device is forgotten for silence the fleet heard, not for its own stall; the arrays of a fleet that
         # shrank shrink with it.
-        if not in_grace and self.registry.expire(now_s, self.policy.device_ttl_s).size:
-            self.registry.compact()
+        if not in_grace:
+            self._expire(now_s)
         self._evaluated(out)
         return out
+
+    def _expire(self, now_s: float) -> None:
+        """Forget the devices silent for the policy's ``device_ttl`` (their rows are reused, their verdicts
+        leave the board); one that holds a reason, for the escalation window: silence does not repair, so it
+        stays (Unknown, what it holds beside ``stale``) in case it comes back unrepaired."""
+        policy = self.policy
+        held = self.engine.on[:, _HELD_BY_SILENT].any(axis=1)
+        ttl = np.where(held, max(policy.device_ttl_s, policy.escalation.window_s), policy.device_ttl_s)
+        if self.registry.expire(now_s, ttl).size:
+            self.registry.compact()
 
     def _evaluated(self, changed: list[Verdict]) -> None:
         for hook in self.evaluated:
@@ -528,9 +587,23 @@ class Classifier:
         """What a restart must not forget, per device (see :mod:`otel_dra.classifier.memory`): the last
         verdict of every device that is not Healthy and ok, held reasons and escalation episodes,
         logged events; and the recalled memory of devices not heard again yet, while within the policy's
-        ``device_ttl``. Call it on the evaluating thread (between evaluations)."""
+        ``device_ttl`` (a failure it holds: the escalation window). Call it on the evaluating thread (between
+        evaluations)."""
+        out = self._memories(np.flatnonzero(self.registry.active), now_s)
+        out.extend(m for m in self._memory.values() if self._kept(m, now_s))
+        return out
+
+    def _kept(self, m: DeviceMemory, now_s: float) -> bool:
+        """Whether a silent device's memory is still kept at ``now_s``: for the policy's ``device_ttl``; one that
+        holds a reason for the escalation window (if it comes back unrepaired, its failure comes back with it:
+        silence does not repair)."""
+        held = any(r.on and _HELD_BY_SILENT[i] for i, r in m.reasons.items())
+        keep = max(self.policy.device_ttl_s, self.policy.escalation.window_s) if held else self.policy.device_ttl_s
+        return now_s - m.heard_s <= keep
+
+    def _memories(self, rows: np.ndarray, now_s: float) -> list[DeviceMemory]:
+        """:meth:`remember`'s entries for ``rows``."""
         reg, eng = self.registry, self.engine
-        rows = np.flatnonzero(reg.active)
         # Only the devices with something to keep are looked at one by one (a fleet's are mostly healthy).
         some = ((eng.key[rows] >= 0) & (eng.key[rows] != _HEALTHY_OK)) | eng.on[rows].any(axis=1)
         some |= (eng.episodes[rows] > 0).any(axis=1)
@@ -558,19 +631,17 @@ class Classifier:
             # A Healthy, ok device has nothing to keep: after a restart its first verdict is a first verdict.
             verdict = VerdictMemory.of_key(keys[i], since[i]) if keys[i] >= 0 and keys[i] != _HEALTHY_OK else None
             if verdict is not None or said or events:
-                out.append(DeviceMemory(key[0], key[1], float(heard[i]), verdict, said, events))
-        ttl = self.policy.device_ttl_s
-        out.extend(m for m in self._memory.values() if now_s - m.heard_s <= ttl)
+                serial = reg.attrs[row].get(cv.HW_SERIAL_NUMBER, "")
+                out.append(DeviceMemory(key[0], key[1], float(heard[i]), verdict, said, events, serial))
         return out
 
     def recall(self, memories: Iterable[DeviceMemory], now_s: float) -> int:
         """Take back what :meth:`remember` gave (a previous process's), before the first ingest: each
         device gets its memory when it is first heard again. Devices not heard for the policy's
-        ``device_ttl`` (they would have been forgotten by now) and devices already heard are left
-        out. Returns how many devices' memory is waiting."""
-        ttl = self.policy.device_ttl_s
+        ``device_ttl`` (they would have been forgotten by now; one holding a failure: the escalation window)
+        and devices already heard are left out. Returns how many devices' memory is waiting."""
         for m in memories:
-            if now_s - m.heard_s <= ttl and self.registry.row(m.node, m.hw_id) is None:
+            if self._kept(m, now_s) and self.registry.row(m.node, m.hw_id) is None:
                 self._memory[m.key] = m
         return len(self._memory)
 
@@ -631,7 +702,12 @@ class Classifier:
             m = self._memory.pop(key, None) if key is not None else None
             if m is None:
                 continue
+            serial = self.registry.attrs[row].get(cv.HW_SERIAL_NUMBER, "")
+            if m.serial and serial and serial != m.serial:
+                continue  # another device in that slot: it starts clean
             self.engine.recall(row, dict(m.reasons), m.verdict, float(now_s))
+            if self.restart_repairs:  # this agent restarted, and the device is here: no reset of it, though
+                self._repair(np.asarray([row]), np.asarray([REBOOT]), np.asarray([float(now_s)]))
             for r, held in m.reasons.items():
                 if held.said:
                     self._said[(row, REASONS[r])] = held.said
@@ -686,11 +762,24 @@ class Classifier:
                         text = f"{text} (on {shared} at once: {NODE_CAUSE[reason]}, not the devices)"
                 self._said[(row, reason)] = text
             else:
-                ago = human_duration(now_s - self.engine.evidence_at[row, r])
-                held = self._said.get((row, reason), reason)
-                text = f"{held} (last evidence {ago} ago; clears after {human_duration(self.engine.hold_s[r])} without)"
+                text = self._held_text(row, reason, now_s)
             parts.append(text)
         return "; ".join(parts) if parts else self._no_evidence
+
+    def _held_text(self, row: int, reason: str, now_s: float) -> str:
+        """A reason held without evidence now: what it was last seen with, and what clears it."""
+        eng, r = self.engine, R[reason]
+        held = self._said.get((row, reason), reason)
+        ago = human_duration(now_s - eng.evidence_at[row, r])
+        need = int(eng.need[row, r])
+        if not need:
+            return f"{held} (last evidence {ago} ago; clears after {human_duration(eng.hold_s[r])} without)"
+        clean = human_duration(eng.clean_after_repair_s)
+        fixed_at = float(eng.repaired_at[row, need - 1])
+        if fixed_at > eng.evidence_at[row, r]:
+            done = human_duration(now_s - fixed_at)
+            return f"{held} (last evidence {ago} ago; {REPAIRS[need - 1]} seen {done} ago, clears after {clean} clean)"
+        return f"{held} (last evidence {ago} ago; held until {_AWAITED[need - 1]}, then {clean} clean)"
 
     def _verdict(
         self,

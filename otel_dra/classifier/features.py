@@ -67,6 +67,7 @@ class F(IntEnum):
     WORKLOAD_OOM = 29
     POWER_LIMIT = 30  # the device's power cap (hw.power.limit{max}), W
     BUSY = 31  # 1: utilization at or above the policy's busy_utilization (its demand may reach the cap)
+    RESTARTS = 32  # counter series that went down this sample: they started over (a reset, a driver or agent restart)
 
 
 N_FEATURES = len(F)
@@ -344,7 +345,9 @@ class FeatureExtractor:
             # Gone down: reset, the new value is the new baseline. Otherwise the difference.
             inc = v - prev  # NaN where the series was not read
             with np.errstate(invalid="ignore"):
-                np.copyto(inc, 0.0, where=v < prev)
+                down = v < prev
+            np.copyto(inc, 0.0, where=down)
+            out[:, F.RESTARTS] = down.sum(axis=1)
             first = np.isnan(prev) & have
             if first.any():
                 inc[first] = np.where(new[:, None], 0.0, v)[first]

@@ -85,6 +85,9 @@ class DeviceMemory:
     verdict: VerdictMemory | None = None
     reasons: Mapping[int, ReasonMemory] = field(default_factory=dict)  # by index of REASONS
     events: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)  # feature -> (time, amount)
+    #: hw.serial_number when the device reports one: what is held belongs to that device, not to its slot (a
+    #: device with another serial under the same id starts clean).
+    serial: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -92,6 +95,8 @@ class DeviceMemory:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "id": self.hw_id, "heard": self.heard_s}
+        if self.serial:
+            out["serial"] = self.serial
         v = self.verdict
         if v is not None:
             out["verdict"] = {
@@ -124,7 +129,7 @@ class DeviceMemory:
     @classmethod
     def from_json(cls, obj: object) -> DeviceMemory:
         """Parse one device's entry; ``ValueError`` naming what is wrong."""
-        d = _mapping(obj, "device", {"node", "id", "heard", "verdict", "reasons", "events"})
+        d = _mapping(obj, "device", {"node", "id", "heard", "verdict", "reasons", "events", "serial"})
         node, hw_id = _text(d.get("node"), "node"), _text(d.get("id"), "id")
         if not node or not hw_id:
             raise ValueError("a device needs a node and an id")
@@ -184,7 +189,8 @@ class DeviceMemory:
                     raise ValueError(f"events {name}: amounts are positive")
                 pairs.append((t, amount))
             events[int(feature)] = tuple(pairs)
-        return cls(node, hw_id, _finite(d.get("heard"), "heard"), verdict, reasons, events)
+        serial = _text(d.get("serial", ""), "serial")[:MAX_SAID]
+        return cls(node, hw_id, _finite(d.get("heard"), "heard"), verdict, reasons, events, serial)
 
 
 @dataclass(frozen=True)

@@ -136,9 +136,17 @@ class DeviceRegistry:
         self.attrs_version[row] += 1
         return True
 
-    def expire(self, now_s: float, ttl_s: float) -> np.ndarray:
-        """Release devices not heard for ``ttl_s`` (``now_s`` in the reference clock); returns their
-        (now free) rows."""
+    def renew(self, rows: np.ndarray) -> None:
+        """Another device now sits in ``rows``' slots (a new serial number under the same id): every part
+        forgets what it kept for them, as for a device released, while the rows stay registered."""
+        for hook in self._release_hooks:
+            hook(rows)
+        self.last_seen[rows] = np.nan
+        self.first_seen[rows] = np.nan
+
+    def expire(self, now_s: float, ttl_s: float | np.ndarray) -> np.ndarray:
+        """Release devices not heard for ``ttl_s`` (one for all, or one per row; ``now_s`` in the reference
+        clock); returns their (now free) rows."""
         gone = np.flatnonzero(self.active & (now_s - self.last_heard > ttl_s))
         if gone.size:
             self.generation += 1

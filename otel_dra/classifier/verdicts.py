@@ -48,6 +48,15 @@ _SCOPE_RANK = np.zeros(len(SCOPES), dtype=np.int64)
 for _rank, _scope in enumerate(("workload", "firmware", "node", "link", "device")):
     _SCOPE_RANK[SCOPE[_scope]] = _rank
 _STALE_BIT = 1 << R["stale"]
+_FAILED = STATE_OF_CODE.index("failed")
+#: The repair each remediation asks for, as a level of evidence (``VerdictEngine.repaired_at``'s columns + 1):
+#: 1 a reset (a firmware update ends with one), 2 a reboot of the node, 3 a new device; 0: none (the reason is
+#: a condition, or the job's: it clears with its hold).
+REPAIR_LEVEL = np.zeros(len(REMEDIATIONS), dtype=np.int64)
+for _name, _level in (("reset_device", 1), ("update_firmware", 1), ("reboot_node", 2), ("replace_device", 3)):
+    REPAIR_LEVEL[REMEDIATIONS.index(_name)] = _level
+REPAIRS: tuple[str, ...] = ("reset", "reboot", "replace")
+RESET, REBOOT, REPLACE = 1, 2, 4  # their bits
 _REASON_BITS = np.int64(1) << np.arange(len(REASONS), dtype=np.int64)
 
 
@@ -124,9 +133,14 @@ class VerdictEngine:
         escalation_window_s: float,
         escalate_after: int,
         node_remediation: str = "reboot_node",
+        repair_bound: np.ndarray | None = None,
+        clean_after_repair_s: float = 300.0,
     ) -> None:
         r = len(REASONS)
         self.hold_s = hold_s
+        #: Per reason: a failure of it clears on repair, not with time (the policy's ``clears``).
+        self.repair_bound = np.zeros(r, dtype=bool) if repair_bound is None else repair_bound
+        self.clean_after_repair_s = clean_after_repair_s
         self.escalation_window_s = escalation_window_s
         self.escalate_after = escalate_after
         # What a finding beyond the device is remediated with, whatever its reason's ladder says.
@@ -143,6 +157,10 @@ class VerdictEngine:
         self.first_episode_at = np.full((capacity, r), -np.inf)
         self.key = np.full(capacity, -1, dtype=np.int64)  # packed (health, state, reasons, remediation)
         self.transition_ns = np.zeros(capacity, dtype=np.int64)
+        #: Per row, when each repair (REPAIRS) was last seen, in the reference clock.
+        self.repaired_at = np.full((capacity, len(REPAIRS)), -np.inf)
+        #: Per (row, reason): the repair level its held failure waits for (0: it clears with its hold).
+        self.need = np.zeros((capacity, r), dtype=np.int8)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.on = grown(self.on, capacity, False, keep=keep)
@@ -155,6 +173,8 @@ class VerdictEngine:
         self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf, keep=keep)
         self.key = grown(self.key, capacity, -1, keep=keep)
         self.transition_ns = grown(self.transition_ns, capacity, 0, keep=keep)
+        self.repaired_at = grown(self.repaired_at, capacity, -np.inf, keep=keep)
+        self.need = grown(self.need, capacity, 0, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.on[rows] = False
@@ -167,6 +187,33 @@ class VerdictEngine:
         self.first_episode_at[rows] = -np.inf
         self.key[rows] = -1
         self.transition_ns[rows] = 0
+        self.repaired_at[rows] = -np.inf
+        self.need[rows] = 0
+
+    def repaired(self, rows: np.ndarray, kinds: np.ndarray, at_s: np.ndarray) -> None:
+        """Note repairs: ``rows[i]`` had the repairs of bitmask ``kinds[i]`` (bit k: ``REPAIRS[k]``) at ``at_s[i]``
+        (the reference clock). Whoever saw the repair sets every kind it implies (a node's reboot resets its
+        devices; the agent's own restart reboots none of them, and resets nothing)."""
+        got = (kinds[:, None] >> np.arange(len(REPAIRS))[None, :]) & 1 == 1
+        seen = self.repaired_at[rows]
+        self.repaired_at[rows] = np.where(got, np.fmax(seen, at_s[:, None]), seen)
+
+    def awaiting_repair(self, rows: np.ndarray) -> np.ndarray:
+        """Which of ``rows`` hold a failure that only a repair clears (their window's evidence is the old
+        device's once a repair is seen)."""
+        return (self.on[rows] & (self.state[rows] == _FAILED) & self.repair_bound[None, :]).any(axis=1)
+
+    def _codes(
+        self, groups: np.ndarray, ladders: np.ndarray, episodes: np.ndarray, floor: np.ndarray, scopes: np.ndarray
+    ) -> np.ndarray:
+        """Each (row, reason)'s remediation code: its ladder's step for its episodes, at least its floor, and
+        for a reason beyond the device what that thing is remediated with."""
+        per_step = max(1, self.escalate_after - 1)
+        step = np.minimum((np.maximum(episodes, 1) - 1) // per_step, ladders.shape[2] - 1)
+        codes = ladders[groups[:, None], np.arange(len(REASONS))[None, :], step]
+        codes = np.maximum(codes, floor)
+        beyond = self.scope_remediation[scopes]
+        return np.where(beyond >= 0, beyond, codes)
 
     def step(
         self,
@@ -199,18 +246,27 @@ class VerdictEngine:
         busy = np.flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
         if busy.size:
             r = rows[busy]
-            present = evidence.present[busy]
-            at = np.where(present, now_s, self.evidence_at[r])
-            # Severity has hysteresis too: a lower state replaces the held one only once the held
-            # one's evidence has been gone for the hold time (no failed/degraded see-saw).
+            present = evidence.present[busy] & ~unknown[busy, None]
+            was_on = self.on[r]
+            # Silence does not repair: while the node is silent, what was on stays on, its hold clock stopped.
+            silent = unknown[busy, None] & was_on
+            at = np.where(present | silent, now_s, self.evidence_at[r])
+            # A failure that only a repair clears: held until the repair its remediation names was seen after
+            # its last evidence, and the device stayed clean for ``clean_after_repair_s`` since.
             held, held_at = self.state[r], self.state_at[r]
-            keep = (evidence.state[busy] < held) & (now_s - held_at < self.hold_s)
+            need = REPAIR_LEVEL[self._codes(groups[busy], ladders, self.episodes[r], self.floor[r], self.scope[r])]
+            bound = was_on & self.repair_bound[None, :] & (held == _FAILED) & (need > 0)
+            fixed_at = np.take_along_axis(self.repaired_at[r], np.maximum(need - 1, 0), axis=1)
+            fixed = bound & (fixed_at > at) & (now_s - fixed_at >= self.clean_after_repair_s)
+            waiting = bound & ~fixed
+            # Severity has hysteresis too: a lower state replaces the held one only once the held
+            # one's evidence has been gone for the hold time (no failed/degraded see-saw), or a repair.
+            keep = (evidence.state[busy] < held) & ((now_s - held_at < self.hold_s) | waiting)
             state = np.where(present, np.where(keep, held, evidence.state[busy]), held)
             self.state_at[r] = np.where(present & ~keep, now_s, held_at)
             floor = np.where(present, evidence.floor[busy], self.floor[r])
             scopes = np.where(present, evidence.scope[busy], self.scope[r])
-            was_on = self.on[r]
-            on = present | (was_on & (now_s - at < self.hold_s))
+            on = present | silent | (was_on & np.where(bound, waiting, now_s - at < self.hold_s))
             entered = on & ~was_on
             first = self.first_episode_at[r]
             episodes = self.episodes[r]
@@ -221,22 +277,18 @@ class VerdictEngine:
             self.scope[r] = scopes
             self.episodes[r], self.first_episode_at[r] = episodes, first
             rank = np.where(on, state.astype(np.int64) * len(SCOPES) + _SCOPE_RANK[scopes] + 1, 0)
-            scope[busy] = scopes[np.arange(busy.size), rank.argmax(axis=1)]
+            pick = rank.argmax(axis=1)
+            scope[busy] = np.where(rank[np.arange(busy.size), pick] > 0, scopes[np.arange(busy.size), pick], 0)
 
             worst[busy] = np.where(on, state, 0).max(axis=1)
             health[busy] = np.where(unhealthy[worst[busy]], UNHEALTHY, HEALTHY)
             bits[busy] = on.astype(np.int64) @ _REASON_BITS
-            per_step = max(1, self.escalate_after - 1)
-            step = np.minimum((np.maximum(episodes, 1) - 1) // per_step, ladders.shape[2] - 1)
-            codes = ladders[groups[busy][:, None], np.arange(len(REASONS))[None, :], step]
-            codes = np.maximum(codes, floor)
-            beyond = self.scope_remediation[scopes]
-            codes = np.where(beyond >= 0, beyond, codes)
+            codes = self._codes(groups[busy], ladders, episodes, floor, scopes)
             remediation[busy] = np.where(on, codes, 0).max(axis=1)
+            self.need[r] = np.where(on & self.repair_bound[None, :] & (state == _FAILED), REPAIR_LEVEL[codes], 0)
+        # Unknown: its held reasons, their remediation and scope stay, with ``stale`` beside them.
         health = np.where(unknown, UNKNOWN, health)
-        bits = np.where(unknown, _STALE_BIT, bits)
-        remediation = np.where(unknown, 0, remediation)
-        scope = np.where(unknown, 0, scope)
+        bits = np.where(unknown, bits | _STALE_BIT, bits)
         state_code = np.where(unknown, -1, worst)
         key = pack_key(health, state_code, bits, remediation, scope)
         changed = key != self.key[rows]

@@ -15,6 +15,7 @@ wander this source always had, value for value for a given seed.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -189,7 +190,15 @@ class SimulatedSource:
             rows = slice(None) if fault.device == ANY_DEVICE else self._ids.index(fault.device)
             current = self._onset[fault.reason][rows]
             self._onset[fault.reason][rows] = np.minimum(current, fault.at)
-        self._serials = tuple(f"SIM{int(self._rng.integers(10**9, 10**10))}" for _ in range(n))
+        # A simulated GPU with faults injected is another GPU than the same one without: its serial number says
+        # which reasons it was given, so a state file does not hand a run without them what an earlier run's
+        # injected faults left (a held fault belongs to its serial number), while a run with the same ones (a
+        # restart) finds its memory.
+        injected = [sorted({f.reason for f in config.faults if f.device in (ANY_DEVICE, dev)}) for dev in self._ids]
+        self._serials = tuple(
+            f"SIM{int(self._rng.integers(10**9, 10**10))}" + (f"-{zlib.crc32(','.join(r).encode()):08x}" if r else "")
+            for r in injected
+        )
         self._tables: dict[bytes, DeviceTable] = {}
         rng = self._rng
         job = rng.uniform(0.3, 0.95, n)

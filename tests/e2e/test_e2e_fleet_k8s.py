@@ -257,3 +257,35 @@ def test_silence_does_not_repair_a_collector_outage_keeps_every_noexecute_rule_a
     finally:
         if fleet.proc.poll() is None:
             fleet.stop()
+
+
+def test_a_sigterm_during_a_taint_write_still_writes_the_state_file(tmp_path, cluster):
+    """Issue #27: a SIGTERM while a DeviceTaintRule write hung used up the shutdown budget, and fleet.json was left
+    11-27 s old. The state file is written first at shutdown, whatever the writer is waiting for."""
+    api, env = cluster
+    state = tmp_path / "state"
+    fleet = spawn_fleet(tmp_path, *writer_args(tmp_path), "--no-leader-elect", "--state-dir", str(state), env=env)
+    pusher = Pusher([fleet])
+    pusher.add_node("n1")
+    pusher.start()
+    try:
+        wait_for(lambda: (state / "fleet.json").exists(), 20, "the fleet's state file")
+        api.rule_write_delay_s = 30.0  # the API server stops answering writes
+        pusher.add_node("n2", (Fault("gpu-1", "memory_ecc", 1.0),))
+        wait_for(lambda: api.rule_writes_waiting > 0, 30, "a DeviceTaintRule write in flight")
+        time.sleep(2.5)  # past the state file's last write after a change (1 s)
+        pusher.stop()
+        before = (state / "fleet.json").stat().st_mtime
+        signalled = time.time()
+        fleet.proc.send_signal(signal.SIGTERM)
+        fleet.proc.wait(15)
+        after = (state / "fleet.json").stat().st_mtime
+        assert after > before and after >= signalled - 0.5, (before, signalled, after)
+        held = json.loads((state / "fleet.json").read_text())["devices"]
+        assert any(d["node"] == "n2" and d["id"] == "gpu-1" and d["reasons"]["memory_ecc"]["on"] for d in held)
+        assert time.time() - signalled < 10  # and it still exits within its budget
+    finally:
+        api.rule_write_delay_s = 0.0
+        pusher.stop()
+        if fleet.proc.poll() is None:
+            fleet.stop()

@@ -207,6 +207,10 @@ class FakeApiServer:
         self.events: dict[tuple[str, str], dict] = {}  # (namespace, name)
         self.namespaces: set[str] | None = None  # None: every namespace exists
         self.partitioned: set[str] = set()  # User-Agent substrings answered 503, as an unreachable server
+        #: Seconds each DeviceTaintRule write waits before it is served (an overloaded server, etc.), and how many
+        #: are waiting now.
+        self.rule_write_delay_s = 0.0
+        self.rule_writes_waiting = 0
         self.user = "system:serviceaccount:otel-dra:otel-dra-fleet"
         self.lease_verbs = {"get", "create", "update"}  # what RBAC grants self.user on leases
         self.requests: list[str] = []
@@ -297,6 +301,12 @@ class FakeApiServer:
                 # Read the whole body first: a reply sent before it is read would leave its bytes to
                 # be parsed as the next request on this keep-alive connection.
                 self.raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if store.rule_write_delay_s and verb != "GET" and "/devicetaintrules" in path:
+                    with store.lock:
+                        store.rule_writes_waiting += 1
+                    time.sleep(store.rule_write_delay_s)
+                    with store.lock:
+                        store.rule_writes_waiting -= 1
                 with store.lock:
                     ua = self.headers.get("User-Agent", "")
                     if any(cut in ua for cut in store.partitioned):

@@ -74,6 +74,8 @@ EVENT_KINDS = ("resets", "out_of_memory", "driver_application", "workload_applic
 #: Device event kinds a job's crash moves to the workload's (the classifier's ``workload.SPLIT``).
 SPLIT = (("driver_application", "workload_application"), ("out_of_memory", "workload_oom"))
 SCOPES = ("device", "workload", "node", "link", "firmware")
+#: The repair each remediation waits for (the policy's ``clears: repair``): 1 a reset, 2 a reboot, 3 a new device.
+REPAIR_OF = {"reset_device": 1, "update_firmware": 1, "reboot_node": 2, "replace_device": 3}
 #: Among reasons of the same state, whose scope a verdict takes (the device's own first).
 SCOPE_RANK = {"workload": 0, "firmware": 1, "node": 2, "link": 3, "device": 4}
 MAD_SCALE = 1.4826
@@ -310,6 +312,7 @@ class Device:
     events: dict[str, deque[list[float]]] = field(default_factory=dict)
     reasons: dict[str, ReasonState] = field(default_factory=dict)
     last_key: tuple[Any, ...] | None = None
+    repaired: list[float] = field(default_factory=lambda: [-math.inf] * 3)  # last reset, reboot, replacement seen
 
 
 class NaiveClassifier:
@@ -367,6 +370,9 @@ class NaiveClassifier:
             key = (table.node, hw_id)
             dev = self.devices.get(key)
             first = dev is None
+            serial = dev.attrs.get(cv.HW_SERIAL_NUMBER, "") if dev is not None else ""
+            if dev is not None and serial and table.attrs[i].get(cv.HW_SERIAL_NUMBER, serial) != serial:
+                dev, first = None, True  # another device in that slot (a new serial): a new device
             if dev is None:
                 dev = Device(table.node, hw_id, deque())
                 dev.events = {kind: deque(maxlen=EVENT_DEPTH) for kind in EVENT_KINDS}
@@ -377,6 +383,26 @@ class NaiveClassifier:
                 self._set_attrs(dev, table.attrs[i])
             read.append((dev, self._sample(dev, first, t, values, cols)))
         self._split(table.node, t, read)
+        # Repairs: a reset event or the device's counters starting over is a reset; counters starting over on
+        # more than half the node's devices read now, a reboot. A device waiting for one starts a new window.
+        restarted = sum(1 for _, sample in read if (sample["restarts"] or 0.0) > 0)
+        for dev, sample in read:
+            level = 0
+            if (sample["restarts"] or 0.0) > 0:
+                level = 2 if 2 * restarted > len(read) else 1
+            elif (sample["resets"] or 0.0) > 0:
+                level = 1
+            if level:
+                waiting = any(
+                    rs.on and rs.state == 3 and self.policy.clears_by(reason) == "repair"
+                    for reason, rs in dev.reasons.items()
+                    if reason != "stale"
+                )
+                for k in range(level):
+                    dev.repaired[k] = max(dev.repaired[k], heard)
+                if waiting:
+                    dev.window.clear()
+                    dev.first_in_window = True
         for dev, sample in read:
             stored = {name: f32(v) for name, v in sample.items()}
             stored["t"] = t
@@ -441,6 +467,7 @@ class NaiveClassifier:
 
         # Counters: increases since the previous sample of each series.
         increases: dict[int, float | None] = {}
+        restarts = 0.0
         for col in [*cols.counters, *cols.driver]:
             v = values[col]
             if v is None:
@@ -451,9 +478,11 @@ class NaiveClassifier:
                 increases[col] = 0.0 if first else v  # device's first sample: baseline; new series: all new
             elif v < prev:
                 increases[col] = 0.0  # reset: a new start
+                restarts += 1
             else:
                 increases[col] = v - prev
             dev.prev[col] = v
+        s["restarts"] = restarts if [*cols.counters, *cols.driver] else None
         for name in COUNTER_FEATURES:
             total: float | None = None
             for col, feature in cols.counters.items():
@@ -727,8 +756,11 @@ class NaiveClassifier:
                 dev.judged_at = now
         ttl = self.policy.device_ttl_s
         for key_, dev in list(self.devices.items()):
-            if now_s - dev.last_heard > ttl:
-                del self.devices[key_]  # forgotten: if it comes back, it is a new device
+            # forgotten (if it comes back, it is a new device) after device_ttl; holding a reason (other than its
+            # silence), after the escalation window (silence does not repair)
+            held = any(rs.on for reason, rs in dev.reasons.items() if reason not in ("device_lost", "stale"))
+            if now_s - dev.last_heard > (max(ttl, self.policy.escalation.window_s) if held else ttl):
+                del self.devices[key_]
         return out
 
     # -- peers under the same load ---------------------------------------------------------------
@@ -1164,21 +1196,41 @@ class NaiveClassifier:
         remediation = 0
         scope, rank = "device", -1
         beyond = {"workload": "check_workload", "node": self.policy.node.remediation}
+        clean = self.policy.clean_after_repair_s
+
+        def code_of(reason: str, rs: ReasonState) -> int:
+            ladder = dev.rules[reason]["remediation"] if reason in dev.rules else ["none"]
+            step = min((max(rs.episodes, 1) - 1) // per_step, len(ladder) - 1)
+            code = max(REMEDIATIONS.index(ladder[step]), rs.floor)
+            if rs.scope in beyond:  # a finding beyond the device is remediated for what it is about
+                code = REMEDIATIONS.index(beyond[rs.scope])
+            return code
+
         for reason in REASONS:
             present, ev_state, ev_floor, ev_scope = evidence[reason]
+            present = present and not unknown
             hold = self.policy.hold_s(reason) if reason != "stale" else self.policy.hold_s("default")
             rs = dev.reasons[reason]
+            silent = unknown and rs.on  # silence does not repair: held, its hold clock stopped
+            at = now_s if present or silent else rs.evidence_at
+            # A failure only a repair clears: until the repair its remediation names, after its last evidence,
+            # and clean_after_repair since.
+            need = REPAIR_OF.get(REMEDIATIONS[code_of(reason, rs)], 0)
+            bound = rs.on and reason != "stale" and self.policy.clears_by(reason) == "repair"
+            bound = bound and rs.state == 3 and need > 0
+            fixed_at = dev.repaired[max(need - 1, 0)]
+            waiting = bound and not (fixed_at > at and now_s - fixed_at >= clean)
             if present:
-                rs.evidence_at = now_s
-                # Severity hold: a lower state replaces the held one only after the hold time.
-                if ev_state < rs.state and now_s - rs.state_at < hold:
+                # Severity hold: a lower state replaces the held one only after the hold time, or a repair.
+                if ev_state < rs.state and (now_s - rs.state_at < hold or waiting):
                     pass
                 else:
                     rs.state = ev_state
                     rs.state_at = now_s
                 rs.floor = ev_floor
                 rs.scope = ev_scope
-            on = present or (rs.on and now_s - rs.evidence_at < hold)
+            rs.evidence_at = at
+            on = present or silent or (rs.on and (waiting if bound else now_s - at < hold))
             if on and not rs.on:  # a new episode
                 if now_s - rs.first_episode_at > esc_window:
                     rs.first_episode_at = now_s
@@ -1192,14 +1244,9 @@ class NaiveClassifier:
             this = rs.state * len(SCOPES) + SCOPE_RANK[rs.scope] + 1
             if this > rank:  # the worst state's reason, the device's own first among equals, first in order
                 scope, rank = rs.scope, this
-            ladder = dev.rules[reason]["remediation"] if reason in dev.rules else ["none"]
-            step = min((max(rs.episodes, 1) - 1) // per_step, len(ladder) - 1)
-            code = max(REMEDIATIONS.index(ladder[step]), rs.floor)
-            if rs.scope in beyond:  # a finding beyond the device is remediated for what it is about
-                code = REMEDIATIONS.index(beyond[rs.scope])
-            remediation = max(remediation, code)
-        if unknown:
-            return ("Unknown", None, ("stale",), "none", "device")
+            remediation = max(remediation, code_of(reason, rs))
+        if unknown:  # its held reasons stay, with stale beside them
+            return ("Unknown", None, tuple(sorted([*on_reasons, "stale"])), REMEDIATIONS[remediation], scope)
         health = "Unhealthy" if STATE_NAME[worst] in self.policy.unhealthy_states else "Healthy"
         return (health, STATE_NAME[worst], tuple(sorted(on_reasons)), REMEDIATIONS[remediation], scope)
 

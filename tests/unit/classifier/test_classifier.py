@@ -214,7 +214,11 @@ def test_hysteresis_holds_a_reason_then_clears_it(tmp_path):
 
 
 def test_a_recurring_fault_climbs_its_ladder(tmp_path):
-    policy = load_policy(tmp_path, "window: 1m\nhold: {memory_ecc: 1m}\nescalation: {window: 24h, after: 2}\n")
+    # (time-based clearing, chosen explicitly: by default an uncorrected error waits for a reset, test_repair.py)
+    policy = load_policy(
+        tmp_path,
+        "window: 1m\nhold: {memory_ecc: 1m}\nclears: {memory_ecc: hold}\nescalation: {window: 24h, after: 2}\n",
+    )
     feed = Feed(policy)
     count = 0.0
     feed.step(UNCORRECTED=[count, 0.0])  # the first sample is a baseline

@@ -4,9 +4,11 @@ Hypothesis generates small fleets (1-3 nodes of 1-4 GPUs, 5-60 ticks of 10 s) ov
 simulator's series kinds plus driver error series, with values drawn around every
 threshold: temperatures near their limits (own limits, missing ones, flaky ones),
 fans near zero, counters that increase, stay, reset or appear mid-run, NaN values,
-devices skipping ticks or going silent, whole nodes going silent, vendor states, firmware
-on a deny list, per-model overrides. Both classifiers get the same frames, are evaluated
-at every tick, and must emit the same verdict streams.
+devices skipping ticks or going silent, whole nodes going silent (held faults stay), vendor
+states, firmware on a deny list, per-model overrides, failures that wait for a repair (a reset
+event, counters starting over on one device or on a node's) and a new serial number in a slot.
+Both classifiers get the same frames, are evaluated at every tick, and must emit the same
+verdict streams.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ device_ttl: 150s
 unhealthy_states: [failed]
 hold: {{default: 30s, memory_ecc: 60s, driver_errors: 60s, device_reset: 60s, device_lost: 30s, firmware: 0s}}
 escalation: {{window: 5m, after: 2}}
+# Failures of memory_ecc and driver_errors wait for a repair (the default), then 30 s clean.
+clean_after_repair: 30s
 # A short horizon, so that cohorts and duty cycles matter within a generated fleet's minutes.
 horizon: {{bucket: 20s, duty_span: 1m, rate_span: 2m, duty_hold_ratio: 0.5}}
 cohorts: {{min_devices: 3, significance: 1, span_significance: 1}}
@@ -81,6 +85,8 @@ device_ttl: 1h
 unhealthy_states: [failed, degraded]
 hold: {{default: 20s, memory_ecc: 40s, driver_errors: 40s, vendor_status: 0s, firmware: 0s, thermal: 50s}}
 escalation: {{window: 2m, after: 3}}
+clears: {{default: hold, memory_ecc: hold, driver_errors: repair, vendor_status: repair}}
+clean_after_repair: 1m
 horizon: {{bucket: 15s, duty_span: 45s, rate_span: 90s, duty_hold_ratio: 0.3}}
 cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0, span_significance: 0.5, load_bins: [0.2, 0.5]}}
 stale_intervals: 3
@@ -158,6 +164,7 @@ class DeviceProfile:
     model: str | None
     firmware: str | None
     firmware_change: tuple[int, str] | None
+    serial_swap: int | None  # tick from which another device (a new hw.serial_number) sits in its slot
     join: int
     silences: tuple[tuple[int, int], ...]
     skip_p: float
@@ -288,6 +295,7 @@ def device_profiles(
         model=draw(st.sampled_from(["H100 80GB HBM3", "A100 80GB", None])) if kind is None else kind[1],
         firmware=draw(st.sampled_from([GOOD_FW, GOOD_FW, DENIED_FW, OLD_FW, None])),
         firmware_change=fw_change,
+        serial_swap=draw(st.one_of(st.none(), st.none(), st.integers(1, ticks))),
         join=draw(st.sampled_from([0, 0, 0, 1, 3, ticks // 2])),
         silences=draw(silences(ticks, 24)),
         skip_p=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
@@ -389,6 +397,8 @@ class DeviceSim:
             firmware = p.firmware_change[1]
         if firmware is not None:
             out[cv.HW_FIRMWARE_VERSION] = firmware
+        swapped = p.serial_swap is not None and tick >= p.serial_swap
+        out[cv.HW_SERIAL_NUMBER] = f"SN-{p.hw_id}" + ("-2" if swapped else "")
         return out
 
     def crash(self) -> None:
@@ -586,7 +596,7 @@ PHASES = tuple(Phase) if os.environ.get("OTEL_DRA_TWIN_SHRINK") == "1" else (Pha
 
 
 @settings(
-    max_examples=150,
+    max_examples=int(os.environ.get("OTEL_DRA_TWIN_EXAMPLES", "150")),
     deadline=None,
     derandomize=True,
     database=None,

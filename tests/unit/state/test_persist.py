@@ -54,9 +54,23 @@ class Node:
         return v.health, v.reasons
 
 
-def faulted_then_saved(path: Path) -> tuple[Node, StateFile]:
+#: The same simulated GPUs after a restart (their serial numbers say which reasons were injected on them), the
+#: fault not firing again.
+LATER = 10**7
+#: Time-based clearing, chosen: these tests are about what a restart keeps of a hold (test_repair.py: the default,
+#: clearing on a reset).
+HELD_BY_TIME = "clears: {memory_ecc: hold}\n"
+
+
+def timed(tmp_path: Path) -> policy_mod.Policy:
+    path = tmp_path / "policy.yaml"
+    path.write_text(HELD_BY_TIME)
+    return policy_mod.load(path)
+
+
+def faulted_then_saved(path: Path, policy: policy_mod.Policy | None = None) -> tuple[Node, StateFile]:
     """gpu-3 gets an uncorrected ECC error at 30 s; the state is written at 60 s."""
-    node = Node((Fault("gpu-3", "memory_ecc", 30),))
+    node = Node((Fault("gpu-3", "memory_ecc", 30),), policy=policy)
     node.run(0, 60)
     assert node.verdict("gpu-3") == ("Unhealthy", ("memory_ecc",))
     file = StateFile(path / agent_file(NODE), "agent", NODE)
@@ -65,9 +79,10 @@ def faulted_then_saved(path: Path) -> tuple[Node, StateFile]:
 
 
 def test_a_held_fault_survives_a_restart_for_its_hold_time(tmp_path):
-    before, file = faulted_then_saved(tmp_path)
+    before, file = faulted_then_saved(tmp_path, timed(tmp_path))
     since = before.current["gpu-3"].last_transition_time
-    after = Node(start_s=90)  # restarted without the fault: its counters start again
+    # restarted, the fault not firing again: its counters start again
+    after = Node((Fault("gpu-3", "memory_ecc", LATER),), start_s=90, policy=timed(tmp_path))
     assert after.classifier.recall(file.load(), (T0 + 90 * S) / S) == 1  # Healthy, ok devices keep nothing
     after.run(90, 90)
     assert after.verdict("gpu-3") == ("Unhealthy", ("memory_ecc",))  # from the first verdict on
@@ -81,9 +96,9 @@ def test_a_held_fault_survives_a_restart_for_its_hold_time(tmp_path):
 
 
 def test_a_restart_after_the_hold_has_run_out_starts_healthy(tmp_path):
-    _, file = faulted_then_saved(tmp_path)
+    _, file = faulted_then_saved(tmp_path, timed(tmp_path))
     later = 60 + HOUR - 100  # within device_ttl of the last sample, past the hold of the last evidence
-    after = Node(start_s=later)
+    after = Node((Fault("gpu-3", "memory_ecc", LATER),), start_s=later, policy=timed(tmp_path))
     after.classifier.recall(file.load(), (T0 + later * S) / S)
     after.run(later, later + 200)
     assert after.verdict("gpu-3") == ("Healthy", ())
@@ -92,7 +107,7 @@ def test_a_restart_after_the_hold_has_run_out_starts_healthy(tmp_path):
 def test_healthy_devices_keep_nothing_and_start_with_a_first_verdict(tmp_path):
     before, file = faulted_then_saved(tmp_path)
     assert [m.hw_id for m in file.load()] == ["gpu-3"]
-    after = Node(start_s=90)
+    after = Node((Fault("gpu-3", "memory_ecc", LATER),), start_s=90)
     after.classifier.recall(file.load(), (T0 + 90 * S) / S)
     after.run(90, 90)
     v = after.current["gpu-0"]
@@ -100,10 +115,19 @@ def test_healthy_devices_keep_nothing_and_start_with_a_first_verdict(tmp_path):
     assert after.current["gpu-3"].last_transition_time == before.current["gpu-3"].last_transition_time
 
 
-def test_memory_older_than_the_device_ttl_is_not_recalled(tmp_path):
+def test_memory_older_than_the_device_ttl_is_not_recalled_unless_it_holds_a_fault(tmp_path):
     _, file = faulted_then_saved(tmp_path)
-    after = Node(start_s=2 * HOUR)
-    assert after.classifier.recall(file.load(), (T0 + 2 * HOUR * S) / S) == 0
+    # What it keeps once its fault cleared: an escalation episode, nothing held.
+    memory = [
+        dataclasses.replace(m, reasons={r: dataclasses.replace(held, on=False) for r, held in m.reasons.items()})
+        for m in file.load()
+    ]
+    after = Node((Fault("gpu-3", "memory_ecc", LATER),), start_s=2 * HOUR)
+    assert after.classifier.recall(memory, (T0 + 2 * HOUR * S) / S) == 0
+    # A held failure is kept for the escalation window (24h): silence does not repair it.
+    for hours, kept in ((2, 1), (23, 1), (25, 0)):
+        again = Node((Fault("gpu-3", "memory_ecc", LATER),), start_s=hours * HOUR)
+        assert again.classifier.recall(file.load(), (T0 + hours * HOUR * S) / S) == kept, hours
 
 
 def test_escalation_episodes_and_events_are_kept(tmp_path):
@@ -116,7 +140,7 @@ def test_escalation_episodes_and_events_are_kept(tmp_path):
     file.save(list(node.classifier.remember((T0 + 400 * S) / S)))
     back = {m.hw_id: m for m in file.load()}["gpu-1"]
     assert back == saved
-    after = Node(start_s=410)
+    after = Node((Fault("gpu-1", "device_reset", LATER),), start_s=410)
     after.classifier.recall([back], (T0 + 410 * S) / S)
     after.run(410, 410)
     assert "device_reset" in after.verdict("gpu-1")[1]
