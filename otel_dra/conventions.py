@@ -265,6 +265,19 @@ OTEL_DRA_K8S_BRAKE_WITHHELD = _extension(
     "DeviceTaintRules the cluster writer's last apply wrote with a milder effect than rendered, because the brake "
     "on mass quarantine held.",
 )
+#: What became of the pods on a tainted device, by what the cluster's device-taint controller said (Kubernetes
+#: 1.35+ DeviceTaintRule status): ``would`` (a rule with effect None: what NoExecute would evict), ``pending``,
+#: ``evicted``.
+EVICTION_ATTR: Final = "eviction"
+OTEL_DRA_K8S_TAINT_PODS = _extension(
+    "otel_dra.k8s.taint.pods",
+    "{pod}",
+    GAUGE,
+    "Pods on a device with a DeviceTaintRule, as the cluster's device-taint controller reported them in the rule's "
+    "EvictionInProgress condition: those NoExecute would evict (eviction=would, for effect None), those waiting to "
+    "be evicted (pending) and those it evicted (evicted).",
+)
+
 #: Metrics only `otel-dra fleet` emits, by name.
 FLEET_METRICS: dict[str, MetricSpec] = {
     s.name: s
@@ -277,6 +290,7 @@ FLEET_METRICS: dict[str, MetricSpec] = {
         OTEL_DRA_RECEIVER_CONNECTIONS,
         OTEL_DRA_K8S_BRAKE_TRIPPED,
         OTEL_DRA_K8S_BRAKE_WITHHELD,
+        OTEL_DRA_K8S_TAINT_PODS,
     )
 }
 

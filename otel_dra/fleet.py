@@ -217,6 +217,8 @@ class Fleet:
         meter = provider.start_meter_provider(run, node, readers, FLEET_SERIES_LIMIT, "otel_dra.fleet")
         VerdictMetrics(self.board, meter, self.policy.shared_devices.combine, states=False)
         self.brake.instrument(meter)
+        if self.k8s is not None:
+            self.k8s.instrument(meter)
         rc = cfg.receiver
         receiver = OtlpReceiver(
             self.schema,

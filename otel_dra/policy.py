@@ -89,15 +89,21 @@ def number(lo: float | None = None, hi: float | None = None, integer: bool = Fal
     return check
 
 
+def parse_duration(text: str) -> float | None:
+    """``30s``, ``5m``, ``1h``, ``1d``, ``250ms`` or a bare number of seconds, in seconds; None when it is none."""
+    match = _DURATION.match(text)
+    return None if match is None else float(match[1]) * _UNITS[match[2]]
+
+
 def duration(node: yaml.Node, key: str, where: Where) -> float:
     """``30s``, ``5m``, ``1h``, ``1d`` or seconds; returned in seconds."""
     value = _scalar(node, key, where)
     if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
         return float(value)
-    match = _DURATION.match(str(value)) if isinstance(value, str) else None
-    if match is None:
+    seconds = parse_duration(value) if isinstance(value, str) else None
+    if seconds is None:
         raise where(node, f"{key}: {show(value)} is not a duration; write e.g. 30s, 5m, 1h or a number of seconds")
-    return float(match[1]) * _UNITS[match[2]]
+    return seconds
 
 
 def positive_duration(node: yaml.Node, key: str, where: Where) -> float:

@@ -195,6 +195,8 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
             since = "?"
         reasons = d.get("reasons")
         scope = str(d.get("scope") or "device")  # absent: an older server, whose verdicts are all the device's
+        cluster = d.get("cluster")
+        would = cluster.get("would_evict_pods") if isinstance(cluster, dict) else None
         rows.append(
             {
                 "node": str(d.get("k8s.node.name") or "-"),
@@ -209,12 +211,17 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
                 # What the remediation is for, when not the device: the shared thing's name, else its kind.
                 "scope": "-" if scope == "device" else " ".join(str(d.get("group") or scope).split()),
                 "since": since,
+                # What NoExecute would evict from it, as the cluster's device-taint controller says (1.35+).
+                "would evict": f"{would} pods" if isinstance(would, int) else "-",
                 "evidence": " ".join(str(d.get("message") or "").split()),
             }
         )
-    columns = ["node", "device", "health", "hw.state", "reasons", "remediation", "scope", "since", "evidence"]
+    columns = ["node", "device", "health", "hw.state", "reasons", "remediation", "scope", "since", "would evict"]
+    columns.append("evidence")
     if one_node:
         columns.remove("node")  # in the title instead
+    if all(r["would evict"] == "-" for r in rows):
+        columns.remove("would evict")  # no rule the cluster reported on
     if all(r["scope"] == "-" for r in rows):
         columns.remove("scope")  # every verdict is its device's own: nothing to say
 
@@ -233,7 +240,7 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
             return fixed + _GAP * (len(columns) - 1)
 
         # The evidence names each reason; the remediation says what a node's or workload's verdict asks for.
-        for col in ("reasons", "hw.state", "scope", "evidence", "since"):
+        for col in ("reasons", "hw.state", "scope", "would evict", "evidence", "since"):
             if col not in columns:
                 continue
             if needed() <= width:

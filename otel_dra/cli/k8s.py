@@ -8,6 +8,7 @@ is a :class:`click.ClickException`: one line, exit code 2 through ``otel_dra.cli
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,4 +356,132 @@ def brake_release(lease_name: str, namespace: str, policy_file: str | None, time
     click.echo(
         f"asked the leader ({before.holder or 'none yet'}) to release the brake ({was}): "
         f"{release_key(key)}={token} on Lease {namespace}/{lease_name}"
+    )
+
+
+@k8s.command("report")
+@click.option(
+    "--since",
+    type=Seconds(),
+    default=86400.0,
+    show_default="24h",
+    help="The period the changes are counted over (e.g. 1h, 7d); the rules' state is now's.",
+)
+@click.option(
+    "--api-version",
+    type=click.Choice(("auto", *API_VERSION_CHOICES)),
+    default="auto",
+    show_default=True,
+    help="The DeviceTaintRule API version to read; auto: the newest the cluster serves.",
+)
+@click.option(
+    "--events-namespace",
+    default="default",
+    show_default=True,
+    help="Where the writer's Events about DeviceTaintRules are (client-go puts a cluster-scoped object's in default).",
+)
+@click.option("--output", "-o", type=click.Choice(("table", "json")), default="table", show_default=True)
+@policy_option("Policy YAML merged over the default: its kubernetes.domain names the labels and Events.")
+@click.option("--timeout", type=Seconds(), default=10.0, show_default=True, help="Seconds per API request.")
+def report_command(
+    since: float, api_version: str, events_namespace: str, output: str, policy_file: str | None, timeout: float
+) -> None:
+    """What the fleet's DeviceTaintRules did, or with effect None would have done, per failure reason.
+
+    Reads the managed rules now, with what the cluster's device-taint controller (Kubernetes 1.35+) says of
+    each: how many pods NoExecute would evict from the devices of a None rule, how many a NoExecute rule
+    evicted; and the writer's Events over --since: devices tainted, changed and cleared. A reason whose rules
+    would evict nothing it should not is one to move from None to NoSchedule or NoExecute
+    (kubernetes.taints.effect.by_reason in the policy). Needs list on devicetaintrules and on events.
+    """
+    import time
+
+    from otel_dra.sinks.k8s.apply import K8sApplyError, _Api, connect, discover
+    from otel_dra.sinks.k8s.report import summarise
+
+    policy = load_policy(policy_file)
+    domain = str(policy.sections["kubernetes"]["domain"])
+    try:
+        api_client = connect(flag="k8s report")
+        version = discover(api_client, timeout).api_version if api_version == "auto" else api_version
+        if not version.startswith("resource.k8s.io/"):
+            version = f"resource.k8s.io/{version}"
+        rules = _Api(api_client, version, timeout).list_managed()
+        events = _list_events(api_client, events_namespace, timeout)
+    except K8sApplyError as exc:
+        raise click.ClickException(str(exc)) from None
+    now = time.time()
+    reports = summarise(rules, events, domain, now - since)
+    if output == "json":
+        doc = {"since_seconds": since, "reasons": [r.to_json() for r in reports]}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    _report_table(reports, since, len(events))
+
+
+def _list_events(api_client: Any, namespace: str, timeout: float) -> list[dict[str, Any]]:
+    """The Events about DeviceTaintRules in ``namespace`` (events.k8s.io/v1), as plain dicts."""
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+
+    from otel_dra.sinks.k8s.apply import K8sApplyError
+
+    api = client.EventsV1Api(api_client)
+    try:
+        page = api.list_namespaced_event(
+            namespace, field_selector="regarding.kind=DeviceTaintRule", _request_timeout=timeout
+        )
+    except client.ApiException as exc:
+        if exc.status in (401, 403):
+            raise K8sApplyError(
+                f"listing events in {namespace}: forbidden: needs list on events.events.k8s.io"
+            ) from None
+        raise K8sApplyError(f"listing events in {namespace}: HTTP {exc.status} {exc.reason}") from None
+    except (HTTPError, OSError) as exc:
+        where = api_client.configuration.host
+        raise K8sApplyError(f"cannot reach the Kubernetes API at {where}: {str(exc).splitlines()[0]}") from None
+    items = api_client.sanitize_for_serialization(page).get("items") or []
+    return [e for e in items if isinstance(e, dict)]
+
+
+def _report_table(reports: list[Any], since: float, events: int) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from otel_dra.classifier.verdicts import human_duration
+
+    console = Console()
+    piped = not console.is_terminal
+    if piped:  # plain columns a script can cut, as kubectl prints them, never cut short
+        console = Console(width=240)
+    period = human_duration(since)
+    table = Table(
+        title=f"DeviceTaintRules by reason: now, and changes over the last {period}",
+        title_justify="left",
+        box=None if piped else box.SIMPLE_HEAD,
+    )
+    for col in ("reason", "rules now", "devices", "would evict", "evicted", "tainted", "changed", "cleared"):
+        table.add_column(col, justify="left" if col in ("reason", "rules now") else "right", no_wrap=True)
+    for r in reports:
+        rules = ", ".join(f"{n} {effect}" for effect, n in sorted(r.rules.items())) or "-"
+        reported = f"{r.would_evict} pods" + (f" ({r.reported}/{len(r.devices)} said)" if r.devices else "")
+        table.add_row(
+            r.reason,
+            rules,
+            str(len(r.devices)),
+            reported if r.reported else "-",
+            str(r.evicted) if r.evicted else "-",
+            str(r.changes["tainted"]),
+            str(r.changes["changed"]),
+            str(r.changes["removed"]),
+        )
+    console.print(table)
+    if not reports:
+        console.print("no managed DeviceTaintRules now, and no Events of the writer in that period")
+    console.print(
+        f"{events} Events read. 'would evict': pods NoExecute would evict from the devices of effect-None rules, as "
+        "the cluster's device-taint controller counted them when each rule was last written (Kubernetes 1.35+; "
+        "'said': devices it reported on). Events last as long as the API server keeps them (--event-ttl, 1h by "
+        "default)."
     )

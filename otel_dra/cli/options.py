@@ -102,8 +102,9 @@ def policy_option(help_text: str) -> Callable[[Any], Any]:
 
 
 class Seconds(click.ParamType):
-    """A duration in seconds: a finite number, positive (or, with ``zero_ok``, 0 meaning "off"), at
-    most a year. ``nan`` and ``inf`` pass click's FloatRange but stall or break whatever sleeps on them."""
+    """A duration in seconds (a number, or with a unit as the policy writes them: 30s, 5m, 1h, 7d): finite,
+    positive (or, with ``zero_ok``, 0 meaning "off"), at most a year. ``nan`` and ``inf`` pass click's
+    FloatRange but stall or break whatever sleeps on them."""
 
     name = "SECONDS"
     MAX_S = 366 * 86400.0
@@ -118,7 +119,12 @@ class Seconds(click.ParamType):
             try:
                 seconds = float(str(value).strip())
             except ValueError:
-                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+                from otel_dra.policy import parse_duration
+
+                parsed = parse_duration(str(value))
+                if parsed is None:
+                    self.fail(f"{value!r} is not a number of seconds (or a duration: 30s, 5m, 1h, 7d)", param, ctx)
+                seconds = parsed
         low = "0 (off) or more" if self.zero_ok else "more than 0"
         if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not self.zero_ok) or seconds > self.MAX_S:
             self.fail(f"{value!r} is not a number of seconds {low}, up to a year", param, ctx)

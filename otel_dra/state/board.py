@@ -27,6 +27,18 @@ class VerdictBoard:
         self._attrs: dict[tuple[str, str], Mapping[str, str]] = {}
         self.version = 0  # bumps on every change; watchers wait for it to move
         self.closed = False
+        #: What the cluster says about each DRA device's taints, by (dra.pool.name, dra.device.name), as the
+        #: cluster writer last read it back (JSON-ready; not a verdict change: it does not bump ``version``).
+        self._cluster: dict[tuple[str, str], Mapping[str, object]] = {}
+
+    def set_cluster(self, view: dict[tuple[str, str], Mapping[str, object]]) -> None:
+        """Replace the cluster's view of the devices' taints (the writer's last read-back)."""
+        with self._lock:
+            self._cluster = view
+
+    def cluster(self) -> dict[tuple[str, str], Mapping[str, object]]:
+        with self._lock:
+            return dict(self._cluster)
 
     def update(self, changed: Iterable[Verdict], attrs_of: Callable[[str, str], Mapping[str, str]]) -> None:
         with self._lock:
@@ -118,8 +130,12 @@ class VerdictBoard:
         """``/v1/devices``: unhealthy first, then Unknown, then by node and device."""
         order = {"Unhealthy": 0, "Unknown": 1, "Healthy": 2}
         rows = []
+        cluster = self.cluster()
         for verdict, _ in sorted(self.snapshot(), key=lambda va: (order[va[0].health], va[0].node, va[0].hw_id)):
             line = verdict.to_json()
             line["since"] = rfc3339(verdict.last_transition_time)
+            said = cluster.get((verdict.pool or "", verdict.device or "")) if cluster else None
+            if said is not None:
+                line["cluster"] = said
             rows.append(line)
         return "200 OK", "application/json", json.dumps({"devices": rows}).encode()

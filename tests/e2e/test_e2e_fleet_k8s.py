@@ -204,7 +204,7 @@ def test_without_a_cluster_fleet_k8s_apply_is_a_one_line_error(tmp_path):
     )
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
-    assert "--k8s-apply: no Kubernetes cluster to apply to" in line and "set KUBECONFIG" in line
+    assert "--k8s-apply: no Kubernetes cluster to talk to" in line and "set KUBECONFIG" in line
 
 
 @pytest.mark.parametrize(

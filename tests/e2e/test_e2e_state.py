@@ -1,6 +1,7 @@
-"""State that survives a restart (issue 16): a one-off uncorrected ECC error, which the policy holds
-for an hour, is still held after ``kill -9`` and a restart without the fault, by the agent and by the
-fleet alike; without a state file it is forgotten."""
+"""State that survives a restart (issues 16, 27): a one-off uncorrected ECC error, which waits for a reset of
+the GPU, is still held after ``kill -9`` and a restart, by the agent and by the fleet alike; another GPU in the
+slot (a new serial number), or a simulated run without the fault, starts clean; without a state file it is
+forgotten."""
 
 from __future__ import annotations
 
@@ -85,7 +86,10 @@ def test_without_a_state_file_a_restart_forgets_it(start_agent, tmp_path):
     assert verdict(second.url, "node-n", "gpu-3") == ("Healthy", [])
 
 
-def test_the_fleet_holds_a_one_off_ecc_error_across_kill_9(start_agent, tmp_path):
+@pytest.mark.parametrize("swapped", [False, True], ids=["same-gpu", "swapped-gpu"])
+def test_the_fleet_holds_a_one_off_ecc_error_across_kill_9(start_agent, tmp_path, swapped):
+    """The fleet's state file keeps gpu-3's failure for gpu-3; another GPU in its slot (a new serial number: here
+    the simulator without the fault) starts clean."""
     state = tmp_path / "state"
     agent_args = ("--interval", "1", "--node-name", "node-f", "--seed", "5", "--prometheus-port", "0", "--no-state")
     fleet = spawn_fleet(tmp_path, "--state-dir", str(state))
@@ -107,11 +111,13 @@ def test_the_fleet_holds_a_one_off_ecc_error_across_kill_9(start_agent, tmp_path
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{restarted.ports['grpc']}",
             "OTEL_METRIC_EXPORT_INTERVAL": "1000",
         }
-        # the same agent (its GPUs' serial numbers), the fault not firing again for an hour
-        start_agent(*agent_args, "--fault", "gpu-3:memory_ecc@3600", env=env, wait=False)
+        # the same agent (its GPUs' serial numbers), the fault not firing again for an hour; or gpu-3 swapped
+        faults = () if swapped else ("--fault", "gpu-3:memory_ecc@3600")
+        start_agent(*agent_args, *faults, env=env, wait=False)
         wait_for(lambda: len([k for k in devices(restarted.url) if k[0] == "node-f"]) == 8, 40, "node-f at the fleet")
-        assert verdict(restarted.url, "node-f", "gpu-3") == UNHEALTHY_ECC, restarted.log.read_text()[-3000:]
-        stays(restarted.url, "node-f", "gpu-3", UNHEALTHY_ECC, 5)
+        expected = ("Healthy", []) if swapped else UNHEALTHY_ECC
+        assert verdict(restarted.url, "node-f", "gpu-3") == expected, restarted.log.read_text()[-3000:]
+        stays(restarted.url, "node-f", "gpu-3", expected, 5)
         others = {v["health"] for k, v in devices(restarted.url).items() if k[1] != "gpu-3"}
         assert others == {"Healthy"}
     finally:

@@ -211,6 +211,12 @@ class FakeApiServer:
         #: are waiting now.
         self.rule_write_delay_s = 0.0
         self.rule_writes_waiting = 0
+        #: The device-taint eviction controller's world (Kubernetes 1.35+): the devices published in ResourceSlices
+        #: (None: every device a rule names) and, by (driver, pool, device), the pods (namespace, name) whose
+        #: allocated claims use it; the pods it evicted, per rule uid, since it started.
+        self.published: set[tuple[str, str, str]] | None = None
+        self.pods: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+        self.evicted: dict[str, int] = {}
         self.user = "system:serviceaccount:otel-dra:otel-dra-fleet"
         self.lease_verbs = {"get", "create", "update"}  # what RBAC grants self.user on leases
         self.requests: list[str] = []
@@ -234,6 +240,84 @@ class FakeApiServer:
     def lease(self, name: str = "otel-dra-fleet", namespace: str = "otel-dra") -> dict | None:
         with self.lock:
             return json.loads(json.dumps(self.leases.get((namespace, name))))
+
+    # -- the device-taint eviction controller (kube-controller-manager) ------------------------------
+    # As pkg/controller/devicetainteviction/device_taint_eviction.go, maybeUpdateRuleStatus (Kubernetes 1.35+,
+    # gate DRADeviceTaintRules) writes it: one condition, type EvictionInProgress, observedGeneration the rule's,
+    # its reason and message by effect, in the controller's own words. The real one updates it asynchronously
+    # (at most every 10 s while evicting); here it is written with the request that changed the rule, and
+    # evict() does what its eviction workers do.
+    def _selected(self, obj: dict) -> list[tuple[str, str, str]]:
+        sel = obj["spec"].get("deviceSelector") or {}
+        known = set(self.pods) | (self.published or set())
+        if self.published is None:
+            known.add((sel.get("driver", ""), sel.get("pool", ""), sel.get("device", "")))
+        names = ("driver", "pool", "device")
+        return sorted(d for d in known if all(sel.get(k) in (None, v) for k, v in zip(names, d, strict=True)))
+
+    def _condition(self, obj: dict) -> None:
+        if tuple(int(x) for x in self.kubernetes.split(".")) < (1, 35):
+            return  # no status before 1.35
+        effect = obj["spec"]["taint"]["effect"]
+        selected = self._selected(obj)
+        pods = [p for d in selected for p in self.pods.get(d, [])]
+        namespaces = len({ns for ns, _ in pods})
+
+        def many(n: int, one: str, more: str) -> str:
+            return one if n == 1 else more % n
+
+        status, message = "False", ""
+        if effect == "NoExecute":
+            if pods:
+                status, reason = "True", "PodsPendingEviction"
+                message = many(len(pods), "1 pod needs to be evicted in ", "%d pods need to be evicted in ")
+                message += many(namespaces, "1 namespace.", "%d different namespaces.")
+            else:
+                reason = "Completed" if self.evicted.get(obj["metadata"]["uid"]) else "NotStarted"
+        elif effect == "None":
+            reason = "NoEffect"
+            published = len(selected) if self.published is None else len(self.published & set(selected))
+            allocated = sum(1 for d in selected if self.pods.get(d))
+            message = (
+                many(published, "1 published device selected. ", "%d published devices selected. ")
+                + many(allocated, "1 allocated device selected. ", "%d allocated devices selected. ")
+                + many(len(pods), "1 pod would be evicted in ", "%d pods would be evicted in ")
+                + many(namespaces, "1 namespace ", "%d different namespaces ")
+                + "if the effect was NoExecute. This information will not be updated again. Recreate the "
+                "DeviceTaintRule to trigger an update."
+            )
+        else:
+            reason, message = "OtherEffect", "Eviction only happens for the NoExecute effect."
+        evicted = self.evicted.get(obj["metadata"]["uid"], 0)
+        if evicted:
+            message += (" " if message else "") + many(evicted, "1 pod ", "%d pods ")
+            message += "evicted since starting the controller."
+        condition = {
+            "type": "EvictionInProgress",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": obj["metadata"]["generation"],
+            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        obj["status"] = {"conditions": [condition]}
+
+    def evict(self) -> int:
+        """The controller's eviction workers: every pod on a device of a NoExecute rule is evicted (deleted);
+        each rule's condition then says so. Returns how many were."""
+        with self.lock:
+            done = 0
+            for obj in self.objects.values():
+                if obj["spec"]["taint"]["effect"] != "NoExecute":
+                    continue
+                for device in self._selected(obj):
+                    gone = self.pods.pop(device, [])
+                    uid = obj["metadata"]["uid"]
+                    self.evicted[uid] = self.evicted.get(uid, 0) + len(gone)
+                    done += len(gone)
+            for obj in self.objects.values():
+                self._condition(obj)
+            return done
 
     def _next_version(self) -> str:
         self.version += 1
@@ -318,7 +402,7 @@ class FakeApiServer:
                     if path.startswith(LEASES):
                         return self.leases(verb, path[len(LEASES) :].split("/"))
                     if path.startswith(EVENTS):
-                        return self.event(verb, path[len(EVENTS) :].split("/"))
+                        return self.event(verb, path[len(EVENTS) :].split("/"), url.query)
                     if path.startswith(f"{DTR_PREFIX}{store.served}/devicetaintrules"):
                         rest = path[len(f"{DTR_PREFIX}{store.served}/devicetaintrules") :].strip("/")
                         return self.rules(verb, rest, url.query)
@@ -375,8 +459,11 @@ class FakeApiServer:
                         self.record("POST", kind, name, 422)
                         message = f'DeviceTaintRule.resource.k8s.io "{name}" is invalid: {problem}'
                         return self.reply(422, status(422, "Invalid", message, name, kind))
-                    obj["metadata"].update(resourceVersion=store._next_version(), uid=f"uid-{name}")
+                    # The strategy's PrepareForCreate: no status from the client, generation 1.
+                    obj.pop("status", None)
+                    obj["metadata"].update(resourceVersion=store._next_version(), uid=f"uid-{name}", generation=1)
                     obj["spec"]["taint"]["timeAdded"] = "2030-01-01T00:00:00Z"
+                    store._condition(obj)
                     store.objects[name] = obj
                     self.record("POST", kind, name, 201, obj)
                     return self.reply(201, obj)
@@ -403,7 +490,22 @@ class FakeApiServer:
                         self.record("PUT", kind, name, 422)
                         message = f'DeviceTaintRule.resource.k8s.io "{name}" is invalid: {problem}'
                         return self.reply(422, status(422, "Invalid", message, name, kind))
+                    # PrepareForUpdate: the status stays as it was; the generation moves with the spec.
+                    old = store.objects[name]
+                    obj.pop("status", None)
+                    if "status" in old:
+                        obj["status"] = old["status"]
                     obj["metadata"]["resourceVersion"] = store._next_version()
+                    obj["metadata"]["uid"] = old["metadata"]["uid"]
+                    generation = old["metadata"].get("generation", 1)
+
+                    def spec(o: dict) -> dict:
+                        return {**o["spec"], "taint": {k: v for k, v in o["spec"]["taint"].items() if k != "timeAdded"}}
+
+                    changed = spec(obj) != spec(old)
+                    obj["metadata"]["generation"] = generation + changed
+                    if changed:
+                        store._condition(obj)
                     store.objects[name] = obj
                     self.record("PUT", kind, name, 200, obj)
                     return self.reply(200, obj)
@@ -468,7 +570,7 @@ class FakeApiServer:
                 return self.reply(405, status(405, "MethodNotAllowed", "the server does not allow this method"))
 
             # -- events.k8s.io/v1 events (namespaced) ---------------------------------------------
-            def event(self, verb: str, parts: list[str]) -> None:
+            def event(self, verb: str, parts: list[str], query: str = "") -> None:
                 kind = "events"
                 if len(parts) < 2 or parts[1] != kind:
                     return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
@@ -476,6 +578,23 @@ class FakeApiServer:
                 store.requests.append(f"{verb} event {namespace}/{name}")
                 if verb == "GET" and not name:
                     items = [o for (ns, _), o in store.events.items() if ns == namespace]
+                    # Field selectors as events.k8s.io/v1's field label conversion takes them (pkg/apis/events/v1/
+                    # conversion.go: regarding.* onto involvedObject.*, reason, type, reportingController ...).
+                    selector = parse_qs(query).get("fieldSelector", [""])[0]
+                    for term in filter(None, selector.split(",")):
+                        label, _, want = term.partition("=")
+                        path_of = {"regarding.kind": ("regarding", "kind"), "regarding.name": ("regarding", "name"),
+                                   "reason": ("reason",), "type": ("type",),
+                                   "reportingController": ("reportingController",)}.get(label)  # fmt: skip
+                        if path_of is None:
+                            return self.reply(400, status(400, "BadRequest", f"field label not supported: {label}"))
+
+                        def value(o: dict, path_of: tuple[str, ...] = path_of) -> object:
+                            for k in path_of:
+                                o = o.get(k) or {} if isinstance(o, dict) else {}
+                            return o
+
+                        items = [o for o in items if value(o) == want]
                     body = {"apiVersion": "events.k8s.io/v1", "kind": "EventList", "metadata": {}, "items": items}
                     return self.reply(200, body)
                 if verb == "POST":

@@ -63,6 +63,8 @@ class Action:
 class ApplyResult:
     actions: list[Action] = field(default_factory=list)
     unchanged: int = 0
+    #: The managed rules as listed before the changes, status included (what the cluster said they did).
+    listed: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _selector(obj: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -180,9 +182,10 @@ def connect(context: str | None = None, user_agent: str | None = None, flag: str
             config.load_incluster_config(client_configuration=cfg)
         except ConfigException:
             where = os.pathsep.join(map(str, paths))
+            instead = f", or run without {flag}" if flag.startswith("--") else ""  # (a command needs one)
             raise ClusterUnavailable(
-                f"no Kubernetes cluster to apply to: no kubeconfig at {where} and not running in a pod "
-                f"(KUBERNETES_SERVICE_HOST unset); set KUBECONFIG, or run without {flag}"
+                f"no Kubernetes cluster to talk to: no kubeconfig at {where} and not running in a pod "
+                f"(KUBERNETES_SERVICE_HOST unset); set KUBECONFIG{instead}"
             ) from None
     api_client = client.ApiClient(cfg)
     api_client.user_agent = user_agent or f"otel-dra/{__version__}"
@@ -298,6 +301,7 @@ def apply(
     existing = api.list_managed()
     desired = rendering.rules if gate is None else gate(rendering.rules, existing)
     result = ApplyResult(plan(desired, existing, None if whole_fleet else rendering.scope, rendering.silent))
+    result.listed = existing
     result.unchanged = len(desired) - sum(a.verb in ("create", "update") for a in result.actions)
     before = {(o.get("metadata") or {}).get("name"): o for o in existing}
     for count, action in enumerate(result.actions):

@@ -23,6 +23,7 @@ from typing import Any
 from otel_dra import conventions as cv
 from otel_dra.policy import Policy
 from otel_dra.sinks.config import K8sOutputConfig
+from otel_dra.sinks.k8s import readback
 from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.apply import Action, K8sApplyError, apply, connect, discover
 from otel_dra.sinks.k8s.brake import Brake, Decision
@@ -127,6 +128,8 @@ class K8sOutputSink:
         self._thread: threading.Thread | None = None
         self.writes = 0  # files (re)written, for tests and logs
         self.applies = 0  # successful reconciliations
+        #: What the cluster said the managed rules did, by (pool, device), as of the last apply's list.
+        self.readback: dict[tuple[str, str], list[readback.RuleStatus]] = {}
 
     def render(self) -> Rendering:
         """The board now, as this sink's API version renders it."""
@@ -232,6 +235,7 @@ class K8sOutputSink:
         except K8sApplyError as exc:
             self._failed(exc)
             return False
+        self._read_back(result.listed)
         for action in result.actions:
             log.info("%s: %s", self.name, action)
         if self._apply_error:
@@ -240,6 +244,43 @@ class K8sOutputSink:
         self._apply_due = time.monotonic() + self.resync_s
         self.applies += 1
         return True
+
+    def _read_back(self, listed: list[dict[str, Any]]) -> None:
+        """Keep what the cluster's device-taint controller says the rules did (Kubernetes 1.35+), and show it
+        beside each device's verdict (``/v1/devices``: ``cluster``)."""
+        self.readback = readback.by_device(listed)
+        view: dict[tuple[str, str], Mapping[str, object]] = {}
+        for device, statuses in self.readback.items():
+            said: dict[str, object] = {"taints": [st.to_json() for st in statuses]}
+            would = readback.would_evict(statuses)
+            if would is not None:
+                said["would_evict_pods"] = would
+            view[device] = said
+        self.board.set_cluster(view)
+
+    def instrument(self, meter: Any) -> None:
+        """``otel_dra.k8s.taint.pods`` on ``meter``: per device with a rule the cluster reported on, the pods
+        ``NoExecute`` would evict (its ``None`` rules), those waiting to be evicted, and those evicted."""
+        from opentelemetry.metrics import CallbackOptions, Observation
+
+        spec = cv.OTEL_DRA_K8S_TAINT_PODS
+
+        def pods(_: CallbackOptions) -> list[Observation]:
+            out: list[Observation] = []
+            for (pool, device), statuses in self.readback.items():
+                where = {cv.DRA_POOL_NAME: pool, cv.DRA_DEVICE_NAME: device}
+                evicting = [st for st in statuses if st.effect == "NoExecute"]
+                counts = {
+                    "would": readback.would_evict(statuses),
+                    "pending": sum(st.pending or 0 for st in evicting) if evicting else None,
+                    "evicted": sum(st.evicted or 0 for st in evicting) if evicting else None,
+                }
+                out.extend(
+                    Observation(n, {**where, cv.EVICTION_ATTR: kind}) for kind, n in counts.items() if n is not None
+                )
+            return out
+
+        meter.create_observable_gauge(spec.name, callbacks=[pods], unit=spec.unit, description=spec.description)
 
     def _audit(self, action: Action, old: Mapping[str, Any] | None) -> None:
         """The Event for one change the cluster took."""

@@ -641,7 +641,7 @@ def test_apply_without_a_cluster_is_one_line_exit_2(replayed, tmp_path):
     result = otel_dra("k8s", "render", str(replayed), "--driver", DRIVER, "--apply", env=no_cluster_env(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--apply: no Kubernetes cluster to apply to" in lines[0], result.stderr
+    assert len(lines) == 1 and "--apply: no Kubernetes cluster to talk to" in lines[0], result.stderr
     assert result.stdout == ""  # with --apply, no YAML unless -o asks for it
 
 
@@ -822,7 +822,7 @@ def test_the_sink_applies_the_rules_in_cluster_when_asked(fake_cluster, tmp_path
 def test_the_sink_needs_a_cluster_to_apply_and_says_so_before_starting(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(k8s_apply.ClusterUnavailable, match="no Kubernetes cluster to apply to"):
+    with pytest.raises(k8s_apply.ClusterUnavailable, match="no Kubernetes cluster to talk to"):
         K8sOutputSink(VerdictBoard(), tmp_path, policy_mod.load(), apply_rules=True)
 
 
