@@ -1,11 +1,12 @@
 """What the classifier must not forget across a restart, per device, in words a file can hold.
 
-A reason held by hysteresis (an uncorrected ECC error holds ``memory_ecc`` for an hour after its
-last evidence), the episodes that climb a remediation ladder, the rare events counted over an
+A reason held (an uncorrected ECC error holds ``memory_ecc`` until the GPU is reset; a condition, for its
+hold time after its last evidence), the episodes that climb a remediation ladder, the rare events counted over an
 ``events_window`` (two resets within an hour) and the device's last verdict (so a restart is not a
 transition) are state, not telemetry: a new process cannot read them back from the devices.
 :class:`DeviceMemory` is that state for one device, keyed by ``(k8s.node.name, hw.id)``, never by
-row, with names (reasons, states, remediations, features) rather than codes, so a file outlives a
+row, and bound to its ``hw.serial_number`` (another device in the slot starts clean), with names (reasons,
+states, remediations, features) rather than codes, so a file outlives a
 reordering of the vocabularies. Times are in the classifier's reference clock (the agent's or the
 fleet's wall clock: UNIX seconds), except event times, which are in the device's own sample clock as
 the event log keeps them.

@@ -227,6 +227,54 @@ def test_the_brake_holds_across_a_restart_and_a_change_of_leader(api):
     assert '"trippedAt":null' in api.lease()["metadata"]["annotations"][key]
 
 
+def test_the_brake_holds_when_the_electors_own_threads_hand_over(api):
+    """As the fleet runs them: each replica's elector campaigns on its own thread; the leader, with its brake
+    tripped, shuts down (releasing the Lease), and the standby's thread takes the Lease and the brake with it."""
+    import time
+
+    from otel_dra.sinks.k8s import apply as k8s_apply
+    from otel_dra.sinks.k8s.brake import annotation_key
+    from otel_dra.sinks.k8s.lease import LeaderElector, LeaseConfig
+
+    key = annotation_key(policy_mod.load())
+
+    def candidate(identity: str, brake: Brake) -> LeaderElector:
+        cfg = LeaseConfig(
+            namespace="otel-dra", identity=identity, lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.2
+        )
+        return LeaderElector(
+            k8s_apply.connect(),
+            cfg,
+            annotations=lambda: brake.annotations(key),
+            adopt=lambda found: brake.adopt(found, key),
+            watch=lambda found: brake.watch(found, key),
+        )
+
+    def until(check, seconds: float = 10.0) -> None:
+        deadline = time.monotonic() + seconds
+        while not check():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    leading_brake, standby_brake = Brake(SETTINGS), Brake(SETTINGS)
+    leader, standby = candidate("fleet-0", leading_brake), candidate("fleet-1", standby_brake)
+    leader.start()
+    until(leader.is_leader)
+    standby.start()
+    try:
+        assert leading_brake.gate(whole_fleet(), [], FLEET, now=time.time()).tripped_now
+        until(lambda: '"trippedAt":' in api.lease()["metadata"]["annotations"][key] and not standby.is_leader())
+        until(lambda: '"trippedAt":null' not in api.lease()["metadata"]["annotations"][key])
+        assert not standby_brake.state.tripped  # a standby does not act on it
+        leader.shutdown(2.0)
+        until(standby.is_leader)
+        assert standby_brake.state.tripped and standby_brake.state.why == leading_brake.state.why
+        assert effects(standby_brake.gate(whole_fleet(), [], FLEET, now=time.time()).rules)["None"] == FLEET
+    finally:
+        leader.shutdown(1.0)
+        standby.shutdown(1.0)
+
+
 def test_an_unreadable_annotation_is_ignored_with_a_warning(caplog):
     brake = Brake(SETTINGS)
     brake.adopt({"k/quarantine-brake": "{not json"}, "k/quarantine-brake")
