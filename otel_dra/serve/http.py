@@ -26,6 +26,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -98,26 +99,48 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
     return b"".join(parts)
 
 
+#: Most gzip members one body may hold: an exporter sends one; many tiny ones are work without data.
+MAX_GZIP_MEMBERS = 1024
+#: Most CPU seconds inflating one body may take, whatever its size (a backstop: inflation is linear).
+MAX_GZIP_CPU_S = 2.0
+#: Bytes fed to the inflater at a time, at first for each member: a member's end copies what is left of what
+#: was fed (zlib's ``unused_data``), so feeding the whole rest would make many small members quadratic.
+_GZIP_FEED = 512
+
+
 def gunzip(body: bytes, limit: int) -> bytes:
     """A gzip body (one or more members), refusing to inflate past ``limit`` bytes (a gzip bomb is
-    refused after ``limit`` bytes of work, however small it was on the wire). Raises
-    :class:`BodyError`: 413 past the limit, 400 for bytes that are not gzip."""
+    refused after ``limit`` bytes of work, however small it was on the wire), past ``MAX_GZIP_MEMBERS``
+    members or past ``MAX_GZIP_CPU_S`` of CPU. Linear in the body's size: each member is fed in slices
+    that double while it lasts, so its end copies at most as much as it had. Raises :class:`BodyError`:
+    413 past a limit, 400 for bytes that are not gzip."""
     out: list[bytes] = []
     size = 0
-    data = body
-    while data:
+    view = memoryview(body)
+    pos, members = 0, 0
+    started = time.thread_time()
+    while pos < len(view):
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise BodyError(413, f"more than {MAX_GZIP_MEMBERS:,} gzip members")
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            chunk = inflater.decompress(data, limit + 1 - size)
-        except zlib.error as exc:
-            raise BodyError(400, f"body is not valid gzip: {exc}") from None
-        size += len(chunk)
-        if size > limit:
-            raise BodyError(413, f"more than {limit:,} (inflated)")
-        if not inflater.eof:
-            raise BodyError(400, "body is not valid gzip: truncated")
-        out.append(chunk)
-        data = inflater.unused_data
+        feed = _GZIP_FEED
+        while not inflater.eof:
+            if pos >= len(view):
+                raise BodyError(400, "body is not valid gzip: truncated")
+            piece = view[pos : pos + feed]
+            try:
+                chunk = inflater.decompress(piece, limit + 1 - size)  # (stops short only past the limit)
+            except zlib.error as exc:
+                raise BodyError(400, f"body is not valid gzip: {exc}") from None
+            size += len(chunk)
+            if size > limit:
+                raise BodyError(413, f"more than {limit:,} (inflated)")
+            out.append(chunk)
+            pos += len(piece) - len(inflater.unused_data)
+            feed *= 2
+            if time.thread_time() - started > MAX_GZIP_CPU_S:
+                raise BodyError(413, f"took more than {MAX_GZIP_CPU_S:g}s of CPU to inflate")
     return b"".join(out)
 
 

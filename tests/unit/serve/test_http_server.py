@@ -99,6 +99,17 @@ def test_bodies_are_capped_by_declared_length_by_chunks_and_after_inflation(serv
         gunzip(bomb, LIMIT)
     assert refused.value.status == 413
     assert gunzip(gzip.compress(b"ab") + gzip.compress(b"cd"), LIMIT) == b"abcd"  # several members
+    # Members are capped (an exporter sends one; thousands of empty ones are work without data), and a body of
+    # many members inflates whole, wherever they end within the slices fed to the inflater.
+    from otel_dra.serve.http import MAX_GZIP_MEMBERS
+
+    with pytest.raises(BodyError, match=f"more than {MAX_GZIP_MEMBERS:,} gzip members") as many:
+        gunzip(gzip.compress(b"") * (MAX_GZIP_MEMBERS + 1), LIMIT)
+    assert many.value.status == 413
+    parts = [bytes([i % 251]) * (i * 37 % 3000) for i in range(MAX_GZIP_MEMBERS)]
+    assert gunzip(b"".join(gzip.compress(p) for p in parts), 2 << 20) == b"".join(parts)
+    with pytest.raises(BodyError, match="truncated"):
+        gunzip(gzip.compress(b"x" * 500)[:-9], LIMIT)
     with pytest.raises(BodyError, match="not valid gzip"):
         gunzip(b"\x1f\x8b nope", LIMIT)
 
