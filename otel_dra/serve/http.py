@@ -57,7 +57,7 @@ STATS: Final = ("accepted", "evicted", "refused", "header_timeouts", "bad_reques
 
 
 class BodyError(Exception):
-    """A request body that can't be taken: ``status`` is the HTTP answer (413, 408, 400, 411)."""
+    """A request body that can't be taken: ``status`` is the HTTP answer (413, 408, 400, 411, 501)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -72,7 +72,12 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
     length = request.content_length
     if length is not None and length > limit:
         raise BodyError(413, f"{length:,}")
-    if length is None and request.headers.get("Transfer-Encoding", "").lower().find("chunked") < 0:
+    coding = ",".join(request.headers.getall("Transfer-Encoding", []))
+    if coding and [c.strip().lower() for c in coding.split(",")] != ["chunked"]:
+        # Go's net/http answers any transfer coding but chunked alone so (RFC 9112 6.1: 501): a body whose
+        # transfer coding we do not undo would be read as if it had none.
+        raise BodyError(501, f"unsupported transfer encoding {coding!r}: send chunked, or Content-Length")
+    if length is None and not coding:
         if request.method in ("POST", "PUT", "PATCH"):
             raise BodyError(411, "Content-Length required")
         return b""
