@@ -147,3 +147,35 @@ def test_the_forged_post_without_the_token_does_not_make_the_gpu_unhealthy(tmp_p
     finally:
         agent.close()
         fleet.stop()
+
+
+def test_an_unauthenticated_flood_takes_none_of_the_node_cap(tmp_path):
+    """Issue #28: after 100,000 fake nodes, honest new nodes were refused ("more than 16,384 nodes"). With
+    ``--auth-token-file`` a request is refused before it is decoded, so a flood without the token (here 200
+    fake nodes over OTLP/HTTP and gRPC against a cap of 3) fills nothing: three honest nodes still get in."""
+    import grpc
+
+    from tests.e2e.test_e2e_attacks import EXPORT, node, request
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    fleet = start_fleet(tmp_path, "--auth-token-file", str(token_file), "--max-nodes", "3")
+    port, bearer = fleet.ports["http"], {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        for batch in range(10):
+            flood = request([node(f"fake-{batch}-{i}") for i in range(10)]).SerializeToString()
+            assert post(port, flood)[0] == 401
+            with grpc.insecure_channel(f"127.0.0.1:{fleet.ports['grpc']}") as channel:
+                call = channel.unary_unary(EXPORT)
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(flood, timeout=5)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        honest = request([node(f"honest-{i}", devices=2) for i in range(3)]).SerializeToString()
+        assert post(port, honest, **bearer)[0] == 200
+        seen = lambda: {d["k8s.node.name"] for d in json.loads(http_get(fleet.url + "/v1/devices")[1])["devices"]}  # noqa: E731
+        wait_for(lambda: seen() == {"honest-0", "honest-1", "honest-2"}, 20, "the three honest nodes")
+        over = request([node("honest-3")]).SerializeToString()  # the cap still holds for those who may speak
+        status, body = post(port, over, **bearer)
+        assert status == 200 and b"more than 3 nodes" in body, body
+    finally:
+        fleet.stop()
