@@ -9,6 +9,7 @@ bound, and (where the attacker only holds connections) a CPU that stays idle.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -351,6 +352,35 @@ def test_a_gzip_bomb_is_refused_by_its_inflated_size(target: Target):
     everyone_else_is_fine(target)
 
 
+def test_many_empty_gzip_members_cost_no_more_than_their_bytes_and_starve_no_one(target: Target):
+    """Issue #28: 1 MiB of empty gzip members took 0.71 s, x4 per doubling, and two 15 MiB bodies held the
+    decode worker for 146 s while every honest gzip export timed out. Inflation is linear now and a body is
+    refused past 1,024 members: 16 such bodies of 1 to 15 MiB at once are all refused within seconds, a
+    doubling costs at most twice (with slack for a noisy machine), and honest gzip exports sent meanwhile
+    all get in."""
+    port = target.fleet.ports["http"]
+    empty = gzip.compress(b"")
+    bodies = {mib: empty * (mib * (1 << 20) // len(empty)) for mib in (1, 2, 4, 8, 15)}
+
+    def timed(mib: int) -> tuple[int, float]:
+        started = time.monotonic()
+        status, _ = post(port, bodies[mib], **{"Content-Encoding": "gzip"})
+        return status, time.monotonic() - started
+
+    alone = {mib: min(timed(mib)[1] for _ in range(3)) for mib in (4, 8)}
+    assert alone[8] <= 2 * alone[4] + 0.25, alone  # linear (the upload itself is most of it)
+    honest = gzip.compress(request([node("gzip-honest", devices=2)]).SerializeToString())
+    with ThreadPoolExecutor(20) as pool:
+        bombs = [pool.submit(timed, mib) for mib in (1, 2, 4, 8, 15) * 3 + (15,)]
+        time.sleep(0.2)
+        honest_answers = [post(port, honest, **{"Content-Encoding": "gzip"})[0] for _ in range(12)]
+        answers = [b.result(timeout=60) for b in bombs]
+    assert set(honest_answers) == {200}, honest_answers
+    assert {status for status, _ in answers} <= {413, 503}, answers
+    assert max(took for _, took in answers) < 20, answers
+    everyone_else_is_fine(target)
+
+
 def test_200000_devices_in_one_request(target: Target):
     body = request([node("greedy-1", devices=200_000)]).SerializeToString()
     status, answer = post(target.fleet.ports["http"], body)
@@ -419,3 +449,33 @@ def test_a_warning_flood_gives_a_few_lines_and_a_summary(target: Target):
     added = len(target.log_text().splitlines()) - lines_before
     assert added < 40, target.log_text().splitlines()[-40:]
     everyone_else_is_fine(target)
+
+
+def test_sigterm_during_gzip_bombs_exits_within_the_shutdown_budget(tmp_path):
+    """Issue #28: with bombs in flight the fleet did not exit within 10 s of SIGTERM. A body now costs at most
+    2 s of CPU to inflate and is refused past its members or its size, so the fleet stops within its 5 s
+    budget (and a second of slack) while 16 of them are being sent."""
+    import signal
+
+    fleet = spawn_fleet(tmp_path)
+    port = fleet.ports["http"]
+    bodies = [gzip.compress(b"") * ((15 << 20) // 20), gzip.compress(b"\0" * (15 << 20), 9)]
+
+    def bomb(i: int) -> None:
+        with contextlib.suppress(OSError):  # the fleet went away mid-request: what a client sees at a shutdown
+            post(port, bodies[i % 2], **{"Content-Encoding": "gzip"})
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            for i in range(16):
+                pool.submit(bomb, i)
+            time.sleep(0.5)
+            signalled = time.monotonic()
+            fleet.proc.send_signal(signal.SIGTERM)
+            fleet.proc.wait(15)
+            took = time.monotonic() - signalled
+        assert took < 6.0, took
+        assert "Traceback" not in fleet.log.read_text()
+    finally:
+        if fleet.proc.poll() is None:
+            fleet.proc.kill()
