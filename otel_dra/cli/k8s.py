@@ -396,7 +396,7 @@ def report_command(
     """
     import time
 
-    from otel_dra.sinks.k8s.apply import K8sApplyError, _Api, connect, discover
+    from otel_dra.sinks.k8s.apply import K8sApplyError, connect, discover, list_managed
     from otel_dra.sinks.k8s.report import summarise
 
     policy = load_policy(policy_file)
@@ -406,7 +406,7 @@ def report_command(
         version = discover(api_client, timeout).api_version if api_version == "auto" else api_version
         if not version.startswith("resource.k8s.io/"):
             version = f"resource.k8s.io/{version}"
-        rules = _Api(api_client, version, timeout).list_managed()
+        rules = list_managed(api_client, version, timeout)
         events = _list_events(api_client, events_namespace, timeout)
     except K8sApplyError as exc:
         raise click.ClickException(str(exc)) from None

@@ -268,6 +268,12 @@ class _Api:
             self.call(str(action), self.api.replace_device_taint_rule, action.name, body)
 
 
+def list_managed(api_client: Any, api_version: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Every DeviceTaintRule otel-dra manages (its label), as the cluster lists them, status included; each
+    failure one line (:class:`K8sApplyError`)."""
+    return _Api(api_client, api_version, timeout_s).list_managed()
+
+
 def _short(reason: Any) -> str:
     text = str(reason)
     if "Connection refused" in text or "Errno 111" in text:
