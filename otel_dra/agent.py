@@ -70,7 +70,8 @@ class Agent:
         self.state: StateStore | None = None  # held faults across restarts, recalled before the first sample
         if config.state_dir:
             state_file = StateFile(Path(config.state_dir) / agent_file(config.node_name), "agent", config.node_name)
-            self.state = self.components.start("state file", StateStore(self.classifier, state_file))
+            store = StateStore(self.classifier, state_file)
+            self.state = self.components.start("state file", store, first_s=STATE_FLUSH_S)
         self.endpoint: PrometheusEndpoint | None = None
         self._stop = threading.Event()
         self.samples = 0
@@ -211,10 +212,7 @@ class Agent:
 
     def _shutdown(self) -> None:
         log.info("stopping: flushing metrics")
-        began = time.monotonic()
-        if self.state is not None:  # first: a slow sink must not take the time of the held faults' last write
-            self.state.flush(STATE_FLUSH_S)
-        late = self.components.shutdown(SHUTDOWN_BUDGET_S - (time.monotonic() - began))
+        late = self.components.shutdown()
         if "meter provider" in late:
             log.warning("metric flush did not finish in %.0fs; exiting without it", SHUTDOWN_BUDGET_S)
         log.info("stopped after %d samples", self.samples)

@@ -46,35 +46,42 @@ class OnShutdown:
 
 
 class Components:
-    """Components in start order; :meth:`shutdown` stops them in reverse, within ``budget_s``."""
+    """Components in start order; :meth:`shutdown` stops them in reverse, within ``budget_s`` (those started
+    with ``first_s``, first)."""
 
     def __init__(self, budget_s: float) -> None:
         self.budget_s = budget_s
-        self._started: list[tuple[str, Component]] = []
+        self._started: list[tuple[str, Component, float | None]] = []
 
-    def start(self, name: str, component: C) -> C:
-        """Start ``component`` now; from here on it is shut down with the rest."""
+    def start(self, name: str, component: C, first_s: float | None = None) -> C:
+        """Start ``component`` now; from here on it is shut down with the rest. ``first_s``: it is shut down
+        before every other, within at most that much of the budget (the state file: a part slow to stop after
+        it, a taint write in flight, cannot use up the time of the write that keeps held faults)."""
         component.start()
-        self._started.append((name, component))
+        self._started.append((name, component, first_s))
         return component
 
     def names(self) -> list[str]:
-        return [name for name, _ in self._started]
+        return [name for name, _, _ in self._started]
 
-    def shutdown(self, budget_s: float | None = None) -> list[str]:
-        """Shut every started component down, newest first; each gets what is left of the budget (``budget_s``:
-        what is left of it, when the caller spent some first) and is abandoned (logged) past it. Returns the
-        names of those that did not finish."""
-        deadline = time.monotonic() + (self.budget_s if budget_s is None else max(0.0, budget_s))
+    def shutdown(self) -> list[str]:
+        """Shut every started component down, the ``first_s`` ones first, then newest first; each gets what is
+        left of the budget (at most its ``first_s``) and is abandoned (logged) past it. Returns the names of
+        those that did not finish."""
+        deadline = time.monotonic() + self.budget_s
+        order = [c for c in self._started if c[2] is not None] + [c for c in reversed(self._started) if c[2] is None]
+        self._started = []
         late: list[str] = []
-        while self._started:
-            name, component = self._started.pop()
+        for name, component, first_s in order:
             left = max(0.0, deadline - time.monotonic())
+            if first_s is not None:
+                left = min(left, first_s)
             done = threading.Thread(target=self._stop_one, args=(name, component, left), daemon=True)
             done.start()
             done.join(left + 0.05)
             if done.is_alive():
-                log.warning("%s did not shut down within %.1fs; going on without it", name, self.budget_s)
+                within = self.budget_s if first_s is None else first_s
+                log.warning("%s did not shut down within %.1fs; going on without it", name, within)
                 late.append(name)
         return late
 

@@ -222,9 +222,6 @@ class StateStore:
         self._dirty = False
         self._last_snapshot = 0.0  # monotonic
         self._pending: Saved | None = None
-        self._flushed = False  # a flush wrote what the last evaluation left: shutdown need not write it again
-        self._taken = 0  # snapshots taken ...
-        self._done = 0  # ... and how many of them the writer has finished with (written or failed)
         self._cond = threading.Condition()
         self._closed = False
         self._failing = False  # a write failed: said once, until one succeeds
@@ -244,7 +241,6 @@ class StateStore:
     def _evaluated(self, changed: list[Verdict]) -> None:
         """After each evaluation, on its thread: snapshot when due."""
         try:
-            self._flushed = False
             self._dirty = self._dirty or bool(changed)
             now = time.monotonic()
             since = now - self._last_snapshot
@@ -261,37 +257,16 @@ class StateStore:
         self._dirty = False
         with self._cond:
             self._pending = memories
-            self._taken += 1
             self._cond.notify_all()
-
-    def flush(self, timeout_s: float) -> bool:
-        """Snapshot now and wait (up to ``timeout_s``) until it is on disk: a process's first step at shutdown,
-        so that a component slow to stop after it (a taint write in flight) cannot use up the time of the
-        write that keeps held faults. Call it once evaluations have stopped. True when written."""
-        if self._thread is None or self._closed:
-            return False
-        try:
-            self.snapshot()
-        except Exception as exc:
-            log.error("state snapshot failed at shutdown", exc_info=exc)
-            return False
-        with self._cond:
-            taken = self._taken
-            written = self._cond.wait_for(lambda: self._done >= taken, timeout_s) and not self._failing
-        self._flushed = written
-        return written
 
     def _writer(self) -> None:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
                 memories, self._pending = self._pending, None
-                taken, closed = self._taken, self._closed
+                closed = self._closed
             if memories is not None:
                 self._write(memories)
-            with self._cond:
-                self._done = taken
-                self._cond.notify_all()
             if closed:
                 return
 
@@ -314,11 +289,10 @@ class StateStore:
             return
         if self._evaluated in self.classifier.evaluated:
             self.classifier.evaluated.remove(self._evaluated)
-        if not self._flushed:
-            try:
-                self.snapshot()
-            except Exception as exc:
-                log.error("state snapshot failed at shutdown", exc_info=exc)
+        try:
+            self.snapshot()
+        except Exception as exc:
+            log.error("state snapshot failed at shutdown", exc_info=exc)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
