@@ -572,10 +572,8 @@ class Classifier:
         """Forget the devices silent for the policy's ``device_ttl`` (their rows are reused, their verdicts
         leave the board); one that holds a reason, for the escalation window: silence does not repair, so it
         stays (Unknown, what it holds beside ``stale``) in case it comes back unrepaired."""
-        policy = self.policy
         held = self.engine.on[:, _HELD_BY_SILENT].any(axis=1)
-        ttl = np.where(held, max(policy.device_ttl_s, policy.escalation.window_s), policy.device_ttl_s)
-        if self.registry.expire(now_s, ttl).size:
+        if self.registry.expire(now_s, np.where(held, self._silent_ttl_s(True), self._silent_ttl_s(False))).size:
             self.registry.compact()
 
     def _evaluated(self, changed: list[Verdict]) -> None:
@@ -598,8 +596,13 @@ class Classifier:
         holds a reason for the escalation window (if it comes back unrepaired, its failure comes back with it:
         silence does not repair)."""
         held = any(r.on and _HELD_BY_SILENT[i] for i, r in m.reasons.items())
-        keep = max(self.policy.device_ttl_s, self.policy.escalation.window_s) if held else self.policy.device_ttl_s
-        return now_s - m.heard_s <= keep
+        return now_s - m.heard_s <= self._silent_ttl_s(held)
+
+    def _silent_ttl_s(self, held: bool) -> float:
+        """How long a silent device is remembered: the policy's ``device_ttl``; holding a reason, at least the
+        escalation window (silence does not repair)."""
+        policy = self.policy
+        return max(policy.device_ttl_s, policy.escalation.window_s) if held else policy.device_ttl_s
 
     def _memories(self, rows: np.ndarray, now_s: float) -> list[DeviceMemory]:
         """:meth:`remember`'s entries for ``rows``."""

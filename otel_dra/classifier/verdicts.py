@@ -254,11 +254,14 @@ class VerdictEngine:
             # A failure that only a repair clears: held until the repair its remediation names was seen after
             # its last evidence, and the device stayed clean for ``clean_after_repair_s`` since.
             held, held_at = self.state[r], self.state_at[r]
-            need = REPAIR_LEVEL[self._codes(groups[busy], ladders, self.episodes[r], self.floor[r], self.scope[r])]
-            bound = was_on & self.repair_bound[None, :] & (held == _FAILED) & (need > 0)
-            fixed_at = np.take_along_axis(self.repaired_at[r], np.maximum(need - 1, 0), axis=1)
-            fixed = bound & (fixed_at > at) & (now_s - fixed_at >= self.clean_after_repair_s)
-            waiting = bound & ~fixed
+            bound = was_on & self.repair_bound[None, :] & (held == _FAILED)
+            if bound.any():  # (the usual evaluation holds no such failure: no ladder lookup for it)
+                need = REPAIR_LEVEL[self._codes(groups[busy], ladders, self.episodes[r], self.floor[r], self.scope[r])]
+                bound &= need > 0
+                fixed_at = np.take_along_axis(self.repaired_at[r], np.maximum(need - 1, 0), axis=1)
+                waiting = bound & ~((fixed_at > at) & (now_s - fixed_at >= self.clean_after_repair_s))
+            else:
+                waiting = bound
             # Severity has hysteresis too: a lower state replaces the held one only once the held
             # one's evidence has been gone for the hold time (no failed/degraded see-saw), or a repair.
             keep = (evidence.state[busy] < held) & ((now_s - held_at < self.hold_s) | waiting)

@@ -136,3 +136,10 @@ def would_evict(statuses: Iterable[RuleStatus]) -> int | None:
     largest: every rule selects the same device, so the same pods); None when none says."""
     counts = [s.would_evict for s in statuses if s.would_evict is not None and s.current]
     return max(counts) if counts else None
+
+
+def pending(statuses: Iterable[RuleStatus]) -> int | None:
+    """Pods waiting to be evicted from a device, by what its NoExecute rules' conditions say; None when it has
+    no NoExecute rule."""
+    evicting = [s for s in statuses if s.effect == "NoExecute"]
+    return sum(s.pending or 0 for s in evicting) if evicting else None

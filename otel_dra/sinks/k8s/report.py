@@ -98,7 +98,7 @@ def summarise(
         report = of(reason)
         report.reported += 1
         report.would_evict += readback.would_evict(statuses) or 0
-        report.pending += sum(s.pending or 0 for s in statuses if s.effect == "NoExecute")
+        report.pending += readback.pending(statuses) or 0
         report.evicted += sum(s.evicted or 0 for s in statuses)
     for event in events:
         name = CHANGES.get(str(event.get("reason") or ""))

@@ -272,7 +272,7 @@ class K8sOutputSink:
                 evicting = [st for st in statuses if st.effect == "NoExecute"]
                 counts = {
                     "would": readback.would_evict(statuses),
-                    "pending": sum(st.pending or 0 for st in evicting) if evicting else None,
+                    "pending": readback.pending(statuses),
                     "evicted": sum(st.evicted or 0 for st in evicting) if evicting else None,
                 }
                 out.extend(
