@@ -224,23 +224,11 @@ class ClientNodes:
         who = ", ".join(sorted(identities)[:3]) or "no DNS or URI name"
         return Speaker(who, frozenset(nodes - {ANY}), ANY in nodes, self.node_uri, uri_names)
 
-    def http_speaker(self, peercert: Mapping[str, Any] | None) -> Speaker:
-        """From ``ssl.SSLSocket.getpeercert()``'s dict (its ``subjectAltName`` pairs)."""
+    def cert_speaker(self, peercert: Mapping[str, Any] | None) -> Speaker:
+        """From ``ssl.SSLSocket.getpeercert()``'s dict (its ``subjectAltName`` pairs); both transports
+        terminate TLS in Python (the gRPC port in its front), so both ask this."""
         sans = (peercert or {}).get("subjectAltName", ())
         return self.speaker((v for k, v in sans if k == "DNS"), (v for k, v in sans if k == "URI"))
-
-    def grpc_speaker(self, auth_context: Mapping[str, Any]) -> Speaker:
-        """From ``grpc.ServicerContext.auth_context()`` (property name -> list of bytes values; the stubs say
-        bytes): its ``peer_dns`` and ``peer_uri`` properties, or (older gRPC) its
-        ``x509_subject_alternative_name`` values, a URI told from a DNS name by its scheme."""
-
-        def values(key: str) -> list[str]:
-            return [v.decode("utf-8", "replace") for v in auth_context.get(key, ())]
-
-        if "peer_dns" in auth_context or "peer_uri" in auth_context:
-            return self.speaker(values("peer_dns"), values("peer_uri"))
-        sans = values("x509_subject_alternative_name")
-        return self.speaker((v for v in sans if ":" not in v), (v for v in sans if ":" in v))
 
 
 # -- the whole check -----------------------------------------------------------------------------------

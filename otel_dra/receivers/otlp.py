@@ -21,7 +21,10 @@ timeouts); decoding runs on its one worker thread, off the event loop.
 
 gRPC takes the request as bytes (a generic handler for the generated service's method) rather
 than through the generated servicer registration: that one parses with ``FromString`` first, which
-answers INTERNAL instead of INVALID_ARGUMENT for garbage and would parse each request twice.
+answers INTERNAL instead of INVALID_ARGUMENT for garbage and would parse each request twice. It takes
+them as a stream of one (``stream_unary``, the same bytes on the wire), so that a call can be refused
+before its request is read (:mod:`~otel_dra.serve.grpc_pool`). gRPC is served behind
+:class:`~otel_dra.serve.grpc_front.GrpcFront`, which holds its connections as the HTTP side holds its own.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import threading
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import grpc
@@ -58,6 +61,8 @@ from otel_dra.receivers.auth import ClientNodes, ReceiverAuth, Speaker
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.receivers.tls import CertificateReloader, TlsSettings, describe
 from otel_dra.serve.config import HttpServerConfig, ListenError
+from otel_dra.serve.grpc_front import UNKNOWN_PEER, GrpcFront
+from otel_dra.serve.grpc_pool import ReadDeadlines, ShedPool, shedding
 from otel_dra.serve.http import BodyError, HttpServer, gunzip, read_body
 
 log = logging.getLogger(__name__)
@@ -89,6 +94,9 @@ HTTP_PATH: Final = "/v1/metrics"
 #: gRPC refuses, by itself and uncounted, messages over this many times ``max_request_bytes``; between
 #: the two the receiver refuses them itself, counted (gRPC gives the application no word of its own refusals).
 GRPC_HARD_LIMIT_FACTOR: Final = 2
+#: Requests one gRPC connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; Go's
+#: HTTP/2 server allows 250, an OTLP exporter uses one or a few).
+GRPC_STREAMS_PER_CONNECTION: Final = 100
 
 _SERVICE = metrics_service_pb2.DESCRIPTOR.services_by_name["MetricsService"]
 GRPC_SERVICE: Final = _SERVICE.full_name
@@ -112,12 +120,13 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
-    """The generated service's ``Export``, taking the request's bytes (see the module docstring)."""
+    """The generated service's ``Export``, taking the request's bytes as a stream of one (see the module
+    docstring)."""
 
     def __init__(self, receiver: OtlpReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def Export(self, request: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         return self._receiver._grpc_export(request, context)
 
 
@@ -203,7 +212,9 @@ class OtlpReceiver:
         self._clock_skew = dict.fromkeys(CLOCK_DIRECTIONS, 0)  # points of nodes whose clock jumped
         self._stray = 0  # points taken with attributes not read (told once in the log, counted always)
         self._grpc_server: grpc.Server | None = None
-        self._grpc_port: int | None = None
+        self._front: GrpcFront | None = None
+        self._grpc_pool: ShedPool | None = None
+        self._reads: ReadDeadlines | None = None
         self._http: HttpServer | None = None
         if meter is not None:
             meter.create_observable_counter(
@@ -249,51 +260,59 @@ class OtlpReceiver:
         except BaseException:
             self.shutdown(0)
             raise
-        where = [f"gRPC on {self._grpc_addr[0]}:{self._grpc_port}"] if self._grpc_addr else []
+        where = [f"gRPC on {self._grpc_addr[0]}:{self.grpc_port}"] if self._grpc_addr else []
         if self._http_addr:
             where.append(f"HTTP on {self._http_addr[0]}:{self.http_port}{HTTP_PATH}")
+        caps = [f"{s.max_connections} {t}" for t, s in (("gRPC", self._front), ("HTTP", self._http)) if s is not None]
         log.info(
-            "receiving OTLP metrics: %s (%s, clients need %s; requests up to %d bytes, %d connections at most)",
+            "receiving OTLP metrics: %s (%s, clients need %s; requests up to %d bytes; connections at most: %s)",
             " and ".join(where),
             describe(self.tls),
             authn.describe(self.auth, self.mutual),
             self.max_request_bytes,
-            self.http_config.connections(),
+            ", ".join(caps),
         )
 
     def _start_grpc(self, host: str, port: int) -> None:
-        limit = self.max_request_bytes * GRPC_HARD_LIMIT_FACTOR
-        servicer = _Servicer(self)
-        method = grpc.unary_unary_rpc_method_handler(servicer.Export)  # bytes in, bytes out
         cfg = self.http_config
+        tls = self._certs.h2_context if self._certs is not None else None
+        front = GrpcFront("OTLP/gRPC", host, port, cfg, tls=tls, max_streams=GRPC_STREAMS_PER_CONNECTION)
+        method = grpc.stream_unary_rpc_method_handler(_Servicer(self).Export)  # bytes in, bytes out
+        pool = ShedPool(self.max_workers, self.max_pending)
         server = grpc.server(
-            ThreadPoolExecutor(self.max_workers, thread_name_prefix="otlp-grpc"),
+            pool,
             handlers=[grpc.method_handlers_generic_handler(GRPC_SERVICE, {GRPC_METHOD: method})],
-            # Calls past max_pending get UNAVAILABLE with a retry delay from _admit; gRPC itself answers
-            # RESOURCE_EXHAUSTED past this many (the workers' queue stays bounded). A connection that says
-            # nothing is dropped after the header timeout, one idle after the idle timeout, and there are at
-            # most as many as the HTTP side allows.
-            maximum_concurrent_rpcs=self.max_pending + self.max_workers,
+            # Past the pool's bound, calls are answered "retry later" by the handler (ShedPool); gRPC's own
+            # refusal, which clients must not retry, is only for a flood far past what the cap lets in.
+            maximum_concurrent_rpcs=front.max_servers * GRPC_STREAMS_PER_CONNECTION,
             options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_allowed_incoming_connections", cfg.connections()),
+                ("grpc.max_receive_message_length", self.max_request_bytes * GRPC_HARD_LIMIT_FACTOR),
+                ("grpc.max_concurrent_streams", GRPC_STREAMS_PER_CONNECTION),
+                # The front holds the cap; gRPC's, above it (closed connections leave its count a little
+                # late), only guards against a leak.
+                ("grpc.max_allowed_incoming_connections", 2 * front.max_servers + 16),
+                # The HTTP/2 preface and settings within the header timeout; idle connections closed with a
+                # GOAWAY; keepalive as Go's gRPC server and the Collector's configgrpc enforce it by default.
                 ("grpc.server_handshake_timeout_ms", int(cfg.header_timeout_s * 1000)),
                 ("grpc.max_connection_idle_ms", int(cfg.idle_timeout_s * 1000)),
+                ("grpc.keepalive_time_ms", 2 * 3600 * 1000),
+                ("grpc.keepalive_timeout_ms", 20_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5 * 60 * 1000),
+                ("grpc.keepalive_permit_without_calls", 0),
+                ("grpc.http2.max_ping_strikes", 2),
             ],
         )
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            if self._certs is not None:
-                bound = server.add_secure_port(address, self._certs.grpc_credentials())
-            else:
-                bound = server.add_insecure_port(address)
+            if not server.add_insecure_port(front.inner_address):  # the front's private socket; TLS is the front's
+                raise ListenError("OTLP/gRPC", host, port, "the gRPC server could not listen behind its front")
         except RuntimeError as exc:  # gRPC's core says only "Failed to bind", never why
+            front.shutdown(0)
             raise ListenError("OTLP/gRPC", host, port, str(exc)) from None
-        if not bound:
-            raise ListenError("OTLP/gRPC", host, port, "the address could not be bound")
+        self._reads = ReadDeadlines(cfg.body_timeout_s, on_late=self._read_late)
+        self._reads.start()
         server.start()
-        self._grpc_server, self._grpc_port = server, bound
+        front.start()
+        self._grpc_server, self._front, self._grpc_pool = server, front, pool
 
     def _start_http(self, host: str, port: int) -> None:
         tls = self._certs.ssl_context if self._certs is not None else None
@@ -307,6 +326,12 @@ class OtlpReceiver:
         http, self._http = self._http, None
         if grpc_server is not None:
             grpc_server.stop(grace_s).wait(grace_s + 1.0)
+            if self._front is not None:
+                self._front.shutdown(grace_s)
+            if self._reads is not None:
+                self._reads.stop()
+            if self._grpc_pool is not None:
+                self._grpc_pool.shutdown(wait=False, cancel_futures=True)
         if http is not None:
             http.shutdown(timeout_s)
         if grpc_server is not None or http is not None:
@@ -320,26 +345,28 @@ class OtlpReceiver:
     @property
     def grpc_port(self) -> int | None:
         """The bound gRPC port (the real one when 0 was asked for); None when not listening."""
-        return self._grpc_port if self._grpc_server is not None else None
+        return self._front.port if self._grpc_server is not None and self._front is not None else None
 
     @property
     def http_port(self) -> int | None:
         """The bound HTTP port; None when not listening."""
         return self._http.port if self._http is not None else None
 
-    def stats(self) -> dict[str, dict[Any, int]]:
+    def stats(self) -> dict[str, dict[Any, Any]]:
         """Counters so far: ``requests`` by (transport, outcome), ``points`` by outcome (accepted, rejected,
         ignored), ``refused`` points by cap reason, ``clock_skew`` points by direction (ahead, behind),
-        ``attributes_ignored`` (points with attributes not read) and the HTTP server's ``connections`` counters."""
+        ``attributes_ignored`` (points with attributes not read) and ``connections``: each transport's server's
+        counters, by transport."""
         with self._stats_lock:
-            counts: dict[str, dict[Any, int]] = {
+            counts: dict[str, dict[Any, Any]] = {
                 "requests": dict(self._requests),
                 "points": dict(self._points),
                 "refused": dict(self._refused),
                 "clock_skew": dict(self._clock_skew),
                 "attributes_ignored": {"points": self._stray},
             }
-        counts["connections"] = self._http.stats() if self._http is not None else {}
+        servers = (("grpc", self._front if self._grpc_server is not None else None), ("http", self._http))
+        counts["connections"] = {t: server.stats() for t, server in servers if server is not None}
         return counts
 
     # -- the request -------------------------------------------------------------------------
@@ -350,12 +377,17 @@ class OtlpReceiver:
             self._points["rejected"] += rejected
             self._points["ignored"] += ignored
 
-    def _admit(self, transport: str) -> None:
-        """Take a pending slot, or raise :class:`Overloaded` (counted) when the fleet is behind."""
+    def _admit(self, transport: str, shed: bool = False) -> None:
+        """Take a pending slot, or raise :class:`Overloaded` (counted) when the fleet is behind; ``shed``:
+        the call is past the gRPC workers' bound (:class:`~otel_dra.serve.grpc_pool.ShedPool`).
+        The retry delay is spread over a second, so a refused burst does not come back as one."""
         retry_s = self._backlog() if self._backlog is not None else None
         with self._stats_lock:
-            if retry_s is None and self._pending >= self.max_pending:
-                retry_s = 1.0
+            if shed:
+                retry_s = 1.0 + random.random()
+                why = f"more than {self._grpc_pool.bound if self._grpc_pool else 0} calls are waiting for a worker"
+            elif retry_s is None and self._pending >= self.max_pending:
+                retry_s = 1.0 + random.random()
                 why = f"{self._pending} requests are already waiting to be decoded"
             else:
                 why = "the fleet's queue of frames is full"
@@ -364,7 +396,7 @@ class OtlpReceiver:
                 return
             self._requests[(transport, "overloaded")] += 1
         log.warning("OTLP/%s: overloaded, a request was refused for now: %s", transport, why)
-        raise Overloaded(f"overloaded: {why}; retry in {retry_s:g} s", retry_s)
+        raise Overloaded(f"overloaded: {why}; retry in {round(retry_s, 1):g} s", retry_s)
 
     def _release(self) -> None:
         with self._stats_lock:
@@ -480,29 +512,52 @@ class OtlpReceiver:
         return message
 
     # -- gRPC --------------------------------------------------------------------------------
-    def _grpc_export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def _grpc_export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        peer = self._front.peer(context.peer()) if self._front is not None else UNKNOWN_PEER
         if self.auth is not None and self.auth.token:
             header = next((str(v) for k, v in context.invocation_metadata() if k == "authorization"), None)
-            refused = self._unauthenticated("grpc", header, context.peer())
+            refused = self._unauthenticated("grpc", header, peer.address)
             if refused is not None:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
-        speaker = self._client_nodes.grpc_speaker(context.auth_context()) if self.mutual else None
-        if len(request) > self.max_request_bytes:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._too_large("grpc", f"{len(request):,}"))
+        speaker = self._client_nodes.cert_speaker(peer.peercert) if self.mutual else None
         try:
-            self._admit("grpc")
-        except Overloaded as exc:
+            self._admit("grpc", shed=shedding())
+        except Overloaded as exc:  # answered before the request is read: a refusal costs no more than this
             context.set_trailing_metadata(_retry_metadata(str(exc), exc.retry_after_s))
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         try:
-            response = self.export_protobuf(request, "grpc", speaker)
-        except MalformedRequest as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Exception:
-            context.abort(grpc.StatusCode.INTERNAL, _CONSUMER_FAILED)
+            request = self._read_request(requests, context)  # (a call cancelled while read raises grpc.RpcError)
+            if len(request) > self.max_request_bytes:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._too_large("grpc", f"{len(request):,}"))
+            try:
+                response = self.export_protobuf(request, "grpc", speaker)
+            except MalformedRequest as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except Exception:
+                context.abort(grpc.StatusCode.INTERNAL, _CONSUMER_FAILED)
         finally:
             self._release()
         return response.SerializeToString()
+
+    def _read_request(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """The call's one message, read within the body timeout (:class:`ReadDeadlines`)."""
+        token = self._reads.watch(context) if self._reads is not None else None
+        try:
+            request = next(requests, None)
+        finally:
+            if token is not None and self._reads is not None:
+                self._reads.done(token)
+        if request is None:
+            self._count("grpc", "invalid")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no ExportMetricsServiceRequest message")
+        return request
+
+    def _read_late(self) -> None:
+        self._count("grpc", "invalid")
+        log.warning(
+            "OTLP/gRPC: a request was not received within %g s of being read (--body-timeout); call cancelled",
+            self.http_config.body_timeout_s,
+        )
 
     # -- HTTP --------------------------------------------------------------------------------
     async def _http_request(self, request: web.BaseRequest) -> web.Response:
@@ -541,7 +596,7 @@ class OtlpReceiver:
         speaker = None
         if self.mutual:
             transport = request.transport
-            speaker = self._client_nodes.http_speaker(transport.get_extra_info("peercert") if transport else None)
+            speaker = self._client_nodes.cert_speaker(transport.get_extra_info("peercert") if transport else None)
         try:
             body = await read_body(request, self.max_request_bytes, self.http_config.body_timeout_s)
         except BodyError as exc:
@@ -598,8 +653,7 @@ class OtlpReceiver:
         return [Observation(n, {"reason": reason}) for reason, n in counts.items()]
 
     def _observe_connections(self, _: CallbackOptions) -> Iterable[Observation]:
-        counts = self.stats()["connections"]
-        return [Observation(counts.get("open", 0), {"transport": "http"})]
+        return [Observation(counts["open"], {"transport": t}) for t, counts in self.stats()["connections"].items()]
 
 
 def _retry_metadata(message: str, retry_after_s: float) -> tuple[tuple[str, bytes], ...]:

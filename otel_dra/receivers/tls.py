@@ -1,7 +1,7 @@
 """TLS for the fleet's OTLP receiver: the Collector's ``tls`` server settings (``cert_file``,
-``key_file``, ``client_ca_file``) as one validated object, made into gRPC server credentials and
-an ``ssl.SSLContext`` for the HTTP side, so both transports serve the same certificate and demand
-the same client certificates.
+``key_file``, ``client_ca_file``) as one validated object, made into the ``ssl.SSLContext`` both
+transports serve (the gRPC port's front terminates TLS too, offering ALPN ``h2``), so both serve the
+same certificate and demand the same client certificates.
 
 Everything is read and checked when the settings are loaded (before any port is bound), so a
 wrong path, a key that doesn't match its certificate or a file that isn't PEM is one line naming
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
-import grpc
-
 log = logging.getLogger(__name__)
 
+#: The ALPN protocol gRPC speaks (HTTP/2).
+H2: Final = ("h2",)
 #: Seconds between looks at the TLS files (a stat of each), taken when a connection arrives.
 RELOAD_CHECK_S: Final = 1.0
 
@@ -73,13 +73,13 @@ class TlsSettings:
     def mutual(self) -> bool:
         return self._client_ca is not None
 
-    def grpc_certificate_configuration(self) -> grpc.ServerCertificateConfiguration:
-        return grpc.ssl_server_certificate_configuration([(self._key, self._cert)], root_certificates=self._client_ca)
-
-    def ssl_context(self) -> ssl.SSLContext:
-        """A server context: TLS 1.2 or newer, this certificate, client certificates when mutual."""
+    def ssl_context(self, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
+        """A server context: TLS 1.2 or newer, this certificate, client certificates when mutual; ``alpn``:
+        the protocols to agree on (gRPC clients refuse a server that does not select ``h2``)."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if alpn:
+            ctx.set_alpn_protocols(list(alpn))
         try:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         except ssl.SSLError as exc:
@@ -112,12 +112,12 @@ class CertificateReloader:
     def __init__(self, settings: TlsSettings, check_every_s: float = RELOAD_CHECK_S) -> None:
         self._settings = settings
         self._context = settings.ssl_context()
+        self._h2_context = settings.ssl_context(alpn=H2)
         self._check_every_s = check_every_s
         self._lock = threading.Lock()
         self._stamp = self._stamp_now()
         self._checked = time.monotonic()
         self.version = 0  # loads since start: 0 is the start-up set
-        self._grpc_version = 0
 
     @property
     def mutual(self) -> bool:
@@ -136,34 +136,25 @@ class CertificateReloader:
             return self._settings, self._context
 
     def ssl_context(self) -> ssl.SSLContext:
+        """The HTTP side's context for a connection arriving now."""
         return self.current()[1]
 
-    def grpc_credentials(self) -> grpc.ServerCredentials:
-        """Credentials that ask for the current certificate at each new connection."""
-        return grpc.dynamic_ssl_server_credentials(
-            self._settings.grpc_certificate_configuration(),
-            self._grpc_fetch,  # type: ignore[arg-type]  # why: grpc-stubs omit the None ("unchanged") grpc documents
-            require_client_authentication=self.mutual,
-        )
-
-    def _grpc_fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        """gRPC's per-connection question: a new configuration, or None for "unchanged"."""
+    def h2_context(self) -> ssl.SSLContext:
+        """The gRPC side's context (ALPN ``h2``) for a connection arriving now."""
         self.current()  # look at the files
         with self._lock:
-            if self._grpc_version == self.version:
-                return None
-            self._grpc_version, settings = self.version, self._settings
-        return settings.grpc_certificate_configuration()
+            return self._h2_context
 
     def _reload(self) -> None:
         """Load the changed files (under the lock); keep the previous set if they can't be used."""
         old = self._settings
         try:
             new, context = old.read_again()
+            h2_context = new.ssl_context(alpn=H2)
         except TlsConfigError as exc:
             log.warning("TLS files changed but cannot be used (%s); still serving the previous certificate", exc)
             return
-        self._settings, self._context = new, context
+        self._settings, self._context, self._h2_context = new, context, h2_context
         self.version += 1
         log.info("TLS files changed: new connections get the certificate now in %s", old.cert_file)
 

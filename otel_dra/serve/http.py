@@ -22,13 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import ssl
-import threading
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
@@ -37,15 +33,14 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from otel_dra.serve.config import HttpServerConfig, ListenError
+from otel_dra.serve.config import HttpServerConfig
+from otel_dra.serve.listener import BACKLOG, IdleFirstCap, LoopThread, listen_socket, per_connection_tls
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
 
-#: Connections waiting in the kernel to be accepted (asyncio's default is 100).
-BACKLOG: Final = 512
 #: Bytes read from a body at a time.
 _CHUNK: Final = 1 << 16
 #: Seconds a connection is read (and the bytes dropped) after an answer given before its body was read
@@ -204,16 +199,14 @@ class _Connection(RequestHandler):
 
 
 class _Server(web.Server):
-    """aiohttp's low-level server, holding the connection cap: idle connections in the order they
-    became idle, the oldest closed first when a new one needs the room."""
+    """aiohttp's low-level server, holding the connection cap (:class:`IdleFirstCap`)."""
 
     def __init__(self, handler: Handler, config: HttpServerConfig, counts: dict[str, int], **kwargs: Any) -> None:
         super().__init__(self._handle, **kwargs)
         self.config = config
-        self.max_connections = config.connections()
         self._user_handler = handler
-        self._idle: OrderedDict[RequestHandler, None] = OrderedDict()
         self._counts = counts
+        self.cap: IdleFirstCap[RequestHandler] = IdleFirstCap(config.connections(), _force_close, counts)
 
     def count(self, what: str) -> None:
         self._counts[what] += 1
@@ -223,22 +216,10 @@ class _Server(web.Server):
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
-        self.count("accepted")
-        self._idle[handler] = None
-        if len(self._connections) <= self.max_connections:
-            return
-        victim = next((h for h in self._idle if h is not handler), None)
-        if victim is None:  # every other connection is busy with a request: the newcomer waits outside
-            self.count("refused")
-            self._idle.pop(handler, None)
-            handler.force_close()
-            return
-        self.count("evicted")
-        del self._idle[victim]
-        victim.force_close()
+        self.cap.arrived(handler)
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        self._idle.pop(handler, None)
+        self.cap.gone(handler)
         super().connection_lost(handler, exc)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -246,7 +227,7 @@ class _Server(web.Server):
         if isinstance(conn, _Connection):
             conn.busy = True
             conn.disarm()
-        self._idle.pop(conn, None)
+        self.cap.busy(conn)
         try:
             response = await self._user_handler(request)
             response.headers.setdefault("Server", "otel-dra")  # not aiohttp's, with its version
@@ -255,7 +236,11 @@ class _Server(web.Server):
             if isinstance(conn, _Connection):
                 conn.busy = False
             if conn.transport is not None:
-                self._idle[conn] = None
+                self.cap.idle(conn)
+
+
+def _force_close(handler: RequestHandler) -> None:
+    handler.force_close()
 
 
 class HttpServer:
@@ -282,17 +267,10 @@ class HttpServer:
         self.config = config or HttpServerConfig()
         self._handler = handler
         self._tls = tls
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            self._sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
-        except OSError as exc:
-            why = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise ListenError(name, host, port, why, exc.errno) from None
-        self._sock.setblocking(False)
+        self._sock = listen_socket(name, host, port)
         self.host = host
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{name.replace(' ', '-')}-work")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread(name)
         self._server: _Server | None = None
         self._listener: asyncio.base_events.Server | None = None
         self._counts = dict.fromkeys(STATS, 0)
@@ -313,35 +291,7 @@ class HttpServer:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError(f"{self.name}: already started")
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            loop.set_exception_handler(self._loop_error)
-            try:
-                loop.run_until_complete(self._listen())
-            except BaseException as exc:
-                failure.append(exc)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name=self.name.replace(" ", "-"), daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            self._thread = None
-            raise failure[0]
+        self._thread.start(self._listen)
 
     async def _listen(self) -> None:
         cfg = self.config
@@ -357,15 +307,7 @@ class HttpServer:
             lingering_time=LINGER_S,
             access_log=None,
         )
-        context = None
-        if self._tls is not None:
-            provider = self._tls
-            context = provider()
-
-            def newest(ssl_object: ssl.SSLObject, _server_name: str | None, _context: ssl.SSLContext) -> None:
-                ssl_object.context = provider()  # a renewed certificate, for this connection on
-
-            context.sni_callback = newest
+        context = per_connection_tls(self._tls) if self._tls is not None else None
         self._listener = await asyncio.get_running_loop().create_server(
             self._server,
             sock=self._sock,
@@ -374,36 +316,16 @@ class HttpServer:
             backlog=BACKLOG,
         )
 
-    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """asyncio's complaints (``accept()`` out of file descriptors: it retries in a second) as one line."""
-        exc = context.get("exception")
-        log.warning("%s: %s%s", self.name, context.get("message", "event loop error"), f": {exc}" if exc else "")
-
     def shutdown(self, timeout_s: float = 1.0) -> None:
         """Stop listening; requests in flight get half of ``timeout_s`` to finish, then every
         connection is closed."""
-        loop, thread = self._loop, self._thread
-        self._thread = None
-        if loop is None or thread is None:
-            self._sock.close()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            return
 
-        async def stop() -> None:
+        async def closing() -> None:
             if self._listener is not None:
                 self._listener.close()
             if self._server is not None:
                 await self._server.shutdown(timeout_s / 2)
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:  # connections still open (held idle, mid-body): their handlers end here
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
-        try:
-            asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout_s / 2 + 1.0)
-        except Exception as exc:  # a connection that would not close: the loop's end closes it
-            log.debug("%s: shutdown: %s", self.name, exc)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout_s / 2 + 1.0)
+        self._thread.stop(closing, timeout_s)
         self._sock.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

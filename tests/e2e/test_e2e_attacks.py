@@ -18,8 +18,10 @@ import selectors
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -34,6 +37,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
 from tests.conftest import REPO, FleetProcess, http_get, spawn_fleet, wait_for
 from tests.support.sockets import exchange
@@ -479,3 +483,148 @@ def test_sigterm_during_gzip_bombs_exits_within_the_shutdown_budget(tmp_path):
     finally:
         if fleet.proc.poll() is None:
             fleet.proc.kill()
+
+
+# -- gRPC: connections held, bursts ----------------------------------------------------------
+#: What a client sends first on an HTTP/2 connection, and an empty SETTINGS frame (RFC 9113 section 3.4).
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+class Squatter:
+    """``n`` connections to ``port`` held by a thread, half silent and half sending only the HTTP/2
+    preface, each reopened as soon as the server closes it (as the attack in issue #28 did)."""
+
+    def __init__(self, port: int, n: int) -> None:
+        self.port, self.n = port, n
+        self.reopened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Squatter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _open(self, sel: selectors.BaseSelector, preface: bool) -> None:
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", self.port))
+        sel.register(s, selectors.EVENT_WRITE, preface)
+
+    def _run(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            for i in range(self.n):
+                self._open(sel, preface=i % 2 == 1)
+            while not self._stop.is_set():
+                for key, events in sel.select(0.2):
+                    s, preface = key.fileobj, key.data
+                    assert isinstance(s, socket.socket)
+                    if events & selectors.EVENT_WRITE:  # connected (or refused): say what this kind says
+                        with contextlib.suppress(OSError):
+                            if preface:
+                                s.send(H2_PREFACE)
+                        sel.modify(s, selectors.EVENT_READ, preface)
+                        continue
+                    try:
+                        if s.recv(65536):
+                            continue  # the server's SETTINGS: read and ignored
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        pass
+                    sel.unregister(s)  # closed by the server: open another at once
+                    s.close()
+                    self.reopened += 1
+                    self._open(sel, preface)
+            for key in list(sel.get_map().values()):
+                key.fileobj.close()  # type: ignore[union-attr]
+
+
+def test_idle_and_preface_only_grpc_connections_reopened_lock_no_one_out(target: Target):
+    """Issue #28: 300 silent connections, reopened as the server closed them, made every honest gRPC export
+    over 80 s fail with UNAVAILABLE (gRPC's core refused newcomers at its cap). Now the port's front closes
+    the connection idle the longest to make room: with 150 silent and 150 preface-only connections held and
+    reopened all along, every honest export on a new connection gets in, and so does the agent's, on its own."""
+    port = target.fleet.ports["grpc"]
+    answers = []
+    with Squatter(port, 300) as squatter:
+        time.sleep(3.0)  # the cap (85 at this fd limit) full of squatters, some closed and reopened already
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            answers.append(grpc_export(port, request([node("grpc-honest", devices=1)]))[0])
+            time.sleep(0.25)
+        assert squatter.reopened > 300, "the squatters were never closed and reopened: the attack did not run"
+        wait_for(target.honest_healthy, 10, "the agent's node Healthy through the attack")
+    assert answers and set(answers) == {grpc.StatusCode.OK}, answers
+    everyone_else_is_fine(target)
+
+
+class _Burst(OTLPMetricExporter):
+    """The OpenTelemetry SDK's gRPC exporter, with its own connection and its retry loop as shipped,
+    sending a prepared request (one node of the burst) instead of translating SDK data; ``refusals``
+    counts each error answer by (code, whether it carried a RetryInfo delay)."""
+
+    def __init__(self, port: int, message: ExportMetricsServiceRequest, refusals: Counter) -> None:
+        self.refusals = refusals
+        super().__init__(
+            endpoint=f"127.0.0.1:{port}", insecure=True, channel_options=(("grpc.use_local_subchannel_pool", 1),)
+        )
+        self.message = message
+
+    def _translate_data(self, data: object, *args: object, **kwargs: object) -> ExportMetricsServiceRequest:
+        return self.message
+
+    def _initialize_channel_and_stub(self) -> None:
+        super()._initialize_channel_and_stub()
+        stub, refusals = self._client, self.refusals
+
+        class Recording:
+            def Export(self, *args: object, **kwargs: object) -> object:
+                try:
+                    return stub.Export(*args, **kwargs)
+                except grpc.RpcError as err:
+                    retry_info = "google.rpc.retryinfo-bin" in dict(err.trailing_metadata() or ())  # type: ignore[attr-defined]
+                    refusals[(err.code().name, retry_info)] += 1  # type: ignore[attr-defined]
+                    raise
+
+        self._client = Recording()
+
+
+def test_500_concurrent_grpc_exports_all_get_in_or_retry_and_get_in(target: Target):
+    """Issue #28: of 500 concurrent exports, 465 got RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!" with no
+    RetryInfo, which a compliant exporter must not retry. Now a call past the workers' bound is answered
+    UNAVAILABLE with a RetryInfo delay before its request is read, and a connection past the cap waits in
+    the kernel's backlog or in line for the server: 500 SDK exporters on 500 connections, all released at
+    once, all succeed (some on a retry, as the exporter makes it), and every refusal was one to retry."""
+    port = target.fleet.ports["grpc"]
+    refusals: Counter = Counter()
+    exporters = [_Burst(port, request([node(f"burst-{i}", devices=2)]), refusals) for i in range(500)]
+    go = threading.Barrier(len(exporters))
+
+    def export(exporter: _Burst) -> bool:
+        go.wait()
+        return exporter.export(MetricsData(resource_metrics=[])) is MetricExportResult.SUCCESS
+
+    try:
+        with ThreadPoolExecutor(len(exporters)) as pool:
+            results = list(pool.map(export, exporters))
+    finally:
+        for exporter in exporters:
+            exporter.shutdown(timeout_millis=100)
+    print(f"refusals the exporters retried, by (code, with RetryInfo): {dict(refusals)}")
+    assert results.count(True) == len(exporters), f"{results.count(False)} of {len(exporters)} exports failed"
+    assert {code for code, _ in refusals} <= {"UNAVAILABLE"}, refusals
+    everyone_else_is_fine(target)
+
+
+def requests_counted(t: Target, transport: str, outcome: str) -> float:
+    """The fleet's count of OTLP requests by transport and outcome, from its /metrics."""
+    metrics = http_get(t.fleet.url + "/metrics")[1]
+    pattern = rb"^otel_dra_receiver_requests_total\{([^}]*)\} (\S+)$"
+    for labels, value in re.findall(pattern, metrics, re.M):
+        if f'transport="{transport}"'.encode() in labels and f'outcome="{outcome}"'.encode() in labels:
+            return float(value)
+    return 0.0
