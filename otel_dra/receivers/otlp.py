@@ -316,7 +316,8 @@ class OtlpReceiver:
 
     def _start_http(self, host: str, port: int) -> None:
         tls = self._certs.ssl_context if self._certs is not None else None
-        self._http = HttpServer("OTLP/HTTP", host, port, self._http_request, self.http_config, tls=tls)
+        cfg, limit = self.http_config, self.max_request_bytes
+        self._http = HttpServer("OTLP/HTTP", host, port, self._http_request, cfg, tls=tls, max_body_bytes=limit)
         self._http.start()
 
     def shutdown(self, timeout_s: float = 1.0) -> None:

@@ -362,7 +362,10 @@ class GrpcFront:
     """The public gRPC port: ``host:port`` (TCP, TLS when ``tls`` gives contexts), each connection piped
     to :attr:`inner_address`, where the gRPC server is to listen. ``config``: the cap and the TLS
     handshake timeout (:class:`~otel_dra.serve.config.HttpServerConfig`, shared with the HTTP side;
-    the automatic cap counts the three descriptors a connection takes). The port is bound when this is built."""
+    the automatic cap counts the three descriptors a piped connection takes). ``max_streams``: requests at once
+    on one connection, as the front's preface announces it (the server's own setting must match).
+    ``max_piped``: connections piped to the server at most, when not the config's share. The port is bound
+    when this is built."""
 
     def __init__(
         self,
@@ -373,6 +376,7 @@ class GrpcFront:
         *,
         tls: Callable[[], ssl.SSLContext] | None = None,
         max_streams: int = 100,
+        max_piped: int | None = None,
     ) -> None:
         self.name = name
         self.config = config or HttpServerConfig()
@@ -384,6 +388,8 @@ class GrpcFront:
         self.inner_path = os.path.join(self._dir, "grpc.sock")
         self._counts = dict.fromkeys(STATS, 0)
         self.max_servers, limit = _limits(self.config)
+        if max_piped is not None:
+            self.max_servers = max_piped
         grace = (FIRST_REQUEST_GRACE_S, 0.0)  # by rank: never asked, asked
         self.cap: IdleFirstCap[_Client] = IdleFirstCap(limit, _evict, self._counts, grace)
         self._servers: set[_Client] = set()  # connections piped to the gRPC server

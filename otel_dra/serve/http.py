@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from otel_dra.serve.config import HttpServerConfig
@@ -57,6 +58,57 @@ class BodyError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+#: Bytes of a request's head looked at for where it ends (the parser refuses heads longer than this anyway).
+MAX_WATCHED_HEAD: Final = 64 << 10
+
+
+def _chunked(head: bytes) -> bool:
+    """Whether a request head (its request line and header lines) says its body is chunked."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            return True
+    return False
+
+
+class ChunkSizes:
+    """The chunk-size lines of a chunked body (RFC 9112 section 7.1), fed its bytes in any pieces; the
+    data between them is skipped, not read. :meth:`feed` returns the first size past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.done = False  # the last chunk (size 0) was seen: trailers follow, nothing more to look at
+        self._skip = 0  # data bytes (and their CRLF) still to pass
+        self._line = b""  # a chunk-size line cut across pieces
+
+    def feed(self, data: bytes) -> int | None:
+        pos, end = 0, len(data)
+        while pos < end and not self.done:
+            if self._skip:
+                step = min(self._skip, end - pos)
+                self._skip -= step
+                pos += step
+                continue
+            eol = data.find(b"\n", pos)
+            if eol < 0:
+                self._line = (self._line + data[pos:])[-256:]  # (a longer line is the parser's to refuse)
+                return None
+            line, self._line = self._line + data[pos:eol], b""
+            pos = eol + 1
+            digits = line.split(b";", 1)[0].strip()
+            try:
+                size = int(digits, 16)
+            except ValueError:
+                self.done = True  # not a size: the parser answers 400
+                return None
+            if size > self.limit:
+                return size
+            if size == 0:
+                self.done = True
+            self._skip = size + 2
+        return None
 
 
 async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> bytes:
@@ -153,6 +205,13 @@ class _Connection(RequestHandler):
         self.owner = manager
         self.busy = False
         self.header_timer: asyncio.TimerHandle | None = None
+        # The chunk sizes of a chunked body, looked at as the bytes arrive (llhttp keeps them to itself), so
+        # that a chunk declared past the body limit is refused at once rather than waited for.
+        self._head = bytearray()  # the next request's bytes, until its headers end
+        self._asked = False  # its headers ended; nothing to look at until it is answered
+        self._chunks: ChunkSizes | None = None
+        self.body: StreamReader | None = None  # the request's body, once its handler runs
+        self.refused_body: BodyError | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.arm()
@@ -161,7 +220,44 @@ class _Connection(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if not self.busy and self.header_timer is None:
             self.arm()
+        if self.owner.max_body_bytes is not None and self.refused_body is None:
+            self._watch(data)
         super().data_received(data)
+
+    def _watch(self, data: bytes) -> None:
+        """Find where the next request's headers end and, when its body is chunked, follow its chunk sizes."""
+        if self._chunks is None:
+            if self._asked:
+                return
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > MAX_WATCHED_HEAD:
+                    self._asked = True  # the parser refuses headers this long; nothing to look at
+                    self._head.clear()
+                return
+            self._asked = True
+            head, data = bytes(self._head[:end]), bytes(self._head[end + 4 :])
+            self._head.clear()
+            if not _chunked(head):
+                return
+            assert self.owner.max_body_bytes is not None
+            self._chunks = ChunkSizes(self.owner.max_body_bytes)
+        too_large = self._chunks.feed(data)
+        if too_large is not None:
+            self.refused_body = BodyError(413, f"a chunk of {too_large:,}")
+            if self.body is not None:
+                self.body.set_exception(self.refused_body)
+        elif self._chunks.done:
+            self._chunks = None
+
+    def answered(self) -> None:
+        """The request was answered: the next bytes start the next one."""
+        self.busy = False
+        self._asked = False
+        self._chunks = None
+        self.body = None
+        self.refused_body = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.disarm()
@@ -201,9 +297,17 @@ class _Connection(RequestHandler):
 class _Server(web.Server):
     """aiohttp's low-level server, holding the connection cap (:class:`IdleFirstCap`)."""
 
-    def __init__(self, handler: Handler, config: HttpServerConfig, counts: dict[str, int], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        config: HttpServerConfig,
+        counts: dict[str, int],
+        max_body_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(self._handle, **kwargs)
         self.config = config
+        self.max_body_bytes = max_body_bytes
         self._user_handler = handler
         self._counts = counts
         self.cap: IdleFirstCap[RequestHandler] = IdleFirstCap(config.connections(), _force_close, counts)
@@ -227,6 +331,9 @@ class _Server(web.Server):
         if isinstance(conn, _Connection):
             conn.busy = True
             conn.disarm()
+            conn.body = request.content
+            if conn.refused_body is not None:  # refused before the handler ran
+                request.content.set_exception(conn.refused_body)
         self.cap.busy(conn)
         try:
             response = await self._user_handler(request)
@@ -234,7 +341,7 @@ class _Server(web.Server):
             return response
         finally:
             if isinstance(conn, _Connection):
-                conn.busy = False
+                conn.answered()
             if conn.transport is not None:
                 self.cap.idle(conn)
 
@@ -249,7 +356,9 @@ class HttpServer:
     port in use fails before anything starts (:class:`~otel_dra.serve.config.ListenError`, naming the port).
 
     ``tls``: called for each new connection's context (the newest certificate; see
-    :mod:`otel_dra.receivers.tls`). ``workers``: threads for :meth:`offload`.
+    :mod:`otel_dra.receivers.tls`). ``workers``: threads for :meth:`offload`. ``max_body_bytes``: the body
+    limit its handler reads with (:func:`read_body`); given, a chunk declared past it is refused (413) as
+    soon as its size arrives.
     """
 
     def __init__(
@@ -262,11 +371,13 @@ class HttpServer:
         *,
         tls: Callable[[], ssl.SSLContext] | None = None,
         workers: int = 1,
+        max_body_bytes: int | None = None,
     ) -> None:
         self.name = name
         self.config = config or HttpServerConfig()
         self._handler = handler
         self._tls = tls
+        self._max_body_bytes = max_body_bytes
         self._sock = listen_socket(name, host, port)
         self.host = host
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{name.replace(' ', '-')}-work")
@@ -299,6 +410,7 @@ class HttpServer:
             self._handler,
             cfg,
             self._counts,
+            self._max_body_bytes,
             keepalive_timeout=cfg.idle_timeout_s,
             max_line_size=cfg.max_header_line_bytes,
             max_field_size=cfg.max_header_line_bytes,

@@ -318,6 +318,20 @@ def test_a_never_ending_body_is_cut_off_at_the_body_timeout(target: Target):
     everyone_else_is_fine(target)
 
 
+def test_a_chunk_declared_past_the_size_cap_is_413_at_once(target: Target):
+    """Issue #28: a chunk header with a huge size got 408 after the body timeout (32 s by default); it gets
+    413 as soon as the size arrives, and the connection is closed."""
+    head = b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+    with socket.create_connection(("127.0.0.1", target.fleet.ports["http"]), timeout=5) as s:
+        started = time.monotonic()
+        s.sendall(head + b"Transfer-Encoding: chunked\r\n\r\nfffffffff\r\nabc")
+        answer = s.recv(4096)
+        took = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert took < BODY_TIMEOUT_S / 2 and b"Connection: close" in answer
+    everyone_else_is_fine(target)
+
+
 def test_content_length_with_transfer_encoding_is_refused(target: Target):
     """Request smuggling: the message is refused whole, and the request hidden in its body never runs."""
     smuggled = request([node("smuggled-1")]).SerializeToString()

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_dra.serve.config import AUTO_MAX_CONNECTIONS, AUTO_MIN_CONNECTIONS, HttpServerConfig
-from otel_dra.serve.http import BodyError, HttpServer, gunzip, read_body
+from otel_dra.serve.http import BodyError, ChunkSizes, HttpServer, gunzip, read_body
 from tests.support.sockets import exchange
 
 LIMIT = 1000
@@ -32,7 +34,7 @@ async def echo(request: web.BaseRequest) -> web.Response:
 @pytest.fixture
 def server() -> Iterator[HttpServer]:
     config = HttpServerConfig(max_connections=8, header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=3.0)
-    srv = HttpServer("test server", "127.0.0.1", 0, echo, config)
+    srv = HttpServer("test server", "127.0.0.1", 0, echo, config, max_body_bytes=LIMIT)
     srv.start()
     yield srv
     srv.shutdown(1.0)
@@ -86,6 +88,42 @@ def test_content_length_with_transfer_encoding_is_refused_whole(server):
     assert answer.split(b"\r\n", 1)[0].split(b" ")[1] == b"400"
     assert b"got" not in answer
     assert server.stats()["bad_requests"] == 1
+
+
+@pytest.mark.parametrize("cut", [None, 3, 60, 70])
+def test_a_chunk_declared_past_the_limit_is_refused_at_once(server, cut):
+    """Issue #28: a chunk-size line past the limit got 408 at the body timeout; it gets 413 as soon as its size
+    arrives, after smaller chunks too, and however the bytes are cut (``cut``: sent in two pieces there)."""
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    wire = head + b"10\r\n" + b"z" * 16 + b"\r\n" + b"7fffffff;ext=1\r\nthe start of it"
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        started = time.monotonic()
+        if cut is None:
+            sock.sendall(wire)
+        else:
+            sock.sendall(wire[:cut])
+            time.sleep(0.05)
+            sock.sendall(wire[cut:])
+        sock.settimeout(3)
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert time.monotonic() - started < 0.5  # not the body timeout (1 s here)
+    assert b"2,147,483,647" in answer
+
+
+@given(st.lists(st.integers(0, 600), max_size=12), st.lists(st.integers(1, 40), max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_chunk_sizes_are_followed_however_the_body_is_cut(sizes: list[int], cuts: list[int]):
+    """A chunked body of chunks within the limit is never refused, and its end is seen; a chunk past it is."""
+    body = b"".join(b"%x\r\n" % n + b"q" * n + b"\r\n" for n in sizes if n) + b"0\r\n\r\n"
+    for oversized in (False, True):
+        wire = (b"%x\r\n" % (LIMIT + 1) if oversized else b"") + body
+        chunks, pos, refused = ChunkSizes(LIMIT), 0, None
+        for size in [*cuts, len(wire)]:
+            refused = refused or chunks.feed(wire[pos : pos + size])
+            pos += size
+        assert refused == (LIMIT + 1 if oversized else None)
+        assert chunks.done is not oversized
 
 
 def test_bodies_are_capped_by_declared_length_by_chunks_and_after_inflation(server):
