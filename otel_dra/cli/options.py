@@ -158,8 +158,9 @@ def http_server_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "--max-connections",
                 type=click.IntRange(min=1),
                 default=None,
-                help="Open connections per server at most; past it the one idle longest is closed to make room. "
-                "Default: a quarter of the open-files limit (ulimit -n), 16 to 4,096.",
+                help="Open connections per server at most; past it the one idle longest is closed to make room "
+                "(on the gRPC port, one that never made a request first). Default: a quarter of the open-files "
+                "limit (ulimit -n), 16 to 4,096 (the gRPC port: that many descriptors, three per piped connection).",
             ),
             click.option(
                 "--header-timeout",

@@ -277,6 +277,7 @@ class OtlpReceiver:
         cfg = self.http_config
         tls = self._certs.h2_context if self._certs is not None else None
         front = GrpcFront("OTLP/gRPC", host, port, cfg, tls=tls, max_streams=GRPC_STREAMS_PER_CONNECTION)
+        self._front = front  # (so that a failure below lets go of its port)
         method = grpc.stream_unary_rpc_method_handler(_Servicer(self).Export)  # bytes in, bytes out
         pool = ShedPool(self.max_workers, self.max_pending)
         server = grpc.server(
@@ -303,16 +304,16 @@ class OtlpReceiver:
             ],
         )
         try:
-            if not server.add_insecure_port(front.inner_address):  # the front's private socket; TLS is the front's
-                raise ListenError("OTLP/gRPC", host, port, "the gRPC server could not listen behind its front")
+            bound = server.add_insecure_port(front.inner_address)  # the front's private socket; TLS is the front's
         except RuntimeError as exc:  # gRPC's core says only "Failed to bind", never why
-            front.shutdown(0)
             raise ListenError("OTLP/gRPC", host, port, str(exc)) from None
+        if not bound:
+            raise ListenError("OTLP/gRPC", host, port, "the gRPC server could not listen behind its front")
         self._reads = ReadDeadlines(cfg.body_timeout_s, on_late=self._read_late)
         self._reads.start()
         server.start()
         front.start()
-        self._grpc_server, self._front, self._grpc_pool = server, front, pool
+        self._grpc_server, self._grpc_pool = server, pool
 
     def _start_http(self, host: str, port: int) -> None:
         tls = self._certs.ssl_context if self._certs is not None else None
@@ -324,15 +325,16 @@ class OtlpReceiver:
         """Stop listening; requests in flight get most of ``timeout_s`` to finish."""
         grace_s = timeout_s / 2  # half for work in flight, the rest for closing
         grpc_server, self._grpc_server = self._grpc_server, None
+        front, self._front = self._front, None
         http, self._http = self._http, None
-        if grpc_server is not None:
+        if grpc_server is not None:  # first, while the front still carries the answers in flight
             grpc_server.stop(grace_s).wait(grace_s + 1.0)
-            if self._front is not None:
-                self._front.shutdown(grace_s)
-            if self._reads is not None:
-                self._reads.stop()
-            if self._grpc_pool is not None:
-                self._grpc_pool.shutdown(wait=False, cancel_futures=True)
+        if front is not None:
+            front.shutdown(grace_s)
+        if self._reads is not None:
+            self._reads.stop()
+        if self._grpc_pool is not None:
+            self._grpc_pool.shutdown(wait=False, cancel_futures=True)
         if http is not None:
             http.shutdown(timeout_s)
         if grpc_server is not None or http is not None:

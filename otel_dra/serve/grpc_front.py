@@ -148,6 +148,7 @@ class _Client(asyncio.Protocol):
         self.down = FrameHeads()
         self.waiting = b""  # the client's bytes before its first request, kept until the server is connected
         self.cut = b""  # a frame header cut across reads, looked at with the next
+        self.down_cut = b""  # the same, from the server
         self.acked = False  # the client's acknowledgement of the front's SETTINGS taken out
         self.open: set[int] = set()  # streams with a request not yet answered
         self.last_stream = 0
@@ -288,8 +289,11 @@ class _Client(asyncio.Protocol):
     def from_server(self, data: bytes) -> None:
         if self.transport is None or self.closed:
             return
-        self.transport.write(data)
-        heads, _ = self.down.feed(data)  # (the client gets every byte: a cut header is only not looked at yet)
+        self.transport.write(data)  # (every byte goes on at once: a cut header is only looked at with the next)
+        if self.down_cut:
+            data = self.down_cut + data
+        heads, whole = self.down.feed(data)
+        self.down_cut = data[whole:] if whole < len(data) else b""
         for _, kind, flags, stream in heads:
             if (kind in (_HEADERS, _DATA) and flags & _END_STREAM) or kind == _RST_STREAM:
                 self._ended(stream)
@@ -315,7 +319,7 @@ class _Client(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         if self.transport is not None:
-            if why and self.down.between_frames:
+            if why and self.down.between_frames and not self.down_cut:
                 self.transport.write(goaway(self.last_stream if self.inner else 0, why, code))
             self.transport.close()
         if self.inner is not None:
@@ -420,9 +424,10 @@ class GrpcFront:
         return self.cap.limit
 
     def stats(self) -> dict[str, int]:
-        """Counters so far (:data:`STATS`), ``open``, the connections open now, and ``piped``, those of them
-        piped to the gRPC server."""
-        return {**self._counts, "open": len(self.cap), "piped": len(self._servers)}
+        """Counters so far (:data:`STATS`), ``open``, the connections open now, ``piped``, those of them
+        piped to the gRPC server, and ``busy``, those with a request open."""
+        busy = sum(1 for conn in list(self._clients) if conn.open)
+        return {**self._counts, "open": len(self.cap), "piped": len(self._servers), "busy": busy}
 
     def peer(self, grpc_peer: str) -> FrontPeer:
         """The client of a gRPC call, from its ``context.peer()`` (``unix-abstract:<name>``)."""

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_dra.serve.config import HttpServerConfig
-from otel_dra.serve.grpc_front import PREFACE, FrameHeads, GrpcFront, frame
+from otel_dra.serve.grpc_front import PREFACE, FrameHeads, GrpcFront, _Client, frame
 from otel_dra.serve.grpc_pool import ReadDeadlines, ShedPool, shedding
 from otel_dra.serve.listener import IdleFirstCap
 from tests.conftest import wait_for
@@ -136,9 +136,57 @@ def test_a_newcomer_closes_the_idle_asked_connection_before_waiting_on_a_new_one
 # -- the front, with a gRPC server behind it ------------------------------------------------------
 def test_a_call_goes_through_and_the_server_learns_the_clients_address(backend: Backend):
     port = backend.front.port
-    assert call(port) == b"hello"
-    assert backend.peers and backend.peers[0].startswith("127.0.0.1:")
-    assert backend.front.stats()["piped"] == 1
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        assert channel.unary_unary(METHOD)(b"hello", timeout=5) == b"hello"
+        assert backend.front.stats()["piped"] == 1
+        client = channel.unary_unary(METHOD)(b"again", timeout=5)  # the same connection
+    assert client == b"again" and backend.front.stats()["accepted"] == 1
+    assert len(backend.peers) == 2 and backend.peers[0].startswith("127.0.0.1:")
+    wait_for(lambda: backend.front.stats()["open"] == 0, 5, "the connection gone with its channel")
+
+
+def test_the_ends_of_large_answers_are_seen_however_the_server_side_reads_cut_them(backend: Backend):
+    """Megabyte answers arrive from the gRPC server in reads cut anywhere, frame headers included: the front
+    still sees each answer end, so the connection is idle (and may be closed to make room) between calls."""
+    with grpc.insecure_channel(
+        f"127.0.0.1:{backend.front.port}",
+        options=[("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 8 << 20)],
+    ) as channel:
+        for size in (1 << 20, 3 << 20, 777_777):
+            assert len(channel.unary_unary(METHOD)(b"m" * size, timeout=10)) == size
+            wait_for(lambda: backend.front.stats()["busy"] == 0, 2, "the answer's end seen")
+        assert backend.front.stats()["piped"] == 1
+
+
+class _Sink:
+    """A transport that keeps what is written to it."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def get_extra_info(self, _name: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize("cut", range(1, 30))
+def test_an_answers_end_is_seen_when_the_servers_bytes_are_cut_inside_a_frame_header(cut: int):
+    front = GrpcFront("test gRPC", "127.0.0.1", 0)
+    try:
+        conn = _Client(front)
+        sink = _Sink()
+        conn.transport = sink  # type: ignore[assignment]
+        assert front.arrived(conn)
+        conn.open, conn.last_stream = {1}, 1
+        wire = frame(0x0, 0, 1, b"x" * 16) + frame(0x1, 0x1, 1, b"trailers")  # DATA, then HEADERS + END_STREAM
+        conn.from_server(wire[:cut])
+        assert conn.open == {1}
+        conn.from_server(wire[cut:])
+        assert conn.open == set() and sink.data == wire  # the end seen; every byte passed on, in order
+    finally:
+        front.shutdown(0)
 
 
 def test_bytes_that_are_not_http2_are_refused(backend: Backend):
