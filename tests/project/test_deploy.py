@@ -1,16 +1,18 @@
 """deploy/: the Dockerfile, the build context (.dockerignore) and the Kubernetes manifests.
 
 Docker cannot build here and there is no cluster, so the deployment is checked statically:
-every manifest validates against the official OpenAPI schema of each Kubernetes release the
-project supports (``kubernetes-validate``, strict: no unknown field) and is deserialized into the
-`kubernetes` client's typed models and serialized back (the client silently drops keys it
-doesn't know, so any difference is a typo or a misplaced field), then the facts the deployment
-relies on are asserted: the flags it passes exist in `otel-dra run --help` / `otel-dra fleet
---help`, the host paths match the flags, the RBAC is exactly what applying DeviceTaintRules
-(and, for the fleet, its leader election) needs, the node agent's ServiceAccount is bound to
-nothing unless taints/ is opted into, the policy validates with the project's own loader. Two tests run the
-agent itself: with the DaemonSet's command line (host paths moved under a temporary directory),
-and the image's HEALTHCHECK command against it.
+every plain manifest (the kustomize base, fleet/, taints/; the overlays are rendered and checked
+in test_deploy_overlays.py with the helpers here) validates against the official OpenAPI schema
+of each Kubernetes release the project supports (``kubernetes-validate``, strict: no unknown
+field) and is deserialized into the `kubernetes` client's typed models and serialized back (the
+client silently drops keys it doesn't know, so any difference is a typo or a misplaced field),
+then the facts the deployment relies on are asserted: the flags it passes exist in `otel-dra run
+--help` / `otel-dra fleet --help`, the host paths match the flags, the RBAC is exactly what
+applying DeviceTaintRules (and, for the fleet, its leader election) needs, the node agent's
+ServiceAccount is bound to nothing unless taints/ is opted into, the policy validates with the
+project's own loader. Three tests run the agent itself: with the demo overlay's DaemonSet command
+line (host paths moved under a temporary directory), with the base's on a machine without
+accelerators (it must refuse, not simulate), and the image's HEALTHCHECK command against it.
 """
 
 import json
@@ -20,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -38,6 +41,8 @@ from tests.conftest import free_port, http_get, wait_for
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 MANIFEST_DIR = DEPLOY / "kubernetes"
+BASE_DIR = MANIFEST_DIR / "base"  # the node agent's set, the kustomize base of overlays/
+OVERLAYS_DIR = MANIFEST_DIR / "overlays"  # kustomize overlays: patches, checked once rendered
 FLEET_DIR = MANIFEST_DIR / "fleet"  # the cluster-level writer, applied on its own
 TAINTS_DIR = MANIFEST_DIR / "taints"  # opt-in RBAC for the agent's own (single-node) --k8s-apply
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -57,8 +62,14 @@ KUBERNETES = ("1.33", "1.34", "1.35", "1.36", "1.37")  # as tests/test_k8s_versi
 
 
 # -- manifests -----------------------------------------------------------------------------
+KUSTOMIZATION = "kustomization.yaml"
+KUBECTL = shutil.which("kubectl")
+
+
 def manifest_files() -> list[Path]:
-    return sorted(MANIFEST_DIR.rglob("*.yaml"))
+    """The plain manifests: every object file but the overlays' patches (partial objects) and the
+    kustomization files (kustomize's, not the API server's)."""
+    return sorted(p for p in MANIFEST_DIR.rglob("*.yaml") if OVERLAYS_DIR not in p.parents and p.name != KUSTOMIZATION)
 
 
 @cache
@@ -121,22 +132,51 @@ def differences(given: object, back: object, path: str = "") -> list[str]:
     return []
 
 
+def validate_strictly(obj: dict, kubernetes: str, where: str) -> None:
+    """The official schema of one release, strict: an unknown or misplaced field fails, as do wrong types."""
+    try:
+        assert kubernetes_validate.validate(obj, kubernetes, strict=True) == kubernetes
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{where}: {obj['kind']} is not valid on Kubernetes {kubernetes}: {exc.message}")
+
+
+def assert_round_trips(obj: dict, where: str) -> None:
+    """Through the client's typed model and back, unchanged: the client drops keys it does not know."""
+    api = ApiClient()
+    name = model_name(obj)
+    assert hasattr(k8s_models, name), f"{where}: the kubernetes client has no model {name} for {obj['apiVersion']}"
+    model = api._ApiClient__deserialize(obj, name)  # type: ignore[attr-defined]  # raises on a missing field or a wrong type
+    back = api.sanitize_for_serialization(model)
+    assert differences(obj, back) == [], f"{where}: fields the {name} model does not take as written"
+
+
+@cache
+def kustomize(directory: Path) -> tuple[dict, ...]:
+    """What `kubectl apply -k DIRECTORY` would send: `kubectl kustomize DIRECTORY`, as objects."""
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed: the kustomize base and overlays cannot be rendered here")
+    result = subprocess.run([KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"kubectl kustomize {directory.relative_to(REPO)}: {result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc is not None)
+
+
 def daemonset() -> dict:
     return the("DaemonSet")
 
 
-def pod_spec() -> dict:
-    return daemonset()["spec"]["template"]["spec"]
+# The DaemonSet helpers below read the base's DaemonSet, or the one given (a rendered overlay's).
+def pod_spec(ds: dict | None = None) -> dict:
+    return (ds or daemonset())["spec"]["template"]["spec"]
 
 
-def container() -> dict:
-    containers = pod_spec()["containers"]
+def container(ds: dict | None = None) -> dict:
+    containers = pod_spec(ds)["containers"]
     assert len(containers) == 1, "the agent's pod has one container"
     return containers[0]
 
 
-def env_values() -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container().get("env", []) if "value" in e}
+def env_values(ds: dict | None = None) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(ds).get("env", []) if "value" in e}
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -160,18 +200,18 @@ def flag_values(args: list[str]) -> dict[str, str | None]:
     return values
 
 
-def agent_flags() -> dict[str, str]:
+def agent_flags(ds: dict | None = None) -> dict[str, str]:
     """The DaemonSet's flags with ``$(VAR)`` expanded from the container's env."""
-    env = env_values()
-    return {k: expand(v, env) if v is not None else v for k, v in flag_values(container()["args"]).items()}
+    env = env_values(ds)
+    return {k: expand(v, env) if v is not None else v for k, v in flag_values(container(ds)["args"]).items()}
 
 
-def mounts_by_volume() -> dict[str, dict]:
-    return {m["name"]: m for m in container().get("volumeMounts", [])}
+def mounts_by_volume(ds: dict | None = None) -> dict[str, dict]:
+    return {m["name"]: m for m in container(ds).get("volumeMounts", [])}
 
 
-def volumes() -> dict[str, dict]:
-    return {v["name"]: v for v in pod_spec().get("volumes", [])}
+def volumes(ds: dict | None = None) -> dict[str, dict]:
+    return {v["name"]: v for v in pod_spec(ds).get("volumes", [])}
 
 
 def quantity(text: str) -> float:
@@ -206,12 +246,7 @@ def test_every_manifest_parses_and_names_an_api_object():
     [pytest.param(p, o, id=f"{p.name}:{o.get('kind')}/{o.get('metadata', {}).get('name')}") for p, o in manifests()],
 )
 def test_manifest_round_trips_through_the_client_models(path, obj):
-    api = ApiClient()
-    name = model_name(obj)
-    assert hasattr(k8s_models, name), f"{path.name}: the kubernetes client has no model {name} for {obj['apiVersion']}"
-    model = api._ApiClient__deserialize(obj, name)  # raises on a missing required field or a wrong type
-    back = api.sanitize_for_serialization(model)
-    assert differences(obj, back) == [], f"{path.relative_to(REPO)}: fields the {name} model does not take as written"
+    assert_round_trips(obj, str(path.relative_to(REPO)))
 
 
 @pytest.mark.parametrize("kubernetes", KUBERNETES)
@@ -221,10 +256,7 @@ def test_manifest_round_trips_through_the_client_models(path, obj):
 )
 def test_manifest_validates_against_the_kubernetes_openapi_schema(path, obj, kubernetes):
     """The official schema of each release, strict: an unknown or misplaced field fails, as do wrong types."""
-    try:
-        assert kubernetes_validate.validate(obj, kubernetes, strict=True) == kubernetes
-    except kubernetes_validate.ValidationError as exc:
-        pytest.fail(f"{path.relative_to(REPO)}: {obj['kind']} is not valid on Kubernetes {kubernetes}: {exc.message}")
+    validate_strictly(obj, kubernetes, str(path.relative_to(REPO)))
 
 
 @pytest.mark.parametrize(
@@ -254,6 +286,43 @@ def test_namespaced_objects_live_in_the_declared_namespace():
             assert "namespace" not in obj["metadata"], f"{path.name}: {obj['kind']} is cluster-scoped"
         else:
             assert obj["metadata"].get("namespace") == NAMESPACE, f"{path.name}: {obj['kind']} outside {NAMESPACE}"
+
+
+# -- the kustomize base ---------------------------------------------------------------------
+def base_resources() -> list[Path]:
+    """What the base's kustomization.yaml applies, resolved."""
+    kustomization = yaml.safe_load((BASE_DIR / KUSTOMIZATION).read_text())
+    return [(BASE_DIR / name).resolve() for name in kustomization["resources"]]
+
+
+def test_the_base_kustomization_applies_every_base_file_and_nothing_else():
+    """`kubectl apply -k deploy/kubernetes/base` is the node agent's set: each of its files once, in
+    order (the namespace first), and neither fleet/ nor taints/, which are applied on their own."""
+    kustomization = yaml.safe_load((BASE_DIR / KUSTOMIZATION).read_text())
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    files = sorted(p.resolve() for p in BASE_DIR.glob("*.yaml") if p.name != KUSTOMIZATION)
+    assert files, "no manifests in deploy/kubernetes/base"
+    assert base_resources() == files, "list every base manifest once, in file-name order"
+    assert set(kustomization) == {"apiVersion", "kind", "resources"}, (
+        "the base renders its files as written: the plain-manifest tests read them as such"
+    )
+
+
+def test_the_base_reads_real_devices_and_never_simulates():
+    """The default DaemonSet picks a real source (`auto` never falls back to simulated GPUs: it exits
+    saying what it looked for); only overlays/demo simulates, and says so."""
+    flags = agent_flags()
+    assert flags["--source"] == "auto"
+    assert not {"--devices", "--fault"} & set(flags), "simulator-only flags on a real source"
+    assert not [a for a in container()["args"] if "simulated" in a]
+    ds = daemonset()
+    for labels in (ds["metadata"]["labels"], ds["spec"]["template"]["metadata"]["labels"]):
+        assert labels["otel-dra.io/source"] == "auto"
+    assert "otel-dra.io/source" not in ds["spec"]["selector"]["matchLabels"], "overlays change it: not selected on"
+    # For NVML under auto, where the NVIDIA toolkit is the node's runtime: every GPU, utility only.
+    assert env_values()["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env_values()["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
 
 # -- the DaemonSet -------------------------------------------------------------------------
@@ -530,8 +599,9 @@ def test_rbac_is_opt_in_in_a_file_of_its_own():
     assert rbac_file.parent == TAINTS_DIR
     kinds = {o["kind"] for p, o in node_manifests() if p == rbac_file}
     assert kinds == {"ClusterRole", "ClusterRoleBinding"}
-    # `kubectl apply -f deploy/kubernetes/` (without -R) must leave it out.
-    assert rbac_file.parent != MANIFEST_DIR
+    # `kubectl apply -k deploy/kubernetes/base` (and so every overlay) must leave it out.
+    assert BASE_DIR not in rbac_file.parents
+    assert rbac_file not in base_resources()
 
 
 # -- Service --------------------------------------------------------------------------------
@@ -643,7 +713,8 @@ def fleet_help() -> str:
 
 
 def test_the_fleet_is_a_set_of_its_own_that_applying_the_node_set_leaves_out():
-    assert FLEET_DIR.parent == MANIFEST_DIR, "`kubectl apply -f deploy/kubernetes/` (no -R) must not descend into it"
+    assert BASE_DIR not in FLEET_DIR.parents, "`kubectl apply -k deploy/kubernetes/base` must not include it"
+    assert not [p for p in base_resources() if FLEET_DIR in p.parents or p == FLEET_DIR.resolve()]
     assert {o["kind"] for _, o in fleet_manifests()} == FLEET_KINDS
     assert not [o for _, o in node_manifests() if o["kind"] == "StatefulSet"], "the node set stays as it is"
     for path, obj in fleet_manifests():
@@ -727,7 +798,8 @@ def test_the_agents_service_account_is_bound_only_by_the_opt_in_taints_file():
     assert {p.parent for p in binding_files} == {TAINTS_DIR}, (
         f"bound outside taints/: {sorted(map(str, binding_files))}"
     )
-    default_set = [o for p, o in manifests() if p.parent == MANIFEST_DIR]
+    default_set = [o for p, o in manifests() if p.parent == BASE_DIR]
+    assert default_set, "the base's manifests"
     assert not [o for o in default_set if o["apiVersion"].startswith("rbac.authorization.k8s.io/")]
     assert pod_spec().get("automountServiceAccountToken") is False
     assert "single-node" in (TAINTS_DIR / "rbac.yaml").read_text()
@@ -894,7 +966,7 @@ def test_the_readme_fleet_section_says_what_the_manifests_do():
     plain = " ".join(section.replace("`", "").replace("*", "").split())
     assert "The agent's --k8s-apply is for single-node use; in a cluster, the fleet writes" in plain
     assert "kubectl apply -f deploy/kubernetes/fleet/" in section
-    assert section.index("kubectl apply -f deploy/kubernetes/ ") < section.index(
+    assert section.index("kubectl apply -k deploy/kubernetes/base ") < section.index(
         "kubectl apply -f deploy/kubernetes/fleet/"
     )
     for text in ("`devicetaintrules`", "`leases`", f"`{LEASE}`", "`create`", "`get`, `update`", "`POD_NAME`"):
@@ -979,14 +1051,30 @@ def test_dockerfile_parses_and_starts_from_a_pinned_python_311_slim():
         assert ":latest" not in image
 
 
-def test_dockerfile_installs_the_package_with_the_k8s_extra():
+def installed_extras() -> list[str]:
+    """The extras of the image's `pip install .[...]`, its ARG defaults resolved as a plain build has them."""
     build = [s for s in stages() if any("pip install" in r for r in instructions(s, "RUN"))]
     assert build, "no stage runs pip install"
     runs = [expand_docker(r, build[0]["args"]) for r in instructions(build[0], "RUN")]
     installs = [m for r in runs for m in re.finditer(r"pip install [^&|;]*?[\"']?\.\[([a-z0-9,-]+)\][\"']?", r)]
     assert installs, f"no `pip install .[...]` of the build context in {runs}"
-    assert "k8s" in installs[0][1].split(",")
-    copied = [r.split()[:-1] for r in instructions(build[0], "COPY")]
+    return installs[0][1].split(",")
+
+
+def test_dockerfile_installs_the_package_with_the_k8s_and_nvml_extras():
+    """The one image reads NVIDIA GPUs (the NVML binding; the library is the node's) as well as sysfs."""
+    extras = installed_extras()
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not set(extras) - set(declared), f"extras pyproject.toml does not declare: {set(extras) - set(declared)}"
+    assert "k8s" in extras, "the kubernetes client, for DeviceTaintRules"
+    (nvml_extra,) = [
+        name for name, deps in declared.items() if name != "test" and any("nvidia-ml-py" in d for d in deps)
+    ]
+    assert nvml_extra in extras, f"the image must install the NVML extra `{nvml_extra}` by default"
+    # The build proves the binding imports (pip could install the extra and the import still fail).
+    (build,) = [s for s in stages() if any("pip install" in r for r in instructions(s, "RUN"))]
+    assert any('-c "import pynvml"' in r for r in instructions(build, "RUN")), "the build imports pynvml"
+    copied = [r.split()[:-1] for r in instructions(build, "COPY")]
     sources = [src for parts in copied for src in parts if not src.startswith("--")]
     for src in sources:
         assert (REPO / src).exists(), f"COPY {src}: not in the repository"
@@ -1090,7 +1178,8 @@ def test_dockerignore_keeps_what_pip_install_needs(path):
         "otel_dra/__pycache__/cli.cpython-311.pyc",
         "otel_dra/sinks/kubelet/api/.ruff_cache/CACHEDIR.TAG",
         "bench/bench_agent.py",
-        "deploy/kubernetes/30-daemonset.yaml",
+        "deploy/kubernetes/base/30-daemonset.yaml",
+        "deploy/kubernetes/overlays/nvidia/kustomization.yaml",
         "build/lib/otel_dra/cli/__init__.py",
     ],
 )
@@ -1099,51 +1188,90 @@ def test_dockerignore_leaves_out_environments_tests_and_caches(path):
 
 
 # -- the agent, run as deployed -------------------------------------------------------------
-@pytest.mark.e2e
-def test_the_daemonset_command_line_runs_and_serves_the_health_socket(start_agent):
-    """The DaemonSet's args, with its host paths moved under a short temporary directory (unix
-    socket paths are limited to 107 bytes). Needs the kubelet flags of issue 4."""
-    missing = sorted(set(flag_values(container()["args"])) - set(re.findall(r"--[a-z][a-z0-9-]*", run_help())))
+DOWNWARD = {"NODE_NAME": "node-a", "POD_NAME": "otel-dra-x", "POD_NAMESPACE": NAMESPACE}
+
+
+def as_deployed_here(ds: dict, configmaps: list[dict], root: Path) -> tuple[list[str], dict[str, str]]:
+    """The DaemonSet's `otel-dra run` arguments and environment, its host paths and volumes moved under
+    ``root`` (unix socket paths are limited to 107 bytes: keep it short), the volumes made and the policy
+    ConfigMap's file written where the pod would see it, and the endpoint on this machine's loopback."""
+    missing = sorted(set(flag_values(container(ds)["args"])) - set(re.findall(r"--[a-z][a-z0-9-]*", run_help())))
     if missing:  # fail at once, not after the agent fixture's 30 s wait for a process that exited
         pytest.fail(f"`otel-dra run` does not take {', '.join(missing)} yet")
+    env = env_values(ds) | DOWNWARD
+    args = [expand(a, env) for a in container(ds)["args"][1:]]
+    mounts, vols = mounts_by_volume(ds), volumes(ds)
+    moved = {"/var/lib/kubelet": str(root / "kubelet")}
+    for name, mount in mounts.items():
+        if "hostPath" not in vols[name] or not mount["mountPath"].startswith("/var/lib/kubelet/"):
+            moved[mount["mountPath"]] = str(root / name)
+
+    def relocate(value: str) -> str:
+        for source in sorted(moved, key=len, reverse=True):
+            if value == source or value.startswith(source + "/"):
+                return moved[source] + value[len(source) :]
+        return value
+
+    for target in moved.values():  # the volumes exist before the container starts
+        Path(target).mkdir(parents=True, exist_ok=True)
+    for host_path in (v["hostPath"]["path"] for v in vols.values() if "hostPath" in v):
+        Path(relocate(host_path)).mkdir(parents=True, exist_ok=True)
+    args = [
+        f"{flag}={relocate(value)}" if eq else relocate(flag) for flag, eq, value in (a.partition("=") for a in args)
+    ]
+    args = ["--host=127.0.0.1" if a.startswith("--host=") else a for a in args]  # this machine's loopback
+    policy = agent_flags(ds)["--policy"]
+    (name,) = [n for n, m in mounts.items() if policy.startswith(m["mountPath"].rstrip("/") + "/")]
+    (configmap,) = [c for c in configmaps if c["metadata"]["name"] == vols[name]["configMap"]["name"]]
+    policy_file = Path(relocate(policy))
+    policy_file.parent.mkdir(parents=True, exist_ok=True)
+    policy_file.write_text(configmap["data"][Path(policy).name])
+    attributes = expand(env["OTEL_RESOURCE_ATTRIBUTES"], env)
+    return args, {"NODE_NAME": env["NODE_NAME"], "OTEL_RESOURCE_ATTRIBUTES": attributes}
+
+
+@pytest.mark.e2e
+def test_the_demo_daemonset_command_line_runs_and_serves_the_health_socket(start_agent):
+    """The demo overlay's args as `kubectl apply -k` would deploy them, its source included: the one
+    DaemonSet meant to run anywhere. Needs the kubelet flags of issue 4."""
+    rendered = kustomize(OVERLAYS_DIR / "demo")
+    (ds,) = [o for o in rendered if o["kind"] == "DaemonSet"]
     root = Path(tempfile.mkdtemp(prefix="od-"))
     try:
-        env = env_values() | {"NODE_NAME": "node-a", "POD_NAME": "otel-dra-x", "POD_NAMESPACE": NAMESPACE}
-        args = [expand(a, env) for a in container()["args"][1:]]
-        moved = {"/var/lib/kubelet": str(root / "kubelet")}
-        for name, mount in mounts_by_volume().items():
-            if "hostPath" not in volumes()[name] or not mount["mountPath"].startswith("/var/lib/kubelet/"):
-                moved[mount["mountPath"]] = str(root / name)
-
-        def relocate(value: str) -> str:
-            for source in sorted(moved, key=len, reverse=True):
-                if value == source or value.startswith(source + "/"):
-                    return moved[source] + value[len(source) :]
-            return value
-
-        for target in moved.values():  # the volumes exist before the container starts
-            Path(target).mkdir(parents=True, exist_ok=True)
-        for host_path in (v["hostPath"]["path"] for v in volumes().values() if "hostPath" in v):
-            Path(relocate(host_path)).mkdir(parents=True, exist_ok=True)
-        args = [
-            f"{flag}={relocate(value)}" if eq else relocate(flag)
-            for flag, eq, value in (a.partition("=") for a in args)
-        ]
-        args = ["--host=127.0.0.1" if a.startswith("--host=") else a for a in args]  # this machine's loopback
-        policy = agent_flags()["--policy"]
-        (configmap,) = objects("ConfigMap")
-        policy_file = Path(relocate(policy))
-        policy_file.parent.mkdir(parents=True, exist_ok=True)
-        policy_file.write_text(configmap["data"][Path(policy).name])
-        attributes = expand(env["OTEL_RESOURCE_ATTRIBUTES"], env)
-        agent = start_agent(*args, env={"NODE_NAME": env["NODE_NAME"], "OTEL_RESOURCE_ATTRIBUTES": attributes})
-        flags = flag_values(args)
-        socket_path = Path(flags["--kubelet-socket"])
+        args, env = as_deployed_here(ds, [o for o in rendered if o["kind"] == "ConfigMap"], root)
+        assert "--source=simulated" in args
+        agent = start_agent(*args, env=env, pick_source=True)  # the overlay's own --source, nothing added
+        socket_path = Path(str(flag_values(args)["--kubelet-socket"]))
         wait_for(socket_path.is_socket, 15, "the health socket")
         assert http_get(agent.url + "/healthz")[0] == 200
-        registry = Path(relocate(KUBELET_REGISTRY))
+        registry = root / "kubelet" / Path(KUBELET_REGISTRY).relative_to("/var/lib/kubelet")
         assert not registry.exists() or not any(registry.iterdir()), "no registration socket"
         assert 'k8s_node_name="node-a"' in agent.metrics()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.e2e
+def test_the_base_daemonset_refuses_to_start_where_it_finds_no_accelerator(start_agent):
+    """The base's own command line (`--source=auto`) on a node with no GPU NVML can list and an empty
+    /sys: the agent exits 2 saying what it looked for, and never serves simulated GPUs instead."""
+    from otel_dra.sources.nvml import nvml_gpus
+
+    gpus, _why = nvml_gpus()
+    if gpus:
+        pytest.skip(f"NVML lists {gpus} GPU(s) on this machine: auto would rightly read them")
+    root = Path(tempfile.mkdtemp(prefix="od-"))
+    try:
+        args, env = as_deployed_here(daemonset(), objects("ConfigMap"), root)
+        assert "--source=auto" in args
+        no_sysfs = root / "sys"  # what the sysfs probe reads instead of this machine's /sys
+        no_sysfs.mkdir()
+        agent = start_agent(*args, env=env | {"OTEL_DRA_SYSFS_ROOT": str(no_sysfs)}, wait=False, pick_source=True)
+        assert agent.proc.wait(timeout=30) == 2, agent.logs()
+        logs = agent.logs()
+        assert "--source auto found no accelerator" in logs, logs
+        assert "first sample" not in logs, "it sampled something"
+        assert not Path(str(flag_values(args)["--kubelet-socket"])).exists(), "it served a health stream"
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
