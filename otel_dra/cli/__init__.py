@@ -18,6 +18,7 @@ from otel_dra.cli.cmd_run import run
 from otel_dra.cli.cmd_status import status
 from otel_dra.cli.common import USAGE_ERROR
 from otel_dra.cli.k8s import k8s as k8s_group
+from otel_dra.cli.kubelet import kubelet as kubelet_group
 from otel_dra.cli.scenario import register as register_scenario
 
 
@@ -99,7 +100,7 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tupl
     return out
 
 
-for command in (run, fleet, replay, policy, status, k8s_group):
+for command in (run, fleet, replay, policy, status, k8s_group, kubelet_group):
     cli.add_command(command)
 register_scenario(cli)  # simulate, score (otel_dra/cli/scenario.py)
 for path, command in _commands(cli):
