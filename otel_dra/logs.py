@@ -47,6 +47,16 @@ _KEY_CHARS: Final = MAX_ARG_CHARS
 _SUMMARY_WORDS: Final = 8
 
 
+#: The record attribute that carries a line's own keys (``extra=keys(node=..., device=...)``).
+FIELDS: Final = "otel_dra_fields"
+
+
+def keys(**values: object) -> dict[str, dict[str, object]]:
+    """``extra=`` for a log call whose line has keys of its own, beside ``msg``, so a log shipper's logfmt
+    or JSON parser gets them as fields (``node=vm device=gpu-3 health=Unhealthy``), not inside the text."""
+    return {FIELDS: values}
+
+
 def _cut(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, the cut marked with an ellipsis."""
     return text if len(text) <= limit else text[: max(0, limit - 1)] + ELLIPSIS
@@ -138,7 +148,8 @@ class OneLineFormatter(logging.Formatter):
         return time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(record.created)) + f".{int(record.msecs):03d}Z"
 
     def fields(self, record: logging.LogRecord) -> dict[str, str]:
-        """The line's fields, in order: time, level, logger, msg and, for an exception, error."""
+        """The line's fields, in order: time, level, logger, msg, the record's own (:func:`keys`) and, for
+        an exception, error."""
         exc = record.exc_info
         # A copy: other handlers (a test's capture) see the record as it was logged.
         record = logging.makeLogRecord(record.__dict__)
@@ -146,6 +157,8 @@ class OneLineFormatter(logging.Formatter):
         record.args = _short_args(record.args)
         message = _cut(record.getMessage(), MAX_LINE_CHARS)
         out = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name, "msg": message}
+        for key, value in (getattr(record, FIELDS, None) or {}).items():
+            out.setdefault(str(key), _cut(str(value), MAX_ARG_CHARS))
         if exc and exc[1] is not None:
             out["error"] = f"{type(exc[1]).__name__}: {_cut(str(exc[1]), MAX_ARG_CHARS)}"
         # One line: a multi-line message reads as its lines joined by " | "; no URL's password or user.

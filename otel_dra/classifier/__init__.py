@@ -43,6 +43,7 @@ from otel_dra.classifier.verdicts import (
     human_duration,
     reasons_of,
     remediation_name,
+    rfc3339,
     state_name,
 )
 from otel_dra.classifier.window import WindowStore
@@ -65,6 +66,11 @@ _HELD_BY_SILENT = np.asarray([r not in ("device_lost", "stale") for r in REASONS
 STALL_PERIODS = 2.0
 #: How early a stall's grace may end: times are compared to the millisecond, not to a float's last bit.
 _GRACE_SLACK_S = 1e-3
+
+
+def _at(unix_s: float) -> str:
+    """A moment as a stored message says it: RFC 3339, UTC, to the second."""
+    return rfc3339(int(unix_s * 1e9)) if math.isfinite(unix_s) else "an unknown time"
 
 
 def monotonic_s() -> float:
@@ -770,19 +776,21 @@ class Classifier:
         return "; ".join(parts) if parts else self._no_evidence
 
     def _held_text(self, row: int, reason: str, now_s: float) -> str:
-        """A reason held without evidence now: what it was last seen with, and what clears it."""
+        """A reason held without evidence now: what it was last seen with, and what clears it. Times are
+        absolute (UTC): the message is stored (a taint rule's annotation, a verdict file), where "10s ago"
+        would read the same an hour later."""
         eng, r = self.engine, R[reason]
         held = self._said.get((row, reason), reason)
-        ago = human_duration(now_s - eng.evidence_at[row, r])
+        seen = _at(float(eng.evidence_at[row, r]))
         need = int(eng.need[row, r])
         if not need:
-            return f"{held} (last evidence {ago} ago; clears after {human_duration(eng.hold_s[r])} without)"
+            return f"{held} (last evidence at {seen}; clears after {human_duration(eng.hold_s[r])} without)"
         clean = human_duration(eng.clean_after_repair_s)
         fixed_at = float(eng.repaired_at[row, need - 1])
         if fixed_at > eng.evidence_at[row, r]:
-            done = human_duration(now_s - fixed_at)
-            return f"{held} (last evidence {ago} ago; {REPAIRS[need - 1]} seen {done} ago, clears after {clean} clean)"
-        return f"{held} (last evidence {ago} ago; held until {_AWAITED[need - 1]}, then {clean} clean)"
+            done = _at(fixed_at)
+            return f"{held} (last evidence at {seen}; {REPAIRS[need - 1]} seen at {done}, clears after {clean} clean)"
+        return f"{held} (last evidence at {seen}; held until {_AWAITED[need - 1]}, then {clean} clean)"
 
     def _verdict(
         self,

@@ -43,7 +43,42 @@ DEFAULT_MAX_POINTS: Final = OtlpPushConfig.queue_max_points
 BACKOFF_FIRST_S: Final = 1.0
 BACKOFF_MAX_S: Final = 15.0
 _LOG_EVERY_S: Final = 60.0
+#: While the collector stays down, one line this often says for how long, how many attempts, what was
+#: dropped and the exporter's last error (issue #29: the SDK's own warning and error every few seconds, each
+#: with a different retry delay, were never folded).
+FAILING_LOG_EVERY_S: Final = 300.0
+#: The SDK exporters' loggers, whose words during the queue's attempts are kept for those lines instead.
+EXPORTER_LOGGERS: Final = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+)
 OUTCOMES: Final = ("sent", "dropped")
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``5m``, ``1h20m``: how long, as a person says it."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" + (f"{s % 60}s" if s % 60 and s < 600 else "")
+    return f"{s // 3600}h" + (f"{s // 60 % 60}m" if s // 60 % 60 else "")
+
+
+class _AttemptWords(logging.Filter):
+    """What the exporter logs on the sender's thread (its retries, its failure): kept as the last error,
+    not written; the queue says it in its own, rarer lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread: threading.Thread | None = None
+        self.last: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or threading.current_thread() is not self.thread:
+            return True
+        self.last = record.getMessage()[:300]
+        return False
 
 
 def count_points(data: MetricsData) -> int:
@@ -101,6 +136,11 @@ class SendingQueue(MetricExporter):
         self._closed = False
         self._last_log = -_LOG_EVERY_S
         self._quiet_drops = 0
+        self._failing_since = 0.0  # the queue's clock, at the first failed attempt in a row
+        self._failing_said = 0.0  # when the last line about it was written
+        self._failing_drops = 0  # points dropped since then
+        self._words = _AttemptWords()
+        self.endpoint = str(getattr(exporter, "_endpoint", "") or "the collector")
         self._thread: threading.Thread | None = None
 
     def register_metrics(self, meter: Meter) -> None:
@@ -126,6 +166,9 @@ class SendingQueue(MetricExporter):
             self._trim()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._send_loop, name="otlp-sending-queue", daemon=True)
+                self._words.thread = self._thread
+                for name in EXPORTER_LOGGERS:
+                    logging.getLogger(name).addFilter(self._words)
                 self._thread.start()
             self._cond.notify_all()
         return MetricExportResult.SUCCESS
@@ -151,6 +194,8 @@ class SendingQueue(MetricExporter):
         self.exporter.shutdown(timeout_millis=max(0.0, deadline - time.monotonic()) * 1000.0)
         if self._thread is not None:
             self._thread.join(max(0.0, deadline - time.monotonic()) + 0.5)
+        for name in EXPORTER_LOGGERS:
+            logging.getLogger(name).removeFilter(self._words)
 
     # -- state -----------------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -195,7 +240,11 @@ class SendingQueue(MetricExporter):
             self._note_drop(dropped)
 
     def _note_drop(self, points: int) -> None:
-        """One warning a minute at most, with what was dropped since the last one."""
+        """One warning a minute at most, with what was dropped since the last one; while attempts fail,
+        the failing line says it instead."""
+        if self._failures:
+            self._failing_drops += points
+            return
         self._quiet_drops += points
         now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY_S:
@@ -231,15 +280,46 @@ class SendingQueue(MetricExporter):
                     self._queued_points -= head.points
                     self._counts["sent"] += head.points
                     if self._failures:
-                        log.info("OTLP push: the collector takes data again (%d attempts had failed)", self._failures)
+                        log.info(
+                            "OTLP push to %s works again after %s (%d attempts had failed)",
+                            self.endpoint,
+                            duration(self._clock() - self._failing_since),
+                            self._failures,
+                        )
                     self._failures = 0
                     self._cond.notify_all()
                     continue
                 self._failures += 1
                 failures = self._failures
+                self._say_failing()
             first, cap = self.backoff_s
             delay = min(cap, first * 2 ** min(failures - 1, 16) * random.uniform(0.8, 1.2))  # never past the cap
             self._stopping.wait(delay)
+
+    def _say_failing(self) -> None:
+        """The first failed attempt in a row, and then every :data:`FAILING_LOG_EVERY_S`, one line each."""
+        now, last = self._clock(), self._words.last or "no answer"
+        if self._failures == 1:
+            self._failing_since = self._failing_said = now
+            self._failing_drops = 0
+            log.warning(
+                "OTLP push to %s failing: %s; retrying, and keeping up to %gs or %d points of data meanwhile",
+                self.endpoint,
+                last,
+                self.max_age_s,
+                self.max_points,
+            )
+        elif now - self._failing_said >= FAILING_LOG_EVERY_S:
+            self._failing_said = now
+            dropped, self._failing_drops = self._failing_drops, 0
+            log.warning(
+                "OTLP push to %s failing for %s (%d attempts%s; last error: %s)",
+                self.endpoint,
+                duration(now - self._failing_since),
+                self._failures,
+                f", the oldest {dropped:,} data points dropped" if dropped else "",
+                last,
+            )
 
     # -- metrics ---------------------------------------------------------------------------------
     def _observe_size(self, _: CallbackOptions) -> Iterable[Observation]:

@@ -14,6 +14,7 @@ from otel_dra.classifier import Verdict
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.verdicts import rfc3339
 from otel_dra.classifier.views import DeviceView, by_device
+from otel_dra.logs import keys
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,11 @@ class VerdictBoard:
 
     def publish(self, changed: list[Verdict], registry: DeviceRegistry) -> None:
         """The classifier's changed verdicts onto the board, each with its device's attributes from
-        ``registry``; devices the registry has forgotten leave the board; one log line per change
-        (a device's first, healthy verdict only at debug level), naming what a verdict about more than
-        its device is about (``scope=node group=node/train-007``)."""
+        ``registry``; devices the registry has forgotten leave the board. One log line per change, its
+        verdict as keys of the line (``node``, ``device``, ``health``, ``state``, ``reasons``,
+        ``remediation``, and ``scope``/``group`` for a verdict about more than its device): a failure at
+        WARNING, every other change (a recovery) at INFO; only a device's first verdict, when healthy, at
+        DEBUG."""
 
         def attrs_of(node: str, hw_id: str) -> Mapping[str, str]:
             row = registry.row(node, hw_id)
@@ -99,24 +102,25 @@ class VerdictBoard:
                 return attrs  # (the registry's read-only mapping, shared, not a copy per device)
             return {k: v for k, v in attrs.items() if k != cv.HW_ID}
 
+        with self._lock:
+            known = {(v.node, v.hw_id) for v in changed if (v.node, v.hw_id) in self._verdicts}
         self.update(changed, attrs_of)
         self.forget(lambda key: registry.row(*key) is not None)
         for v in changed:
-            first = v.last_transition_time == v.time_unix_nano and v.health == "Healthy" and v.state == "ok"
-            level = logging.DEBUG if first else logging.WARNING if v.health != "Healthy" else logging.INFO
-            about = "" if v.scope == "device" else f" scope={v.scope} group={v.group or '-'}"
-            log.log(
-                level,
-                "verdict node=%s device=%s health=%s state=%s reasons=%s remediation=%s%s: %s",
-                v.node,
-                v.hw_id,
-                v.health,
-                v.state,
-                ",".join(v.reasons) or "-",
-                v.remediation,
-                about,
-                v.message,
+            healthy = v.health == "Healthy" and v.state == "ok"
+            first = (v.node, v.hw_id) not in known
+            level = logging.DEBUG if first and healthy else logging.WARNING if v.health != "Healthy" else logging.INFO
+            about = {} if v.scope == "device" else {"scope": v.scope, "group": v.group or "-"}
+            fields = keys(
+                node=v.node,
+                device=v.hw_id,
+                health=v.health,
+                state=v.state,
+                reasons=",".join(v.reasons) or "-",
+                remediation=v.remediation,
+                **about,
             )
+            log.log(level, "verdict: %s", v.message, extra=fields)
 
     def devices(self, mode: str) -> list[DeviceView]:
         """One verdict per DRA identity, several nodes' views combined by ``mode``."""

@@ -3,6 +3,9 @@ must not raise a fault, hysteresis, escalation, staleness, and a registry that g
 
 from __future__ import annotations
 
+import datetime as dt
+import re
+
 import numpy as np
 import pytest
 
@@ -329,3 +332,23 @@ def test_the_clock_jumping_raises_no_false_alarm():
         feed.step(TEMP=[60.0, 61.0], UNCORRECTED=[0.0, 0.0])
     for device, seq in feed.verdicts.items():
         assert all((v.health, v.state, v.reasons) == ("Healthy", "ok", ()) for v in seq), (device, seq)
+
+
+def test_a_held_faults_message_gives_absolute_times_that_read_the_same_later(tmp_path):
+    """Issue #29: "last evidence 10s ago" copied into a taint rule's annotation read the same four minutes
+    later. A held reason's words give the moment (RFC 3339, UTC), so the message stays true where it is stored."""
+    feed = Feed(load_policy(tmp_path, "window: 1m\n"))
+    feed.step(UNCORRECTED=[0.0, 0.0])
+    feed.step(UNCORRECTED=[1.0, 0.0])
+    seen_at = feed.t - feed.interval  # (step advanced the clock past the sample that carried the error)
+    for _ in range(12):
+        feed.step(UNCORRECTED=[1.0, 0.0])
+    now = {v.hw_id: v for v in feed.classifier.current()}["gpu-0"]
+    held = [now.message] if "last evidence" in now.message else []
+    assert held and now.health == "Unhealthy", now.message
+    assert " ago" not in held[-1]
+    stamp = re.search(r"last evidence at (\S+);", held[-1])
+    assert stamp, held[-1]
+    when = dt.datetime.fromisoformat(stamp.group(1).replace("Z", "+00:00")).timestamp()
+    # (the window shows the error for its 1m, and that is evidence while it does)
+    assert seen_at <= when - T0 / S <= seen_at + 60 + feed.interval, (stamp.group(1), seen_at)

@@ -5,6 +5,7 @@ back, up to a stated bound")."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -47,7 +48,7 @@ class Collector:
         self._start = start_receiver
         self.receiver: OtlpReceiver | None = None
 
-    def start(self, block: threading.Event | None = None) -> Inbox:
+    def start(self, block: threading.Event | None = None, protocol: str = "grpc") -> Inbox:
         inbox = Inbox()
 
         def on_frames(frames: list[Frame]) -> None:
@@ -55,7 +56,9 @@ class Collector:
                 block.wait(30)
             inbox(frames)
 
-        self.receiver, _ = self._start(grpc_endpoint=f"127.0.0.1:{self.port}", http_endpoint=None, on_frames=on_frames)
+        endpoint = f"127.0.0.1:{self.port}"
+        grpc, http = (endpoint, None) if protocol == "grpc" else (None, endpoint)
+        self.receiver, _ = self._start(grpc_endpoint=grpc, http_endpoint=http, on_frames=on_frames)
         return inbox
 
     def stop(self) -> None:
@@ -68,11 +71,11 @@ class PushingNode:
     """One agent's push path: the simulated source → store → MetricsSink → the SDK's periodic reader
     (collected by hand here) → SendingQueue → the SDK's OTLP gRPC exporter."""
 
-    def __init__(self, port: int, **queue_args) -> None:
+    def __init__(self, port: int, protocol: str = "grpc", **queue_args) -> None:
         self.schema = Schema()
         self.src = SimulatedSource(SimulatorConfig(NODE, devices=2, seed=1), self.schema)
         self.store = FrameStore()
-        self.queue = SendingQueue(provider.otlp_exporter(f"http://127.0.0.1:{port}", "grpc"), **queue_args)
+        self.queue = SendingQueue(provider.otlp_exporter(f"http://127.0.0.1:{port}", protocol), **queue_args)
         self.reader = PeriodicExportingMetricReader(self.queue, export_interval_millis=math.inf)
         self.mp = provider.build_meter_provider(NODE, [self.reader], 5000)
         meter = self.mp.get_meter(cv.AGENT_SCOPE, __version__)
@@ -273,3 +276,36 @@ def test_backoff_never_passes_its_cap_and_the_agent_retries_twice_an_interval():
     assert pushed is not None and pushed.backoff_s == (1.0, 5.0)  # half the agent's 10 s interval
     pushed.shutdown(timeout_millis=100)
     reader.shutdown(timeout_millis=100)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_collector_down_for_ten_minutes_is_a_few_summarised_lines(collector, caplog, protocol):
+    """Issue #29: a dead collector made the SDK exporter write a warning and an error every few seconds,
+    forever, each with another retry delay, so the flood limiter never folded them. Through the queue, ten
+    minutes of the queue's clock without a collector (a real exporter failing against a closed port) write
+    one line when it starts failing, one every five minutes with the attempts, the drops and the last error,
+    and one when the collector is back: nothing of the exporter's own."""
+    clock = [0.0]
+    node = PushingNode(collector.port, protocol, max_age_s=60.0, clock=lambda: clock[0], backoff_s=(0.01, 0.02))
+    caplog.set_level(logging.INFO)
+    try:
+        node.sample()
+        for _ in range(20):  # ten minutes, a collection every 30 s
+            failures = node.queue.stats()["failures"]
+            wait_for(lambda f=failures: node.queue.stats()["failures"] > f, 10, "another failed attempt")
+            clock[0] += 30.0
+            node.sample()
+        inbox = collector.start(protocol=protocol)
+        wait_for(lambda: node.queue.stats()["queued"] == 0, 20, "the queue drained")
+        assert frame_times(inbox)
+    finally:
+        node.close()
+    collectors = ("otel_dra.receivers", "otel_dra.serve")  # the collector's own lines, not the pushing side's
+    lines = [r for r in caplog.records if r.levelno >= logging.INFO and not r.name.startswith(collectors)]
+    texts = [r.getMessage() for r in lines]
+    assert not [r for r in lines if r.name.startswith("opentelemetry.exporter")], texts
+    ours = [t for t in texts if t.startswith("OTLP push to")]
+    assert len(ours) == len(texts) and 3 <= len(ours) <= 5, texts
+    assert "failing:" in ours[0] and str(collector.port) in ours[0]
+    assert any("failing for 5m" in t and "attempts" in t and "dropped" in t and "last error" in t for t in ours)
+    assert "works again after 10m" in ours[-1]

@@ -9,7 +9,9 @@ import logging
 import pytest
 
 from otel_dra.classifier import Verdict
+from otel_dra.logs import OneLineFormatter
 from otel_dra.state.board import VerdictBoard
+from tests.support.logfmt import logfmt
 
 OWN = Verdict(1, "train-007", "gpu-0", "Healthy", "ok", (), "none", "fine", pool="train-007", device="gpu-0")
 NODE_WIDE = Verdict(
@@ -49,12 +51,40 @@ class _Registry:
         return 0
 
 
-def test_the_log_line_of_a_change_names_the_scope_and_group_of_a_verdict_beyond_the_device(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_each_change_is_a_line_whose_verdict_is_keys_a_log_shipper_reads(
+    caplog: pytest.LogCaptureFixture, log_format: str
 ):
+    """Issue #29: the verdict sat inside ``msg``, so Loki's ``| logfmt`` got no ``device`` or ``health``. Each
+    is a key of its own now, in both formats, with ``scope`` and ``group`` for a verdict beyond its device."""
     board = VerdictBoard()
+    formatter = OneLineFormatter(log_format)
     with caplog.at_level(logging.DEBUG, logger="otel_dra.state.board"):
         board.publish([OWN, NODE_WIDE], _Registry())  # type: ignore[arg-type]
-    lines = {r.getMessage().split()[2]: r.getMessage() for r in caplog.records}
-    assert "remediation=reboot_node scope=node group=node/train-007: power delivery" in lines["device=gpu-1"]
-    assert "scope=" not in lines["device=gpu-0"]  # a device's own verdict: the line it always was
+    parse = logfmt if log_format == "logfmt" else json.loads
+    lines = {f["device"]: f for f in (parse(formatter.format(r)) for r in caplog.records)}
+    wide = lines["gpu-1"]
+    assert {k: wide[k] for k in ("node", "health", "state", "reasons", "remediation", "scope", "group")} == {
+        "node": "train-007",
+        "health": "Unhealthy",
+        "state": "failed",
+        "reasons": "power_delivery",
+        "remediation": "reboot_node",
+        "scope": "node",
+        "group": "node/train-007",
+    }
+    assert wide["msg"] == "verdict: power delivery faults on every GPU of the node" and wide["level"] == "WARNING"
+    own = lines["gpu-0"]
+    assert (own["health"], own["reasons"], own["remediation"]) == ("Healthy", "-", "none") and "scope" not in own
+
+
+def test_a_recovery_is_logged_at_info_and_only_a_first_healthy_verdict_at_debug(caplog: pytest.LogCaptureFixture):
+    """Issue #29: "first verdict" was true of every return to Healthy, so a recovery left no line at the
+    default level while its failure was a WARNING."""
+    board = VerdictBoard()
+    failed = Verdict(5, "train-007", "gpu-0", "Unhealthy", "failed", ("memory_ecc",), "reset_device", "ECC")
+    recovered = Verdict(9, "train-007", "gpu-0", "Healthy", "ok", (), "none", "fine again")
+    with caplog.at_level(logging.DEBUG, logger="otel_dra.state.board"):
+        for verdicts in ([OWN], [failed], [recovered]):
+            board.publish(verdicts, _Registry())  # type: ignore[arg-type]
+    assert [r.levelname for r in caplog.records] == ["DEBUG", "WARNING", "INFO"]
