@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from otel_dra.sinks.kubelet.api.dra_health_v1alpha1_pb2 import NodeWatchResourcesResponse
 
-#: Where the DaemonSet (deploy/kubernetes/30-daemonset.yaml) serves the stream on every node.
+#: Where the DaemonSet (deploy/kubernetes/base/30-daemonset.yaml) serves the stream on every node.
 DEFAULT_SOCKET = os.path.join(KUBELET_PLUGINS_DIR, "otel-dra", "health.sock")
 OUTPUTS = ("table", "json")
 #: ``auto``: v1alpha1 (what kubelets up to 1.36 call), then v1 when the server has no v1alpha1.
