@@ -23,16 +23,20 @@ a clean start: it is refused whole, never half-believed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
 import os
 import re
+import shlex
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory
@@ -72,6 +76,42 @@ def default_state_dir(env: Mapping[str, str] = os.environ) -> str:
 def agent_file(node: str) -> str:
     """The agent's file name for ``node`` (characters outside ``[A-Za-z0-9._-]`` become ``_``)."""
     return f"agent-{re.sub(r'[^A-Za-z0-9._-]', '_', node)}.json"
+
+
+def devices_memory(n: int) -> str:
+    """``1 device's memory``, ``2 devices' memory``: the count as the log line says it."""
+    return f"{n} device's memory" if n == 1 else f"{n} devices' memory"
+
+
+def inspect_hint(path: Path) -> str:
+    """How a person looks at and edits what was recalled: named where it is said, at start."""
+    where = shlex.quote(str(path))
+    return (
+        f"`otel-dra state show --state-file {where}` lists them; "
+        f"`otel-dra state forget DEVICE --state-file {where}`, with this process stopped, drops one"
+    )
+
+
+def without(saved: Saved, keys: Collection[tuple[str, str]]) -> Saved:
+    """``saved`` less the devices ``keys`` (``(k8s.node.name, hw.id)``): their memory and their counter
+    baselines, so the next process meets them as devices seen for the first time (``otel-dra state forget``;
+    a baseline kept would measure a swapped device's counts against its predecessor's)."""
+    drop = set(keys)
+    counters = saved.counters
+    if counters is not None:
+        keep = np.asarray(
+            [i for i, key in enumerate(zip(counters.nodes, counters.ids, strict=True)) if key not in drop],
+            dtype=np.intp,
+        )
+        counters = dataclasses.replace(
+            counters,
+            nodes=tuple(counters.nodes[i] for i in keep),
+            ids=tuple(counters.ids[i] for i in keep),
+            serials=tuple(counters.serials[i] for i in keep),
+            heard_s=counters.heard_s[keep],
+            values=counters.values[keep],
+        )
+    return Saved([m for m in saved.devices if m.key not in drop], counters)
 
 
 class StateFile:
@@ -232,7 +272,12 @@ class StateStore:
         self.recalled = self.classifier.recall(memories, time.time())
         self.classifier.recall_baselines(counters)
         if memories:
-            log.info("state %s: %d devices' memory recalled", self.file.path, self.recalled)
+            log.info(
+                "state %s: %s recalled (%s)",
+                self.file.path,
+                devices_memory(self.recalled),
+                inspect_hint(self.file.path),
+            )
         self.classifier.evaluated.append(self._evaluated)
         self._last_snapshot = time.monotonic()
         self._thread = threading.Thread(target=self._writer, name="otel-dra-state", daemon=True)
