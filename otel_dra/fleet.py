@@ -273,4 +273,4 @@ class Fleet:
         started = self.receiver is not None
         self.components.shutdown()
         if started:
-            log.info("fleet stopped after %d ticks, %d samples", self.ticks, self.classifier.ingested_samples)
+            log.info("fleet stopped (ticks: %d, samples: %d)", self.ticks, self.classifier.ingested_samples)

@@ -20,6 +20,7 @@ from otel_dra.cli.common import USAGE_ERROR
 from otel_dra.cli.k8s import k8s as k8s_group
 from otel_dra.cli.kubelet import kubelet as kubelet_group
 from otel_dra.cli.scenario import register as register_scenario
+from otel_dra.cli.state import state
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -35,14 +36,21 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click in non-standalone mode, so every user error is one line and exit 2."""
+    from otel_dra.cli.common import output_flag_hint
+
     prog = "otel-dra"
     try:
         cli.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # A bare `otel-dra` (or `otel-dra k8s`): click's own answer, the help on stderr and exit 2; not an "error:".
+        exc.show()
+        sys.exit(USAGE_ERROR)
     except click.UsageError as exc:
         cmd = exc.ctx.command_path if exc.ctx is not None else prog
-        click.echo(f"{cmd}: error: {exc.format_message()} (see '{cmd} --help')", err=True)
+        why = output_flag_hint(exc) or exc.format_message()
+        click.echo(f"{cmd}: error: {why} (see '{cmd} --help')", err=True)
         sys.exit(USAGE_ERROR)
     except click.ClickException as exc:
         click.echo(f"{prog}: error: {exc.format_message()}", err=True)
@@ -100,7 +108,7 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tupl
     return out
 
 
-for command in (run, fleet, replay, policy, status, k8s_group, kubelet_group):
+for command in (run, fleet, replay, policy, status, k8s_group, kubelet_group, state):
     cli.add_command(command)
 register_scenario(cli)  # simulate, score (otel_dra/cli/scenario.py)
 for path, command in _commands(cli):

@@ -77,7 +77,8 @@ def read_devices(url: str, timeout_s: float) -> tuple[str, dict[str, Any]]:
             doc = json.load(resp)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise click.ClickException(f"cannot read {endpoint}: {reason}; is 'otel-dra run' serving there?") from None
+        serving = "is 'otel-dra run' or 'otel-dra fleet' serving there?"
+        raise click.ClickException(f"cannot read {endpoint}: {reason}; {serving}") from None
     except ValueError as exc:
         raise click.ClickException(f"{endpoint} did not answer with JSON ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from otel_dra.cli.common import load_policy
+from otel_dra.cli.common import load_policy, plural, stderr_console
 from otel_dra.cli.options import Seconds, decode_limits, limit_options, progress_bar
 from otel_dra.config import FleetConfig
 
@@ -61,7 +61,6 @@ def replay(
     first few are shown on stderr with their line numbers. Exit code 0 when valid data was
     replayed, 2 when nothing could be used (or, with --strict, when any line was bad).
     """
-    from rich.console import Console
     from rich.table import Table
 
     from otel_dra.decode.otlp_json import InputFileError
@@ -69,7 +68,7 @@ def replay(
     from otel_dra.replay import replay as run_replay
 
     policy = load_policy(policy_file)
-    err = Console(stderr=True)
+    err = stderr_console()  # piped: every line whole, never wrapped mid-sentence
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -110,18 +109,18 @@ def replay(
     if result.error_count > len(result.errors):
         err.print(f"warning: ... and {result.error_count - len(result.errors)} more", highlight=False)
     rows = summary_rows(result)
-    title = f"replayed {result.lines} lines, {result.points} points, {result.evaluations} evaluations"
+    counts = (plural(result.lines, "line"), plural(result.points, "point"), plural(result.evaluations, "evaluation"))
+    title = "replayed " + ", ".join(counts)
+    err.print(title, highlight=False)  # its own line: a table's title wraps to the table's width
     if rows:
-        table = Table(title=title)
+        table = Table()
         for col in ("health", "hw.state", "devices"):
             table.add_column(col)
         for health, state, n in rows:
             table.add_row(health, state, str(n))
         err.print(table)
-    else:
-        err.print(title, highlight=False)
     err.print(
-        f"{skip_summary(result)}; wrote {result.verdict_lines} verdict lines to {output}",
+        f"{skip_summary(result)}; wrote {plural(result.verdict_lines, 'verdict line')} to {output}",
         highlight=False,
     )
     if plot is not None:
@@ -132,7 +131,7 @@ def replay(
         err.print(f"timeline: {plot}", highlight=False)
     if strict and result.error_count:
         above = " (see the warnings above)" if result.errors else ""
-        raise click.ClickException(f"--strict: {result.error_count} bad input problems{above}")
+        raise click.ClickException(f"--strict: {plural(result.error_count, 'bad input problem')}{above}")
 
 
 def _nothing_usable(files: tuple[Path, ...], result: ReplayResult) -> str:
@@ -145,13 +144,9 @@ def _nothing_usable(files: tuple[Path, ...], result: ReplayResult) -> str:
         lines = "the one line is" if result.lines == 1 else f"the {result.lines} lines are"
         return f"nothing in {names} could be used: {lines} not OTLP JSON metrics{first}"
     return (
-        f"nothing in {names} could be used: {_count(result.lines, 'line')}, {_count(result.points, 'point')}, "
+        f"nothing in {names} could be used: {plural(result.lines, 'line')}, {plural(result.points, 'point')}, "
         f"no device samples among them{first}"
     )
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _size_or_zero(path: Path) -> int:

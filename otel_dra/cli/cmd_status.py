@@ -1,10 +1,16 @@
 """``otel-dra status``: every device's verdict from a running agent or fleet, as a table for people
 or as the ``/v1/devices`` document for scripts, once or refreshed (``--watch``).
 
-The table never splits a word: identifiers (device, health, state, remediation, ...) are never
-wrapped, the evidence wraps between words, and where the terminal is too narrow for every column
-the reasons column goes (the evidence names each reason). When stdout is not a terminal there is
-no wrapping at all: one line per device, whatever ``COLUMNS`` says, for grep and friends.
+The table never splits a word: identifiers (device, health, state, reasons, remediation, ...) are
+never wrapped, and on a terminal the evidence is one line, shortened with an ellipsis to what is
+left of its width. The reasons column always stays whole (it is the failure mode); where the
+terminal is too narrow for every column, the less needed ones go first (hw.state, scope, since,
+the evidence, then the remediation). When stdout is not a terminal there is no wrapping or
+shortening at all: one line per device, whatever ``COLUMNS`` says, for grep and friends.
+
+Several nodes' devices come from a fleet (an agent serves its own node's only): the headline says
+so, and so does a failed refresh. With one node or none, it may be either, and the words say
+neither.
 
 A verdict about more than its device (contract section 4: its ``scope`` is ``workload``, ``node``,
 ``link`` or ``firmware``) shows what it is about, its ``group`` (``node/train-007``; the scope's name
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from otel_dra.cli.client import DEFAULT_PORT, URL_FORMS, base_url, read_devices
+from otel_dra.cli.common import plural
 from otel_dra.cli.options import Seconds
 
 if TYPE_CHECKING:
@@ -34,6 +41,9 @@ OUTPUTS = ("table", "json")
 
 #: Narrower than this, the evidence column is not worth having beside the reasons column.
 EVIDENCE_MIN_WIDTH = 24
+#: Columns a narrow terminal drops, first to last, to keep the evidence at EVIDENCE_MIN_WIDTH and
+#: then to fit at all. Never the device, its health or its reasons (nor a fleet's node column).
+DROP_ORDER = ("hw.state", "scope", "would evict", "since", "evidence", "remediation")
 
 #: Spaces between two columns of the table (a cell's right padding and the blank divider).
 _GAP = 2
@@ -139,8 +149,9 @@ def _watch_lines(console: Console, output: str, doc: dict[str, Any], url: str, i
             try:
                 _, doc = read_devices(url, timeout)
                 break
-            except click.ClickException as exc:
-                click.echo(f"otel-dra status: {exc.format_message()} (retrying every {interval:g}s)", err=True)
+            except click.ClickException as exc:  # ``doc`` is still the last one read
+                lost = f"lost the fleet at {url}: " if is_fleet(doc) else ""
+                click.echo(f"otel-dra status: {lost}{exc.format_message()} (retrying every {interval:g}s)", err=True)
         if output == "table":
             console.print()
 
@@ -162,9 +173,18 @@ def _watch_in_place(console: Console, doc: dict[str, Any], url: str, interval: f
                 _, doc = read_devices(url, timeout)
                 shown = table()
             except click.ClickException as exc:
-                error = Text(f"{time.strftime('%H:%M:%S')}: {exc.format_message()}; retrying", style="red")
+                lost = f"lost the fleet at {url}: " if is_fleet(doc) else ""
+                error = Text(f"{time.strftime('%H:%M:%S')}: {lost}{exc.format_message()}; retrying", style="red")
                 shown = Group(error, device_table(doc, url, width=console.width, when="last read"))
             live.update(shown, refresh=True)
+
+
+def is_fleet(doc: dict[str, Any]) -> bool:
+    """Whether ``doc`` is a fleet's: devices of several nodes (an agent serves its own node's only).
+    A fleet that has heard one node reads as either, and is not called a fleet."""
+    devices = doc.get("devices")
+    nodes = {d.get("k8s.node.name") for d in devices if isinstance(d, dict)} if isinstance(devices, list) else set()
+    return len(nodes - {None, ""}) > 1
 
 
 def _clock(interval: float) -> str:
@@ -228,30 +248,32 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
     def natural(col: str) -> int:
         return max([len(col), *(len(line) for r in rows for line in r[col].splitlines())])
 
-    def longest_word(col: str) -> int:
-        return max([len(col), *(len(w) for r in rows for w in r[col].split())])
-
     hidden: list[str] = []
+    evidence_width: int | None = None  # on a terminal: what is left for it; shorter evidence is cut
     if width is not None:
-        evidence_min = max(EVIDENCE_MIN_WIDTH, longest_word("evidence"))
+        evidence_min = min(EVIDENCE_MIN_WIDTH, natural("evidence"))
 
         def needed() -> int:
             fixed = sum(evidence_min if c == "evidence" else natural(c) for c in columns)
             return fixed + _GAP * (len(columns) - 1)
 
-        # The evidence names each reason; the remediation says what a node's or workload's verdict asks for.
-        for col in ("reasons", "hw.state", "scope", "would evict", "evidence", "since"):
-            if col not in columns:
-                continue
+        # The reasons are the failure mode: the evidence is shortened, and other columns go, before them.
+        for col in DROP_ORDER:
             if needed() <= width:
                 break
-            columns.remove(col)
-            hidden.append(col)
+            if col in columns:
+                columns.remove(col)
+                hidden.append(col)
+        if "evidence" in columns:
+            others = sum(natural(c) for c in columns if c != "evidence") + _GAP * (len(columns) - 1)
+            evidence_width = max(evidence_min, width - others)
 
+    cut = evidence_width is not None and natural("evidence") > evidence_width
     counts = Counter(r["health"] for r in rows)
     worst = ", ".join(f"{counts[h]} {h}" for h in ("Unhealthy", "Unknown") if counts[h])
     where = f" on node {nodes[0]}" if one_node and nodes[0] else f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
-    title = f"{len(rows)} device{'s' * (len(rows) != 1)}{where} at {url}" + (f" ({worst})" if worst else "")
+    server = ", from the fleet" if is_fleet(doc) else ""
+    title = f"{plural(len(rows), 'device')}{where}{server} at {url}" + (f" ({worst})" if worst else "")
     table = Table(
         title=escape(title + (f", {when}" if when else "")),
         box=box.SIMPLE_HEAD if width else None,  # piped: plain columns, as kubectl prints them
@@ -259,22 +281,22 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
         padding=(0, _GAP - 1 if width else _GAP, 0, 0),
         expand=False,
         title_justify="left",
-        caption=_caption(rows, hidden),
+        caption=_caption(rows, hidden, cut),
         caption_justify="left",
     )
     for col in columns:
-        if col == "evidence":
-            table.add_column(col, overflow="fold", min_width=longest_word(col) if width else None)
-        else:
-            table.add_column(col, no_wrap=True, overflow="ellipsis")
+        # Whole, one line each; the evidence alone may be cut to what is left of the width (an ellipsis).
+        limit = evidence_width if col == "evidence" else None
+        table.add_column(col, no_wrap=True, overflow="ellipsis", max_width=limit)
     for r in rows:
         table.add_row(*(Text(r[c], style=_COLORS.get(r[c], "") if c == "health" else "") for c in columns))
     return table
 
 
-def _caption(rows: list[dict[str, str]], hidden: list[str]) -> str | None:
+def _caption(rows: list[dict[str, str]], hidden: list[str], cut: bool) -> str | None:
     if not rows:
-        return "no devices yet: a freshly started agent lists them once its first verdicts are in"
-    if hidden:
-        return f"too narrow for {', '.join(hidden)}: widen the terminal, pipe the output or use --output json"
+        return "no devices yet: a freshly started agent or fleet lists them once its first verdicts are in"
+    if hidden or cut:
+        what = ", ".join(hidden) + (" and " if hidden and cut else "") + ("the whole evidence" if cut else "")
+        return f"too narrow for {what}: widen the terminal, pipe the output or use --output json"
     return None

@@ -1,5 +1,6 @@
 """What every command shares: the exit code for user errors, signal handling, policy loading, the
-one line for a port that cannot be listened on."""
+one line for a port that cannot be listened on, counted nouns, the hint for ``--json``, and stderr
+lines that a pipe gets whole."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from otel_dra.policy import Policy
 
 USAGE_ERROR = 2
@@ -79,3 +82,37 @@ def check_ports_free(host: str, ports: dict[str, int]) -> None:
     for flag, port in ports.items():
         if port and port_in_use(host, port):
             raise click.ClickException(port_busy(flag, port))
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``n`` and ``noun`` as a person writes them: ``1 tick``, ``2 ticks``, ``0 ticks`` (``nouns``: an
+    irregular plural), so no message says "1 bad input problems"."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def output_flag_hint(exc: click.UsageError) -> str | None:
+    """``--json`` (or ``--table``) on a command whose ``-o/--output`` has that choice: the line that
+    names the right flag, ``no such option: --json (did you mean -o json?)``, where click would
+    suggest whatever flag is spelt closest (``--version``). ``None`` for any other mistake."""
+    if not isinstance(exc, click.NoSuchOption) or exc.ctx is None:
+        return None
+    wanted = exc.option_name.removeprefix("--")
+    for param in exc.ctx.command.params:
+        if not isinstance(param, click.Option) or not isinstance(param.type, click.Choice):
+            continue
+        if "--output" in param.opts and wanted in param.type.choices:
+            flag = "-o" if "-o" in param.opts else "--output"
+            return f"no such option: {exc.option_name} (did you mean {flag} {wanted}?)"
+    return None
+
+
+def stderr_console() -> Console:
+    """A rich console on stderr. Piped (not a terminal), no line is wrapped, whatever ``COLUMNS``
+    says: a log or ``2>file`` gets each message whole, not cut mid-sentence at 80 columns."""
+    import sys
+
+    from rich.console import Console
+
+    if sys.stderr.isatty():
+        return Console(stderr=True)
+    return Console(stderr=True, width=100_000, soft_wrap=True)

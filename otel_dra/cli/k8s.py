@@ -67,6 +67,25 @@ def _connect_and_discover(api_version: str, timeout: float) -> tuple[Any, Any]:
         raise click.ClickException(f"--apply: {exc}") from None
 
 
+def _api_version_for(api_version: str, kubernetes: tuple[int, int], do_apply: bool) -> str:
+    """``--kubernetes-version`` without ``--api-version`` (nor --apply, which asks the cluster): the newest
+    API version that server serves, said on stderr, rather than the default (v1, 1.37+) refused for it."""
+    from otel_dra.sinks.k8s.versions import newest_served
+
+    explicit = click.get_current_context().get_parameter_source("api_version") != ParameterSource.DEFAULT
+    newest = newest_served(kubernetes)
+    if explicit or do_apply or newest is None or newest == api_version:
+        return api_version
+    server = ".".join(map(str, kubernetes))
+    gate = " (alpha: the DRADeviceTaints feature gate and the alpha API must be on)" if newest == "v1alpha3" else ""
+    # Effect None before 1.35 is left to the renderer: one error naming the policy setting, only when a rule has it.
+    click.echo(
+        f"note: Kubernetes {server} serves DeviceTaintRules up to {API_VERSIONS[newest]}: rendering that{gate}",
+        err=True,
+    )
+    return newest
+
+
 @k8s.command("render")
 @click.argument("file", required=False)
 @click.option(
@@ -84,7 +103,8 @@ def _connect_and_discover(api_version: str, timeout: float) -> tuple[Any, Any]:
     show_default=True,
     help="DeviceTaintRule API version: v1 (Kubernetes 1.37+), v1beta2 (1.36+, feature gate DRADeviceTaintRules and "
     "the API enabled) or v1alpha3 (1.33+, alpha, feature gate DRADeviceTaints; the only one before 1.36). "
-    "With --apply and no --api-version: the newest one the cluster serves, asked of its API discovery.",
+    "With --apply and no --api-version: the newest one the cluster serves, asked of its API discovery; with "
+    "--kubernetes-version and no --api-version: the newest that version serves.",
 )
 @click.option(
     "--kubernetes-version",
@@ -164,9 +184,10 @@ def render_command(
         from otel_dra.sinks.k8s.render import kubernetes_version_of
 
         try:
-            kubernetes_version_of(kubernetes_version)
+            server = kubernetes_version_of(kubernetes_version)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--kubernetes-version") from None
+        api_version = _api_version_for(api_version, server, do_apply)
     try:
         policy = load(policy_file)
         verdicts, drivers = _read_agent(from_url, timeout) if from_url else _read_file(str(file))

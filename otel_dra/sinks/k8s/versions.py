@@ -24,3 +24,9 @@ SERVED_FROM: Mapping[str, tuple[int, int]] = {
     "resource.k8s.io/v1beta2": (1, 36),
     "resource.k8s.io/v1alpha3": (1, 33),
 }
+
+
+def newest_served(kubernetes: tuple[int, int]) -> str | None:
+    """The newest ``--api-version`` choice a Kubernetes (major, minor) serves (``(1, 34)``: ``v1alpha3``),
+    so ``--kubernetes-version 1.34`` alone renders what that server takes; ``None`` before 1.33."""
+    return next((short for short, full in API_VERSIONS.items() if SERVED_FROM[full] <= kubernetes), None)

@@ -67,7 +67,7 @@ def test_strict_points_at_the_warnings_it_printed(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert any(line.startswith("warning: line ") for line in lines)
-    assert lines[-1] == "otel-dra: error: --strict: 1 bad input problems (see the warnings above)"
+    assert lines[-1] == "otel-dra: error: --strict: 1 bad input problem (see the warnings above)"
 
 
 def test_clean_input_prints_no_warnings_and_its_table(tmp_path: Path) -> None:

@@ -193,7 +193,51 @@ def test_the_cli_renders_for_a_server_and_says_the_fix_in_one_line(tmp_path):
     assert "effect: NoSchedule" in fixed.stdout and "apiVersion: resource.k8s.io/v1alpha3" in fixed.stdout
     default = otel_dra(*base)
     assert default.returncode == 0 and "apiVersion: resource.k8s.io/v1\n" in default.stdout, default.stderr
-    unserved = otel_dra(*base, "--kubernetes-version", "1.36")
+    unserved = otel_dra(*base, "--api-version", "v1", "--kubernetes-version", "1.36")  # asked for: held to it
     assert unserved.returncode == 2 and "render with --api-version v1beta2" in unserved.stderr, unserved.stderr
     bad = otel_dra(*base, "--kubernetes-version", "latest")
     assert bad.returncode == 2 and "--kubernetes-version" in bad.stderr and "MAJOR.MINOR" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("kubernetes", "short"),
+    [
+        ((1, 32), None),
+        ((1, 33), "v1alpha3"),
+        ((1, 35), "v1alpha3"),
+        ((1, 36), "v1beta2"),
+        ((1, 37), "v1"),
+        ((2, 0), "v1"),
+    ],
+)
+def test_the_newest_api_version_each_server_serves(kubernetes, short):
+    from otel_dra.sinks.k8s.versions import newest_served
+
+    assert newest_served(kubernetes) == short
+
+
+def test_a_kubernetes_version_alone_picks_its_api_version_and_fails_once_on_effect_none(tmp_path):
+    """Issue #29: ``--kubernetes-version 1.33`` without ``--api-version`` renders v1alpha3 (saying so), so
+    the only error left is the one about effect None (1.35+), naming the policy setting that fixes it."""
+    line = {cv.K8S_NODE_NAME_ATTR: "node-a", cv.HW_ID: "gpu-1", "health": "Unhealthy", cv.HW_STATE: "failed"}
+    line |= {"reasons": ["memory_ecc"], cv.DRA_POOL_NAME: "node-a", cv.DRA_DEVICE_NAME: "gpu-1"}
+    verdicts = tmp_path / "verdicts.jsonl"
+    verdicts.write_text(json.dumps(line) + "\n")
+    base = ("k8s", "render", str(verdicts), "--driver", DRIVER)
+    refused = otel_dra(*base, "--kubernetes-version", "1.33")
+    assert refused.returncode == 2 and refused.stdout == ""
+    note, error = refused.stderr.strip().splitlines()
+    assert note.startswith("note: Kubernetes 1.33 serves DeviceTaintRules up to resource.k8s.io/v1alpha3"), note
+    assert "DRADeviceTaints" in note
+    assert "'None' needs Kubernetes 1.35+; for 1.33 set kubernetes.taints.effect.default" in error, error
+    assert "--api-version" not in error
+    policy = tmp_path / "p.yaml"
+    policy.write_text("kubernetes:\n  taints:\n    effect:\n      default: NoSchedule\n")
+    fixed = otel_dra(*base, "--kubernetes-version", "1.34", "--policy", str(policy))
+    assert fixed.returncode == 0, fixed.stderr
+    assert "apiVersion: resource.k8s.io/v1alpha3" in fixed.stdout and "effect: NoSchedule" in fixed.stdout
+    newer = otel_dra(*base, "--kubernetes-version", "1.36")
+    assert newer.returncode == 0 and "apiVersion: resource.k8s.io/v1beta2" in newer.stdout, newer.stderr
+    assert newer.stderr.startswith("note: Kubernetes 1.36 serves DeviceTaintRules up to resource.k8s.io/v1beta2")
+    newest = otel_dra(*base, "--kubernetes-version", "1.37")  # the default already: nothing to say
+    assert newest.returncode == 0 and newest.stderr == "", newest.stderr
