@@ -64,8 +64,9 @@ def replay(
     from rich.table import Table
 
     from otel_dra.decode.otlp_json import InputFileError
-    from otel_dra.replay import plot_timeline, skip_summary, summary_rows
     from otel_dra.replay import replay as run_replay
+    from otel_dra.replay import skip_summary, summary_rows
+    from otel_dra.replay_plot import plot_timeline
 
     policy = load_policy(policy_file)
     err = stderr_console()  # piped: every line whole, never wrapped mid-sentence

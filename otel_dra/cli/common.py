@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from otel_dra.words import plural as plural  # (the CLI's messages use it from here too)
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -82,12 +84,6 @@ def check_ports_free(host: str, ports: dict[str, int]) -> None:
     for flag, port in ports.items():
         if port and port_in_use(host, port):
             raise click.ClickException(port_busy(flag, port))
-
-
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """``n`` and ``noun`` as a person writes them: ``1 tick``, ``2 ticks``, ``0 ticks`` (``nouns``: an
-    irregular plural), so no message says "1 bad input problems"."""
-    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def output_flag_hint(exc: click.UsageError) -> str | None:

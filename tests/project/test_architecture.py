@@ -15,13 +15,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "otel_dra"
 LAYERS: list[set[str]] = [
-    {"__init__", "vocabulary", "conventions", "frame", "faults", "logs", "component"},  # foundations
+    {"__init__", "vocabulary", "conventions", "frame", "faults", "logs", "component", "words"},  # foundations
     {"policy", "policies"},  # the policy: data (the default YAML), validated
     {"sources", "decode", "classifier", "scenario", "serve"},  # samples in, verdicts out; serving HTTP
     {"state"},  # shared between stages: the board, the newest frames
     {"receivers", "sinks"},  # the pipeline's edges
     {"config"},  # the agent's and the fleet's configs, made of the components'
-    {"agent", "fleet", "replay"},  # pipelines
+    {"agent", "fleet", "replay", "replay_plot"},  # pipelines (and the picture of a replay)
     {"cli", "__main__"},  # the commands
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
