@@ -194,10 +194,15 @@ class SimulatedSource:
         # which reasons it was given, so a state file does not hand a run without them what an earlier run's
         # injected faults left (a held fault belongs to its serial number), while a run with the same ones (a
         # restart) finds its memory.
+        # Without a seed, the number is the node's and the device's: a restarted `otel-dra run` simulates the same
+        # GPUs, so it must find their memory (the draw is made either way, so a seed's stream stays what it was).
         injected = [sorted({f.reason for f in config.faults if f.device in (ANY_DEVICE, dev)}) for dev in self._ids]
+        drawn = [int(self._rng.integers(10**9, 10**10)) for _ in self._ids]
+        if config.seed is None:
+            drawn = [10**9 + zlib.crc32(f"{config.node_name}/{dev}".encode()) for dev in self._ids]
         self._serials = tuple(
-            f"SIM{int(self._rng.integers(10**9, 10**10))}" + (f"-{zlib.crc32(','.join(r).encode()):08x}" if r else "")
-            for r in injected
+            f"SIM{number}" + (f"-{zlib.crc32(','.join(r).encode()):08x}" if r else "")
+            for number, r in zip(drawn, injected, strict=True)
         )
         self._tables: dict[bytes, DeviceTable] = {}
         rng = self._rng

@@ -271,3 +271,20 @@ def test_load_reaches_the_simulated_source_from_the_agent_config():
             AgentConfig(node_name="n", **bad)
     with pytest.raises(ValueError, match="--load must be one of"):
         SimulatorConfig("n", load="busy")
+
+
+def test_without_a_seed_a_restart_simulates_the_same_gpus_so_their_memory_is_found():
+    """A restarted `otel-dra run --fault gpu-3:memory_ecc@30` (no --seed) drew new serial numbers, so the state
+    file's held fault belonged to another GPU and was dropped (found by rerunning the README's walkthrough). The
+    serial is the node's and the device's now: the same run again has the same serials, another node or
+    other injected faults another."""
+
+    def serials(node: str, *faults: Fault) -> list[str]:
+        frame = SimulatedSource(SimulatorConfig(node, devices=4, faults=faults)).read(1_800_000_000 * 10**9)
+        return [attrs[cv.HW_SERIAL_NUMBER] for attrs in frame.devices.attrs]
+
+    ecc = Fault("gpu-3", "memory_ecc", 30.0)
+    first, again = serials("vm", ecc), serials("vm", ecc)
+    assert first == again and len(set(first)) == 4
+    assert serials("vm")[:3] == first[:3] and serials("vm")[3] != first[3]  # gpu-3 with a fault is another GPU
+    assert set(serials("other", ecc)).isdisjoint(first)
