@@ -40,6 +40,7 @@ from otel_dra.classifier.rules import (
     link_rate,
 )
 from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS, SCOPES
+from otel_dra.words import human_duration as human_duration  # (its home: every module says durations so)
 
 HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2
 #: Among reasons of the same state, whose scope a verdict takes: the device's own first, then the most
@@ -58,16 +59,6 @@ for _name, _level in (("reset_device", 1), ("update_firmware", 1), ("reboot_node
 REPAIRS: tuple[str, ...] = ("reset", "reboot", "replace")
 RESET, REBOOT, REPLACE = 1, 2, 4  # their bits
 _REASON_BITS = np.int64(1) << np.arange(len(REASONS), dtype=np.int64)
-
-
-def human_duration(seconds: float) -> str:
-    """300 → 5m, 3600 → 1h, 90 → 1m30s."""
-    s = round(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            whole, rest = divmod(s, size)
-            return f"{whole}{unit}" + (human_duration(rest) if rest else "")
-    return f"{s}s"
 
 
 def rfc3339(unix_nano: int) -> str:

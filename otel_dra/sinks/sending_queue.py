@@ -33,6 +33,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 
 from otel_dra import conventions as cv
 from otel_dra.sinks.config import OtlpPushConfig
+from otel_dra.words import human_duration
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,6 @@ EXPORTER_LOGGERS: Final = (
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
 )
 OUTCOMES: Final = ("sent", "dropped")
-
-
-def duration(seconds: float) -> str:
-    """``45s``, ``5m``, ``1h20m``: how long, as a person says it."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m" + (f"{s % 60}s" if s % 60 and s < 600 else "")
-    return f"{s // 3600}h" + (f"{s // 60 % 60}m" if s // 60 % 60 else "")
 
 
 class _AttemptWords(logging.Filter):
@@ -283,7 +274,7 @@ class SendingQueue(MetricExporter):
                         log.info(
                             "OTLP push to %s works again after %s (%d attempts had failed)",
                             self.endpoint,
-                            duration(self._clock() - self._failing_since),
+                            human_duration(self._clock() - self._failing_since),
                             self._failures,
                         )
                     self._failures = 0
@@ -315,7 +306,7 @@ class SendingQueue(MetricExporter):
             log.warning(
                 "OTLP push to %s failing for %s (%d attempts%s; last error: %s)",
                 self.endpoint,
-                duration(now - self._failing_since),
+                human_duration(now - self._failing_since),
                 self._failures,
                 f", the oldest {dropped:,} data points dropped" if dropped else "",
                 last,
