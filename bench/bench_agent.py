@@ -56,8 +56,8 @@ from otel_dra import conventions as cv
 from otel_dra.frame import Schema
 from otel_dra.sinks import provider
 from otel_dra.sinks._mapping import series_per_device
+from otel_dra.sinks.endpoint import HttpEndpoint
 from otel_dra.sinks.exposition import ExpositionCache
-from otel_dra.sinks.http import HttpEndpoint
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state import FrameStore

@@ -36,8 +36,8 @@ from bench import _report  # noqa: E402
 from bench.bench_classifier import INTERVAL_S, Fleet, rss_mb  # noqa: E402
 from otel_dra import conventions as cv  # noqa: E402
 from otel_dra.sinks import provider  # noqa: E402
+from otel_dra.sinks.verdict_metrics import VerdictMetrics  # noqa: E402
 from otel_dra.sinks.verdict_text import VerdictText  # noqa: E402
-from otel_dra.sinks.verdicts import VerdictMetrics  # noqa: E402
 from otel_dra.state.board import VerdictBoard  # noqa: E402
 
 BENCHMARKS_MD = _report.BENCHMARKS_MD

@@ -259,8 +259,8 @@ def _fleet_imports() -> dict[str, Any]:
     from otel_dra.receivers.config import ReceiverConfig
     from otel_dra.sinks import provider
     from otel_dra.sinks.exposition import ExpositionCache
+    from otel_dra.sinks.verdict_metrics import VerdictMetrics
     from otel_dra.sinks.verdict_text import VerdictText
-    from otel_dra.sinks.verdicts import VerdictMetrics
 
     logging.getLogger("otel_dra").setLevel(logging.ERROR)  # (a fleet's verdict log lines: not measured here)
     return {

@@ -55,7 +55,7 @@ from otel_dra.decode.otlp_proto import OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
-from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictMetrics
+from otel_dra.sinks.verdict_metrics import VERDICT_METRICS, VerdictMetrics
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state import FrameStore, VerdictBoard
 

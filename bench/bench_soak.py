@@ -162,7 +162,7 @@ def soak(devices: int, minutes: float, churn_per_minute: float = 0.02, ttl: str 
     )
     fleet = Fleet(config, policy)
     # Churned-away nodes go stale before their TTL: one WARNING line per device, thousands at full size.
-    logging.getLogger("otel_dra.sinks.verdicts").setLevel(logging.ERROR)
+    logging.getLogger("otel_dra.sinks.verdict_metrics").setLevel(logging.ERROR)
     fleet.start()
     receiver = fleet.receiver
     assert receiver is not None

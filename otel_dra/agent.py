@@ -26,10 +26,10 @@ from otel_dra.frame import Frame, Schema
 from otel_dra.policy import load as load_policy
 from otel_dra.sinks import provider
 from otel_dra.sinks._mapping import series_per_device
-from otel_dra.sinks.http import PrometheusEndpoint, Route
+from otel_dra.sinks.endpoint import PrometheusEndpoint, Route
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.sending_queue import SendingQueue
-from otel_dra.sinks.verdicts import VERDICT_METRICS, VerdictMetrics
+from otel_dra.sinks.verdict_metrics import VERDICT_METRICS, VerdictMetrics
 from otel_dra.sources import Source
 from otel_dra.state import FrameStore, VerdictBoard
 from otel_dra.state.persist import StateFile, StateStore, agent_file

@@ -29,10 +29,10 @@ from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
 from otel_dra.receivers.tls import describe
 from otel_dra.sinks import provider
-from otel_dra.sinks.http import PrometheusEndpoint, Route
+from otel_dra.sinks.endpoint import PrometheusEndpoint, Route
 from otel_dra.sinks.k8s.brake import Brake, BudgetSettings, annotation_key
+from otel_dra.sinks.verdict_metrics import VerdictMetrics
 from otel_dra.sinks.verdict_text import VerdictText
-from otel_dra.sinks.verdicts import VerdictMetrics
 from otel_dra.state import VerdictBoard
 from otel_dra.state.persist import FLEET_FILE, StateFile, StateStore
 

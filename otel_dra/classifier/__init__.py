@@ -20,6 +20,20 @@ from typing import Protocol
 import numpy as np
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.engine import (
+    NODE_CAUSE,
+    REBOOT,
+    REPAIRS,
+    RESET,
+    VerdictEngine,
+    explain,
+    explain_workload,
+    group_of,
+    health_name,
+    reasons_of,
+    remediation_name,
+    state_name,
+)
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
 from otel_dra.classifier.horizon import HorizonStore
@@ -29,28 +43,13 @@ from otel_dra.classifier.peers import PeerHistory
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.classifier.rules import EVENT_FEATURES, HORIZON_FEATURES, SCOPE, R, Window, evaluate
-from otel_dra.classifier.verdicts import (
-    NODE_CAUSE,
-    REBOOT,
-    REPAIRS,
-    RESET,
-    Verdict,
-    VerdictEngine,
-    explain,
-    explain_workload,
-    group_of,
-    health_name,
-    human_duration,
-    reasons_of,
-    remediation_name,
-    rfc3339,
-    state_name,
-)
+from otel_dra.classifier.verdict import Verdict, rfc3339
 from otel_dra.classifier.window import WindowStore
 from otel_dra.classifier.workload import WorkloadSplit
 from otel_dra.frame import DeviceTable, Frame, Schema
 from otel_dra.policy import EVENT_LOG_DEPTH, EVENT_REASONS, Policy
 from otel_dra.vocabulary import REASONS, SCOPES
+from otel_dra.words import human_duration
 
 __all__ = ["Classifier", "Verdict"]
 

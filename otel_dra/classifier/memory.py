@@ -26,6 +26,7 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
+from otel_dra.classifier.verdict import check_judgement
 from otel_dra.frame import Column
 from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS, SCOPES
 
@@ -137,20 +138,25 @@ class DeviceMemory:
         verdict = None
         if d.get("verdict") is not None:
             v = _mapping(d["verdict"], "verdict", {"health", "state", "reasons", "remediation", "since", "scope"})
-            state = v.get("state")
-            bits = 0
-            for name in _list(v.get("reasons"), "verdict reasons"):
-                bits |= 1 << _index(REASONS, name, "reason")
+            # The verdict line's judgement under the state file's own keys, checked as a verdict line's is.
+            health, state, names, remediation, scope = check_judgement(
+                "verdict",
+                v.get("health"),
+                v.get("state"),
+                _list(v.get("reasons"), "verdict reasons"),
+                v.get("remediation"),
+                v.get("scope", "device"),  # (files before scopes: the device's)
+            )
             since = v.get("since")
             if not isinstance(since, int) or isinstance(since, bool) or since < 0:
                 raise ValueError("verdict since must be unix nanoseconds")
             verdict = VerdictMemory(
-                _index(HEALTH, v.get("health"), "health"),
+                HEALTH.index(health),
                 -1 if state is None else _index(STATE_OF_CODE, state, "state"),
-                bits,
-                _index(REMEDIATIONS, v.get("remediation"), "remediation"),
+                sum(1 << REASONS.index(name) for name in set(names)),
+                REMEDIATIONS.index(remediation),
                 since,
-                _index(SCOPES, v.get("scope", "device"), "scope"),  # (files before scopes: the device's)
+                SCOPES.index(scope),
             )
         reasons: dict[int, ReasonMemory] = {}
         keys = {"on", "evidence_at", "state", "state_at", "floor", "episodes", "first_episode_at", "said", "scope"}

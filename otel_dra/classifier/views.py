@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from otel_dra.classifier.verdicts import Verdict
+from otel_dra.classifier.verdict import Verdict
 from otel_dra.vocabulary import COMBINE_MODES, REMEDIATIONS
 
 _SEVERITY = {None: -1, "ok": 0, "predicted_failure": 1, "degraded": 2, "failed": 3}

@@ -199,41 +199,37 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
     from rich.table import Table
     from rich.text import Text
 
-    from otel_dra.classifier.verdicts import human_duration
+    from otel_dra.classifier.verdict import Verdict, VerdictInputError
+    from otel_dra.words import human_duration
 
-    devices = [d for d in doc.get("devices", []) if isinstance(d, dict)]
+    raw = [d for d in doc.get("devices", []) if isinstance(d, dict)]
+    try:
+        devices = [Verdict.from_json(d, f"{url}: devices[{i}]") for i, d in enumerate(raw)]
+    except VerdictInputError as exc:
+        raise click.ClickException(f"{exc}; is the server an otel-dra of this version?") from None
     now = time.time_ns()
-    nodes = sorted({str(d.get("k8s.node.name") or "") for d in devices})
+    nodes = sorted({v.node for v in devices})
     one_node = len(nodes) == 1
     rows: list[dict[str, str]] = []
-    for d in devices:
-        health = str(d.get("health") or "?")
-        try:
-            age = human_duration(max(0.0, (now - int(d.get("last_transition_time", now))) / 1e9))
-            since = "".join(re.findall(r"\d+[dhms]", age)[:2])  # 1d1h, not 1d1h1m2s
-        except (TypeError, ValueError):
-            since = "?"
-        reasons = d.get("reasons")
-        scope = str(d.get("scope") or "device")  # absent: an older server, whose verdicts are all the device's
-        cluster = d.get("cluster")
+    for v, d in zip(devices, raw, strict=True):
+        since = "".join(re.findall(r"\d+[dhms]", human_duration(max(0.0, (now - v.last_transition_time) / 1e9)))[:2])
+        cluster = d.get("cluster")  # beside the verdict line: what the cluster said of its taint
         would = cluster.get("would_evict_pods") if isinstance(cluster, dict) else None
         rows.append(
             {
-                "node": str(d.get("k8s.node.name") or "-"),
-                "device": str(d.get("dra.device.name") or d.get("hw.id") or "?"),
-                "health": health,
-                "hw.state": str(d.get("hw.state") or "-"),
+                "node": v.node or "-",
+                "device": v.device or v.hw_id,
+                "health": v.health,
+                "hw.state": v.state or "-",
                 # One a line on a terminal (a narrow column), else one line per device for grep.
-                "reasons": ("\n" if width else ", ").join(str(r) for r in reasons)
-                if isinstance(reasons, list) and reasons
-                else "-",
-                "remediation": str(d.get("remediation") or "-"),
+                "reasons": ("\n" if width else ", ").join(v.reasons) or "-",
+                "remediation": v.remediation,
                 # What the remediation is for, when not the device: the shared thing's name, else its kind.
-                "scope": "-" if scope == "device" else " ".join(str(d.get("group") or scope).split()),
+                "scope": "-" if v.scope == "device" else " ".join((v.group or v.scope).split()),
                 "since": since,
                 # What NoExecute would evict from it, as the cluster's device-taint controller says (1.35+).
                 "would evict": f"{would} pods" if isinstance(would, int) else "-",
-                "evidence": " ".join(str(d.get("message") or "").split()),
+                "evidence": " ".join(v.message.split()),
             }
         )
     columns = ["node", "device", "health", "hw.state", "reasons", "remediation", "scope", "since", "would evict"]

@@ -34,14 +34,14 @@ def k8s() -> None:
     """
 
 
-def _read_agent(url: str, timeout: float) -> tuple[list[Any], dict[tuple[str, str], str | None]]:
+def _read_agent(url: str, timeout: float) -> list[Any]:
     from otel_dra.sinks.k8s.render import read_devices_json
 
     endpoint, doc = read_devices(url, timeout)
     return read_devices_json(doc, endpoint)
 
 
-def _read_file(file: str) -> tuple[list[Any], dict[tuple[str, str], str | None]]:
+def _read_file(file: str) -> list[Any]:
     from otel_dra.sinks.k8s.render import read_verdict_lines
 
     if file == "-":
@@ -171,9 +171,10 @@ def render_command(
     app.kubernetes.io/managed-by=otel-dra; Healthy devices get none. With --attributes
     (experimental), ResourceSlice attributes (<domain>/health, <domain>/state) for every device.
     """
+    from otel_dra.classifier.verdict import VerdictInputError
     from otel_dra.policy import PolicyError, load
     from otel_dra.sinks.k8s.apply import K8sApplyError, apply
-    from otel_dra.sinks.k8s.render import VerdictInputError, render, write_rendering
+    from otel_dra.sinks.k8s.render import render, write_rendering
     from otel_dra.sinks.k8s.validation import K8sValidationError
 
     if (file is None) == (from_url is None):
@@ -190,7 +191,7 @@ def render_command(
         api_version = _api_version_for(api_version, server, do_apply)
     try:
         policy = load(policy_file)
-        verdicts, drivers = _read_agent(from_url, timeout) if from_url else _read_file(str(file))
+        verdicts = _read_agent(from_url, timeout) if from_url else _read_file(str(file))
     except (PolicyError, VerdictInputError, K8sValidationError) as exc:
         raise click.ClickException(str(exc)) from None
     api_client = None
@@ -205,7 +206,7 @@ def render_command(
 
                 k8s_target = max(found.kubernetes, SERVED_FROM[found.api_version])
     try:
-        rendering = render(verdicts, policy, api_version, drivers=drivers, driver=driver, kubernetes_version=k8s_target)
+        rendering = render(verdicts, policy, api_version, driver=driver, kubernetes_version=k8s_target)
     except (PolicyError, VerdictInputError, K8sValidationError) as exc:
         raise click.ClickException(str(exc)) from None
     for note in rendering.skipped + rendering.dropped:
@@ -470,7 +471,7 @@ def _report_table(reports: list[Any], since: float, events: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from otel_dra.classifier.verdicts import human_duration
+    from otel_dra.words import human_duration
 
     console = Console()
     piped = not console.is_terminal

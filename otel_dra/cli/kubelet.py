@@ -324,7 +324,7 @@ def _value(field: Any, value: Any) -> Any:
 def update_json(message: NodeWatchResourcesResponse, stream: _Stream, received_s: float) -> dict[str, Any]:
     """One update as a JSON object: each device's proto fields, plus ``last_updated`` (its
     ``last_updated_time`` in UTC) and ``age_seconds`` (how long before the update arrived)."""
-    from otel_dra.classifier.verdicts import rfc3339
+    from otel_dra.classifier.verdict import rfc3339
 
     devices = []
     for device in message.devices:
@@ -422,7 +422,8 @@ def device_table(
     from rich.table import Table
     from rich.text import Text
 
-    from otel_dra.classifier.verdicts import human_duration, rfc3339
+    from otel_dra.classifier.verdict import rfc3339
+    from otel_dra.words import human_duration
 
     rows: list[dict[str, str]] = []
     for d in message.devices:

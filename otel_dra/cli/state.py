@@ -127,8 +127,8 @@ def awaited_repair(policy: Policy, reason: str, m: ReasonMemory) -> int:
     """The repair a held reason waits for (1 reset, 2 reboot, 3 replacement; 0: it clears with its hold), as the
     verdict engine works it out (``VerdictEngine._codes``), from the policy's base rules (a model's overrides
     are not known from the file)."""
+    from otel_dra.classifier.engine import REPAIR_LEVEL
     from otel_dra.classifier.features import STATE_OF_CODE
-    from otel_dra.classifier.verdicts import REPAIR_LEVEL
     from otel_dra.vocabulary import REMEDIATIONS, SCOPES
 
     if not m.on or reason == "stale" or policy.clears_by(reason) != "repair" or STATE_OF_CODE[m.state] != "failed":
@@ -149,7 +149,7 @@ def awaited_repair(policy: Policy, reason: str, m: ReasonMemory) -> int:
 
 def clearing(policy: Policy, reason: str, m: ReasonMemory, role: str) -> dict[str, Any]:
     """What clears a reason in the file: its time hold, or the repair it awaits and then a clean period."""
-    from otel_dra.classifier.verdicts import human_duration
+    from otel_dra.words import human_duration
 
     if not m.on:
         since = _utc(m.first_episode_at)
@@ -309,7 +309,7 @@ def _print_table(doc: dict[str, Any], ago_s: float | None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from otel_dra.classifier.verdicts import human_duration
+    from otel_dra.words import human_duration
 
     console = Console() if sys.stdout.isatty() else Console(width=100_000)  # piped: one line per row
     devices = doc["devices"]

@@ -52,6 +52,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from otel_dra.classifier.verdict import Verdict, VerdictInputError
+
 NON_OK_STATES: Final = frozenset({"degraded", "predicted_failure", "failed"})
 HEALTH: Final = frozenset({"Healthy", "Unhealthy", "Unknown"})
 #: Unknown is excused on the silent node until this long after the silence ends.
@@ -263,6 +265,7 @@ def passes(score: Score) -> list[str]:
 
 # -- input -----------------------------------------------------------------------------------------
 def _int(value: Any) -> int | None:
+    """A label's time: an integer, a whole float or a string of digits."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -380,24 +383,12 @@ def read_verdict_lines(path: Path | str) -> Iterator[Any]:
 
 
 # -- scoring ---------------------------------------------------------------------------------------
-def _parse(line: Any) -> tuple[tuple[str, str], _Line] | None:
-    if not isinstance(line, dict):
+def _parse(line: Any, number: int) -> tuple[tuple[str, str], _Line] | None:
+    try:
+        v = Verdict.from_json(line, f"verdict line {number}", timed=True)
+    except VerdictInputError:
         return None
-    t = _int(line.get("time_unix_nano"))
-    node, hw_id, health = line.get("k8s.node.name"), line.get("hw.id"), line.get("health")
-    state, reasons = line.get("hw.state"), line.get("reasons") or []
-    if t is None or not isinstance(node, str) or not isinstance(hw_id, str) or health not in HEALTH:
-        return None
-    if state is not None and not isinstance(state, str):
-        return None
-    if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
-        return None
-    scope, group = line.get("scope"), line.get("group")
-    if scope is None:
-        scope = DEVICE_SCOPE
-    if not isinstance(scope, str) or (group is not None and not isinstance(group, str)):
-        return None
-    return (node, hw_id), _Line(t, health, state, frozenset(reasons), scope, group)
+    return (v.node, v.hw_id), _Line(v.time_unix_nano, v.health, v.state, frozenset(v.reasons), v.scope, v.group)
 
 
 def _overlaps(ep: _Episode, lo: float, hi: float) -> bool:
@@ -414,8 +405,8 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
     check_labels(labels)
     out = Score()
     by_dev: dict[tuple[str, str], list[_Line]] = defaultdict(list)
-    for item in verdict_lines:
-        parsed = _parse(item)
+    for number, item in enumerate(verdict_lines, 1):
+        parsed = _parse(item, number)
         if parsed is None:
             out.bad_lines += 1
             continue

@@ -1,6 +1,6 @@
 """Sink wiring: the OpenTelemetry MeterProvider with its resource, readers and views.
 
-Readers: the Prometheus reader (pull, served by :mod:`otel_dra.sinks.http`) and,
+Readers: the Prometheus reader (pull, served by :mod:`otel_dra.sinks.endpoint`) and,
 when an endpoint is configured, a periodic OTLP exporter (push, gRPC or
 HTTP/protobuf) behind a bounded sending queue (:mod:`otel_dra.sinks.sending_queue`).
 A view sizes the cardinality limit to the fleet, because the SDK otherwise folds

@@ -3,7 +3,7 @@
 A fleet of 100,000 devices has 600,000 verdict series (five ``hw.status`` states and one
 ``dra.device.health`` each). Through the OpenTelemetry SDK's Prometheus reader that costs
 about 38 µs a series, 23 s a cycle (BENCHMARKS.md); the fleet must publish every few
-seconds. The series are the same ones the agent's :class:`~otel_dra.sinks.verdicts.VerdictMetrics`
+seconds. The series are the same ones the agent's :class:`~otel_dra.sinks.verdict_metrics.VerdictMetrics`
 emits through the SDK (same names, label names and values, checked by a test that parses
 both), but their label strings are built once per device and reused, so a cycle only joins
 ready-made strings with the current values. A device's labels are kept once, as one string

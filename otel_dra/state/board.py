@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.classifier.registry import DeviceRegistry
-from otel_dra.classifier.verdicts import rfc3339
+from otel_dra.classifier.verdict import rfc3339
 from otel_dra.classifier.views import DeviceView, by_device
 from otel_dra.logs import keys
 

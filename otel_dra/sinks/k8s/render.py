@@ -35,14 +35,13 @@ from typing import Any
 import yaml
 
 from otel_dra import conventions as cv
-from otel_dra.classifier.verdicts import Verdict
+from otel_dra.classifier.verdict import Verdict, VerdictInputError
 from otel_dra.classifier.views import combine
 from otel_dra.policy import Policy
 from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.settings import K8sSettings
 from otel_dra.sinks.k8s.validation import K8sValidationError
 from otel_dra.sinks.k8s.versions import API_VERSIONS, DEFAULT_API_VERSION, SERVED_FROM
-from otel_dra.vocabulary import HEALTH, REASONS, SCOPES
 
 #: The server assumed when none is given: the version's first, but at least 1.35 (so v1alpha3 may
 #: carry effect None; say ``--kubernetes-version 1.33`` or ``1.34`` for the servers that may not).
@@ -382,53 +381,9 @@ def _attributes(client: Any, settings: K8sSettings, ref: DeviceRef, verdict: Ver
 
 
 # -- verdicts in ------------------------------------------------------------------------------
-class VerdictInputError(ValueError):
-    """Verdicts that cannot be read; ``str()`` is one line naming the source (and line)."""
-
-
-_REQUIRED = (cv.K8S_NODE_NAME_ATTR, cv.HW_ID, "health")
-
-
-def verdict_from_json(row: Mapping[str, Any], where: str) -> tuple[Verdict, str | None]:
-    """A verdict line (as ``replay`` writes and ``/v1/devices`` serves: README, "Replay recorded telemetry") and its
-    ``dra.driver.name`` when the line carries one. A line without ``scope`` (an older agent's) is about the device."""
-    if not isinstance(row, Mapping):
-        raise VerdictInputError(f"{where}: expected a verdict object, got {type(row).__name__}")
-    missing = [k for k in _REQUIRED if not isinstance(row.get(k), str)]
-    if missing:
-        raise VerdictInputError(f"{where}: not a verdict line: no {', '.join(missing)}")
-    if row["health"] not in HEALTH:
-        raise VerdictInputError(f"{where}: health {row['health']!r} is not one of: {', '.join(HEALTH)}")
-    reasons = row.get("reasons") or []
-    if not isinstance(reasons, list) or not all(r in REASONS for r in reasons):
-        raise VerdictInputError(f"{where}: reasons {reasons!r} are not contract reasons ({', '.join(REASONS)})")
-    scope, group = row.get("scope") or "device", row.get("group")
-    if scope not in SCOPES:
-        raise VerdictInputError(f"{where}: scope {scope!r} is not one of: {', '.join(SCOPES)}")
-    if group is not None and not isinstance(group, str):
-        raise VerdictInputError(f"{where}: group {group!r} is not a string")
-    verdict = Verdict(
-        time_unix_nano=int(row.get("time_unix_nano") or 0),
-        node=row[cv.K8S_NODE_NAME_ATTR],
-        hw_id=row[cv.HW_ID],
-        health=row["health"],
-        state=row.get(cv.HW_STATE),
-        reasons=tuple(reasons),
-        remediation=str(row.get("remediation") or "none"),
-        message=str(row.get("message") or ""),
-        pool=row.get(cv.DRA_POOL_NAME),
-        device=row.get(cv.DRA_DEVICE_NAME),
-        last_transition_time=int(row.get("last_transition_time") or 0),
-        last_reported_time=int(row.get("last_reported_time") or 0),
-        scope=scope,
-        group=group,
-    )
-    return verdict, row.get(cv.DRA_DRIVER_NAME)
-
-
-def read_verdict_lines(lines: Iterable[str], source: str) -> tuple[list[Verdict], dict[tuple[str, str], str | None]]:
+def read_verdict_lines(lines: Iterable[str], source: str) -> list[Verdict]:
     """Verdict JSON lines (the replay output): the last line per device wins."""
-    latest: dict[tuple[str, str], tuple[Verdict, str | None]] = {}
+    latest: dict[tuple[str, str], Verdict] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -436,21 +391,19 @@ def read_verdict_lines(lines: Iterable[str], source: str) -> tuple[list[Verdict]
             row = json.loads(line)
         except ValueError as exc:
             raise VerdictInputError(f"{source}:{number}: not JSON ({exc})") from None
-        verdict, driver = verdict_from_json(row, f"{source}:{number}")
-        latest[(verdict.node, verdict.hw_id)] = (verdict, driver)
-    return [v for v, _ in latest.values()], {k: d for k, (_, d) in latest.items()}
+        verdict = Verdict.from_json(row, f"{source}:{number}")
+        latest[(verdict.node, verdict.hw_id)] = verdict
+    return list(latest.values())
 
 
-def read_devices_json(doc: Any, source: str) -> tuple[list[Verdict], dict[tuple[str, str], str | None]]:
+def read_devices_json(doc: Any, source: str) -> list[Verdict]:
     """An agent's ``/v1/devices`` answer: ``{"devices": [verdict lines...]}``."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("devices"), list):
         raise VerdictInputError(f"{source}: not otel-dra's device list (no 'devices' list)")
-    verdicts, drivers = [], {}
+    verdicts = []
     for i, row in enumerate(doc["devices"]):
-        verdict, driver = verdict_from_json(row, f"{source}: devices[{i}]")
-        verdicts.append(verdict)
-        drivers[(verdict.node, verdict.hw_id)] = driver
-    return verdicts, drivers
+        verdicts.append(Verdict.from_json(row, f"{source}: devices[{i}]"))
+    return verdicts
 
 
 # -- files out --------------------------------------------------------------------------------

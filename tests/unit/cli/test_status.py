@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from otel_dra.sinks.endpoint import HttpEndpoint
 from otel_dra.sinks.exposition import ExpositionCache
-from otel_dra.sinks.http import HttpEndpoint
 
 NODE = "gpu-node-17.us-east1.example.internal"
 CAPTION = "too narrow for: widen the terminal, pipe the output or use --output json"

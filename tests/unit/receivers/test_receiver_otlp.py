@@ -57,7 +57,7 @@ from otel_dra.receivers import OtlpReceiver
 from otel_dra.receivers.otlp import CONNECTIONS, GRPC_METHOD, GRPC_SERVICE, POINTS, REFUSED, REQUESTS
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
-from otel_dra.sinks.verdicts import VERDICT_METRICS
+from otel_dra.sinks.verdict_metrics import VERDICT_METRICS
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state import FrameStore
 from tests.conftest import free_port, rotel_binary, wait_for

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from otel_dra import __version__
 from otel_dra.sinks import exposition
+from otel_dra.sinks.endpoint import DEFAULT_DESCRIPTION, HttpEndpoint, Route
 from otel_dra.sinks.exposition import ExpositionCache
-from otel_dra.sinks.http import DEFAULT_DESCRIPTION, HttpEndpoint, Route
 
 
 def get(url: str) -> tuple[int, str, str]:

@@ -130,7 +130,7 @@ def test_a_fleet_turning_unhealthy_in_one_evaluation_writes_only_the_budgets_wor
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_dra.classifier.verdicts import Verdict
+    from otel_dra.classifier.verdict import Verdict
     from otel_dra.sinks.k8s.apply import connect
     from otel_dra.sinks.k8s.events import EventRecorder, Ref
     from otel_dra.sinks.k8s.sink import K8sOutputSink

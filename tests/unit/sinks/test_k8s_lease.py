@@ -202,7 +202,7 @@ def test_a_writer_whose_lease_lapses_mid_apply_stops_before_the_next_change(api)
     """The fence is asked before every write, not once per apply: a leader that loses the Lease
     while reconciling leaves the rest to its successor instead of racing it."""
     from otel_dra import policy as policy_mod
-    from otel_dra.classifier.verdicts import Verdict
+    from otel_dra.classifier.verdict import Verdict
     from otel_dra.sinks.k8s import render as r
 
     def sick(device: str) -> Verdict:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from otel_dra import policy as policy_mod
-from otel_dra.classifier.verdicts import Verdict
+from otel_dra.classifier.verdict import Verdict, VerdictInputError
 from otel_dra.cli import k8s as k8s_cli
 from otel_dra.faults import Fault
 from otel_dra.sinks.k8s import apply as k8s_apply
@@ -371,14 +371,14 @@ def test_scope_and_group_come_through_verdict_lines_and_into_the_rules_annotatio
     and each rule says them in its annotations, a device's own with an empty group."""
     lines = [json.dumps(x.to_json()) for x in (NODE_WIDE, FLEET[2])]
     older = {k: x for k, x in FLEET[3].to_json().items() if k not in ("scope", "group")}
-    read, _ = r.read_verdict_lines([*lines, json.dumps(older)], "verdicts.jsonl")
+    read = r.read_verdict_lines([*lines, json.dumps(older)], "verdicts.jsonl")
     assert [(x.hw_id, x.scope, x.group) for x in read] == [
         ("gpu-1", "node", "node/node-a"),
         ("gpu-2", "device", None),
         ("gpu-3", "device", None),
     ]
-    assert [x.to_json() for x in r.read_verdict_lines(lines, "v")[0]] == [NODE_WIDE.to_json(), FLEET[2].to_json()]
-    devices, _ = r.read_devices_json({"devices": [NODE_WIDE.to_json(), older]}, "http://agent/v1/devices")
+    assert [x.to_json() for x in r.read_verdict_lines(lines, "v")] == [NODE_WIDE.to_json(), FLEET[2].to_json()]
+    devices = r.read_devices_json({"devices": [NODE_WIDE.to_json(), older]}, "http://agent/v1/devices")
     assert [(x.scope, x.group) for x in devices] == [("node", "node/node-a"), ("device", None)]
     out = r.render([NODE_WIDE, FLEET[2]], policy_mod.load(), driver=DRIVER)
     notes = {x["spec"]["deviceSelector"]["device"]: x["metadata"]["annotations"] for x in out.rules}
@@ -399,7 +399,7 @@ def test_scope_and_group_come_through_verdict_lines_and_into_the_rules_annotatio
     ],
 )
 def test_a_verdict_line_with_a_scope_outside_the_contract_is_one_line(extra, expected):
-    with pytest.raises(r.VerdictInputError, match=f"^v.jsonl:1: {expected}"):
+    with pytest.raises(VerdictInputError, match=f"^v.jsonl:1: {expected}"):
         r.read_verdict_lines([json.dumps({**NODE_WIDE.to_json(), **extra})], "v.jsonl")
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from otel_dra import conventions as cv
 from otel_dra import policy as policy_mod
-from otel_dra.classifier.verdicts import Verdict
+from otel_dra.classifier.verdict import Verdict
 from otel_dra.sinks.k8s import render as r
 from otel_dra.sinks.k8s import validation as v
 from otel_dra.sinks.k8s.validation import K8sValidationError

@@ -26,7 +26,7 @@ from otel_dra.receivers import OtlpReceiver
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.sending_queue import SendingQueue
-from otel_dra.sinks.verdicts import VERDICT_METRICS
+from otel_dra.sinks.verdict_metrics import VERDICT_METRICS
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state import FrameStore
 from tests.conftest import Inbox, free_port, wait_for

@@ -11,8 +11,8 @@ from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.sinks import provider
 from otel_dra.sinks._mapping import prometheus_label
+from otel_dra.sinks.verdict_metrics import VerdictMetrics
 from otel_dra.sinks.verdict_text import VerdictText
-from otel_dra.sinks.verdicts import VerdictMetrics
 from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import HW_STATES, SCOPES
 

@@ -16,13 +16,8 @@ A verdict is emitted for a device when its health, state, reasons or remediation
 
 from __future__ import annotations
 
-import datetime as dt
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_OF_CODE, F
 from otel_dra.classifier.memory import ReasonMemory, VerdictMemory, pack_key
 from otel_dra.classifier.registry import grown
@@ -40,7 +35,7 @@ from otel_dra.classifier.rules import (
     link_rate,
 )
 from otel_dra.vocabulary import HEALTH, REASONS, REMEDIATIONS, SCOPES
-from otel_dra.words import human_duration as human_duration  # (its home: every module says durations so)
+from otel_dra.words import human_duration
 
 HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2
 #: Among reasons of the same state, whose scope a verdict takes: the device's own first, then the most
@@ -59,59 +54,6 @@ for _name, _level in (("reset_device", 1), ("update_firmware", 1), ("reboot_node
 REPAIRS: tuple[str, ...] = ("reset", "reboot", "replace")
 RESET, REBOOT, REPLACE = 1, 2, 4  # their bits
 _REASON_BITS = np.int64(1) << np.arange(len(REASONS), dtype=np.int64)
-
-
-def rfc3339(unix_nano: int) -> str:
-    return dt.datetime.fromtimestamp(unix_nano / 1e9, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """One device's verdict: the verdict line's fields, in the vocabulary of ``otel_dra.vocabulary``,
-    plus the seed thread's transition and report times. Slotted: a fleet's board holds one per device."""
-
-    time_unix_nano: int
-    node: str
-    hw_id: str
-    health: str
-    state: str | None
-    reasons: tuple[str, ...]
-    remediation: str
-    message: str
-    pool: str | None = None
-    device: str | None = None
-    last_transition_time: int = 0  # unix ns
-    last_reported_time: int = 0  # unix ns: the device's newest sample
-    driver: str | None = None  # dra.driver.name, when the telemetry carries it
-    #: What the verdict is about (``otel_dra.vocabulary.SCOPES``): the device itself, or what it shares
-    #: (the workload on it, its node, ...), named by ``group`` (``node/train-007``); None for a device's own.
-    scope: str = "device"
-    group: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The verdict line (README, "Replay recorded telemetry"; extended by adding keys only)."""
-        out: dict[str, Any] = {
-            "time_unix_nano": self.time_unix_nano,
-            cv.K8S_NODE_NAME_ATTR: self.node,
-            cv.HW_ID: self.hw_id,
-            "health": self.health,
-            cv.HW_STATE: self.state,
-            "reasons": list(self.reasons),
-            "remediation": self.remediation,
-            "message": self.message,
-        }
-        if self.pool is not None:
-            out[cv.DRA_POOL_NAME] = self.pool
-        if self.device is not None:
-            out[cv.DRA_DEVICE_NAME] = self.device
-        if self.driver is not None:
-            out[cv.DRA_DRIVER_NAME] = self.driver
-        out["scope"] = self.scope
-        if self.group is not None:
-            out["group"] = self.group
-        out["last_transition_time"] = self.last_transition_time
-        out["last_reported_time"] = self.last_reported_time
-        return out
 
 
 class VerdictEngine:
