@@ -240,7 +240,7 @@ def _fleet_parts(fleet: Any, decoder: Any, text: Any, cache: Any) -> list[tuple[
         ),
         ("decoder: device tables", lambda: [decoder._tables]),
         ("decoder: time floors per node and series", lambda: [decoder._floors]),
-        ("decoder: templates", lambda: [decoder._templates, decoder._used, decoder._streak]),
+        ("decoder: templates", lambda: [decoder._templates]),
         ("decoder: the rest", lambda: [decoder]),
         ("fleet: the rest", lambda: [fleet]),
     ]
@@ -259,7 +259,7 @@ def _fleet_imports() -> dict[str, Any]:
     from otel_dra.receivers.config import ReceiverConfig
     from otel_dra.sinks import provider
     from otel_dra.sinks.exposition import ExpositionCache
-    from otel_dra.sinks.verdict_metrics import VerdictMetrics
+    from otel_dra.sinks.verdict_metrics import ViewDisagreement
     from otel_dra.sinks.verdict_text import VerdictText
 
     logging.getLogger("otel_dra").setLevel(logging.ERROR)  # (a fleet's verdict log lines: not measured here)
@@ -275,7 +275,7 @@ def _fleet_imports() -> dict[str, Any]:
         "provider": provider,
         "ExpositionCache": ExpositionCache,
         "VerdictText": VerdictText,
-        "VerdictMetrics": VerdictMetrics,
+        "ViewDisagreement": ViewDisagreement,
     }
 
 
@@ -296,9 +296,7 @@ def _build_fleet(m: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
     meter_provider = provider.build_meter_provider(
         "fleet", [provider.prometheus_reader(registry)], m["FLEET_SERIES_LIMIT"]
     )
-    m["VerdictMetrics"](
-        fleet.board, meter_provider.get_meter("otel_dra.fleet"), policy.shared_devices.combine, states=False
-    )
+    m["ViewDisagreement"](fleet.board, meter_provider.get_meter("otel_dra.fleet"), policy.shared_devices.combine)
     cache = m["ExpositionCache"](
         registry, 3 * config.evaluate_every_s + 5, extra=lambda: render(fleet.board.snapshot())
     )

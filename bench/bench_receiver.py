@@ -50,7 +50,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_dra import __version__, policy
 from otel_dra import conventions as cv
 from otel_dra.classifier import Classifier
-from otel_dra.decode import OtlpJsonDecoder, otlp_proto
+from otel_dra.decode import OtlpJsonDecoder
+from otel_dra.decode import proto_templates as otlp_proto  # (where the templates' digests are made)
 from otel_dra.decode.otlp_proto import OtlpProtoDecoder
 from otel_dra.frame import Frame, Schema
 from otel_dra.sinks import provider
@@ -227,11 +228,11 @@ STAGES = (
     ("decode: template match (copy, gather, digest)", "otlp_proto.py", "_fast_section"),
     ("decode: values checked and scattered into frames", "otlp_proto.py", "_apply"),
     ("decode: the request's frames, series time order", "otlp_proto.py", "_frames"),
-    ("ingest: each frame's rows (cached per device table)", "classifier/__init__.py", "_rows_of"),
+    ("ingest: each frame's rows (cached per device table)", "classifier/batch.py", "_of_frame"),
     ("ingest: features (counter increases, gauges)", "features.py", "extract"),
     ("ingest: window store", "window.py", "append"),
     ("ingest: long horizon", "horizon.py", "append"),
-    ("evaluate: rules, verdict engine, freshness", "classifier/__init__.py", "evaluate"),
+    ("evaluate: rules, verdict engine, freshness", "classifier/classifier.py", "evaluate"),
 )
 
 
@@ -374,7 +375,7 @@ def main() -> int:
         "in one call. What was left per frame, the look-up of each device's row, is cached per device table (a node "
         "sending the same devices again looks up none), and the templates' SHA-256, half of decoding a request, "
         "is XXH3-128 (2 µs for a 100 kB request instead of 90 µs; why a non-cryptographic digest is enough: "
-        "`otel_dra/decode/otlp_proto.py`, `_Template`).",
+        "`otel_dra/decode/proto_templates.py`, `Template`).",
         f"- Why decoding is fast: an agent's request repeats its previous one byte for byte except the 8-byte "
         "payloads of times and values, so after a node's first request each `ResourceMetrics` is checked against "
         "a template (payloads gathered and zeroed with one numpy fancy index, the rest digested and compared with "

@@ -22,8 +22,10 @@ import numpy as np
 
 from otel_dra.classifier import Classifier
 from otel_dra.config import FleetConfig
+from otel_dra.decode.files import read_lines
 from otel_dra.decode.limits import DecodeLimits
-from otel_dra.decode.otlp_json import DecodeError, OtlpJsonDecoder, read_lines
+from otel_dra.decode.otlp_json import OtlpJsonDecoder
+from otel_dra.decode.result import DecodeError
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
 from otel_dra.words import plural

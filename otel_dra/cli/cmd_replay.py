@@ -63,7 +63,7 @@ def replay(
     """
     from rich.table import Table
 
-    from otel_dra.decode.otlp_json import InputFileError
+    from otel_dra.decode.files import InputFileError
     from otel_dra.replay import replay as run_replay
     from otel_dra.replay import skip_summary, summary_rows
     from otel_dra.replay_plot import plot_timeline

@@ -47,7 +47,7 @@ from otel_dra import policy
 from otel_dra.decode import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Column, Frame, Schema
-from otel_dra.receivers import OtlpReceiver
+from otel_dra.receivers.factory import new_receiver as OtlpReceiver
 
 S = 10**9
 T0 = 1_795_000_000 * S

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_dra.decode import DecodeResult, OtlpJsonDecoder, OtlpProtoDecoder
 from otel_dra.decode import limits as lim
-from otel_dra.decode.core import NODE_IDLE_NS, SWEEP_EVERY_NS
+from otel_dra.decode.floors import NODE_IDLE_NS, SWEEP_EVERY_NS
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
 from otel_dra.frame import Column, Frame, Schema
 

@@ -21,7 +21,8 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_dra import __version__
-from otel_dra.decode import DecodeError, InputFileError, OtlpJsonDecoder, otlp_json, read_lines
+from otel_dra.decode import DecodeError, InputFileError, OtlpJsonDecoder, read_lines
+from otel_dra.decode import json_line as otlp_json
 from otel_dra.faults import Fault
 from otel_dra.frame import Column, Frame, Schema, attrs_of
 from otel_dra.sinks import provider
@@ -797,7 +798,9 @@ def test_otel_dras_own_telemetry_is_ignored_alike_by_both_decoders():
 
 def test_shape_entries_packed_round_trip() -> None:
     """A shape's entries kept as int16 offsets read back as the entries they were (issue #17)."""
-    from otel_dra.decode.otlp_json import _UNKNOWN, _packed, _Shape
+    from otel_dra.decode.json_shapes import UNKNOWN_ENTRY as _UNKNOWN
+    from otel_dra.decode.json_shapes import Shape as _Shape
+    from otel_dra.decode.json_shapes import packed as _packed
 
     for learned in ([_UNKNOWN, 70_000, 70_001, _UNKNOWN, 70_005], [5, -1, _UNKNOWN], [0, 40_000], [_UNKNOWN]):
         entries, base = _packed(learned)
@@ -808,7 +811,7 @@ def test_shape_entries_packed_round_trip() -> None:
 
 def test_entries_column_past_int16() -> None:
     """An entry's column past what int16 holds makes the columns int32, the earlier ones kept."""
-    from otel_dra.decode.otlp_json import _Entries
+    from otel_dra.decode.json_shapes import Entries as _Entries
 
     entries = _Entries()
     for i in range(3000):
