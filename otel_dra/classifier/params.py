@@ -1,7 +1,8 @@
 """The policy resolved per device: rows grouped by (``hw.vendor``, ``hw.model``), thresholds as arrays.
 
 Overrides make thresholds differ by model, yet rules must stay array expressions: each row
-carries a policy group index, each threshold is an array over groups, and ``param[group]``
+carries a policy group index, each threshold is an array over groups
+(:mod:`otel_dra.classifier.thresholds`, compiled when a group appears), and :meth:`PolicyGroups.at`
 gives the per-row values. Groups change only when a device's attributes do, which is rare
 and the only place Python touches a single device.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,7 @@ import numpy as np
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import DeviceParams
 from otel_dra.classifier.registry import grown
+from otel_dra.classifier.thresholds import RowParams, RuleParams, at_group, compile_rules
 from otel_dra.policy import Policy
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
@@ -37,19 +40,33 @@ def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
     return tuple(key)
 
 
+@dataclass(frozen=True)
+class FirmwareLimits:
+    """One group's firmware rule: versions denied, and the least version per vendor."""
+
+    deny: frozenset[str]
+    minimum: Mapping[str, str]
+
+
 class PolicyGroups:
     """Per-row policy group, firmware verdict, and per-group threshold arrays."""
 
     def __init__(self, policy: Policy, capacity: int) -> None:
         self.policy = policy
         self._index: dict[tuple[str, str], int] = {}
-        self.rules: list[Mapping[str, Any]] = []
+        self.rules: list[Mapping[str, Any]] = []  # each group's merged rules, as the policy has them
         self.vendors: list[str] = []
+        #: The rules' thresholds, arrays over groups (recompiled when a group appears).
+        self.params: RuleParams = compile_rules([])
+        #: The base rules' (no override's): fleet-wide values (the peer quantile of power-cap references).
+        self.base: RuleParams = compile_rules([policy.rules])
+        self.firmware: list[FirmwareLimits] = []
+        self.code_tables: list[dict[str, str]] = []  # per group: driver error code -> class
+        link = policy.rules["link"]["replays_per_lane_per_minute"]
+        self._per_lane_rate = {int(g): float(r) for g, r in link.items()}
         self.group = np.zeros(capacity, dtype=np.intp)
         self.firmware_bad = np.zeros(capacity, dtype=bool)
         self.firmware_text: list[str] = [""] * capacity
-        self._cache: dict[tuple[str, ...], np.ndarray] = {}
-        self._uniform: dict[tuple[str, ...], bool] = {}  # per threshold: the same in every group
         self._group_for("", "")
         # Cohorts: devices whose rates are compared (the policy's ``cohorts.by`` attributes).
         self._cohort_index: dict[tuple[str, ...], int] = {}
@@ -82,9 +99,14 @@ class PolicyGroups:
         group = self._index.get(key)
         if group is None:
             group = self._index[key] = len(self.rules)
-            self.rules.append(self.policy.rules_for(vendor, model))
+            rules = self.policy.rules_for(vendor, model)
+            self.rules.append(rules)
             self.vendors.append(vendor)
-            self._cache.clear()
+            self.params = compile_rules(self.rules)
+            fw = rules["firmware"]
+            self.firmware.append(FirmwareLimits(frozenset(fw["deny"]), dict(fw["minimum"])))
+            classes = rules["driver_errors"]["code_tables"].get(vendor, {})
+            self.code_tables.append({code: klass for klass, codes in classes.items() for code in codes})
         return group
 
     def _cohort_for(self, key: tuple[str, ...]) -> int:
@@ -112,65 +134,57 @@ class PolicyGroups:
         with_id = {**attrs, cv.HW_ID: hw_id} if hw_id else attrs
         name = next((with_id[key] for key in self.policy.cohorts.slot_keys if with_id.get(key)), "")
         self.slot[row] = self._slot_for(int(cohort), name)
-        fw = self.rules[group]["firmware"]
+        fw = self.firmware[group]
         version = attrs.get(cv.HW_FIRMWARE_VERSION)
         bad, why = False, ""
         if version is not None:
-            if version in fw["deny"]:
+            if version in fw.deny:
                 bad, why = True, f"firmware {version} is on the policy's deny list"
-            minimum = fw["minimum"].get(attrs.get(cv.HW_VENDOR, ""))
+            minimum = fw.minimum.get(attrs.get(cv.HW_VENDOR, ""))
             if minimum is not None and version_key(version) < version_key(minimum):
                 bad, why = True, f"firmware {version} is below the policy minimum {minimum}"
         self.firmware_bad[row] = bad
         self.firmware_text[row] = why
 
     # -- thresholds ----------------------------------------------------------------------------
-    def values(self, *path: str) -> np.ndarray:
-        """One threshold (``rules.<path>``) per group, as float64."""
-        cached = self._cache.get(path)
-        if cached is None:
-            out = []
-            for rules in self.rules:
-                node: Any = rules
-                for key in path:
-                    node = node[key]
-                out.append(float(node))
-            cached = self._cache[path] = np.asarray(out)
-            self._uniform[path] = bool((cached == cached[0]).all())
-        return cached
+    def at(self, rows: np.ndarray) -> RowParams:
+        """The thresholds of ``rows``, each rule's read at their groups when first asked for."""
+        return RowParams(self, rows)
 
-    def param(self, rows: np.ndarray, *path: str) -> np.ndarray:
-        """One threshold per row (one value, broadcast, while every device shares one group: a
-        read-only view that costs nothing, whatever the fleet's size)."""
-        values = self.values(*path)
-        if self._uniform.get(path, False):  # no override changes it: one value for every row
-            return np.broadcast_to(values[0], np.shape(rows))
-        return values[self.group[rows]]
+    def events_windows(self, group: int) -> dict[str, float]:
+        """Per reason judged on event logs (``EVENT_REASONS``), its events window in ``group``, seconds."""
+        p = self.params
+        return {
+            "memory_pressure": float(p.memory_pressure.events_window[group]),
+            "driver_errors": float(p.driver_errors.events_window[group]),
+            "device_reset": float(p.device_reset.events_window[group]),
+        }
 
     def device_params(self, rows: np.ndarray) -> DeviceParams:
-        """What the sample stage needs for these rows."""
-        base = self.policy.rules["link"]["replays_per_lane_per_minute"]
-        tables: list[dict[str, str]] = []
-        for rules in self.rules:
-            table = rules["driver_errors"]["code_tables"]
-            vendor = self.vendors[len(tables)]
-            classes = table.get(vendor, {})
-            tables.append({code: klass for klass, codes in classes.items() for code in codes})
+        """What the sample stage needs for these rows (only its thresholds read: a batch is often a node's)."""
+        group = self.group[rows]
+        shape = np.shape(rows)
+
+        def at(values: np.ndarray) -> np.ndarray:
+            return at_group(values, group, shape)
+
+        p = self.params
+        thermal, cooling, throttling, link = p.thermal, p.cooling, p.power_throttling, p.link
         return DeviceParams(
-            temp_degraded=self.param(rows, "thermal", "fallback_limits", "high.degraded"),
-            temp_critical=self.param(rows, "thermal", "fallback_limits", "high.critical"),
-            fan_min_rpm=self.param(rows, "cooling", "min_rpm"),
-            fan_min_ratio=self.param(rows, "cooling", "min_ratio"),
-            warm=self.param(rows, "cooling", "warm"),
-            pinned_ratio=self.param(rows, "power_throttling", "pinned_ratio"),
-            mem_full=self.param(rows, "memory_pressure", "utilization"),
-            gen_min_util=self.param(rows, "link", "generation_min_utilization"),
-            busy_util=self.param(rows, "power_throttling", "busy_utilization"),
-            default_gen=self.param(rows, "link", "default_generation"),
-            default_width=self.param(rows, "link", "default_width"),
-            groups=self.group[rows],
-            code_tables=tables,
-            per_lane_rate={int(g): float(r) for g, r in base.items()},
+            temp_degraded=at(thermal.fallback_limits.high_degraded),
+            temp_critical=at(thermal.fallback_limits.high_critical),
+            fan_min_rpm=at(cooling.min_rpm),
+            fan_min_ratio=at(cooling.min_ratio),
+            warm=at(cooling.warm),
+            pinned_ratio=at(throttling.pinned_ratio),
+            mem_full=at(p.memory_pressure.utilization),
+            gen_min_util=at(link.generation_min_utilization),
+            busy_util=at(throttling.busy_utilization),
+            default_gen=at(link.default_generation),
+            default_width=at(link.default_width),
+            groups=group,
+            code_tables=self.code_tables,
+            per_lane_rate=dict(self._per_lane_rate),
         )
 
     def ladders(self) -> np.ndarray:

@@ -12,10 +12,17 @@ features), not O(devices x window x features).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from otel_dra.classifier.registry import grown
 from otel_dra.classifier.rows import RowIndex
+
+
+def window_samples(window_s: float, interval_s: float) -> int:
+    """Ring length for a window of ``window_s`` at one sample every ``interval_s``."""
+    return max(2, math.ceil(window_s / max(interval_s, 1e-3) - 1e-9))
 
 
 class WindowStore:

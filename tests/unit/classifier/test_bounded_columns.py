@@ -19,7 +19,7 @@ from otel_dra import conventions as cv
 from otel_dra import policy
 from otel_dra.classifier import Classifier
 from otel_dra.decode import OtlpProtoDecoder
-from otel_dra.decode.core import DESCRIPTIVE
+from otel_dra.decode.attributes import DESCRIPTIVE
 from otel_dra.frame import Schema
 
 S = 10**9
@@ -117,7 +117,7 @@ def test_ignored_attributes_are_counted_by_both_decoders_and_the_receiver(caplog
     from google.protobuf.json_format import MessageToJson
 
     from otel_dra.decode import OtlpJsonDecoder
-    from otel_dra.receivers.otlp import OtlpReceiver
+    from otel_dra.receivers.factory import new_receiver as OtlpReceiver
 
     honest, attack = request(T0, None, {}), request(T0 + 10 * S, 0, {})
     attack_again = request(T0 + 20 * S, 0, {})  # the same structure: read from the template

@@ -1,0 +1,169 @@
+"""Evidence against peers under the same load, read from the rows' windows: temperature against the
+node's devices (:func:`thermal_peers`) and power-cap time against the cohort at comparable load
+(:func:`cap_peers`). The statistics are :mod:`otel_dra.classifier.peers`'; what they judge is here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from otel_dra.classifier.features import F
+from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, R
+from otel_dra.classifier.peers import (
+    ThermalResiduals,
+    dense,
+    grouped_median,
+    load_bins,
+    quantile_of_others,
+    thermal_residuals,
+)
+
+if TYPE_CHECKING:
+    from otel_dra.classifier.reader import Window
+
+
+@dataclass
+class ThermalPeers:
+    """Devices running hotter than their peers at the same load (:meth:`Window.thermal_peers`)."""
+
+    flagged: np.ndarray  # bool: hotter than its peers (its samples' median too) for ``sustain``: the evidence
+    hot: np.ndarray  # bool: its window mean hotter than its peers' now (what PeerHistory keeps the time of)
+    judged: np.ndarray  # bool: had peers to be judged against now
+    residuals: ThermalResiduals
+    bar: np.ndarray  # Cel above the expectation that flags (lowered while the reason is on)
+    baseline: np.ndarray  # Cel it usually runs above its peers, where that set the bar (NaN elsewhere)
+
+
+@dataclass
+class CapPeers:
+    """Power-cap time against peers at comparable load (:meth:`Window.cap_peers`): per span (the window, the
+    duty span, the rate span) each device's share of time capped and its peers' reference share (NaN: no
+    peers)."""
+
+    shares: tuple[np.ndarray, np.ndarray, np.ndarray]  # over the window, the duty span, the rate span
+    references: list[np.ndarray]  # the peer_quantile of its peers' shares, itself left out (NaN: too few)
+    node_medians: list[np.ndarray]  # the median share of its node's devices of its cohort (NaN: too few)
+    util: np.ndarray  # the window's mean utilization
+    limit: np.ndarray  # its power limit over the window, W
+    limit_median: np.ndarray  # its cohort's median power limit (NaN: too few devices report one)
+
+
+def thermal_peers(w: Window) -> ThermalPeers:
+    """Each device's temperature against its peers at the same load (``rules.thermal.peers``): flagged when
+    both its window mean and the median of its window's samples run ``max(margin, mad_k x spread)`` above
+    what its node's devices, its slot elsewhere and its utilization say (``hold_ratio`` of that while
+    ``thermal`` is on), at every evaluation for ``sustain``; not judged while its peers run under
+    ``min_utilization``."""
+    g, rows = w.groups, w.rows
+    p = w.params.thermal.peers
+    judged = p.enabled & w.fresh & (w.counts[F.TEMP_MAX] >= w.min_samples)
+    res = thermal_residuals(
+        w.mean(F.TEMP_MAX),
+        w.mean(F.UTIL),
+        judged,
+        w.nodes,
+        g.cohort[rows],
+        len(g.cohort_names),
+        g.slot[rows],
+        g.n_slots,
+        g.policy.cohorts.load_bins,
+        p.slope,
+        p.min_node_devices,
+        p.min_slot_nodes,
+    )
+    on = w.on[:, R["thermal"]]
+    hold = np.where(on, p.hold_ratio, 1.0)
+    bar = hold * np.fmax(p.margin, p.mad_k * res.sigma)
+    # Or hotter than it usually runs against the same peers (`change_margin` over its baseline, and at least
+    # `change_floor` over them), once it has `history` of being judged: a device that always ran 3 Cel over
+    # its peers is that device; one that now runs 6 Cel over them where it ran 1 Cel has changed.
+    known = (w.history_s >= p.history) & ~np.isnan(w.baseline)
+    own = np.fmax(w.baseline + hold * p.change_margin, hold * p.change_floor)
+    with np.errstate(invalid="ignore"):
+        changed = known & (own < bar)
+    bar = np.where(changed, own, bar)
+    # At light load there is little heat to tell devices apart by (a checkpoint's dip, an idle node): no news.
+    with np.errstate(invalid="ignore"):
+        light = res.node_util < p.min_utilization
+        judged = ~np.isnan(res.residual) & ~light
+        hot = judged & (res.residual >= bar)
+    flagged = hot.copy()
+    some = np.flatnonzero(flagged)
+    if some.size:  # a few devices: their samples' median, so that one spike is not heat
+        r = rows[some]
+        temps = w.store.samples(r, F.TEMP_MAX)
+        utils = w.store.samples(r, F.UTIL)
+        utils = np.where(np.isnan(utils), res.node_util[some], utils)
+        expected = res.base[some] + res.slope[some] * np.nan_to_num(utils)
+        with np.errstate(invalid="ignore"):
+            typical = np.nanmedian(temps - expected, axis=0)
+        flagged[some] = typical >= bar[some]
+    # Sustained: a device has run that hot, judged at every evaluation, for ``sustain`` (a load change or a
+    # job's start moves a node's temperatures for a few minutes; dried paste stays).
+    # Once on, it stays on while it is still that hot, or while it has no peers to be judged against (no news
+    # is not a repair).
+    since = np.where(np.isnan(w.hot_since), w.now_s, w.hot_since)
+    sustained = w.now_s - since >= p.sustain
+    held = (flagged & (sustained | on)) | (on & ~judged & ~np.isnan(w.hot_since))
+    return ThermalPeers(held, hot, judged, res, bar, np.where(changed, w.baseline, np.nan))
+
+
+def cap_peers(w: Window) -> CapPeers:
+    """Each device's power-cap time against its cohort's devices at comparable load: the same
+    utilization bin (``cohorts.load_bins``), or, when that holds fewer than ``min_peers`` (itself
+    included), every device at least as loaded (its bin and the bins above: a device under more load is
+    capped at least as often, so this errs toward quiet); the reference is a high quantile
+    (``peer_quantile``) of theirs, itself left out: devices differ by several percent in the power they draw
+    for the same work, so at the same utilization some sit at the cap much more than others. No such
+    peers: not judged (its reference NaN)."""
+    g, rows = w.groups, w.rows
+    edges = g.policy.cohorts.load_bins
+    n_bins = edges.size + 1
+    # Each span against peers at comparable load over that span: the window's utilization for its share,
+    # the duty span's for its (a peer that dipped for a checkpoint ten minutes ago was not at this load then).
+    utils = (w.mean(F.UTIL), w.span_mean(F.UTIL, DUTY_SPAN), w.span_mean(F.UTIL, RATE_SPAN))
+    shares = (
+        w.share(F.THROTTLE_POWER),
+        w.span_share(F.THROTTLE_POWER, DUTY_SPAN),
+        w.span_share(F.THROTTLE_POWER, RATE_SPAN),
+    )
+    ready = w.fresh & (w.samples >= w.min_samples)
+    spans = (ready, ready & w.covered(DUTY_SPAN), ready & w.covered(RATE_SPAN))
+    cohort = g.cohort[rows]
+    n_groups = len(g.cohort_names) * n_bins
+    least = w.params.power_throttling.min_peers
+    q = float(g.base.power_throttling.peer_quantile[0])
+    references, node_medians = [], []
+    for share, util, covered in zip(shares, utils, spans, strict=True):
+        b = load_bins(util, edges)
+        eligible = covered & (b >= 0)
+        # Its node's devices of its cohort (the same job, usually): a training node at its cap beside a fleet
+        # of inference replicas at the same utilization is not four devices capped far more than their peers.
+        host, n_hosts = dense(w.nodes[eligible], cohort[eligible])
+        host_median, host_size = grouped_median(share[eligible], host, n_hosts)
+        at_node = np.full(rows.shape, np.nan)
+        at_node[eligible] = np.where(host_size[host] >= least[eligible], host_median[host], np.nan)
+        node_medians.append(at_node)
+        reference = np.full(rows.shape, np.nan)
+        chosen = np.zeros(rows.shape, dtype=bool)
+        # Its own bin first, then its bin and those above (one pass a bin, never a loop over devices).
+        for lowest in [None, *range(n_bins)]:
+            mine = eligible & ~chosen & ((b >= 0) if lowest is None else (b == lowest))
+            pick = eligible if lowest is None else eligible & (b >= lowest)
+            key = (cohort * n_bins + (b if lowest is None else lowest))[pick]
+            found, others = quantile_of_others(share[pick], key, n_groups, q)
+            ok = np.zeros(rows.shape, dtype=bool)
+            ok[pick] = others + 1 >= least[pick]
+            ok &= mine
+            value = np.full(rows.shape, np.nan)
+            value[pick] = found
+            reference = np.where(ok, value, reference)
+            chosen |= ok
+        references.append(reference)
+    limit = w.mean(F.POWER_LIMIT)
+    known = w.fresh & ~np.isnan(limit)
+    limit_median, size = grouped_median(limit[known], cohort[known], len(g.cohort_names))
+    limit_median = np.where(size[cohort] >= least, limit_median[cohort], np.nan)
+    return CapPeers(shares, references, node_medians, utils[0], limit, limit_median)

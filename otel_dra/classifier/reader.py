@@ -1,0 +1,253 @@
+"""Read access to every row's window and long horizon: what the rules judge by.
+
+Terms, per device over its window (the last ``window`` of samples):
+
+- ``fraction(f)``: share of the window's samples whose indicator ``f`` is 1; 0 when the
+  window has fewer than ``min_samples`` samples with ``f`` known (one spike is not a trend);
+- ``share(f)``: the increase of a time counter (seconds throttled) over the window's time;
+- ``increase(f)``: the counter's increase over the window;
+- ``per_minute(f)``: ``increase(f)`` per minute of window time, the time taken as at least a
+  minute (``RATE_MIN_SPAN_S``): one corrected error two seconds after a start is one per minute,
+  not thirty (a storm of them still counts at once);
+- ``events(f, w)``: events of a rare counter within the last ``w`` seconds (event log);
+- ``duty``: the share of a longer *duty span* (the long horizon's per-minute buckets, 15
+  minutes by default) that a condition held: faults that come and go (a fan stalling 2
+  minutes in 6) are never most of a 5-minute window, yet are a fault;
+- ``rate``: a counter's rate judged against its *cohort* (devices of the same vendor and
+  model, by default): over the window against a storm bar, and over the horizon's longer
+  rate span against the cohort's median, so a low rate 5x its peers' is caught and a
+  model that runs a higher background is judged by its own norm (``Window.rate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from otel_dra.classifier.events import EventLog
+from otel_dra.classifier.features import F
+from otel_dra.classifier.horizon import HorizonStore
+from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, H, R
+from otel_dra.classifier.params import PolicyGroups
+from otel_dra.classifier.peer_evidence import CapPeers, ThermalPeers, cap_peers, thermal_peers
+from otel_dra.classifier.rates import FROM_COHORT, FROM_NONE, RATE_MIN_SPAN_S, RateVerdict, above, centre
+from otel_dra.classifier.thresholds import RateParams
+from otel_dra.classifier.window import WindowStore
+
+
+@dataclass
+class SpanRuns:
+    """A time counter's shape over a span (:meth:`Window.span_runs`)."""
+
+    runs: np.ndarray  # separate runs of minutes spent mostly in it
+    util_on: np.ndarray  # mean utilization of those minutes (NaN: none, or no utilization)
+    util_off: np.ndarray  # ... and of the span's other minutes
+
+
+@dataclass
+class Window:
+    """Read access to the window and the long horizon of every row in ``rows``.
+
+    ``now_s`` is each row's own present (its node's clock); ``fresh`` marks the rows whose
+    telemetry is fresh; ``recent`` those heard within the rate span (a cohort's centre is
+    taken over them: a node that falls silent for a few minutes does not shrink its peers'
+    cohort); ``on`` is each row's reasons that are on before this evaluation (a sustained
+    condition that is already on stays on at a lower share over a longer span); ``nodes`` each
+    row's node index (of ``n_nodes``), for comparing a device with its node's others;
+    ``hot_since``, ``baseline`` and ``history_s`` what :class:`~otel_dra.classifier.peers.PeerHistory` kept of
+    earlier evaluations."""
+
+    store: WindowStore
+    horizon: HorizonStore
+    events: dict[F, EventLog]
+    rows: np.ndarray
+    now_s: np.ndarray
+    min_samples: int
+    groups: PolicyGroups
+    fresh: np.ndarray
+    recent: np.ndarray
+    on: np.ndarray
+    nodes: np.ndarray
+    n_nodes: int
+    hot_since: np.ndarray  # per row, since when (its own clock) it has run hotter than its peers; NaN: not
+    baseline: np.ndarray  # per row, how much hotter than its peers it usually runs (Cel; NaN: not learnt)
+    history_s: np.ndarray  # ... learnt over this many seconds of being judged
+
+    def __post_init__(self) -> None:
+        n = self.rows.shape[0]
+        # Rows 0..n-1 (every row in use, the usual case) are read as views, not gathered copies.
+        at: np.ndarray | slice = slice(0, n) if n and self.rows[-1] == n - 1 else self.rows
+        # The stores are feature-major: a rule reads one feature of every device, a contiguous row.
+        self.sums = self.store.sums[:, at]
+        self.counts = self.store.counts[:, at]
+        self.seconds = self.sums[F.DT]
+        self.samples = self.counts[F.DT]
+        self.latest = self.store.latest(at)
+        self.span = [self.horizon.span_sums(i, at) for i in range(len(self.horizon.spans))]
+        self.span_s = [self.horizon.spans[i] * self.horizon.bucket_s for i in range(len(self.horizon.spans))]
+        dt = H[F.DT]
+        # Whether each span holds at least half its length of samples (younger devices: the window only).
+        self._covered = [
+            (counts[dt] >= self.min_samples) & (sums[dt] >= 0.5 * span_s)
+            for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
+        ]
+        self._rates: dict[F, RateVerdict] = {}
+        self._fractions: dict[F, np.ndarray] = {}
+        self._span_fractions: dict[tuple[int, F], np.ndarray] = {}
+        self._thermal: ThermalPeers | None = None
+        self._capped: CapPeers | None = None
+        #: The rules' thresholds for these rows (``w.params.thermal.min_fraction``: one per row).
+        self.params = self.groups.at(self.rows)
+
+    def fraction(self, f: F) -> np.ndarray:
+        share = self._fractions.get(f)
+        if share is None:  # once per feature a rule reads (a contiguous row of the feature-major sums)
+            counts = self.counts[f]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = self._fractions[f] = np.where(counts >= self.min_samples, self.sums[f] / counts, 0.0)
+        return share
+
+    def increase(self, f: F) -> np.ndarray:
+        return self.sums[f]
+
+    def share(self, f: F) -> np.ndarray:
+        ok = (self.samples >= self.min_samples) & (self.seconds > 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(ok, self.sums[f] / self.seconds, 0.0)
+
+    def per_minute(self, f: F) -> np.ndarray:
+        ok = (self.samples >= self.min_samples) & (self.seconds > 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(ok, 60.0 * self.sums[f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
+
+    def mean(self, f: F) -> np.ndarray:
+        n = self.counts[f]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, self.sums[f] / n, np.nan)
+
+    def events_since(self, f: F, window_s: np.ndarray) -> np.ndarray:
+        return self.events[f].since(self.now_s - window_s, self.rows)
+
+    # -- the long horizon ----------------------------------------------------------------------
+    def covered(self, span: int) -> np.ndarray:
+        """Whether a span holds at least half its length of samples (younger devices: the window only)."""
+        return self._covered[span]
+
+    def span_fraction(self, f: F, span: int) -> np.ndarray:
+        """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
+        share = self._span_fractions.get((span, f))
+        if share is None:  # once per (span, feature) a rule reads
+            sums, counts = self.span[span][0][H[f]], self.span[span][1][H[f]]
+            judged = self.covered(span) & (counts >= self.min_samples)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = self._span_fractions[span, f] = np.where(judged, sums / counts, 0.0)
+        return share
+
+    def span_mean(self, f: F, span: int) -> np.ndarray:
+        """A gauge's mean over the span (NaN where it has none)."""
+        sums, counts = self.span[span][0][H[f]], self.span[span][1][H[f]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, sums / counts, np.nan)
+
+    def span_share(self, f: F, span: int) -> np.ndarray:
+        """A time counter's increase over the span's time (0 while the span is not covered)."""
+        sums, _ = self.span[span]
+        seconds = sums[H[F.DT]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.covered(span) & (seconds > 0), sums[H[f]] / seconds, 0.0)
+
+    def span_runs(self, f: F, span: int, pick: np.ndarray, bar: float = 0.5) -> SpanRuns:
+        """The shape of a time counter ``f`` over a span, for the rows ``pick`` (a mask): how many separate runs of
+        the span's buckets (minutes) spent at least ``bar`` of their time with it (a condition that comes and goes
+        makes several, one burst of load one), and the mean utilization of those minutes and of the others (a
+        cap reached only at the device's busiest minutes follows its load). Read bucket by bucket, so only for
+        the few rows a rule asks about; 0 runs and NaN elsewhere."""
+        n = self.rows.shape[0]
+        out = SpanRuns(np.zeros(n, dtype=np.int64), np.full(n, np.nan), np.full(n, np.nan))
+        some = np.flatnonzero(pick)
+        if some.size:
+            rows = self.rows[some]
+            seconds, _ = self.horizon.bucket_sums(span, rows, H[F.DT])
+            time_in, _ = self.horizon.bucket_sums(span, rows, H[f])
+            util, util_n = self.horizon.bucket_sums(span, rows, H[F.UTIL])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                on = np.nan_to_num(time_in / seconds) >= bar
+                out.runs[some] = on[0].astype(np.int64) + (on[1:] & ~on[:-1]).sum(axis=0)
+                util = np.nan_to_num(util)
+                out.util_on[some] = (util * on).sum(axis=0) / (util_n * on).sum(axis=0)
+                out.util_off[some] = (util * ~on).sum(axis=0) / (util_n * ~on).sum(axis=0)
+        return out
+
+    def duty(self, f: F, reason: str, duty: np.ndarray, share: bool = False) -> np.ndarray:
+        """A condition that comes and goes: present in at least ``duty`` (the rule's, per row) of the duty span
+        (15 minutes by default), or, once ``reason`` is on, in ``duty x duty_hold_ratio`` of the duty span or
+        of the longer rate span, so a fault that recurs is one episode, not one per burst."""
+        read = self.span_share if share else self.span_fraction
+        stay = duty * self.groups.policy.horizon.duty_hold_ratio
+        recent = read(f, DUTY_SPAN)
+        held = self.on[:, R[reason]] & (np.maximum(recent, read(f, RATE_SPAN)) >= stay)
+        return (recent >= duty) | held
+
+    def rate(self, f: F, bars: RateParams, absolute: np.ndarray) -> RateVerdict:
+        """A counter's rate judged two ways, each beyond counting noise (:func:`above`), by the rule's ``bars``
+        (per row: storm ratio, ratio, MAD k, floor):
+
+        - over the window, against ``max(absolute, storm_ratio x centre)``: a storm, at once;
+        - over the rate span (30 minutes by default), against the cohort's own norm, when the
+          device's cohort is large enough: a rate of at least ``max(ratio x median, median +
+          mad_k x 1.4826 x MAD)`` (far above its peers), whose count is also beyond counting noise
+          above what a healthy peer may run, ``max(healthy_ratio x median, floor)``
+          (``cohorts.span_significance`` deviations: devices differ, and a few errors in a quiet
+          cohort are luck, eighteen where three were due are not);
+          without a cohort, the window's bar, beyond the same noise.
+        """
+        cached = self._rates.get(f)
+        if cached is not None:
+            return cached
+        rows = self.rows
+        sums, _ = self.span[RATE_SPAN]
+        span_minutes = sums[H[F.DT]] / 60.0
+        span_count = sums[H[f]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            span_rate = np.where(span_minutes > 0, span_count / np.maximum(span_minutes, 1.0), np.nan)
+        cohorts = self.groups.cohort[rows]
+        # Every recent device with a rate counts towards its cohort's centre, young ones too: a
+        # fleet that just started judges a storm against its peers, not against the absolute bar.
+        eligible = self.recent & (span_minutes > 0)
+        least = self.groups.policy.cohorts.min_devices
+        c = centre(span_rate, eligible, self.recent, cohorts, len(self.groups.cohort_names), least)
+        ratio = bars.cohort_ratio
+        z = np.full(rows.shape, self.groups.policy.cohorts.significance)
+        window_bar = np.maximum(absolute, bars.storm_ratio * c.median)
+        ok = (self.samples >= self.min_samples) & (self.seconds > 0)
+        window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
+        fast = ok & above(self.increase(f), window_minutes, window_bar, z)
+        spread = c.median + bars.mad_k * 1.4826 * c.mad
+        far = np.nan_to_num(span_rate) >= np.maximum(ratio * c.median, spread)
+        healthy = self.groups.policy.cohorts.healthy_ratio
+        norm = np.maximum(healthy * c.median, bars.floor_per_minute)
+        span_z = np.full(rows.shape, self.groups.policy.cohorts.span_significance)
+        minutes = np.maximum(span_minutes, 1.0)
+        own = far & above(span_count, minutes, norm, span_z)
+        slow = self.covered(RATE_SPAN) & np.where(
+            c.source == FROM_COHORT, own, above(span_count, minutes, window_bar, span_z)
+        )
+        with np.errstate(invalid="ignore", divide="ignore"):
+            times = np.where((c.source != FROM_NONE) & (c.median > 0), span_rate / c.median, np.nan)
+        out = RateVerdict(fast | slow, self.per_minute(f), span_rate, span_minutes, c, times)
+        self._rates[f] = out
+        return out
+
+    # -- peers under the same load (otel_dra.classifier.peer_evidence) -----------------------------------
+    def thermal_peers(self) -> ThermalPeers:
+        """Each device's temperature against its peers at the same load (``peer_evidence.thermal_peers``)."""
+        if self._thermal is None:
+            self._thermal = thermal_peers(self)
+        return self._thermal
+
+    def cap_peers(self) -> CapPeers:
+        """Each device's power-cap time against its cohort at comparable load (``peer_evidence.cap_peers``)."""
+        if self._capped is None:
+            self._capped = cap_peers(self)
+        return self._capped
