@@ -93,11 +93,12 @@ class SourceClass(Protocol):
         ...
 
 
-#: Every source by its ``--source`` name, imported only when asked for (NVML's binding is optional).
+#: Every source by its ``--source`` name: ``module:class``, the module under this package, imported only
+#: when asked for (NVML's binding is optional).
 _CLASSES: dict[str, str] = {
-    "simulated": "otel_dra.sources.simulated:SimulatedSource",
-    "nvml": "otel_dra.sources.nvml:NvmlSource",
-    "sysfs": "otel_dra.sources.sysfs:SysfsSource",
+    "simulated": "simulated:SimulatedSource",
+    "nvml": "nvml:NvmlSource",
+    "sysfs": "sysfs:SysfsSource",
 }
 #: The real sources ``auto`` asks, in order; the first that finds an accelerator is chosen. ``auto`` never
 #: chooses the simulator: a node missing NVML or its ``/sys`` mount must not report healthy pretend GPUs.
@@ -126,7 +127,7 @@ class NoAccelerator(SourceUnavailable):
 def source_class(name: str) -> SourceClass:
     """The class of the source called ``name`` (one of :data:`SOURCES` but ``auto``)."""
     module, _, attr = _CLASSES[name].partition(":")
-    cls: SourceClass = getattr(importlib.import_module(module), attr)
+    cls: SourceClass = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
     return cls
 
 

@@ -16,8 +16,10 @@ wander this source always had, value for value for a given seed.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -33,29 +35,67 @@ if TYPE_CHECKING:
 
 GIB = float(1 << 30)
 
-# Physical constants of the simulated model (an H100 SXM-like part).
-POWER_IDLE_W = 70.0
-POWER_CAP_W = 700.0
-AMBIENT_C = 30.0
-THERMAL_RESISTANCE_C_PER_W = 0.075  # steady-state rise per watt at nominal airflow
-THERMAL_TAU_S = 30.0
-TEMP_LIMITS_GPU = {"high.degraded": 85.0, "throttled": 88.0, "high.critical": 92.0}
-TEMP_LIMITS_MEMORY = {"high.degraded": 95.0, "high.critical": 105.0}
-FAN_MAX_RPM = 10000.0
-FAN_LOW_CRITICAL_RPM = 500.0
-VOLT_NOMINAL = 0.90
-VOLT_LIMITS = {"low.critical": 0.80, "high.critical": 1.00}
-MEMORY_BYTES = 80.0 * GIB
-PCIE_WIDTH, PCIE_GEN = 16.0, 5.0
-GPU_IO_BYTES_PER_S = 20e9
-# Background counter rates, per device per second.
-CORRECTED_ECC_RATE = 1.0 / 3600.0
-PCIE_REPLAY_RATE = 0.05 / 60.0
 
-GOOD_FIRMWARE = "96.00.99.00.01"
-BAD_FIRMWARE = "96.00.30.00.01"  # what the firmware fault rolls a device back to
-DRIVER_VERSION = "580.95.05"
-DRIVER_FAULT_XID = "119"  # GSP RPC timeout: a reset-class XID
+@dataclass(frozen=True)
+class SimulatedGpuModel:
+    """What the simulated GPU is and how it behaves: its identity, physical constants, limits and background
+    rates, as one typed row of figures (the instance below) rather than loose module constants."""
+
+    model: str
+    vendor: str
+    good_firmware: str
+    bad_firmware: str  # what the firmware fault rolls a device back to
+    driver_version: str
+    driver_fault_xid: str  # the XID the driver_errors fault raises
+    power_idle_w: float
+    power_cap_w: float
+    ambient_c: float
+    thermal_c_per_w: float  # steady-state rise per watt at nominal airflow
+    thermal_tau_s: float
+    temp_limits_gpu: Mapping[str, float]
+    temp_limits_memory: Mapping[str, float]
+    fan_max_rpm: float
+    fan_low_critical_rpm: float
+    volt_nominal: float
+    volt_limits: Mapping[str, float]
+    memory_bytes: float
+    pcie_width: float
+    pcie_gen: float
+    io_bytes_per_s: float
+    corrected_ecc_per_s: float  # background counter rates, per device per second
+    pcie_replay_per_s: float
+
+
+#: The simulated model: an H100 SXM-like part.
+GPU: Final = SimulatedGpuModel(
+    model="H100 80GB HBM3",
+    vendor="NVIDIA",
+    good_firmware="96.00.99.00.01",
+    bad_firmware="96.00.30.00.01",
+    driver_version="580.95.05",
+    driver_fault_xid="119",  # GSP RPC timeout: a reset-class XID
+    power_idle_w=70.0,
+    power_cap_w=700.0,
+    ambient_c=30.0,
+    thermal_c_per_w=0.075,
+    thermal_tau_s=30.0,
+    temp_limits_gpu=MappingProxyType({"high.degraded": 85.0, "throttled": 88.0, "high.critical": 92.0}),
+    temp_limits_memory=MappingProxyType({"high.degraded": 95.0, "high.critical": 105.0}),
+    fan_max_rpm=10000.0,
+    fan_low_critical_rpm=500.0,
+    volt_nominal=0.90,
+    volt_limits=MappingProxyType({"low.critical": 0.80, "high.critical": 1.00}),
+    memory_bytes=80.0 * GIB,
+    pcie_width=16.0,
+    pcie_gen=5.0,
+    io_bytes_per_s=20e9,
+    corrected_ecc_per_s=1.0 / 3600.0,
+    pcie_replay_per_s=0.05 / 60.0,
+)
+#: The names callers read (tests, benches): the model's figures.
+TEMP_LIMITS_GPU: Final = GPU.temp_limits_gpu
+BAD_FIRMWARE: Final = GPU.bad_firmware
+DRIVER_FAULT_XID: Final = GPU.driver_fault_xid
 
 
 def gpu_columns() -> dict[str, Column]:
@@ -71,7 +111,7 @@ def gpu_columns() -> dict[str, Column]:
             cv.HW_ERRORS.name, attrs_of({cv.ERROR_TYPE_ATTR: "link", cv.HW_LINK_TYPE: link})
         )
     cols["temp.gpu"] = Column(cv.HW_TEMPERATURE.name, attrs_of({cv.HW_SENSOR_LOCATION: "gpu"}), t, "temperature")
-    for limit in TEMP_LIMITS_GPU:
+    for limit in GPU.temp_limits_gpu:
         cols[f"temp.gpu.limit.{limit}"] = Column(
             cv.HW_TEMPERATURE_LIMIT.name,
             attrs_of({cv.HW_SENSOR_LOCATION: "gpu", cv.HW_LIMIT_TYPE: limit}),
@@ -80,7 +120,7 @@ def gpu_columns() -> dict[str, Column]:
         )
     m = "temp/memory"
     cols["temp.memory"] = Column(cv.HW_TEMPERATURE.name, attrs_of({cv.HW_SENSOR_LOCATION: "memory"}), m, "temperature")
-    for limit in TEMP_LIMITS_MEMORY:
+    for limit in GPU.temp_limits_memory:
         cols[f"temp.memory.limit.{limit}"] = Column(
             cv.HW_TEMPERATURE_LIMIT.name,
             attrs_of({cv.HW_SENSOR_LOCATION: "memory", cv.HW_LIMIT_TYPE: limit}),
@@ -93,7 +133,7 @@ def gpu_columns() -> dict[str, Column]:
         cv.HW_FAN_SPEED_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: "low.critical"}), f, "fan"
     )
     cols["volt"] = Column(cv.HW_VOLTAGE.name, (), v, "voltage")
-    for limit in VOLT_LIMITS:
+    for limit in GPU.volt_limits:
         cols[f"volt.limit.{limit}"] = Column(
             cv.HW_VOLTAGE_LIMIT.name, attrs_of({cv.HW_LIMIT_TYPE: limit}), v, "voltage"
         )
@@ -172,6 +212,19 @@ class _State:
     driver_errors: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+@dataclass
+class _Step:
+    """One read's workload and power, devices as rows (``load``, ``throttled``: under load only)."""
+
+    util: np.ndarray
+    power: np.ndarray
+    cap: np.ndarray
+    power_capped: np.ndarray
+    busy: np.ndarray  # rows the job model manages
+    load: wl.LoadSample | None = None
+    throttled: wl.Throttled | None = None
+
+
 class SimulatedSource:
     """A node of simulated GPUs; one :meth:`read` advances the simulation to ``now``."""
 
@@ -207,11 +260,12 @@ class SimulatedSource:
         self._tables: dict[bytes, DeviceTable] = {}
         rng = self._rng
         job = rng.uniform(0.3, 0.95, n)
+        idle = GPU.power_idle_w
         self._state = _State(
             util=job.copy(),
             job_level=job,
-            temp=AMBIENT_C + THERMAL_RESISTANCE_C_PER_W * (POWER_IDLE_W + job * (POWER_CAP_W * 0.85 - POWER_IDLE_W)),
-            temp_mem=np.full(n, AMBIENT_C + 20.0),
+            temp=GPU.ambient_c + GPU.thermal_c_per_w * (idle + job * (GPU.power_cap_w * 0.85 - idle)),
+            temp_mem=np.full(n, GPU.ambient_c + 20.0),
             mem_frac=rng.uniform(0.2, 0.8, n),
             counters={
                 "energy": rng.uniform(1e6, 1e9, n),
@@ -248,15 +302,15 @@ class SimulatedSource:
         self.workload = wl.LoadModel(
             lanes,
             rows,
-            np.full(n, POWER_IDLE_W),
-            np.full(n, POWER_CAP_W),
+            np.full(n, GPU.power_idle_w),
+            np.full(n, GPU.power_cap_w),
             np.random.default_rng(None if config.seed is None else [config.seed, 0x10AD, 1]),
         )
         # Thermal layout (the generator's): slots, the node's inlet, a spread; at its cap the hottest stays under
         # its high.degraded limit.
-        limit = np.full(n, TEMP_LIMITS_GPU["high.degraded"])
+        limit = np.full(n, GPU.temp_limits_gpu["high.degraded"])
         t_cap = wl.full_load_temperature(limit, wl.slot_offsets(n), np.full(n, lrng.uniform(0.0, 6.0)), lrng)
-        self._r = (t_cap - AMBIENT_C) / POWER_CAP_W
+        self._r = (t_cap - GPU.ambient_c) / GPU.power_cap_w
         self._cols.update({key: self.schema.index(col) for key, col in busy_columns().items()})
         for key in busy_columns():
             self._state.counters[key] = np.zeros(n)
@@ -290,11 +344,11 @@ class SimulatedSource:
                     {
                         cv.HW_TYPE: "gpu",
                         cv.HW_NAME: f"GPU {i}",
-                        cv.HW_VENDOR: "NVIDIA",
-                        cv.HW_MODEL: "H100 80GB HBM3",
+                        cv.HW_VENDOR: GPU.vendor,
+                        cv.HW_MODEL: GPU.model,
                         cv.HW_SERIAL_NUMBER: self._serials[i],
-                        cv.HW_FIRMWARE_VERSION: BAD_FIRMWARE if bad_firmware[i] else GOOD_FIRMWARE,
-                        cv.HW_DRIVER_VERSION: DRIVER_VERSION,
+                        cv.HW_FIRMWARE_VERSION: GPU.bad_firmware if bad_firmware[i] else GPU.good_firmware,
+                        cv.HW_DRIVER_VERSION: GPU.driver_version,
                         cv.DRA_DRIVER_NAME: self.config.driver_name,
                         cv.DRA_POOL_NAME: node,
                         cv.DRA_DEVICE_NAME: dev,
@@ -321,84 +375,108 @@ class SimulatedSource:
         dt = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
         t_prev = t - dt if self._last_t is not None else -np.inf
         self._last_t = t
-        n, rng, st, c = self.config.devices, self._rng, self._state, self._state.counters
         on = {reason: self._active(reason, t) for reason in REASONS}
+        step = self._power(t, dt, on)
+        fan_ratio = self._cooling(step, dt, on)
+        mem_frac = self._memory(step, t, t_prev, dt, on)
+        self._errors(step, t, t_prev, dt, on)
+        volt = GPU.volt_nominal + self._rng.normal(0, 0.004, self.config.devices)
+        volt = np.where(on["power_delivery"], self._rng.uniform(0.70, 0.79, self.config.devices), volt)
+        values = self._values(step, fan_ratio, mem_frac, volt, on)
+        # A lost device reports nothing; a stale node reports nothing for anyone.
+        silent = on["device_lost"] | on["stale"].any()
+        values[silent, :] = np.nan
+        return Frame(now_unix_nano, self._device_table(on["firmware"]), values)
 
-        # Workload: utilization wanders around a per-device job level; jobs change now and then.
+    def _power(self, t: float, dt: float, on: dict[str, np.ndarray]) -> _Step:
+        """Workload and power: utilization wanders around a per-device job level (jobs change now and then);
+        demand from utilization, held at the cap (throttling) when it exceeds it; under load the job model's
+        utilization and demand, under the device's (maybe lowered) limit. Energy integrates power."""
+        n, rng, st = self.config.devices, self._rng, self._state
         new_job = rng.random(n) < dt / 900.0
         st.job_level = np.where(new_job, rng.uniform(0.3, 0.95, n), st.job_level)
         decay = np.exp(-dt / 20.0)
         st.util = np.clip(st.job_level + (st.util - st.job_level) * decay + rng.normal(0, 0.03, n), 0.0, 1.0)
         util = np.where(on["power_throttling"], 1.0, st.util)
-
-        # Power: demand from utilization, held at the cap (throttling) when demand exceeds it.
-        cap = np.where(on["power_throttling"], 0.55 * POWER_CAP_W, POWER_CAP_W)
-        demand = POWER_IDLE_W + util * (POWER_CAP_W - POWER_IDLE_W) * 0.85 + rng.normal(0, 5.0, n)
-        demand = np.where(on["power_throttling"], POWER_CAP_W, demand)
+        cap = np.where(on["power_throttling"], 0.55 * GPU.power_cap_w, GPU.power_cap_w)
+        demand = GPU.power_idle_w + util * (GPU.power_cap_w - GPU.power_idle_w) * 0.85 + rng.normal(0, 5.0, n)
+        demand = np.where(on["power_throttling"], GPU.power_cap_w, demand)
         power = np.minimum(demand, cap)
-        power_capped = demand >= cap
-        resistance: np.ndarray | float = THERMAL_RESISTANCE_C_PER_W
+        step = _Step(util, power, cap, demand >= cap, np.zeros(n, bool))
         model = self.workload
-        load = model.step(t) if model is not None else None
-        busy = model.managed if model is not None else np.zeros(n, bool)
-        if load is not None:  # the job model: its utilization and demand, under the device's (maybe lowered) limit
-            util = np.where(busy, load.util, util)
-            throttled = wl.power_and_throttle(load, cap, dt)
-            power = np.where(busy, throttled.power_w, power)
-            resistance = self._r
-        c["energy"] += power * dt
+        if model is not None:
+            step.load = load = model.step(t)
+            step.busy = busy = model.managed
+            step.util = np.where(busy, load.util, util)
+            step.throttled = throttled = wl.power_and_throttle(load, cap, dt)
+            step.power = np.where(busy, throttled.power_w, power)
+        self._state.counters["energy"] += step.power * dt
+        return step
 
-        # Cooling and temperature: a fan failure stops the fan; a thermal fault adds heat the fan can't remove.
+    def _cooling(self, step: _Step, dt: float, on: dict[str, np.ndarray]) -> np.ndarray:
+        """Cooling and temperature: a fan failure stops the fan; a thermal fault adds heat the fan can't remove.
+        Returns the fan's speed ratio; throttle time accrues."""
+        n, rng, st, c = self.config.devices, self._rng, self._state, self._state.counters
+        resistance: np.ndarray | float = self._r if step.load is not None else GPU.thermal_c_per_w
         airflow = np.where(on["cooling"], 0.25, 1.0)
-        target = AMBIENT_C + resistance * power / airflow
-        target = np.where(on["thermal"], np.maximum(target, TEMP_LIMITS_GPU["throttled"] + 2.0), target)
-        alpha = 1.0 - np.exp(-dt / THERMAL_TAU_S)
+        target = GPU.ambient_c + resistance * step.power / airflow
+        throttled_c = GPU.temp_limits_gpu["throttled"]
+        target = np.where(on["thermal"], np.maximum(target, throttled_c + 2.0), target)
+        alpha = 1.0 - np.exp(-dt / GPU.thermal_tau_s)
         st.temp = st.temp + (target - st.temp) * alpha + rng.normal(0, 0.3, n)
         st.temp_mem = st.temp_mem + (st.temp + 8.0 - st.temp_mem) * alpha
         fan_ratio = np.clip(0.3 + (st.temp - 40.0) / 60.0, 0.3, 1.0)
         fan_ratio = np.where(on["cooling"], rng.uniform(0.0, 0.02, n), fan_ratio)
-        thermal_throttled = st.temp >= TEMP_LIMITS_GPU["throttled"]
-        c["throttle.thermal"] += np.where(thermal_throttled, dt, 0.0)
-        c["throttle.power"] += np.where(power_capped, dt, 0.0)
-        if load is not None:  # NVML tells the causes apart: the software power cap's share of the step
-            c["throttle.power_cap"] += np.where(busy, throttled.power_cap_s, np.where(power_capped, dt, 0.0))
+        c["throttle.thermal"] += np.where(st.temp >= throttled_c, dt, 0.0)
+        c["throttle.power"] += np.where(step.power_capped, dt, 0.0)
+        if step.throttled is not None:  # NVML tells the causes apart: the software power cap's share of the step
+            capped = np.where(step.power_capped, dt, 0.0)
+            c["throttle.power_cap"] += np.where(step.busy, step.throttled.power_cap_s, capped)
+        return fan_ratio
 
-        # Memory: a pressured device runs full and hits out-of-memory now and then.
+    def _memory(self, step: _Step, t: float, t_prev: float, dt: float, on: dict[str, np.ndarray]) -> np.ndarray:
+        """Memory: a pressured device runs full and hits out-of-memory now and then; under load the job's
+        memory, and a job's crash leaves its application XID and an OOM on every GPU it held, in one read."""
+        n, rng, st, c = self.config.devices, self._rng, self._state, self._state.counters
         st.mem_frac = np.clip(st.mem_frac + rng.normal(0, 0.01, n), 0.05, 0.9)
         mem_frac = np.where(on["memory_pressure"], rng.uniform(0.97, 0.995, n), st.mem_frac)
         c["out_of_memory"] += self._tick_events(on["memory_pressure"], self._onset["memory_pressure"], t, t_prev, 20.0)
-        if model is not None and load is not None:
-            mem_frac = np.where(busy & ~on["memory_pressure"], load.mem, mem_frac)
-            if dt > 0:  # a job's crash: its application XID and an OOM on every GPU it held, in the same read
+        model = self.workload
+        if model is not None and step.load is not None:
+            mem_frac = np.where(step.busy & ~on["memory_pressure"], step.load.mem, mem_frac)
+            if dt > 0:
                 for rows, code in model.crashes_between(t_prev, t):
                     st.driver_errors.setdefault(code, np.zeros(n))[rows] += 1
                     c["out_of_memory"][rows] += 1
+        return mem_frac
 
-        # Errors: background rates for everyone, bursts for faulted devices.
-        c["corrected"] += rng.poisson(CORRECTED_ECC_RATE * dt, n)
+    def _errors(self, step: _Step, t: float, t_prev: float, dt: float, on: dict[str, np.ndarray]) -> None:
+        """Errors: background rates for everyone, bursts for faulted devices; I/O bytes from utilization."""
+        n, rng, st, c = self.config.devices, self._rng, self._state, self._state.counters
+        c["corrected"] += rng.poisson(GPU.corrected_ecc_per_s * dt, n)
         ecc = self._tick_events(on["memory_ecc"], self._onset["memory_ecc"], t, t_prev, 60.0)
         c["uncorrected"] += ecc
         c["retired_page"] += ecc
         c["corrected"] += np.where(on["memory_ecc"], rng.poisson(2.0 * dt, n), 0)
-        replay_rate = np.where(on["link"], 60.0 / 60.0, PCIE_REPLAY_RATE)
+        replay_rate = np.where(on["link"], 60.0 / 60.0, GPU.pcie_replay_per_s)
         c["link.pcie"] += rng.poisson(replay_rate * dt)
         c["power"] += self._tick_events(on["power_delivery"], self._onset["power_delivery"], t, t_prev, 30.0)
         c["reset"] += self._tick_events(on["device_reset"], self._onset["device_reset"], t, t_prev, 60.0)
         xid = self._tick_events(on["driver_errors"], self._onset["driver_errors"], t, t_prev, 120.0)
-        if xid.any() or DRIVER_FAULT_XID in st.driver_errors:
-            st.driver_errors.setdefault(DRIVER_FAULT_XID, np.zeros(n))
-            st.driver_errors[DRIVER_FAULT_XID] += xid
-        c["io.receive"] += util * GPU_IO_BYTES_PER_S * dt
-        c["io.transmit"] += util * GPU_IO_BYTES_PER_S * 0.8 * dt
+        if xid.any() or GPU.driver_fault_xid in st.driver_errors:
+            st.driver_errors.setdefault(GPU.driver_fault_xid, np.zeros(n))
+            st.driver_errors[GPU.driver_fault_xid] += xid
+        c["io.receive"] += step.util * GPU.io_bytes_per_s * dt
+        c["io.transmit"] += step.util * GPU.io_bytes_per_s * 0.8 * dt
 
-        # Voltage sags out of its critical range while power delivery is failing.
-        volt = VOLT_NOMINAL + rng.normal(0, 0.004, n)
-        volt = np.where(on["power_delivery"], rng.uniform(0.70, 0.79, n), volt)
-
-        # Write the frame.
+    def _values(
+        self, step: _Step, fan_ratio: np.ndarray, mem_frac: np.ndarray, volt: np.ndarray, on: dict[str, np.ndarray]
+    ) -> np.ndarray:
+        """The frame's values, devices as rows and the schema's columns."""
+        st, c, load = self._state, self._state.counters, step.load
         for code in st.driver_errors:
             self._cols.setdefault(f"xid.{code}", self.schema.index(driver_error_column(code)))
-        values = np.full((n, len(self.schema)), np.nan)
+        values = np.full((self.config.devices, len(self.schema)), np.nan)
         k = self._cols
 
         def put(key: str, column_values: np.ndarray | float) -> None:
@@ -414,42 +492,38 @@ class SimulatedSource:
         for code, counts in st.driver_errors.items():
             put(f"xid.{code}", counts)
         put("temp.gpu", st.temp)
-        for limit, value in TEMP_LIMITS_GPU.items():
+        for limit, value in GPU.temp_limits_gpu.items():
             put(f"temp.gpu.limit.{limit}", value)
         put("temp.memory", st.temp_mem)
-        for limit, value in TEMP_LIMITS_MEMORY.items():
+        for limit, value in GPU.temp_limits_memory.items():
             put(f"temp.memory.limit.{limit}", value)
-        put("fan.speed", fan_ratio * FAN_MAX_RPM)
+        put("fan.speed", fan_ratio * GPU.fan_max_rpm)
         put("fan.ratio", fan_ratio)
-        put("fan.limit.low.critical", FAN_LOW_CRITICAL_RPM)
+        put("fan.limit.low.critical", GPU.fan_low_critical_rpm)
         put("volt", volt)
-        for limit, value in VOLT_LIMITS.items():
+        for limit, value in GPU.volt_limits.items():
             put(f"volt.limit.{limit}", value)
-        put("power", power)
-        put("power.limit.max", cap)
+        put("power", step.power)
+        put("power.limit.max", step.cap)
         put("energy", c["energy"])
-        put("util", util)
-        put("mem.usage", np.round(mem_frac * MEMORY_BYTES))
-        put("mem.limit", MEMORY_BYTES)
+        put("util", step.util)
+        put("mem.usage", np.round(mem_frac * GPU.memory_bytes))
+        put("mem.limit", GPU.memory_bytes)
         put("mem.util", mem_frac)
         put("io.receive", c["io.receive"])
         put("io.transmit", c["io.transmit"])
         for reason in ("thermal", "power", "other"):
             if load is None or reason != "power":
                 put(f"throttle.{reason}", c[f"throttle.{reason}"])
-        put("pcie.width", np.where(on["link"], PCIE_WIDTH / 2, PCIE_WIDTH))
-        put("pcie.width.limit", PCIE_WIDTH)
-        put("pcie.gen", PCIE_GEN)
-        put("pcie.gen.limit", PCIE_GEN)
+        put("pcie.width", np.where(on["link"], GPU.pcie_width / 2, GPU.pcie_width))
+        put("pcie.width.limit", GPU.pcie_width)
+        put("pcie.gen", GPU.pcie_gen)
+        put("pcie.gen.limit", GPU.pcie_gen)
         if load is not None:  # under load power_cap replaces power; an idle GPU's link trains down to Gen1
             for reason in BUSY_THROTTLE_REASONS:
                 put(f"throttle.{reason}", c[f"throttle.{reason}"])
-            put("pcie.gen", np.where(busy & ~load.running, 1.0, PCIE_GEN))
-
-        # A lost device reports nothing; a stale node reports nothing for anyone.
-        silent = on["device_lost"] | on["stale"].any()
-        values[silent, :] = np.nan
-        return Frame(now_unix_nano, self._device_table(on["firmware"]), values)
+            put("pcie.gen", np.where(step.busy & ~load.running, 1.0, GPU.pcie_gen))
+        return values
 
     def close(self) -> None:
         """Nothing to release."""

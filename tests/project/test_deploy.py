@@ -33,9 +33,9 @@ import yaml
 from kubernetes.client import ApiClient
 
 import otel_dra
-from otel_dra.policy import load as load_policy
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
+from otel_dra.sinks.policy_sections import load_policy
 from tests.conftest import free_port, http_get, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -1158,7 +1158,7 @@ def dockerignored(path: str) -> bool:
 
 @pytest.mark.parametrize(
     "path",
-    ["pyproject.toml", "README.md", "otel_dra/cli/__init__.py", "otel_dra/policies/default.yaml", "otel_dra/sources"],
+    ["pyproject.toml", "README.md", "otel_dra/cli/__init__.py", "otel_dra/policy/default.yaml", "otel_dra/sources"],
 )
 def test_dockerignore_keeps_what_pip_install_needs(path):
     assert (REPO / path).exists()

@@ -1,10 +1,10 @@
 """The policy's ``kubernetes`` section: its schema, its checks and its typed form.
 
 The section's rules are the Kubernetes API's (:mod:`otel_dra.sinks.k8s.validation`), so they
-live here, beside the code that renders taints and attributes, and this module registers the
-section with :mod:`otel_dra.policy` (which names this module as the section's owner and imports
-it when a policy is first loaded). So the policy never imports the sinks, and the sinks import
-the policy without a cycle.
+live here, beside the code that renders taints and attributes, as :data:`POLICY_SECTION`. The
+pipelines and commands pass it to :func:`otel_dra.policy.load` (:mod:`otel_dra.sinks.policy_sections`
+lists it), and importing this module registers it for a load given no sections. So the policy
+never imports the sinks, and the sinks import the policy without a cycle.
 """
 
 from __future__ import annotations
@@ -155,8 +155,10 @@ def check(section: Mapping[str, Any], source: str) -> None:
         )
 
 
-# ``attributes`` is data (attribute names), not schema: a user's table replaces the default's whole.
-pol.register_section(SECTION, pol.Section(SCHEMA, check, replaced_whole=frozenset({"attributes"})))
+#: The section's rules, for :func:`otel_dra.policy.load`. ``attributes`` is data (attribute names),
+#: not schema: a user's table replaces the default's whole.
+POLICY_SECTION = pol.Section(SCHEMA, check, replaced_whole=frozenset({"attributes"}))
+pol.register_section(SECTION, POLICY_SECTION)
 
 
 @dataclass(frozen=True)

@@ -20,18 +20,21 @@ from click.testing import CliRunner
 
 from otel_dra import conventions as cv
 from otel_dra.cli import cli, main
-from otel_dra.decode.otlp_json import OtlpJsonDecoder, read_lines
+from otel_dra.decode.files import read_lines
+from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.frame import Schema
 from otel_dra.scenario import FORMS, ScenarioConfig, form, passes, run
 from otel_dra.scenario.generate import generate, labels_path_for
+from otel_dra.scenario.kinds import TRAP_KINDS, WORKLOAD_TRAPS, kinds_for
 from otel_dra.scenario.models import (
     FALLBACK_FAN_MIN_RATIO,
     FALLBACK_FAN_MIN_RPM,
     FALLBACK_TEMP_LIMITS,
     MODELS,
 )
-from otel_dra.scenario.plan import TRAP_KINDS, WARMUP_S, WORKLOAD_TRAPS, kinds_for
-from otel_dra.scenario.score import LabelsError, check_labels, score
+from otel_dra.scenario.plan import WARMUP_S
+from otel_dra.scenario.score import score
+from otel_dra.scenario.score_labels import LabelsError, check_labels
 
 MODEL = {m.model: m for m in MODELS}
 EXPECTED = {  # kind: (reasons, severity, deadline_s)
@@ -174,7 +177,7 @@ def test_forms_and_their_sizes():
 
 def test_policy_fallbacks_are_the_default_policy_s():
     """A model without limits is labelled by the policy's fallbacks: they must be the same numbers."""
-    policy = yaml.safe_load((files("otel_dra.policies") / "default.yaml").read_text())
+    policy = yaml.safe_load((files("otel_dra.policy") / "default.yaml").read_text())
     assert policy["rules"]["thermal"]["fallback_limits"] == dict(FALLBACK_TEMP_LIMITS)
     assert policy["rules"]["cooling"]["min_rpm"] == FALLBACK_FAN_MIN_RPM
     assert policy["rules"]["cooling"]["min_ratio"] == FALLBACK_FAN_MIN_RATIO

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from otel_dra import conventions as cv
+from otel_dra.cli.flags import FLAGS
 from otel_dra.config import AgentConfig, ConfigError
 from otel_dra.faults import Fault
 from otel_dra.frame import Frame, Schema
@@ -267,8 +268,9 @@ def test_load_reaches_the_simulated_source_from_the_agent_config():
         {"source": "auto", "load": "training"},
         {"source": "simulated", "load": "busy"},
     ):
-        with pytest.raises(ConfigError, match="--load"):
+        with pytest.raises(ConfigError, match=r"^load ") as refused:  # the config names its field...
             AgentConfig(node_name="n", **bad)
+        assert refused.value.named(FLAGS).startswith("--load ")  # ... and the CLI the flag that sets it
     with pytest.raises(ValueError, match="--load must be one of"):
         SimulatorConfig("n", load="busy")
 
