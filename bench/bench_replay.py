@@ -472,7 +472,7 @@ def ok(hit: bool) -> str:
 def score_rows(scores: dict[int, Any], example: dict[str, Any] | None) -> tuple[list[str], list[str]]:
     """The score table's rows (per seed, pooled, the public example) and the list of what failed."""
     from otel_dra.scenario import passes
-    from otel_dra.scenario.score import EXTRA_TARGET, FP_TARGET, SOFT_TARGET
+    from otel_dra.scenario.figures import EXTRA_TARGET, FP_TARGET, SOFT_TARGET
 
     rows, notes = [], []
 

@@ -198,10 +198,12 @@ def score_command(labels: Path, verdicts: Path, output: str) -> None:
     """
     import json
 
-    from otel_dra.scenario.score import LabelsError, passes, read_verdict_lines, score
+    from otel_dra.scenario.figures import passes
+    from otel_dra.scenario.score import score
+    from otel_dra.scenario.score_labels import LabelsError, read_verdict_lines
 
     try:
-        from otel_dra.scenario.score import load_labels
+        from otel_dra.scenario.score_labels import load_labels
 
         doc = load_labels(labels)
         result = score(doc, read_verdict_lines(verdicts))

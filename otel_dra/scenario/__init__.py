@@ -17,8 +17,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from otel_dra.scenario.figures import Score, passes
     from otel_dra.scenario.generate import FORMS, SHAPES, GenerateResult, ScenarioConfig, form, run
-    from otel_dra.scenario.score import LabelsError, Score, passes, score_files
+    from otel_dra.scenario.score import score_files
+    from otel_dra.scenario.score_labels import LabelsError
 
 _HOME = {
     "FORMS": "generate",
@@ -27,9 +29,9 @@ _HOME = {
     "ScenarioConfig": "generate",
     "form": "generate",
     "run": "generate",
-    "LabelsError": "score",
-    "Score": "score",
-    "passes": "score",
+    "LabelsError": "score_labels",
+    "Score": "figures",
+    "passes": "figures",
     "score_files": "score",
 }
 

@@ -1,4 +1,4 @@
-"""The device models of a scenario fleet and the series each one reports.
+"""The device models of a scenario fleet: what each one reports and how it behaves, as data.
 
 Why a catalogue: a real fleet mixes models whose limits, background error rates and sensors
 differ (an MI300X's corrected-ECC background would be a storm on an A100), so every
@@ -14,141 +14,20 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from otel_dra import conventions as cv
+from otel_dra.scenario.series import (
+    AMD_THROTTLE_REASONS,
+    BUSY_THROTTLE_REASONS,
+    COMMON_KEYS,
+    SERIES_KEYS,
+    STATUS_KEYS,
+)
 
-#: Upstream hw.state values a device reports as input (one series each, 1 for the current one).
-STATUS_STATES: Final = ("ok", "degraded", "failed", "predicted_failure")
-
-#: The default policy's fallbacks (policies/default.yaml: rules.thermal.fallback_limits and
+#: The default policy's fallbacks (policy/default.yaml: rules.thermal.fallback_limits and
 #: rules.cooling.min_rpm / min_ratio). A model without limits is judged against these, so its
 #: labels (the crossing times of thermal drift and fan decay) are too. A test keeps them in step.
 FALLBACK_TEMP_LIMITS: Final = MappingProxyType({"high.degraded": 85.0, "high.critical": 92.0})
 FALLBACK_FAN_MIN_RPM: Final = 300.0
 FALLBACK_FAN_MIN_RATIO: Final = 0.05
-
-#: Metrics whose points carry ``asInt`` (counts and bytes); the rest carry ``asDouble``.
-INT_METRICS: Final = frozenset(
-    {
-        cv.HW_STATUS.name,
-        cv.HW_ERRORS.name,
-        cv.HW_GPU_MEMORY_USAGE.name,
-        cv.HW_GPU_MEMORY_LIMIT.name,
-        cv.HW_GPU_IO.name,
-    }
-)
-
-
-@dataclass(frozen=True)
-class Series:
-    """One kind of series a device may report, with the attributes that tell it apart."""
-
-    key: str
-    metric: str
-    attrs: tuple[tuple[str, str], ...] = ()
-    sensor: str | None = None  # "temp/gpu": the series is on a sensor component (hw.parent = the device)
-    sensor_type: str | None = None
-    decimals: int = 2  # asDouble precision in the file
-
-    @property
-    def spec(self) -> cv.MetricSpec:
-        return cv.METRICS[self.metric]
-
-    @property
-    def is_sum(self) -> bool:
-        return self.spec.instrument in (cv.COUNTER, cv.UPDOWNCOUNTER)
-
-    @property
-    def monotonic(self) -> bool:
-        return self.spec.instrument == cv.COUNTER
-
-    @property
-    def as_int(self) -> bool:
-        return self.metric in INT_METRICS
-
-
-def _catalogue() -> tuple[Series, ...]:
-    err, t, lim = cv.HW_ERRORS.name, cv.HW_TEMPERATURE.name, cv.HW_LIMIT_TYPE
-    out: list[Series] = [Series(f"status.{s}", cv.HW_STATUS.name, ((cv.HW_STATE, s),)) for s in STATUS_STATES]
-    for etype in ("corrected", "uncorrected", "retired_page", "reset", "power", "out_of_memory"):
-        out.append(Series(f"err.{etype}", err, ((cv.ERROR_TYPE_ATTR, etype),)))
-    for link in ("pcie", "nvlink", "xgmi", "other"):
-        out.append(Series(f"err.link.{link}", err, ((cv.ERROR_TYPE_ATTR, "link"), (cv.HW_LINK_TYPE, link))))
-    for code in DRIVER_CODES:
-        out.append(Series(f"err.driver.{code}", err, ((cv.ERROR_TYPE_ATTR, "driver"), (cv.HW_ERROR_CODE, code))))
-    gpu_loc = ((cv.HW_SENSOR_LOCATION, "gpu"),)
-    out.append(Series("temp.gpu", t, gpu_loc, "temp/gpu", "temperature"))
-    for kind in ("high.degraded", "throttled", "high.critical"):
-        out.append(
-            Series(
-                f"temp.limit.{kind}", cv.HW_TEMPERATURE_LIMIT.name, (*gpu_loc, (lim, kind)), "temp/gpu", "temperature"
-            )
-        )
-    out.append(Series("temp.board", t, ((cv.HW_SENSOR_LOCATION, "board"),), "temp/board", "temperature"))
-    out.append(Series("fan.speed", cv.HW_FAN_SPEED.name, (), "fan/0", "fan", 0))
-    for kind in ("low.degraded", "low.critical"):
-        out.append(Series(f"fan.limit.{kind}", cv.HW_FAN_SPEED_LIMIT.name, ((lim, kind),), "fan/0", "fan", 0))
-    out.append(Series("fan.ratio", cv.HW_FAN_SPEED_RATIO.name, (), "fan/0", "fan", 4))
-    out.append(Series("volt", cv.HW_VOLTAGE.name, (), "volt/core", "voltage", 4))
-    for kind in ("low.critical", "high.critical"):
-        out.append(Series(f"volt.limit.{kind}", cv.HW_VOLTAGE_LIMIT.name, ((lim, kind),), "volt/core", "voltage", 3))
-    out += [
-        Series("power", cv.HW_POWER.name, (), decimals=1),
-        Series("power.limit.max", cv.HW_POWER_LIMIT.name, ((lim, "max"),), decimals=1),
-        Series("energy", cv.HW_ENERGY.name, (), decimals=1),
-        Series("throttle.thermal", cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "thermal"),), decimals=3),
-        Series("throttle.power", cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, "power"),), decimals=3),
-        *(
-            Series(f"throttle.{reason}", cv.HW_THROTTLE_TIME.name, ((cv.HW_THROTTLE_REASON, reason),), decimals=3)
-            for reason in BUSY_THROTTLE_REASONS
-        ),
-        Series("util", cv.HW_GPU_UTILIZATION.name, ((cv.HW_GPU_TASK, "general"),), decimals=4),
-        Series("mem.util", cv.HW_GPU_MEMORY_UTILIZATION.name, (), decimals=4),
-        Series("mem.usage", cv.HW_GPU_MEMORY_USAGE.name),
-        Series("mem.limit", cv.HW_GPU_MEMORY_LIMIT.name),
-        Series("io.receive", cv.HW_GPU_IO.name, ((cv.NETWORK_IO_DIRECTION_ATTR, "receive"),)),
-        Series("io.transmit", cv.HW_GPU_IO.name, ((cv.NETWORK_IO_DIRECTION_ATTR, "transmit"),)),
-        Series("pcie.width", cv.HW_PCIE_LINK_WIDTH.name, (), decimals=0),
-        Series("pcie.width.limit", cv.HW_PCIE_LINK_WIDTH_LIMIT.name, ((lim, "max"),), decimals=0),
-        Series("pcie.gen", cv.HW_PCIE_LINK_GENERATION.name, (), decimals=0),
-        Series("pcie.gen.limit", cv.HW_PCIE_LINK_GENERATION_LIMIT.name, ((lim, "max"),), decimals=0),
-    ]
-    return tuple(out)
-
-
-#: Driver error codes the scenarios use (NVIDIA XIDs): 13 application (graphics engine exception),
-#: 31 application (MMU fault), 43 application (GPU stopped processing), 48 double-bit ECC (reset class),
-#: 79 fallen off the bus (reboot class).
-DRIVER_CODES: Final = ("13", "31", "43", "48", "79")
-#: ``hw.throttle.reason`` values a device reports in a busy fleet instead of ``power``, as the project's own
-#: sources do: NVML tells the software power cap, an external power brake and the device's own hardware
-#: slowdown apart; amdgpu's gpu_metrics (MI300) gives the power cap and hardware slowdown, no power brake.
-BUSY_THROTTLE_REASONS: Final = ("power_cap", "power_brake", "hw_slowdown")
-AMD_THROTTLE_REASONS: Final = ("power_cap", "hw_slowdown")
-SERIES: Final[tuple[Series, ...]] = _catalogue()
-#: Column of each series key in the simulation's state matrix.
-KEY: Final[Mapping[str, int]] = MappingProxyType({s.key: i for i, s in enumerate(SERIES)})
-#: Metrics in the order a line lists them.
-METRIC_ORDER: Final[tuple[str, ...]] = tuple(dict.fromkeys(s.metric for s in SERIES))
-
-_STATUS = tuple(f"status.{s}" for s in STATUS_STATES)
-_ERRORS = ("err.corrected", "err.uncorrected", "err.retired_page", "err.reset", "err.power", "err.out_of_memory")
-_COMMON = (
-    *_STATUS,
-    *_ERRORS,
-    "temp.gpu",
-    "volt",
-    "power",
-    "energy",
-    "throttle.thermal",
-    "throttle.power",
-    "util",
-    "mem.util",
-    "mem.usage",
-    "io.receive",
-    "io.transmit",
-    "pcie.width",
-    "pcie.gen",
-)
 
 
 @dataclass(frozen=True)
@@ -183,7 +62,7 @@ class DeviceModel:
     @property
     def series(self) -> tuple[str, ...]:
         """The series keys a device of this model reports (~25-37)."""
-        keys = [*_COMMON, *(f"err.link.{link}" for link in self.link_per_min)]
+        keys = [*COMMON_KEYS, *(f"err.link.{link}" for link in self.link_per_min)]
         keys.append("fan.speed" if self.fan == "rpm" else "fan.ratio")
         if self.reports_limits:
             keys += [f"temp.limit.{k}" for k in self.temp_limits]
@@ -222,7 +101,6 @@ class DeviceModel:
         return self.fan_floor / self.fan_max_rpm if self.fan == "rpm" else self.fan_floor
 
 
-SERIES_KEYS: Final = tuple(s.key for s in SERIES)
 _V = MappingProxyType({"low.critical": 0.80, "high.critical": 1.00})
 
 H100 = DeviceModel(
@@ -343,7 +221,7 @@ class NetworkModel:
     dra_driver: str = "nic.nvidia.com"
     firmware: str = "28.39.1002"
     driver_version: str = "24.10-1.1.4"
-    series: tuple[str, ...] = (*_STATUS, "err.link.other", "temp.board")
+    series: tuple[str, ...] = (*STATUS_KEYS, "err.link.other", "temp.board")
     link_per_min: float = 0.2
 
 
