@@ -366,12 +366,6 @@ class OneLineHandler(logging.StreamHandler[TextIO]):
         """The handler's I/O lock, waiting at most ``timeout`` seconds."""
         return self.lock.acquire(timeout=timeout) if self.lock is not None else True
 
-    def flush_summaries(self) -> None:
-        """Write the summary of every window that has a count, ended or not."""
-        with self._locked():
-            for summary in self.limiter.expired(everything=True):
-                self.emit(summary)
-
     def close(self) -> None:
         """Write what is still counted, then stop the summary thread."""
         with self._locked():

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from otel_dra.frame import Frame, Schema
-from otel_dra.receivers import OtlpReceiver
+from otel_dra.receivers.factory import new_receiver as OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-#: Modules whose tests run real processes against real clocks (every e2e-marked test's), and those
+#: Modules whose tests run real processes against real clocks (every e2e-marked test's), and those (marked realtime)
 #: that time something in process to a fraction of a second (the soak's ticks, the kubelet stream's
 #: resends, the sending queue's pushes). Under xdist (pyproject's addopts) they form one work unit: one
 #: worker runs them one after another, so they never race each other for the CPU, while the
@@ -109,10 +109,19 @@ REALTIME_MODULES = frozenset(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """An e2e test outside REALTIME_MODULES would race the others under xdist: say so, don't run."""
-    stray = sorted({i.path.name for i in items if i.get_closest_marker("e2e") and i.path.name not in REALTIME_MODULES})
+    """An e2e or realtime test outside REALTIME_MODULES would race the others under xdist: say so, don't run."""
+    marked = ("e2e", "realtime")
+    stray = sorted(
+        {
+            i.path.name
+            for i in items
+            if any(i.get_closest_marker(m) for m in marked) and i.path.name not in REALTIME_MODULES
+        }
+    )
     if stray:
-        raise pytest.UsageError(f"e2e tests in {', '.join(stray)}: add the module to REALTIME_MODULES in conftest.py")
+        raise pytest.UsageError(
+            f"e2e or realtime tests in {', '.join(stray)}: add the module to REALTIME_MODULES in conftest.py"
+        )
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -27,8 +27,6 @@ from __future__ import annotations
 import hmac
 import itertools
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +35,7 @@ from typing import Any, Final, Generic, TypeVar
 import yaml
 
 from otel_dra.decode.limits import node_name_problem
-from otel_dra.receivers.tls import file_stamp
+from otel_dra.receivers.watched import WatchedFiles
 
 log = logging.getLogger(__name__)
 
@@ -60,48 +58,32 @@ class AuthConfigError(ValueError):
 
 
 class WatchedFile(Generic[T]):
-    """A file's contents, parsed, read again when it changes (looked at, at most every
-    ``check_every_s``, when :meth:`current` is asked); a change that can't be parsed is logged once
-    and the previous contents kept. Thread-safe."""
+    """A file's contents, parsed (:class:`~otel_dra.receivers.watched.WatchedFiles`): at start a file that
+    can't be read or parsed is fatal (:class:`AuthConfigError` naming the flag)."""
 
     def __init__(
         self, flag: str, path: str, parse: Callable[[str, bytes], T], check_every_s: float = RELOAD_CHECK_S
     ) -> None:
         self.flag, self.path = flag, path
-        self._parse = parse
-        self._check_every_s = check_every_s
-        self._lock = threading.Lock()
-        self._stamp = self._stamp_now()
-        self._value = self._load()  # raises AuthConfigError: at start, a bad file is fatal
-        self._checked = time.monotonic()
+
+        def load() -> T:
+            try:
+                data = Path(path).read_bytes()
+            except OSError as exc:
+                raise AuthConfigError(f"{flag} {path}: {exc.strerror or exc}") from None
+            return parse(f"{flag} {path}", data)
+
+        self._files = WatchedFiles(
+            (path,),
+            load,
+            f"{flag} changed but cannot be used (%s); still using its previous contents",
+            f"{flag} changed: {path} read again",
+            check_every_s,
+            log,
+        )
 
     def current(self) -> T:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._checked >= self._check_every_s:
-                self._checked = now
-                stamp = self._stamp_now()
-                if stamp != self._stamp:
-                    self._stamp = stamp
-                    try:
-                        self._value = self._load()
-                    except ValueError as exc:  # AuthConfigError, and anything a parser let through
-                        log.warning(
-                            "%s changed but cannot be used (%s); still using its previous contents", self.flag, exc
-                        )
-                    else:
-                        log.info("%s changed: %s read again", self.flag, self.path)
-            return self._value
-
-    def _load(self) -> T:
-        try:
-            data = Path(self.path).read_bytes()
-        except OSError as exc:
-            raise AuthConfigError(f"{self.flag} {self.path}: {exc.strerror or exc}") from None
-        return self._parse(f"{self.flag} {self.path}", data)
-
-    def _stamp_now(self) -> tuple[int, int, int] | None:
-        return file_stamp(self.path)
+        return self._files.current()
 
 
 # -- the bearer token ------------------------------------------------------------------------------

@@ -8,21 +8,20 @@ wrong path, a key that doesn't match its certificate or a file that isn't PEM is
 the flag, not a failure at the first client.
 
 Certificates are rotated in place (cert-manager renews them, a Kubernetes Secret volume swaps its
-files): :class:`CertificateReloader` looks at the files again, at most every
-``RELOAD_CHECK_S``, when a connection arrives, and new connections get the new certificate on both
-transports; a changed set that fails the start-up checks is logged and the previous one kept.
+files): :class:`CertificateReloader` looks at the files again (:mod:`otel_dra.receivers.watched`), at
+most every ``RELOAD_CHECK_S``, when a connection arrives, and new connections get the new certificate on
+both transports; a changed set that fails the start-up checks is logged and the previous one kept.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import ssl
-import threading
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
+
+from otel_dra.receivers.watched import WatchedFiles
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +100,30 @@ class TlsSettings:
 
 
 class CertificateReloader:
-    """The newest usable version of ``settings``' files, for each new connection.
-
-    :meth:`current` stats the files (at most every ``check_every_s``); when one changed it loads
-    them all again with :meth:`TlsSettings.load`'s checks. A set that fails them (a key not yet
-    written beside its new certificate, a truncated file) is logged once and the previous set kept;
-    the next change is tried again. Thread-safe: connections arrive on many threads.
-    """
+    """The newest usable version of ``settings``' files, for each new connection (the files are
+    :class:`~otel_dra.receivers.watched.WatchedFiles`, loaded again with :meth:`TlsSettings.load`'s checks)."""
 
     def __init__(self, settings: TlsSettings, check_every_s: float = RELOAD_CHECK_S) -> None:
         self._settings = settings
-        self._context = settings.ssl_context()
-        self._h2_context = settings.ssl_context(alpn=H2)
-        self._check_every_s = check_every_s
-        self._lock = threading.Lock()
-        self._stamp = self._stamp_now()
-        self._checked = time.monotonic()
-        self.version = 0  # loads since start: 0 is the start-up set
+
+        def load() -> tuple[TlsSettings, ssl.SSLContext, ssl.SSLContext]:
+            new, context = settings.read_again()
+            return new, context, new.ssl_context(alpn=H2)
+
+        self._files = WatchedFiles(
+            (settings.cert_file, settings.key_file, settings.client_ca_file),
+            load,
+            "TLS files changed but cannot be used (%s); still serving the previous certificate",
+            f"TLS files changed: new connections get the certificate now in {settings.cert_file}",
+            check_every_s,
+            log,
+            first=(settings, settings.ssl_context(), settings.ssl_context(alpn=H2)),
+        )
+
+    @property
+    def version(self) -> int:
+        """Loads since start: 0 is the start-up set."""
+        return self._files.version
 
     @property
     def mutual(self) -> bool:
@@ -125,53 +131,16 @@ class CertificateReloader:
 
     def current(self) -> tuple[TlsSettings, ssl.SSLContext]:
         """The settings and server context to use for a connection arriving now."""
-        with self._lock:
-            now = time.monotonic()
-            if now - self._checked >= self._check_every_s:
-                self._checked = now
-                stamp = self._stamp_now()
-                if stamp != self._stamp:
-                    self._stamp = stamp
-                    self._reload()
-            return self._settings, self._context
+        settings, context, _ = self._files.current()
+        return settings, context
 
     def ssl_context(self) -> ssl.SSLContext:
         """The HTTP side's context for a connection arriving now."""
-        return self.current()[1]
+        return self._files.current()[1]
 
     def h2_context(self) -> ssl.SSLContext:
         """The gRPC side's context (ALPN ``h2``) for a connection arriving now."""
-        self.current()  # look at the files
-        with self._lock:
-            return self._h2_context
-
-    def _reload(self) -> None:
-        """Load the changed files (under the lock); keep the previous set if they can't be used."""
-        old = self._settings
-        try:
-            new, context = old.read_again()
-            h2_context = new.ssl_context(alpn=H2)
-        except TlsConfigError as exc:
-            log.warning("TLS files changed but cannot be used (%s); still serving the previous certificate", exc)
-            return
-        self._settings, self._context, self._h2_context = new, context, h2_context
-        self.version += 1
-        log.info("TLS files changed: new connections get the certificate now in %s", old.cert_file)
-
-    def _stamp_now(self) -> tuple[tuple[int, int, int] | None, ...]:
-        """:func:`file_stamp` of each file."""
-        paths = [self._settings.cert_file, self._settings.key_file, self._settings.client_ca_file]
-        return tuple(file_stamp(path) if path else None for path in paths)
-
-
-def file_stamp(path: str) -> tuple[int, int, int] | None:
-    """(inode, size, mtime) of a file, following symlinks (a Secret volume's swap shows); None when
-    it can't be read. What the watchers of rotated files (certificates, tokens) compare."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+        return self._files.current()[2]
 
 
 def describe(tls: TlsSettings | None) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.verdict import Verdict
 from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import DEFAULT_COMBINE, HW_STATES
 
@@ -32,25 +33,35 @@ def _identity(attrs: Mapping[str, str], hw_id: str) -> dict[str, str]:
     return {cv.HW_ID: hw_id, **attrs}
 
 
-class VerdictMetrics:
-    """``hw.status`` and ``dra.device.health`` instruments reading a :class:`VerdictBoard`, and
-    ``dra.device.view.disagreement`` for devices seen from several nodes."""
+#: The health attributes of ``dra.device.health``, in order; the group only when the verdict names one.
+HEALTH_KEYS = (
+    cv.DRA_DEVICE_HEALTH_STATE,
+    cv.DRA_DEVICE_HEALTH_REASONS,
+    cv.DRA_DEVICE_HEALTH_REMEDIATION,
+    cv.DRA_DEVICE_HEALTH_SCOPE,
+    cv.DRA_DEVICE_HEALTH_GROUP,
+)
 
-    def __init__(
-        self, board: VerdictBoard, meter: Meter, combine_mode: str = DEFAULT_COMBINE, states: bool = True
-    ) -> None:
-        """``states=False`` leaves ``hw.status`` and ``dra.device.health`` to another renderer
-        (the fleet's :mod:`otel_dra.sinks.verdict_text`) and keeps only the disagreement gauge."""
+
+def health_attributes(verdict: Verdict) -> dict[str, str]:
+    """A verdict's health attributes, for both renderers of ``dra.device.health``: state, reasons, remediation,
+    scope, and the group only when the verdict has one (absent, not "": Prometheus reads an absent label as "",
+    so a device's own verdict needs none)."""
+    values = (verdict.health, ",".join(verdict.reasons), verdict.remediation, verdict.scope, verdict.group)
+    return {k: v for k, v in zip(HEALTH_KEYS, values, strict=True) if v is not None}
+
+
+class VerdictSeries:
+    """``hw.status`` and ``dra.device.health`` through the OpenTelemetry SDK, reading a :class:`VerdictBoard`.
+
+    Why a second renderer (:mod:`otel_dra.sinks.verdict_text`) remains beside this one: the agent pushes these
+    series over OTLP, which only the SDK's readers do, and its one node's few devices cost nothing; a fleet
+    publishes 600,000 of them for 100,000 devices, which through the SDK's observations cost about 38 us a
+    series (BENCHMARKS.md), so the fleet renders the same series' text itself. Both take the attributes from
+    :func:`health_attributes` and the states from ``HW_STATES``, and a test parses both outputs for equality."""
+
+    def __init__(self, board: VerdictBoard, meter: Meter) -> None:
         self._board = board
-        self._mode = combine_mode
-        meter.create_observable_gauge(
-            cv.DRA_DEVICE_VIEW_DISAGREEMENT.name,
-            callbacks=[self._disagreement],
-            unit=cv.DRA_DEVICE_VIEW_DISAGREEMENT.unit,
-            description=cv.DRA_DEVICE_VIEW_DISAGREEMENT.description,
-        )
-        if not states:
-            return
         meter.create_observable_up_down_counter(
             cv.HW_STATUS.name, callbacks=[self._status], unit=cv.HW_STATUS.unit, description=cv.HW_STATUS.description
         )
@@ -69,6 +80,27 @@ class VerdictMetrics:
                 out.append(Observation(int(state == verdict.state), {**base, cv.HW_STATE: state}))
         return out
 
+    def _health(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(1, {**_identity(attrs, verdict.hw_id), **health_attributes(verdict)})
+            for verdict, attrs in self._board.snapshot()
+        ]
+
+
+class ViewDisagreement:
+    """``dra.device.view.disagreement``: for a device seen from several nodes, 1 for each node whose view
+    disagrees with the combined verdict (the policy's ``shared_devices.combine``)."""
+
+    def __init__(self, board: VerdictBoard, meter: Meter, combine_mode: str = DEFAULT_COMBINE) -> None:
+        self._board = board
+        self._mode = combine_mode
+        meter.create_observable_gauge(
+            cv.DRA_DEVICE_VIEW_DISAGREEMENT.name,
+            callbacks=[self._disagreement],
+            unit=cv.DRA_DEVICE_VIEW_DISAGREEMENT.unit,
+            description=cv.DRA_DEVICE_VIEW_DISAGREEMENT.description,
+        )
+
     def _disagreement(self, _: CallbackOptions) -> Iterable[Observation]:
         out = []
         for shared in self._board.devices(self._mode):
@@ -84,17 +116,10 @@ class VerdictMetrics:
                 out.append(Observation(int(view.node in shared.disagreeing), attrs))
         return out
 
-    def _health(self, _: CallbackOptions) -> Iterable[Observation]:
-        out = []
-        for verdict, attrs in self._board.snapshot():
-            health = {
-                **_identity(attrs, verdict.hw_id),
-                cv.DRA_DEVICE_HEALTH_STATE: verdict.health,
-                cv.DRA_DEVICE_HEALTH_REASONS: ",".join(verdict.reasons),
-                cv.DRA_DEVICE_HEALTH_REMEDIATION: verdict.remediation,
-                cv.DRA_DEVICE_HEALTH_SCOPE: verdict.scope,
-            }
-            if verdict.group is not None:
-                health[cv.DRA_DEVICE_HEALTH_GROUP] = verdict.group
-            out.append(Observation(1, health))
-        return out
+
+class VerdictMetrics:
+    """The agent's verdict metrics: :class:`VerdictSeries` and :class:`ViewDisagreement` on one board."""
+
+    def __init__(self, board: VerdictBoard, meter: Meter, combine_mode: str = DEFAULT_COMBINE) -> None:
+        self.series = VerdictSeries(board, meter)
+        self.disagreement = ViewDisagreement(board, meter, combine_mode)

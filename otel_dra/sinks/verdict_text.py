@@ -3,9 +3,9 @@
 A fleet of 100,000 devices has 600,000 verdict series (five ``hw.status`` states and one
 ``dra.device.health`` each). Through the OpenTelemetry SDK's Prometheus reader that costs
 about 38 µs a series, 23 s a cycle (BENCHMARKS.md); the fleet must publish every few
-seconds. The series are the same ones the agent's :class:`~otel_dra.sinks.verdict_metrics.VerdictMetrics`
-emits through the SDK (same names, label names and values, checked by a test that parses
-both), but their label strings are built once per device and reused, so a cycle only joins
+seconds. The series are the same ones the agent's :class:`~otel_dra.sinks.verdict_metrics.VerdictSeries`
+emits through the SDK (the attributes from its :func:`~otel_dra.sinks.verdict_metrics.health_attributes`;
+checked by a test that parses both), but their label strings are built once per device and reused, so a cycle only joins
 ready-made strings with the current values. A device's labels are kept once, as one string
 without ``hw_state`` and the health labels, which are spliced in where they sort (the health
 labels' text is shared by every device with the same verdict): a few hundred bytes a device,
@@ -23,21 +23,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from otel_dra import conventions as cv
 from otel_dra.classifier import Verdict
 from otel_dra.sinks._mapping import prometheus_label
+from otel_dra.sinks.verdict_metrics import HEALTH_KEYS, health_attributes
 from otel_dra.vocabulary import HW_STATES
 
 _STATUS = "hw_status"
 _HEALTH = "dra_device_health"
 _STATE_LABEL = prometheus_label(cv.HW_STATE)
-_HEALTH_KEYS = (
-    cv.DRA_DEVICE_HEALTH_STATE,
-    cv.DRA_DEVICE_HEALTH_REASONS,
-    cv.DRA_DEVICE_HEALTH_REMEDIATION,
-    cv.DRA_DEVICE_HEALTH_SCOPE,
-    cv.DRA_DEVICE_HEALTH_GROUP,  # only when the verdict has one
-)
 #: Label names spliced into a device's labels each cycle: a device whose own labels include one keeps whole lines
 #: (the group's too, present or not, so a device's labels never sort between the health labels).
-_SPLICED = frozenset({_STATE_LABEL, *(prometheus_label(k) for k in _HEALTH_KEYS)})
+_SPLICED = frozenset({_STATE_LABEL, *(prometheus_label(k) for k in HEALTH_KEYS)})
 #: The five ``hw_status`` values of a device by its state's index in HW_STATES (-1: none, the verdict is Unknown).
 _VALUES = {i: tuple("1" if j == i else "0" for j in range(len(HW_STATES))) for i in range(-1, len(HW_STATES))}
 _STATE_INDEX = {state: i for i, state in enumerate(HW_STATES)}
@@ -64,13 +58,6 @@ def _join(pairs: list[tuple[str, str]]) -> str:
 def _labels(attrs: Mapping[str, str]) -> str:
     """``a="x",b="y"``: sorted by label name, as the SDK's exporter writes them."""
     return _join(_pairs(attrs))
-
-
-def _health_labels(verdict: Verdict) -> dict[str, str]:
-    """The health attributes: state, reasons, remediation, scope, and the group only when the verdict has one
-    (absent, not "": Prometheus reads an absent label as "", so a device's own verdict needs none)."""
-    values = (verdict.health, ",".join(verdict.reasons), verdict.remediation, verdict.scope, verdict.group)
-    return {k: v for k, v in zip(_HEALTH_KEYS, values, strict=True) if v is not None}
 
 
 def _offset(pairs: list[tuple[str, str]], text: str, names: Iterable[str]) -> int:
@@ -134,7 +121,7 @@ class _Device:
             if text is None:
                 if len(texts) >= _MAX_HEALTH_TEXTS:
                     texts.clear()
-                text = texts[vkey] = (vkey, _labels(_health_labels(verdict)))
+                text = texts[vkey] = (vkey, _labels(health_attributes(verdict)))
             self.text = text
         return text[1]
 
@@ -172,7 +159,7 @@ class _Whole(_Device):
         self.health_text(verdict, texts)
         if self.text is not text or not self.health:
             base = {cv.HW_ID: verdict.hw_id, **self.attrs, cv.K8S_NODE_NAME_ATTR: verdict.node}
-            self.health = f"{_HEALTH}{{{_labels({**base, **_health_labels(verdict)})}}} 1"
+            self.health = f"{_HEALTH}{{{_labels({**base, **health_attributes(verdict)})}}} 1"
         return self.health
 
 

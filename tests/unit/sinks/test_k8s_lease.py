@@ -12,7 +12,7 @@ from otel_dra.sinks.k8s import apply as k8s_apply
 from otel_dra.sinks.k8s.lease import LeaderElector, LeaseConfig
 from tests.conftest import wait_for
 
-pytestmark = pytest.mark.e2e  # real-time bounds: run with the other real-time modules, not beside them
+pytestmark = pytest.mark.realtime  # real-time bounds: run with the other real-time modules, not beside them
 FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.2, "retry_period_s": 0.25}
 JITTER_RETRY = 1.2 * FAST["retry_period_s"]
 

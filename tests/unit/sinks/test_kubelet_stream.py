@@ -48,6 +48,8 @@ from otel_dra.sinks.kubelet.api import (
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state.board import VerdictBoard
 
+pytestmark = pytest.mark.realtime  # timed to a fraction of a second: run with the real-time modules
+
 REPO = Path(__file__).resolve().parents[3]
 S = 10**9
 REPORTED_S = 1_800_000_000

@@ -31,6 +31,8 @@ from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state import FrameStore
 from tests.conftest import Inbox, free_port, wait_for
 
+pytestmark = pytest.mark.realtime  # timed to a fraction of a second: run with the real-time modules
+
 NODE = "node-q"
 
 
