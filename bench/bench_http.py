@@ -41,8 +41,8 @@ TURNS = 3
 SERVER = r"""
 import sys, threading
 from otel_dra.frame import Schema
-from otel_dra.receivers.otlp import OtlpReceiver
-receiver = OtlpReceiver(Schema(), lambda frames: None, grpc_endpoint=None, http_endpoint="127.0.0.1:0")
+from otel_dra.receivers.factory import new_receiver
+receiver = new_receiver(Schema(), lambda frames: None, grpc_endpoint=None, http_endpoint="127.0.0.1:0")
 receiver.start()
 print(receiver.http_port, flush=True)
 sys.stdin.read()

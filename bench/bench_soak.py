@@ -155,7 +155,7 @@ def soak(devices: int, minutes: float, churn_per_minute: float = 0.02, ttl: str 
     os.unlink(f.name)
     prom_port = free_port()
     config = FleetConfig(
-        receiver=ReceiverConfig("127.0.0.1", grpc_port=free_port(), http_port=0),
+        receiver=ReceiverConfig("127.0.0.1", grpc_port=free_port(), http_port=None),
         endpoint=EndpointConfig("127.0.0.1", prom_port),
         sample_interval_s=INTERVAL_S,
         evaluate_every_s=INTERVAL_S,

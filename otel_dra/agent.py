@@ -23,11 +23,11 @@ from otel_dra.classifier import Classifier
 from otel_dra.component import Components, OnShutdown
 from otel_dra.config import AgentConfig
 from otel_dra.frame import Frame, Schema
-from otel_dra.policy import load as load_policy
 from otel_dra.sinks import provider
 from otel_dra.sinks._mapping import series_per_device
 from otel_dra.sinks.endpoint import PrometheusEndpoint, Route
 from otel_dra.sinks.metrics import MetricsSink
+from otel_dra.sinks.policy_sections import load_policy
 from otel_dra.sinks.sending_queue import SendingQueue
 from otel_dra.sinks.verdict_metrics import VERDICT_METRICS, VerdictMetrics
 from otel_dra.sources import Source
@@ -142,16 +142,8 @@ class Agent:
         if k8s.output:
             from otel_dra.sinks.k8s.sink import K8sOutputSink
 
-            sink = K8sOutputSink(
-                self.board,
-                Path(k8s.output),
-                self.policy,
-                k8s.api_version,
-                k8s.driver,
-                apply_rules=k8s.apply,
-                attributes=k8s.attributes,
-                warmup_s=float(self.policy.min_samples) * cfg.interval_s,
-            )
+            warmup_s = float(self.policy.min_samples) * cfg.interval_s
+            sink = K8sOutputSink(self.board, self.policy, k8s, warmup_s=warmup_s)
             run.start("Kubernetes output", sink)
 
     def routes(self) -> dict[str, Route]:

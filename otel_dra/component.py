@@ -4,15 +4,17 @@ As the OpenTelemetry Collector's components (``Start``/``Shutdown``) and the SDK
 (``shutdown(timeout_millis)``) do. The agent and the fleet are each an ordered list of components
 built from their configs: :class:`Components` starts them in order and shuts them down in reverse
 within one budget, so a source is closed after every sink that reads from it, the meter provider
-flushes after the endpoints stop, and one hung part cannot keep the process from exiting.
+flushes after the endpoints stop, and one hung part cannot keep the process from exiting. A component's
+config is checked once, when it is made: :class:`ConfigError` names the field to fix.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar, runtime_checkable
 
 log = logging.getLogger(__name__)
@@ -91,3 +93,29 @@ class Components:
             component.shutdown(timeout_s)
         except Exception as exc:  # one part failing to stop must not keep the others running
             log.error("%s failed to shut down cleanly", name, exc_info=exc)
+
+
+#: ``{Config.field}`` in a :class:`ConfigError`'s template.
+_FIELD = re.compile(r"\{([A-Za-z]\w*)\.([a-z_]\w*)\}")
+
+
+class ConfigError(ValueError):
+    """A configuration value a user must fix, one line that names the config fields it is about.
+
+    The template writes each field as ``{Config.field}`` (``{ReceiverConfig.grpc_port} must be a TCP port``);
+    the message names the field (``grpc_port must be a TCP port``), and a front end names it its own way
+    (:meth:`named`: the CLI, by its flag), so the configs know nothing of the command line.
+    """
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        super().__init__(self.named({}))
+
+    @property
+    def fields(self) -> list[str]:
+        """The ``Config.field`` names the message is about, in order."""
+        return [f"{m[1]}.{m[2]}" for m in _FIELD.finditer(self.template)]
+
+    def named(self, names: Mapping[str, str]) -> str:
+        """The message, each field as ``names`` calls it (``Config.field`` → name), else by its own name."""
+        return _FIELD.sub(lambda m: names.get(f"{m[1]}.{m[2]}", m[2]), self.template)

@@ -9,6 +9,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from otel_dra.component import ConfigError as ConfigError  # (the CLI and tests import it from here too)
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.faults import Fault
 from otel_dra.receivers.config import ReceiverConfig
@@ -19,10 +20,6 @@ from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION
 from otel_dra.sources import SOURCES
 
 HEALTH_ATTRIBUTE_MODES = ("metric", "all")
-
-
-class ConfigError(ValueError):
-    """A configuration value a user must fix; the message names it and says how."""
 
 
 def resolve_node_name(flag: str | None, env: Mapping[str, str] = os.environ) -> str:
@@ -40,7 +37,7 @@ def resolve_node_name(flag: str | None, env: Mapping[str, str] = os.environ) -> 
 class AgentConfig:
     """Everything ``otel-dra run`` needs: the source's and the classifier's settings here, each
     sink's in its own config (with its defaults and checks); invalid values raise
-    :class:`ConfigError` (or the sink config's ``ValueError``), one line naming the flag."""
+    :class:`ConfigError`, one line naming the field (the CLI names its flag)."""
 
     node_name: str
     source: str = "auto"
@@ -61,28 +58,36 @@ class AgentConfig:
     state_dir: str | None = None
 
     def __post_init__(self) -> None:
+        if self.k8s.apply and not self.k8s.output:
+            raise ConfigError(
+                "{K8sOutputConfig.apply} needs {K8sOutputConfig.output} DIR (the rules are written there, then applied)"
+            )
         if self.source not in SOURCES:
-            raise ConfigError(f"--source {self.source!r} is not known; use one of: {', '.join(SOURCES)}")
+            raise ConfigError(f"{{AgentConfig.source}} {self.source!r} is not known; use one of: {', '.join(SOURCES)}")
         if self.faults and self.source not in ("simulated", "auto"):
-            raise ConfigError("--fault injects into the simulated source only; use --source simulated")
+            raise ConfigError(
+                "{AgentConfig.faults} injects into the simulated source only; use {AgentConfig.source} simulated"
+            )
         if self.load not in LOAD_PROFILES:
-            raise ConfigError(f"--load {self.load!r} is not known; use one of: {', '.join(LOAD_PROFILES)}")
+            raise ConfigError(
+                f"{{AgentConfig.load}} {self.load!r} is not known; use one of: {', '.join(LOAD_PROFILES)}"
+            )
         if self.load != "idle" and not (self.source == "simulated" or (self.source == "auto" and self.faults)):
             raise ConfigError(
-                f"--load {self.load} shapes the simulated source's GPUs only; add --source simulated "
-                "(real GPUs run what they run)"
+                f"{{AgentConfig.load}} {self.load} shapes the simulated source's GPUs only; add {{AgentConfig.source}} "
+                "simulated (real GPUs run what they run)"
             )
         if not 1 <= self.devices <= DecodeLimits.max_devices_per_node:
             raise ConfigError(
-                f"--devices must be 1 to {DecodeLimits.max_devices_per_node} (the per-node device limit), "
-                f"got {self.devices}"
+                f"{{AgentConfig.devices}} must be 1 to {DecodeLimits.max_devices_per_node} (the per-node device "
+                f"limit), got {self.devices}"
             )
         if not (self.interval_s > 0):
-            raise ConfigError(f"--interval must be a positive number of seconds, got {self.interval_s}")
+            raise ConfigError(f"{{AgentConfig.interval_s}} must be a positive number of seconds, got {self.interval_s}")
         if self.health_attribute not in HEALTH_ATTRIBUTE_MODES:
-            raise ConfigError(f"--health-attribute must be one of {', '.join(HEALTH_ATTRIBUTE_MODES)}")
+            raise ConfigError(f"{{AgentConfig.health_attribute}} must be one of {', '.join(HEALTH_ATTRIBUTE_MODES)}")
         if not self.node_name:
-            raise ConfigError("node name is empty; set --node-name or NODE_NAME")
+            raise ConfigError("node name is empty; set {AgentConfig.node_name} or NODE_NAME")
 
     @property
     def stale_after_s(self) -> float:
@@ -105,9 +110,24 @@ class ClusterWriterConfig:
     resync_s: float = K8sOutputConfig.resync_s
     retry_s: float = K8sOutputConfig.retry_s
 
+    @property
+    def sink(self) -> K8sOutputConfig:
+        """The writer's own settings: it always applies, and writes files only with an output directory."""
+        return K8sOutputConfig(
+            output=self.output_dir,
+            api_version=self.api_version,
+            driver=self.driver,
+            apply=True,
+            resync_s=self.resync_s,
+            retry_s=self.retry_s,
+        )
+
     def __post_init__(self) -> None:
         if self.api_version != AUTO_API_VERSION and self.api_version not in API_VERSIONS:
-            raise ConfigError(f"--k8s-api-version {self.api_version!r} is not one of: auto, {', '.join(API_VERSIONS)}")
+            raise ConfigError(
+                f"{{ClusterWriterConfig.api_version}} {self.api_version!r} is not one of: "
+                f"auto, {', '.join(API_VERSIONS)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -128,6 +148,8 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:
-            raise ConfigError("--sample-interval and --evaluate-every must be positive numbers of seconds")
+            raise ConfigError(
+                "{FleetConfig.sample_interval_s} and {FleetConfig.evaluate_every_s} must be positive numbers of seconds"
+            )
         if self.max_queued_points < 1:
-            raise ConfigError(f"--max-queued-points must be at least 1, got {self.max_queued_points}")
+            raise ConfigError(f"{{FleetConfig.max_queued_points}} must be at least 1, got {self.max_queued_points}")

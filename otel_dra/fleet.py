@@ -31,7 +31,7 @@ from otel_dra.receivers.tls import describe
 from otel_dra.sinks import provider
 from otel_dra.sinks.endpoint import PrometheusEndpoint, Route
 from otel_dra.sinks.k8s.brake import Brake, BudgetSettings, annotation_key
-from otel_dra.sinks.verdict_metrics import VerdictMetrics
+from otel_dra.sinks.verdict_metrics import ViewDisagreement
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.state import VerdictBoard
 from otel_dra.state.persist import FLEET_FILE, StateFile, StateStore
@@ -167,13 +167,8 @@ class Fleet:
         )
         sink = K8sOutputSink(
             self.board,
-            Path(k8s.output_dir) if k8s.output_dir else None,
             self.policy,
-            k8s.api_version,
-            k8s.driver,
-            apply_rules=True,
-            resync_s=k8s.resync_s,
-            retry_s=k8s.retry_s,
+            k8s.sink,
             # A fresh fleet has not yet seen enough samples to re-find a fault: not deleting its rule yet.
             warmup_s=float(self.policy.min_samples) * self.config.sample_interval_s,
             api_client=api_client,
@@ -193,7 +188,7 @@ class Fleet:
         """Every component, in the order they shut down in reverse (but the state file, written first), the
         cluster writer (its Lease released then), the meter provider, the receivers, the HTTP endpoint,
         and the board. Binds every port here: a port in use fails before anything runs."""
-        from otel_dra.receivers.otlp import OtlpReceiver
+        from otel_dra.receivers.factory import create_receiver
 
         cfg = self.config
         run = self.components
@@ -215,26 +210,12 @@ class Fleet:
         readers = [endpoint.reader()] if endpoint is not None else []
         node = cfg.node_name or socket.gethostname()
         meter = provider.start_meter_provider(run, node, readers, FLEET_SERIES_LIMIT, "otel_dra.fleet")
-        VerdictMetrics(self.board, meter, self.policy.shared_devices.combine, states=False)
+        ViewDisagreement(self.board, meter, self.policy.shared_devices.combine)
         self.brake.instrument(meter)
         if self.k8s is not None:
             self.k8s.instrument(meter)
         rc = cfg.receiver
-        receiver = OtlpReceiver(
-            self.schema,
-            self.on_frames,
-            rc.grpc_endpoint,
-            rc.http_endpoint,
-            rc.max_request_bytes,
-            meter,
-            tls=rc.tls,
-            auth=rc.auth,
-            max_future_s=rc.max_future_s or None,
-            limits=rc.limits,
-            http=rc.http,
-            backlog=self.backlog,
-            max_pending=rc.max_pending_requests,
-        )
+        receiver = create_receiver(rc, self.schema, self.on_frames, meter, self.backlog)
         self.receiver = run.start("OTLP receiver", receiver)
         self._last_tick = time.monotonic()
         if endpoint is not None:

@@ -31,13 +31,12 @@ import click
 
 from otel_dra.cli.client import DEFAULT_PORT, URL_FORMS, base_url, read_devices
 from otel_dra.cli.common import plural
-from otel_dra.cli.options import Seconds
+from otel_dra.cli.options import Seconds, output_option
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.table import Table
 
-OUTPUTS = ("table", "json")
 
 #: Narrower than this, the evidence column is not worth having beside the reasons column.
 EVIDENCE_MIN_WIDTH = 24
@@ -64,13 +63,8 @@ def _env(name: str) -> dict[str, Any]:
 
 @click.command()
 @click.argument("url", default=f"localhost:{DEFAULT_PORT}", required=False, callback=_url, envvar="OTEL_DRA_STATUS_URL")
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(OUTPUTS),
-    default="table",
-    show_default=True,
-    help="'table' for people; 'json' for scripts: the /v1/devices document as served, one JSON document "
+@output_option(
+    "'table' for people; 'json' for scripts: the /v1/devices document as served, one JSON document "
     "(with --watch, one per line and refresh).",
     **_env("OUTPUT"),
 )

@@ -37,7 +37,8 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
 
 
 def load_policy(path: str | None) -> Policy:
-    from otel_dra.policy import PolicyError, load
+    from otel_dra.policy import PolicyError
+    from otel_dra.sinks.policy_sections import load_policy as load
 
     try:
         return load(path)

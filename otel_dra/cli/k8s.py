@@ -172,10 +172,11 @@ def render_command(
     (experimental), ResourceSlice attributes (<domain>/health, <domain>/state) for every device.
     """
     from otel_dra.classifier.verdict import VerdictInputError
-    from otel_dra.policy import PolicyError, load
+    from otel_dra.policy import PolicyError
     from otel_dra.sinks.k8s.apply import K8sApplyError, apply
     from otel_dra.sinks.k8s.render import render, write_rendering
     from otel_dra.sinks.k8s.validation import K8sValidationError
+    from otel_dra.sinks.policy_sections import load_policy as load
 
     if (file is None) == (from_url is None):
         raise click.UsageError("give a verdict FILE or --from URL (one of them)")

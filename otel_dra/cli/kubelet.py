@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from otel_dra.cli.options import Seconds
+from otel_dra.cli.options import Seconds, output_option
 from otel_dra.sinks.config import KUBELET_DEFAULT_TIMEOUT_S, KUBELET_PLUGINS_DIR
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 #: Where the DaemonSet (deploy/kubernetes/base/30-daemonset.yaml) serves the stream on every node.
 DEFAULT_SOCKET = os.path.join(KUBELET_PLUGINS_DIR, "otel-dra", "health.sock")
-OUTPUTS = ("table", "json")
 #: ``auto``: v1alpha1 (what kubelets up to 1.36 call), then v1 when the server has no v1alpha1.
 API_VERSIONS = ("auto", "v1alpha1", "v1")
 
@@ -61,15 +60,10 @@ def kubelet() -> None:
 @click.argument(
     "socket_path", metavar="[SOCKET]", default=DEFAULT_SOCKET, required=False, envvar="OTEL_DRA_KUBELET_WATCH_SOCKET"
 )
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(OUTPUTS),
-    default="table",
-    show_default=True,
-    help="'table' for people: on a terminal one table redrawn in place per update; piped, a table for "
+@output_option(
+    "'table' for people: on a terminal one table redrawn in place per update; piped, a table for "
     "the first update and again whenever a health, message or device changes (resends that change "
-    "only the times are skipped). 'json': one object per update and line, every update, for jq.",
+    "only the times are skipped). 'json': one object per update and line, every update, for jq."
 )
 @click.option("--once", is_flag=True, help="Print the first update (the complete device list) and exit 0.")
 @click.option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from otel_dra.serve.config import HttpServerConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def log_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -240,4 +241,28 @@ def decode_limits(
         max_devices=max_devices,
         max_series=max_series,
         max_attribute_length=max_attribute_length,
+    )
+
+
+def options(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
+    """Option decorators as one, listed in the order ``--help`` shows them: a group of options that
+    several commands declare once and apply each (``otel-dra run`` and ``otel-dra fleet``)."""
+
+    def apply(f: F) -> F:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+#: What ``-o/--output`` may ask for, on every command that has it.
+OUTPUTS = ("table", "json")
+
+
+def output_option(help_text: str, **envvar: Any) -> Callable[[F], F]:
+    """``-o/--output table|json`` (default table) of the commands that print for people and for scripts;
+    ``help_text``: what each gives there, ``envvar``: its environment variable, where it has one."""
+    return click.option(
+        "--output", "-o", type=click.Choice(OUTPUTS), default="table", show_default=True, help=help_text, **envvar
     )

@@ -30,14 +30,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from otel_dra.cli.common import load_policy, plural
-from otel_dra.cli.options import policy_option
+from otel_dra.cli.options import output_option, policy_option
 
 if TYPE_CHECKING:
     from otel_dra.classifier.memory import DeviceMemory, ReasonMemory
     from otel_dra.policy import Policy
     from otel_dra.state.persist import Saved, StateFile
 
-OUTPUTS = ("table", "json")
 #: A file written less than this long ago may have a running writer (one writes at least every 30 s, after an
 #: evaluation: the agent's --interval, the fleet's tick, late by a loaded machine).
 LIVE_S = 90.0  # (3 x otel_dra.state.persist.EVERY_S)
@@ -263,14 +262,7 @@ def state() -> None:
 
 @state.command()
 @_file_options
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(OUTPUTS),
-    default="table",
-    show_default=True,
-    help="'table' for people; 'json' for scripts: one JSON document (jq).",
-)
+@output_option("'table' for people; 'json' for scripts: one JSON document (jq).")
 @policy_option("The policy the agent/fleet runs with (its hold times and which faults wait for a repair).")
 def show(
     state_file: str | None,

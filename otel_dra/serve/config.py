@@ -12,6 +12,8 @@ import resource
 from dataclasses import dataclass
 from typing import Final
 
+from otel_dra.component import ConfigError
+
 #: Without ``max_connections``, a server takes a quarter of the process's file-descriptor limit
 #: (the receiver's, the endpoint's and gRPC's connections must all fit under it), within these bounds.
 AUTO_MIN_CONNECTIONS: Final = 16
@@ -26,8 +28,7 @@ def fd_limit() -> int:
 
 @dataclass(frozen=True)
 class HttpServerConfig:
-    """Bounds of one HTTP server (``--max-connections``, ``--header-timeout``, ``--body-timeout``,
-    ``--idle-timeout``)."""
+    """Bounds of one HTTP server: its connections and how long each may take."""
 
     #: Open connections at most (None: a quarter of the fd limit, 16 to 4,096). Past it, the connection
     #: idle longest is closed to make room (as nginx reuses keep-alive connections); with none idle, the new one is.
@@ -45,16 +46,16 @@ class HttpServerConfig:
 
     def __post_init__(self) -> None:
         if self.max_connections is not None and self.max_connections < 1:
-            raise ValueError(f"--max-connections must be at least 1, got {self.max_connections}")
-        for flag, value in (
-            ("--header-timeout", self.header_timeout_s),
-            ("--body-timeout", self.body_timeout_s),
-            ("--idle-timeout", self.idle_timeout_s),
+            raise ConfigError(f"{{HttpServerConfig.max_connections}} must be at least 1, got {self.max_connections}")
+        for name, value in (
+            ("header_timeout_s", self.header_timeout_s),
+            ("body_timeout_s", self.body_timeout_s),
+            ("idle_timeout_s", self.idle_timeout_s),
         ):
             if not value > 0:
-                raise ValueError(f"{flag} must be a positive number of seconds, got {value}")
+                raise ConfigError(f"{{HttpServerConfig.{name}}} must be a positive number of seconds, got {value}")
         if self.max_header_line_bytes < 256 or self.max_headers < 8:
-            raise ValueError("header limits below 256 bytes a line or 8 headers would refuse ordinary clients")
+            raise ConfigError("header limits below 256 bytes a line or 8 headers would refuse ordinary clients")
 
     def connections(self) -> int:
         """``max_connections``, or the automatic share of the fd limit."""

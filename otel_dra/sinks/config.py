@@ -2,7 +2,7 @@
 
 Light on purpose (no SDK, grpc or kubernetes imports): the CLI reads its option defaults from
 these classes, and ``otel-dra --help`` must not pay for the sinks themselves. Errors are
-``ValueError`` with one line naming the flag and how to fix it.
+:class:`~otel_dra.component.ConfigError`: one line naming the field and how to fix it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from otel_dra.component import ConfigError
 from otel_dra.logs import redact
 from otel_dra.serve.config import HttpServerConfig
 from otel_dra.sinks.k8s.versions import API_VERSIONS, AUTO_API_VERSION, DEFAULT_API_VERSION
@@ -29,7 +30,7 @@ KUBELET_DEFAULT_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class EndpointConfig:
-    """Where ``/metrics`` and the routes are served (``--host``/``--prometheus-port``). The loopback
+    """Where ``/metrics`` and the routes are served. The loopback
     address unless told otherwise, as ``OTEL_EXPORTER_PROMETHEUS_HOST`` defaults to localhost in the
     OpenTelemetry specification (127.0.0.1, as the fleet's receivers: ``otel_dra.receivers.config``);
     a pod that Prometheus scrapes passes ``--host=0.0.0.0`` (the deploy manifests do)."""
@@ -40,7 +41,7 @@ class EndpointConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"--prometheus-port must be 0 (off) or a TCP port, got {self.port}")
+            raise ConfigError(f"{{EndpointConfig.port}} must be 0 (off) or a TCP port, got {self.port}")
 
     @property
     def enabled(self) -> bool:
@@ -78,27 +79,28 @@ class OtlpPushConfig:
 
     def __post_init__(self) -> None:
         if self.protocol not in OTLP_PROTOCOLS:
-            raise ValueError(
+            raise ConfigError(
                 f"OTLP protocol {self.protocol!r} is not supported; use one of: {', '.join(OTLP_PROTOCOLS)}"
             )
         if self.endpoint is not None:
             parts = urlsplit(self.endpoint if "//" in self.endpoint else f"//{self.endpoint}")
             shown = redact(self.endpoint)
             if not parts.hostname:
-                raise ValueError(f"OTLP endpoint {shown!r} has no host; give e.g. http://localhost:4317")
+                raise ConfigError(f"OTLP endpoint {shown!r} has no host; give e.g. http://localhost:4317")
             if (parts.username or parts.password) and self.protocol == "grpc":
                 # gRPC has no userinfo: the exporter would hand "user:password@host" to the resolver (and
                 # its error to the log). Credentials go in headers there.
-                raise ValueError(
+                raise ConfigError(
                     f"OTLP endpoint {shown!r} carries a user or password, which gRPC cannot use: put the "
                     "credentials in OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Bearer%20TOKEN)"
                 )
         if not self.queue_max_age_s >= 0:
-            raise ValueError(
-                f"--otlp-queue-max-age must be 0 (no queue) or a number of seconds, got {self.queue_max_age_s}"
+            raise ConfigError(
+                f"{{OtlpPushConfig.queue_max_age_s}} must be 0 (no queue) or a number of seconds, "
+                f"got {self.queue_max_age_s}"
             )
         if self.queue_max_points < 1:
-            raise ValueError(f"--otlp-queue-max-points must be at least 1, got {self.queue_max_points}")
+            raise ConfigError(f"{{OtlpPushConfig.queue_max_points}} must be at least 1, got {self.queue_max_points}")
 
 
 def default_endpoint(driver_name: str) -> str:
@@ -117,8 +119,8 @@ class KubeletConfig:
 
     def __post_init__(self) -> None:
         if not self.health_timeout_s > 0:
-            raise ValueError(
-                f"--kubelet-health-timeout must be a positive number of seconds, got {self.health_timeout_s}"
+            raise ConfigError(
+                f"{{KubeletConfig.health_timeout_s}} must be a positive number of seconds, got {self.health_timeout_s}"
             )
 
     @property
@@ -133,7 +135,9 @@ class KubeletConfig:
 
 @dataclass(frozen=True)
 class K8sOutputConfig:
-    """The agent's DeviceTaintRule files (off without a directory), and its single-node apply."""
+    """A DeviceTaintRule writer's files (none without a directory) and whether it applies them: the agent's
+    (which applies only what it writes: :class:`~otel_dra.config.AgentConfig` checks so), and the
+    fleet's cluster writer's (:meth:`~otel_dra.config.ClusterWriterConfig.sink`)."""
 
     output: str | None = None  # write DeviceTaintRules (and, opted in, slice attributes) here
     api_version: str = DEFAULT_API_VERSION
@@ -145,8 +149,10 @@ class K8sOutputConfig:
 
     def __post_init__(self) -> None:
         if self.api_version not in API_VERSIONS and self.api_version != AUTO_API_VERSION:
-            raise ValueError(f"--k8s-api-version {self.api_version!r} is not one of: {', '.join(API_VERSIONS)}")
+            raise ConfigError(
+                f"{{K8sOutputConfig.api_version}} {self.api_version!r} is not one of: {', '.join(API_VERSIONS)}"
+            )
         if self.attributes and not self.output:
-            raise ValueError("--k8s-attributes needs --k8s-output DIR (the attributes file is written there)")
-        if self.apply and not self.output:
-            raise ValueError("--k8s-apply needs --k8s-output DIR (the rules are written there, then applied)")
+            raise ConfigError(
+                "{K8sOutputConfig.attributes} needs {K8sOutputConfig.output} DIR (the attributes file is written there)"
+            )

@@ -52,36 +52,29 @@ class K8sOutputSink:
     def __init__(
         self,
         board: VerdictBoard,
-        out_dir: Path | None,
         policy: Policy,
-        api_version: str = DEFAULT_API_VERSION,
-        driver: str | None = None,
+        config: K8sOutputConfig,
         *,
-        apply_rules: bool = False,
-        poll_s: float = 0.5,
-        resync_s: float = K8sOutputConfig.resync_s,
-        retry_s: float = K8sOutputConfig.retry_s,
         warmup_s: float = 0.0,
+        poll_s: float = 0.5,
         api_client: Any = None,
         leader: Callable[[], bool] | None = None,
         whole_fleet: bool = False,
         name: str = "k8s output",
-        attributes: bool = False,
         brake: Brake | None = None,
         events: EventRecorder | None = None,
         brake_ref: Ref | None = None,
     ) -> None:
-        """``driver``: the DRA driver for devices whose telemetry has no ``dra.driver.name``.
-        ``out_dir``: where the files go; ``None``: no files (the fleet's writer only applies).
-        ``attributes``: also write the ResourceSlice health attributes (experimental: KEP-5283,
-        which would define them, is provisional).
-        ``api_version`` ``"auto"``: the newest the cluster serves, found before the first apply
-        (files written before then use the default, ``v1``).
+        """``config``: where the files go (``output``; None: no files, the fleet's writer only applies),
+        the API version (``auto``: the newest the cluster serves, found before the first apply; files
+        written before then use the default, ``v1``), the DRA driver of devices whose telemetry has no
+        ``dra.driver.name``, whether to apply, whether to write the experimental ResourceSlice health
+        attributes (KEP-5283 is provisional), and the resync and retry periods.
 
-        Fails before the agent starts, never after: ValueError (bad API version),
+        Fails before the agent starts, never after:
         :class:`~otel_dra.sinks.k8s.validation.K8sValidationError` (no kubernetes client), OSError
-        (``out_dir`` cannot be made), :class:`~otel_dra.sinks.k8s.apply.ClusterUnavailable`
-        (``apply_rules`` without a kubeconfig or a pod's service account).
+        (the output directory cannot be made), :class:`~otel_dra.sinks.k8s.apply.ClusterUnavailable`
+        (``apply`` without a kubeconfig or a pod's service account).
 
         ``warmup_s``: no apply before this long after :meth:`start`, so a restarted agent that
         has not yet seen enough samples to re-find a fault does not delete (and then recreate)
@@ -98,15 +91,16 @@ class K8sOutputSink:
         (:mod:`otel_dra.sinks.k8s.events`; this sink starts and stops it); the brake's are about
         ``brake_ref`` (the leader's Lease, where its state lives), else the first rule it withheld."""
         self.board = board
-        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.config = config
+        self.out_dir = Path(config.output) if config.output else None
         self.policy = policy
-        self.discover = api_version == AUTO_API_VERSION
-        self.api_version = DEFAULT_API_VERSION if self.discover else api_version_of(api_version)
+        self.discover = config.api_version == AUTO_API_VERSION
+        self.api_version = DEFAULT_API_VERSION if self.discover else api_version_of(config.api_version)
         self.kubernetes: tuple[int, int] | None = None  # the server's version, once discovered
-        self.driver = driver
-        self.poll_s, self.resync_s, self.retry_s, self.warmup_s = poll_s, resync_s, retry_s, warmup_s
+        self.driver = config.driver
+        self.poll_s, self.resync_s, self.retry_s, self.warmup_s = poll_s, config.resync_s, config.retry_s, warmup_s
         self.leader, self.whole_fleet, self.name = leader, whole_fleet, name
-        self.attributes = attributes
+        self.attributes = config.attributes
         self.brake = brake
         self.events, self.brake_ref = events, brake_ref
         self._domain = str(policy.sections["kubernetes"]["domain"])
@@ -115,7 +109,7 @@ class K8sOutputSink:
         val.client_models()
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._api_client: Any = (api_client or connect()) if apply_rules else None
+        self._api_client: Any = (api_client or connect()) if config.apply else None
         self._written: dict[Path, str] = {}
         self._notes: tuple[str, ...] = ()
         self._rendering: Rendering | None = None
@@ -358,3 +352,23 @@ class K8sOutputSink:
                 log.error("%s: last write to %s failed: %s", self.name, self.out_dir, exc)
         if self.events is not None:
             self.events.shutdown(min(1.0, timeout_s))
+
+
+def new_k8s_sink(
+    board: VerdictBoard,
+    out_dir: Path | None,
+    policy: Policy,
+    api_version: str = DEFAULT_API_VERSION,
+    driver: str | None = None,
+    *,
+    apply_rules: bool = False,
+    attributes: bool = False,
+    resync_s: float = K8sOutputConfig.resync_s,
+    retry_s: float = K8sOutputConfig.retry_s,
+    **options: Any,
+) -> K8sOutputSink:
+    """A sink of these settings (tests name them one by one): made into its :class:`K8sOutputConfig`,
+    checked there; ``options``: :class:`K8sOutputSink`'s own (``poll_s``, ``name``, ``events``...)."""
+    output = str(out_dir) if out_dir is not None else None
+    config = K8sOutputConfig(output, api_version, driver, apply_rules, attributes, resync_s, retry_s)
+    return K8sOutputSink(board, policy, config, **options)

@@ -53,8 +53,9 @@ from otel_dra.decode import DecodeResult, OtlpJsonDecoder
 from otel_dra.decode.limits import LIMIT_REASONS
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Column, Frame, Schema, attrs_of
-from otel_dra.receivers import OtlpReceiver
-from otel_dra.receivers.otlp import CONNECTIONS, GRPC_METHOD, GRPC_SERVICE, POINTS, REFUSED, REQUESTS
+from otel_dra.receivers.factory import new_receiver as OtlpReceiver
+from otel_dra.receivers.handlers import GRPC_METHOD, GRPC_SERVICE
+from otel_dra.receivers.telemetry import CONNECTIONS, POINTS, REFUSED, REQUESTS
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sinks.verdict_metrics import VERDICT_METRICS

@@ -20,7 +20,7 @@ from otel_dra import policy
 from otel_dra.classifier import Classifier
 from otel_dra.frame import Frame, Schema
 from otel_dra.receivers.config import ReceiverConfig
-from otel_dra.receivers.otlp import OtlpReceiver
+from otel_dra.receivers.factory import new_receiver as OtlpReceiver
 
 S = 10**9
 NODE = "node-0002"

@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from otel_dra import conventions as cv
 from otel_dra.cli import cli
 from otel_dra.scenario import load as wl
+from otel_dra.scenario.figures import passes
 from otel_dra.scenario.generate import ScenarioConfig, form, generate
-from otel_dra.scenario.plan import WORKLOAD_TRAPS, kinds_for, make_plan
-from otel_dra.scenario.score import passes, score
+from otel_dra.scenario.kinds import WORKLOAD_TRAPS, kinds_for
+from otel_dra.scenario.planner import make_plan
+from otel_dra.scenario.score import score
 from tests.unit.scenario.test_scenario import ALL, T0, Recording, S, decode, degraded, fault, labels, v
 
 H100_LIMIT = 85.0

@@ -133,7 +133,7 @@ def test_a_fleet_turning_unhealthy_in_one_evaluation_writes_only_the_budgets_wor
     from otel_dra.classifier.verdict import Verdict
     from otel_dra.sinks.k8s.apply import connect
     from otel_dra.sinks.k8s.events import EventRecorder, Ref
-    from otel_dra.sinks.k8s.sink import K8sOutputSink
+    from otel_dra.sinks.k8s.sink import new_k8s_sink as K8sOutputSink
     from otel_dra.state.board import VerdictBoard
 
     policy_file = tmp_path / "p.yaml"

@@ -157,7 +157,7 @@ def test_the_fake_api_server_takes_a_valid_event(api):
 def test_the_writer_records_why_a_device_was_tainted_and_when_it_was_untainted(tmp_path, api):
     from otel_dra.classifier.verdict import Verdict
     from otel_dra.sinks.k8s.apply import connect
-    from otel_dra.sinks.k8s.sink import K8sOutputSink
+    from otel_dra.sinks.k8s.sink import new_k8s_sink as K8sOutputSink
     from otel_dra.state.board import VerdictBoard
 
     policy_file = tmp_path / "p.yaml"

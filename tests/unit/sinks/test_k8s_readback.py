@@ -16,7 +16,7 @@ from otel_dra import policy as policy_mod
 from otel_dra.classifier import Verdict
 from otel_dra.cli.cmd_status import device_table
 from otel_dra.sinks.k8s import readback
-from otel_dra.sinks.k8s.sink import K8sOutputSink
+from otel_dra.sinks.k8s.sink import new_k8s_sink as K8sOutputSink
 from otel_dra.state.board import VerdictBoard
 from tests.support.fake_apiserver import FakeApiServer, schema_problem
 

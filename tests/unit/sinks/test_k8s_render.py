@@ -30,7 +30,7 @@ from otel_dra.faults import Fault
 from otel_dra.sinks.k8s import apply as k8s_apply
 from otel_dra.sinks.k8s import render as r
 from otel_dra.sinks.k8s import validation as v
-from otel_dra.sinks.k8s.sink import K8sOutputSink
+from otel_dra.sinks.k8s.sink import new_k8s_sink as K8sOutputSink
 from otel_dra.state.board import VerdictBoard
 from otel_dra.vocabulary import REASONS
 from tests.conftest import free_port, http_get, wait_for
