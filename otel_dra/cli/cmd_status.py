@@ -176,9 +176,16 @@ def _watch_in_place(console: Console, doc: dict[str, Any], url: str, interval: f
 def is_fleet(doc: dict[str, Any]) -> bool:
     """Whether ``doc`` is a fleet's: devices of several nodes (an agent serves its own node's only).
     A fleet that has heard one node reads as either, and is not called a fleet."""
+    from otel_dra.classifier.verdict import Verdict, VerdictInputError
+
     devices = doc.get("devices")
-    nodes = {d.get("k8s.node.name") for d in devices if isinstance(d, dict)} if isinstance(devices, list) else set()
-    return len(nodes - {None, ""}) > 1
+    nodes: set[str] = set()
+    for d in devices if isinstance(devices, list) else []:
+        try:
+            nodes.add(Verdict.from_json(d, "").node)
+        except VerdictInputError:
+            continue  # (the table says what is wrong with it)
+    return len(nodes - {""}) > 1
 
 
 def _clock(interval: float) -> str:
