@@ -40,6 +40,11 @@ FLAGS: Final = {
     "K8sOutputConfig.output": "--k8s-output",
     "K8sOutputConfig.attributes": "--k8s-attributes",
     "K8sOutputConfig.apply": "--k8s-apply",
+    "LeaseConfig.name": "--leader-elect-resource-name",
+    "LeaseConfig.namespace": "--leader-elect-resource-namespace",
+    "LeaseConfig.lease_duration_s": "--leader-elect-lease-duration",
+    "LeaseConfig.renew_deadline_s": "--leader-elect-renew-deadline",
+    "LeaseConfig.retry_period_s": "--leader-elect-retry-period",
 }
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_dra.component import ConfigError
 from otel_dra.sinks.k8s import validation as val
 
 log = logging.getLogger(__name__)
@@ -82,32 +83,33 @@ class LeaseConfig:
     retry_period_s: float = 2.0
 
     def __post_init__(self) -> None:
-        flag = "--leader-elect-"
-        for label, value in (
-            ("lease-duration", self.lease_duration_s),
-            ("renew-deadline", self.renew_deadline_s),
-            ("retry-period", self.retry_period_s),
+        for field, value in (
+            ("{LeaseConfig.lease_duration_s}", self.lease_duration_s),
+            ("{LeaseConfig.renew_deadline_s}", self.renew_deadline_s),
+            ("{LeaseConfig.retry_period_s}", self.retry_period_s),
         ):
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{flag}{label} must be a positive number of seconds, got {value}")
+                raise ConfigError(f"{field} must be a positive number of seconds, got {value}")
         if not self.lease_duration_s > self.renew_deadline_s + JITTER * self.retry_period_s:
-            raise ValueError(
-                f"{flag}lease-duration ({self.lease_duration_s:g}s) must be greater than {flag}renew-deadline "
-                f"({self.renew_deadline_s:g}s) plus 1.2 x {flag}retry-period ({self.retry_period_s:g}s), so a "
-                "leader that stops renewing stops writing before another replica may take over"
+            raise ConfigError(
+                f"{{LeaseConfig.lease_duration_s}} ({self.lease_duration_s:g}s) must be greater than "
+                f"{{LeaseConfig.renew_deadline_s}} ({self.renew_deadline_s:g}s) plus 1.2 x "
+                f"{{LeaseConfig.retry_period_s}} ({self.retry_period_s:g}s), so a leader that stops renewing stops "
+                "writing before another replica may take over"
             )
         if not self.renew_deadline_s > JITTER * self.retry_period_s:
-            raise ValueError(
-                f"{flag}renew-deadline ({self.renew_deadline_s:g}s) must be greater than 1.2 x {flag}retry-period "
-                f"({self.retry_period_s:g}s), so a leader gets more than one try to renew"
+            raise ConfigError(
+                f"{{LeaseConfig.renew_deadline_s}} ({self.renew_deadline_s:g}s) must be greater than 1.2 x "
+                f"{{LeaseConfig.retry_period_s}} ({self.retry_period_s:g}s), so a leader gets more than one try to "
+                "renew"
             )
-        for label, text, problem in (
-            ("resource-name", self.name, val.dns1123_subdomain_problem),
-            ("resource-namespace", self.namespace, val.dns1123_label_problem),
+        for field, text, problem in (
+            ("{LeaseConfig.name}", self.name, val.dns1123_subdomain_problem),
+            ("{LeaseConfig.namespace}", self.namespace, val.dns1123_label_problem),
         ):
-            found = problem(text) if text or label == "resource-name" else None
+            found = problem(text) if text or field == "{LeaseConfig.name}" else None
             if found:
-                raise ValueError(f"{flag}{label} {text!r}: {found}")
+                raise ConfigError(f"{field} {text!r}: {found}")
 
     def resolved(self) -> LeaseConfig:
         """This config with the namespace and identity defaults filled in."""
