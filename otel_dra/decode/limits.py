@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from otel_dra.component import ConfigError
+
 #: Why points were refused by a cap (the ``reason`` attribute of ``otel_dra.receiver.refused``).
 NODE_NAME: Final = "node_name"  # k8s.node.name is not a DNS subdomain of at most 253 characters
 NODES: Final = "nodes"  # a new node past max_nodes
@@ -64,15 +66,15 @@ class DecodeLimits:
     max_attribute_length: int = 256
 
     def __post_init__(self) -> None:
-        for flag, value in (
-            ("--max-devices-per-node", self.max_devices_per_node),
-            ("--max-nodes", self.max_nodes),
-            ("--max-devices", self.max_devices),
-            ("--max-series", self.max_series),
-            ("--max-attribute-length", self.max_attribute_length),
+        for field, value in (
+            ("{DecodeLimits.max_devices_per_node}", self.max_devices_per_node),
+            ("{DecodeLimits.max_nodes}", self.max_nodes),
+            ("{DecodeLimits.max_devices}", self.max_devices),
+            ("{DecodeLimits.max_series}", self.max_series),
+            ("{DecodeLimits.max_attribute_length}", self.max_attribute_length),
         ):
             if value < 1:
-                raise ValueError(f"{flag} must be at least 1, got {value}")
+                raise ConfigError(f"{field} must be at least 1, got {value}")
 
 
 #: The caps when none are given (frozen: one instance serves every decoder).
