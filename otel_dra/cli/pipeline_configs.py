@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from otel_dra.cli.flags import usage_error
+from otel_dra.cli.flags import FLAGS, usage_error
 from otel_dra.cli.options import decode_limits, http_server_config
 from otel_dra.config import AgentConfig, ClusterWriterConfig, FleetConfig, resolve_node_name
 from otel_dra.receivers.config import ReceiverConfig
@@ -144,7 +144,9 @@ def receiver_security(o: Options) -> tuple[TlsSettings | None, ReceiverAuth | No
         auth = ReceiverAuth.load(
             o["auth_token_file"], o["tls_client_nodes_file"], o["tls_client_node_uri"], mutual=mutual
         )
-    except (TlsConfigError, AuthConfigError) as exc:
+    except TlsConfigError as exc:
+        raise click.ClickException(exc.named(FLAGS)) from exc
+    except AuthConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     return tls, auth
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
+from otel_dra.component import ConfigError
 from otel_dra.receivers.watched import WatchedFiles
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,8 @@ H2: Final = ("h2",)
 RELOAD_CHECK_S: Final = 1.0
 
 
-class TlsConfigError(ValueError):
-    """A TLS file a user must fix; the message names the flag and the file."""
+class TlsConfigError(ConfigError):
+    """A TLS file a user must fix; the message names the :class:`TlsSettings` field and the file."""
 
 
 @dataclass(frozen=True)
@@ -52,19 +53,24 @@ class TlsSettings:
         """Read and check the files; None when no TLS is asked for. Raises :class:`TlsConfigError`."""
         if not cert_file and not key_file:
             if client_ca_file:
-                raise TlsConfigError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file (the server's own)")
+                raise TlsConfigError(
+                    "{TlsSettings.client_ca_file} needs {TlsSettings.cert_file} and {TlsSettings.key_file} (the "
+                    "server's own)"
+                )
             return None
         if not cert_file or not key_file:
-            missing = "--tls-key-file" if cert_file else "--tls-cert-file"
-            raise TlsConfigError(f"TLS needs both --tls-cert-file and --tls-key-file; {missing} is missing")
+            missing = "{TlsSettings.key_file}" if cert_file else "{TlsSettings.cert_file}"
+            raise TlsConfigError(
+                f"TLS needs both {{TlsSettings.cert_file}} and {{TlsSettings.key_file}}; {missing} is missing"
+            )
         return cls(cert_file, key_file, client_ca_file or None).read_again()[0]
 
     def read_again(self) -> tuple[TlsSettings, ssl.SSLContext]:
         """These files, read and checked (again, when a renewal has replaced them in place), and the
         server context the checks built: the HTTP side's, made once."""
-        cert = _read("--tls-cert-file", self.cert_file)
-        key = _read("--tls-key-file", self.key_file)
-        client_ca = _read("--tls-client-ca-file", self.client_ca_file) if self.client_ca_file else None
+        cert = _read("{TlsSettings.cert_file}", self.cert_file)
+        key = _read("{TlsSettings.key_file}", self.key_file)
+        client_ca = _read("{TlsSettings.client_ca_file}", self.client_ca_file) if self.client_ca_file else None
         settings = replace(self, _cert=cert, _key=key, _client_ca=client_ca)
         return settings, settings.ssl_context()
 
@@ -83,17 +89,18 @@ class TlsSettings:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         except ssl.SSLError as exc:
             raise TlsConfigError(
-                f"--tls-cert-file {self.cert_file} / --tls-key-file {self.key_file}: cannot use them "
-                f"({exc.reason or exc}); give the PEM certificate chain and the private key that belongs to it"
+                f"{{TlsSettings.cert_file}} {self.cert_file} / {{TlsSettings.key_file}} {self.key_file}: cannot use "
+                f"them ({exc.reason or exc}); give the PEM certificate chain and the private key that belongs to it"
             ) from None
         except OSError as exc:
-            raise TlsConfigError(f"--tls-cert-file/--tls-key-file: {exc.strerror or exc}") from None
+            raise TlsConfigError(f"{{TlsSettings.cert_file}}/{{TlsSettings.key_file}}: {exc.strerror or exc}") from None
         if self._client_ca is not None:
             try:
                 ctx.load_verify_locations(cadata=self._client_ca.decode("ascii", "replace"))
             except ssl.SSLError as exc:
                 raise TlsConfigError(
-                    f"--tls-client-ca-file {self.client_ca_file}: not a PEM CA certificate ({exc.reason or exc})"
+                    f"{{TlsSettings.client_ca_file}} {self.client_ca_file}: not a PEM CA certificate "
+                    f"({exc.reason or exc})"
                 ) from None
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
@@ -150,11 +157,11 @@ def describe(tls: TlsSettings | None) -> str:
     return "TLS with client certificates" if tls.mutual else "TLS"
 
 
-def _read(flag: str, path: str) -> bytes:
+def _read(field: str, path: str) -> bytes:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise TlsConfigError(f"{flag} {path}: {exc.strerror or exc}") from None
+        raise TlsConfigError(f"{field} {path}: {exc.strerror or exc}") from None
     if b"-----BEGIN " not in data:
-        raise TlsConfigError(f"{flag} {path}: not a PEM file (no '-----BEGIN' line)")
+        raise TlsConfigError(f"{field} {path}: not a PEM file (no '-----BEGIN' line)")
     return data

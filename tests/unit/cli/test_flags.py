@@ -16,7 +16,7 @@ from otel_dra.config import AgentConfig, FleetConfig
 from otel_dra.receivers.config import ReceiverConfig
 
 PACKAGE = Path(__file__).resolve().parents[3] / "otel_dra"
-FIELD = re.compile(r"\{\{?([A-Z]\w*Config)\.([a-z_]\w*)\}")
+FIELD = re.compile(r"\{\{?([A-Z]\w*(?:Config|Settings|Limits))\.([a-z_]\w*)\}")
 
 
 def test_every_field_a_config_error_names_has_its_flag():
@@ -30,13 +30,15 @@ def test_every_flag_of_the_table_is_a_flag_of_run_or_fleet_and_every_field_a_fie
     }
     assert set(FLAGS.values()) <= flags, sorted(set(FLAGS.values()) - flags)
     import otel_dra.config as configs
+    import otel_dra.decode.limits as limits
     import otel_dra.receivers.config as receiver
+    import otel_dra.receivers.tls as tls
     import otel_dra.serve.config as serve
     import otel_dra.sinks.config as sinks
+    import otel_dra.sinks.k8s.lease as lease
 
-    classes = {
-        n: c for m in (configs, receiver, serve, sinks) for n, c in vars(m).items() if dataclasses.is_dataclass(c)
-    }
+    modules = (configs, receiver, serve, sinks, limits, tls, lease)
+    classes = {n: c for m in modules for n, c in vars(m).items() if dataclasses.is_dataclass(c)}
     for key in FLAGS:
         cls, field = key.split(".")
         assert field in {f.name for f in dataclasses.fields(classes[cls])}, key
