@@ -25,6 +25,7 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -185,7 +186,12 @@ def is_fleet(doc: dict[str, Any]) -> bool:
             nodes.add(Verdict.from_json(d, "").node)
         except VerdictInputError:
             continue  # (the table says what is wrong with it)
-    return len(nodes - {""}) > 1
+    return _several(nodes)
+
+
+def _several(nodes: Iterable[str]) -> bool:
+    """Devices of several named nodes: a fleet's answer (one that has heard one node is not called a fleet)."""
+    return len(set(nodes) - {""}) > 1
 
 
 def _clock(interval: float) -> str:
@@ -269,7 +275,7 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
     counts = Counter(r["health"] for r in rows)
     worst = ", ".join(f"{counts[h]} {h}" for h in ("Unhealthy", "Unknown") if counts[h])
     where = f" on node {nodes[0]}" if one_node and nodes[0] else f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
-    server = ", from the fleet" if is_fleet(doc) else ""
+    server = ", from the fleet" if _several(nodes) else ""
     title = f"{plural(len(rows), 'device')}{where}{server} at {url}" + (f" ({worst})" if worst else "")
     table = Table(
         title=escape(title + (f", {when}" if when else "")),

@@ -111,8 +111,6 @@ class CertificateReloader:
     :class:`~otel_dra.receivers.watched.WatchedFiles`, loaded again with :meth:`TlsSettings.load`'s checks)."""
 
     def __init__(self, settings: TlsSettings, check_every_s: float = RELOAD_CHECK_S) -> None:
-        self._settings = settings
-
         def load() -> tuple[TlsSettings, ssl.SSLContext, ssl.SSLContext]:
             new, context = settings.read_again()
             return new, context, new.ssl_context(alpn=H2)
@@ -134,7 +132,8 @@ class CertificateReloader:
 
     @property
     def mutual(self) -> bool:
-        return self._settings.mutual
+        """Whether client certificates are asked for (the CA file's path is fixed, so every reload agrees)."""
+        return self.current()[0].mutual
 
     def current(self) -> tuple[TlsSettings, ssl.SSLContext]:
         """The settings and server context to use for a connection arriving now."""
