@@ -45,6 +45,13 @@ SERVICE_NAME_ATTR: Final = SERVICE_NAME
 HW_LINK_TYPE: Final = "hw.link.type"
 HW_ERROR_CODE: Final = "hw.error.code"
 HW_THROTTLE_REASON: Final = "hw.throttle.reason"
+#: Topology (issue #31): where the device sits, so a fault of what it shares is found once. The device's own
+#: PCI address (``0000:41:00.0``); the PCIe switch or root port above it, by its upstream port's address (the
+#: devices behind one switch share it); the device-to-device fabric it belongs to (an NVLink fabric's cluster UUID
+#: and clique, an AMD xGMI hive).
+HW_PCIE_ADDRESS: Final = "hw.pcie.address"
+HW_PCIE_UPSTREAM: Final = "hw.pcie.upstream"
+HW_FABRIC_ID: Final = "hw.fabric.id"
 DRA_DRIVER_NAME: Final = "dra.driver.name"
 DRA_POOL_NAME: Final = "dra.pool.name"
 DRA_DEVICE_NAME: Final = "dra.device.name"

@@ -42,6 +42,24 @@ REMEDIATIONS: tuple[str, ...] = (
 #: a firmware version, across the fleet.
 SCOPES: tuple[str, ...] = ("device", "workload", "node", "link", "firmware")
 
+
+def pcie_group(upstream: str) -> str:
+    """The ``group`` of a finding about a PCIe switch or root port (``hw.pcie.upstream``): ``pcie/0000:40:00.0``.
+    Addresses repeat across nodes: the verdict's ``k8s.node.name`` says which node's."""
+    return f"pcie/{upstream}"
+
+
+def fabric_group(fabric: str) -> str:
+    """The ``group`` of a finding about a device-to-device fabric (``hw.fabric.id``): ``fabric/<id>``."""
+    return f"fabric/{fabric}"
+
+
+def firmware_group(model: str, version: str) -> str:
+    """The ``group`` of a finding about a firmware version of a model (contract §4's example):
+    ``firmware/NVIDIA H100 80GB HBM3/96.00.89.00.01``."""
+    return f"firmware/{model}/{version}"
+
+
 #: ``hw.throttle.reason`` values (contract section 2): why a device's clocks were held down.
 #: ``power`` is a power cap whose cause was not reported, read as ``power_cap``.
 THROTTLE_REASONS: tuple[str, ...] = ("thermal", "power", "power_cap", "power_brake", "hw_slowdown", "other")

@@ -13,6 +13,23 @@ GPU's UUID. Robustness rules, because this runs unattended on production nodes:
 How a call's answer is judged is :mod:`otel_dra.sources.nvml_calls`; throttle time
 (``hw.throttle.time``, by reason, from the best source each GPU answers) is
 :mod:`otel_dra.sources.nvml_throttle`.
+
+Topology is read when GPUs are identified (at start, and when a GPU that failed then joins), never per pass:
+it does not change while the driver runs. It gives three descriptive attributes:
+
+* ``hw.pcie.address``: ``nvmlDeviceGetPciInfo``'s ``busId`` (``00000000:41:00.0``), in the kernel's form
+  ``0000:41:00.0``.
+* ``hw.pcie.upstream``: from sysfs when ``<sysfs root>/bus/pci/devices/<address>`` exists
+  (:mod:`otel_dra.sources.pci_topology`, as the sysfs source reads it). Otherwise from
+  ``nvmlDeviceGetTopologyCommonAncestor``: GPUs whose common ancestor is at most ``NVML_TOPOLOGY_SINGLE``
+  (one board, or one PCIe switch) form a group, named by its smallest member's address. That name is a GPU's
+  address, not the switch's, since NVML does not name the switch. A GPU with no such peer gets no upstream.
+* ``hw.fabric.id``: from ``nvmlDeviceGetGpuFabricInfoV``, else ``nvmlDeviceGetGpuFabricInfo`` on a driver
+  without it. Only once the GPU's fabric registration is ``NVML_GPU_FABRIC_STATE_COMPLETED`` with status
+  success, as ``<clusterUuid>/<cliqueId>`` (canonical UUID text). An all-zero ``clusterUuid`` (no multi-node
+  fabric) is left out: it would put every node's GPUs in one fabric.
+
+Any of the three that a GPU or driver does not answer is left out.
 """
 
 from __future__ import annotations
@@ -22,6 +39,8 @@ import ctypes
 import functools
 import logging
 import threading
+import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +51,7 @@ from otel_dra.sources import Probe, SourceUnavailable
 from otel_dra.sources.nvml_calls import DeviceLost, NvmlCalls, text
 from otel_dra.sources.nvml_throttle import THROTTLE_REASONS, ThrottleClock
 from otel_dra.sources.nvml_throttle import slowdown_field_ids as slowdown_field_ids  # (importers use it from here)
+from otel_dra.sources.pci_topology import pcie_address, pcie_place
 from otel_dra.sources.simulated import driver_error_column
 
 if TYPE_CHECKING:
@@ -43,6 +63,13 @@ log = logging.getLogger(__name__)
 DRA_DRIVER = "gpu.nvidia.com"
 #: How long one event-set wait blocks (ms); close() waits about this long for the thread.
 EVENT_WAIT_MS = 200
+#: The topology attributes this source sets (module docstring): replaced as a whole when re-read.
+TOPOLOGY_ATTRS = (cv.HW_PCIE_ADDRESS, cv.HW_PCIE_UPSTREAM, cv.HW_FABRIC_ID)
+#: Fabric info calls, newest first: (structure, function) names in pynvml.
+_FABRIC_CALLS = (
+    ("c_nvmlGpuFabricInfoV_t", "nvmlDeviceGetGpuFabricInfoV"),
+    ("c_nvmlGpuFabricInfo_t", "nvmlDeviceGetGpuFabricInfo"),
+)
 
 
 def _import_pynvml() -> Any:
@@ -128,8 +155,11 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, node_name: str, schema: Schema | None = None, nvml: Any = None) -> None:
+    def __init__(
+        self, node_name: str, schema: Schema | None = None, nvml: Any = None, sysfs_root: str = "/sys"
+    ) -> None:
         self.node_name = node_name
+        self.sysfs_root = Path(sysfs_root)
         self.schema = schema if schema is not None else Schema()
         if nvml is None:
             try:
@@ -162,6 +192,7 @@ class NvmlSource:
         self._table: DeviceTable | None = None
         for i in range(self._count):
             self._identify(i)
+        self._read_topology()
         # XID counts: code -> per-GPU cumulative count, written by the event thread.
         self._xid_lock = threading.Lock()
         self._xids: dict[str, np.ndarray] = {}
@@ -181,7 +212,7 @@ class NvmlSource:
     @classmethod
     def from_config(cls, config: SourceSettings, schema: Schema) -> NvmlSource:
         """The source for ``config``'s node, for :func:`otel_dra.sources.build`."""
-        return cls(config.node_name, schema)
+        return cls(config.node_name, schema, sysfs_root=config.sysfs_root)
 
     # -- identity ------------------------------------------------------------------------------
     def _identify(self, i: int) -> bool:
@@ -216,6 +247,81 @@ class NvmlSource:
         self._identity[i] = attrs
         self._table = None
         return True
+
+    # -- topology ------------------------------------------------------------------------------
+    def _ask(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, or None when NVML does not answer: topology is descriptive, a GPU goes without it."""
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as err:
+            log.debug("nvml: topology: %s: %s", getattr(fn, "__name__", fn), err)
+            return None
+
+    def _fabric(self, handle: Any) -> str | None:
+        """``<clusterUuid>/<cliqueId>`` of the GPU's completed NVLink fabric registration (module docstring)."""
+        nv = self.nvml
+        for struct_name, fn_name in _FABRIC_CALLS:
+            try:
+                info = getattr(nv, struct_name)()
+                getattr(nv, fn_name)(handle, ctypes.byref(info))
+            except AttributeError:
+                continue  # this pynvml release lacks the call
+            except nv.NVMLError as err:
+                if getattr(err, "value", None) == getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
+                    continue  # this driver lacks the call: the older one may be there
+                return None  # NOT_SUPPORTED (no NVSwitch fabric), or the GPU's trouble: no fabric to name
+            if int(info.state) != nv.NVML_GPU_FABRIC_STATE_COMPLETED or int(info.status) != nv.NVML_SUCCESS:
+                return None
+            cluster = uuid.UUID(bytes=bytes(info.clusterUuid))
+            return f"{cluster}/{int(info.cliqueId)}" if cluster.int else None
+        return None
+
+    def _read_topology(self) -> None:
+        """Every identified GPU's topology attributes (module docstring), into its identity."""
+        nv = self.nvml
+        known = [i for i, ident in enumerate(self._identity) if ident is not None]
+        places: dict[int, dict[str, str]] = {i: {} for i in known}
+        by_nvml: list[int] = []  # GPUs sysfs does not show: grouped by NVML's common ancestor
+        for i in known:
+            handle = self._handles[i]
+            info = self._ask(nv.nvmlDeviceGetPciInfo, handle)
+            address = pcie_address(info.busId) if info is not None else None
+            if address is not None:
+                places[i][cv.HW_PCIE_ADDRESS] = address
+                in_sysfs, upstream = pcie_place(self.sysfs_root / "bus" / "pci" / "devices" / address)
+                if upstream is not None:
+                    places[i][cv.HW_PCIE_UPSTREAM] = upstream
+                elif in_sysfs is None:
+                    by_nvml.append(i)
+            fabric = self._fabric(handle)
+            if fabric is not None:
+                places[i][cv.HW_FABRIC_ID] = fabric
+        for i, group in self._switch_groups(by_nvml).items():
+            places[i][cv.HW_PCIE_UPSTREAM] = min(places[j][cv.HW_PCIE_ADDRESS] for j in group)
+        for i, place in places.items():
+            ident = self._identity[i]
+            if ident is not None:
+                for attr in TOPOLOGY_ATTRS:
+                    ident.pop(attr, None)
+                ident.update(place)
+        self._table = None
+
+    def _switch_groups(self, gpus: list[int]) -> dict[int, list[int]]:
+        """GPU -> the GPUs behind its switch (itself included), for the GPUs with at least one such peer: the
+        connected GPUs where NVML's common ancestor is at most ``NVML_TOPOLOGY_SINGLE``."""
+        nv = self.nvml
+        single = nv.NVML_TOPOLOGY_SINGLE
+        group = {i: [i] for i in gpus}
+        for a, i in enumerate(gpus):
+            for j in gpus[a + 1 :]:
+                if group[i] is group[j]:
+                    continue
+                level = self._ask(nv.nvmlDeviceGetTopologyCommonAncestor, self._handles[i], self._handles[j])
+                if level is not None and int(level) <= single:
+                    merged = group[i] + group[j]
+                    for k in merged:
+                        group[k] = merged
+        return {i: members for i, members in group.items() if len(members) > 1}
 
     def _device_table(self) -> tuple[DeviceTable, list[int]]:
         """The table of identified GPUs and their NVML indices (rebuilt only when one is identified)."""
@@ -382,9 +488,9 @@ class NvmlSource:
 
     def read(self, now_unix_nano: int) -> Frame:
         """One pass over every GPU; a GPU that fails as a whole gets a NaN row, the rest report."""
-        for i in range(self._count):
-            if self._identity[i] is None:
-                self._identify(i)
+        joined = [i for i in range(self._count) if self._identity[i] is None and self._identify(i)]
+        if joined:
+            self._read_topology()
         table, known = self._device_table()
         with self._xid_lock:
             xids = {code: counts.copy() for code, counts in self._xids.items()}

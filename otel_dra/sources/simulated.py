@@ -11,10 +11,15 @@ on a device at a time (``--fault gpu-3:memory_ecc@30``), producing the evidence
 power at its cap, checkpoints dip, idle gaps train PCIe down to Gen1, crashes leave an
 application XID and an OOM on every GPU the job held. ``idle`` (the default) is the
 wander this source always had, value for value for a given seed.
+
+Topology (:func:`simulated_topology`) is an HGX board's: GPUs in pairs behind PCIe switches, all in one
+NVSwitch fabric of the node, so the agent's output carries ``hw.pcie.address``, ``hw.pcie.upstream`` and
+``hw.fabric.id`` as a real source's does.
 """
 
 from __future__ import annotations
 
+import uuid
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -96,6 +101,33 @@ GPU: Final = SimulatedGpuModel(
 TEMP_LIMITS_GPU: Final = GPU.temp_limits_gpu
 BAD_FIRMWARE: Final = GPU.bad_firmware
 DRIVER_FAULT_XID: Final = GPU.driver_fault_xid
+
+
+#: GPUs behind one simulated PCIe switch (an HGX H100 board has 4 switches of 2 GPUs).
+GPUS_PER_SWITCH: Final = 2
+#: Switches per PCI domain (each takes 0x20 buses from 0x10: the bus number is 8 bits).
+_SWITCHES_PER_DOMAIN = 7
+
+
+def simulated_topology(node_name: str, devices: int) -> tuple[dict[str, str], ...]:
+    """Each simulated GPU's topology attributes. Switch ``k`` has its upstream port at bus ``0x10 + 0x20k``
+    and its GPUs on the buses after its downstream ports' (``0000:10:00.0`` above ``0000:12:00.0`` and
+    ``0000:13:00.0``). The node's GPUs share one NVLink fabric, ``<clusterUuid>/<cliqueId>``, whose cluster
+    UUID comes from the node's name, so a restarted node keeps it."""
+    fabric = f"{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node_name}.fabric.simulated.otel-dra.io')}/1"
+    places = []
+    for i in range(devices):
+        switch, slot = divmod(i, GPUS_PER_SWITCH)
+        domain, k = divmod(switch, _SWITCHES_PER_DOMAIN)
+        bus = 0x10 + 0x20 * k
+        places.append(
+            {
+                cv.HW_PCIE_ADDRESS: f"{domain:04x}:{bus + 2 + slot:02x}:00.0",
+                cv.HW_PCIE_UPSTREAM: f"{domain:04x}:{bus:02x}:00.0",
+                cv.HW_FABRIC_ID: fabric,
+            }
+        )
+    return tuple(places)
 
 
 def gpu_columns() -> dict[str, Column]:
@@ -258,6 +290,7 @@ class SimulatedSource:
             for number, r in zip(drawn, injected, strict=True)
         )
         self._tables: dict[bytes, DeviceTable] = {}
+        self._topology = simulated_topology(config.node_name, n)
         rng = self._rng
         job = rng.uniform(0.3, 0.95, n)
         idle = GPU.power_idle_w
@@ -349,6 +382,7 @@ class SimulatedSource:
                         cv.HW_SERIAL_NUMBER: self._serials[i],
                         cv.HW_FIRMWARE_VERSION: GPU.bad_firmware if bad_firmware[i] else GPU.good_firmware,
                         cv.HW_DRIVER_VERSION: GPU.driver_version,
+                        **self._topology[i],
                         cv.DRA_DRIVER_NAME: self.config.driver_name,
                         cv.DRA_POOL_NAME: node,
                         cv.DRA_DEVICE_NAME: dev,

@@ -21,6 +21,12 @@ Mapping decisions (only metrics and attributes of ``otel_dra.conventions``, regi
   ``hw.errors{error.type=link, hw.link.type=other}``. Byte counters are left out: ``hw.gpu.io`` is
   GPU I/O and the conventions have no network I/O metric.
 - ``dra.driver.name`` is left out: sysfs does not know which DRA driver publishes a device.
+- Topology, read once when a device is discovered (it does not change while the device is there):
+  ``hw.pcie.address`` is the device's PCI address and ``hw.pcie.upstream`` the switch upstream port or root
+  port above it (:mod:`otel_dra.sources.pci_topology`); a NIC gets both from its PCI function. An amdgpu in an
+  xGMI hive gets ``hw.fabric.id`` = ``xgmi/<hive id>``, the decimal id from
+  ``xgmi_hive_info/xgmi_hive_id`` (``drivers/gpu/drm/amd/amdgpu/amdgpu_xgmi.c``). The ``xgmi/`` prefix keeps
+  it apart from an NVLink fabric's ``<clusterUuid>/<cliqueId>``.
 - amdgpu throttle causes → ``hw.throttle.time{hw.throttle.reason}`` (seconds, cumulative), from the binary
   ``gpu_metrics`` file (layouts: the kernel's ``drivers/gpu/drm/amd/include/kgd_pp_interface.h``). What
   amdgpu tells, by table version (``format_revision.content_revision`` of its header):
@@ -65,6 +71,7 @@ import numpy as np
 from otel_dra import conventions as cv
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
 from otel_dra.sources import Probe
+from otel_dra.sources.pci_topology import pcie_place
 
 if TYPE_CHECKING:
     from otel_dra.sources import SourceSettings
@@ -284,6 +291,7 @@ class SysfsSource:
         self._dirs: dict[str, tuple[str, Path]] = {}  # hw.id → (hw.type, directory), in first-seen order
         self._attrs: dict[str, dict[str, str]] = {}  # last known attributes, kept while unreadable
         self._throttle: dict[str, _Throttle] = {}  # hw.id → amdgpu throttle time so far
+        self._topology: dict[str, dict[str, str]] = {}  # hw.id → its place, read once at discovery
         self._table: DeviceTable | None = None
 
     @classmethod
@@ -318,6 +326,22 @@ class SysfsSource:
             r.values[self._col(metric, attrs, kw.get("sensor"), kw.get("kind", ""))] = value
 
     # -- readers --------------------------------------------------------------------------------
+    @staticmethod
+    def _place(kind: str, path: Path) -> dict[str, str]:
+        """A device's topology attributes (module docstring), read at discovery; {} for what sysfs does not tell."""
+        pci = path / "device" if kind == "network" else path
+        address, upstream = pcie_place(pci)
+        attrs = {cv.HW_PCIE_ADDRESS: address} if address else {}
+        if upstream:
+            attrs[cv.HW_PCIE_UPSTREAM] = upstream
+        try:
+            hive = _read(pci / "xgmi_hive_info" / "xgmi_hive_id") if kind == "gpu" else None
+        except DeviceUnreadable:
+            hive = None  # descriptive only: the device goes without it
+        if hive and hive.isdigit() and int(hive):
+            attrs[cv.HW_FABRIC_ID] = f"xgmi/{int(hive)}"
+        return attrs
+
     def _read_pci(self, dev: Path, r: _Reading) -> None:
         """PCI identity, AER counters and link width/generation."""
         vendor = _read(dev / "vendor")
@@ -498,6 +522,7 @@ class SysfsSource:
             r.attrs[cv.HW_DRIVER_VERSION] = version
         if not path.is_dir():  # removed while we read it: what we got may be half a device
             raise DeviceUnreadable(f"{path}: removed during the pass")
+        r.attrs.update(self._topology.get(hw_id, {}))
         r.attrs[cv.DRA_POOL_NAME] = self.node_name
         r.attrs[cv.DRA_DEVICE_NAME] = dns_label(hw_id)
         return r
@@ -506,7 +531,9 @@ class SysfsSource:
     def read(self, now_unix_nano: int) -> Frame:
         """One pass over every device seen so far (new ones join); an unreadable device gets a NaN row."""
         for hw_id, kind, path in _discover(self.root):
-            self._dirs.setdefault(hw_id, (kind, path))
+            if hw_id not in self._dirs:
+                self._dirs[hw_id] = (kind, path)
+                self._topology[hw_id] = self._place(kind, path)
         ids = tuple(self._dirs)
         readings: list[_Reading | None] = []
         for hw_id in ids:
@@ -528,6 +555,7 @@ class SysfsSource:
                         cv.HW_NAME: hw_id,
                         cv.DRA_POOL_NAME: self.node_name,
                         cv.DRA_DEVICE_NAME: dns_label(hw_id),
+                        **self._topology.get(hw_id, {}),
                     },
                 )
         values = np.full((len(ids), len(self.schema)), np.nan)

@@ -100,6 +100,15 @@ def test_extensions_are_not_upstream_names_and_match_the_code(registry):
         if origin == "extension":
             assert name not in upstream_names, f"{name} exists upstream: reference it instead"
             assert (entry["unit"], entry["instrument"]) == (declared[name].unit, declared[name].instrument)
-    extensions = (cv.HW_LINK_TYPE, cv.HW_ERROR_CODE, cv.HW_THROTTLE_REASON, cv.DRA_POOL_NAME, cv.DRA_DEVICE_NAME)
+    extensions = (
+        cv.HW_LINK_TYPE,
+        cv.HW_ERROR_CODE,
+        cv.HW_THROTTLE_REASON,
+        cv.HW_PCIE_ADDRESS,
+        cv.HW_PCIE_UPSTREAM,
+        cv.HW_FABRIC_ID,
+        cv.DRA_POOL_NAME,
+        cv.DRA_DEVICE_NAME,
+    )
     for attr in (*extensions, cv.DRA_DEVICE_HEALTH_STATE, cv.DRA_DEVICE_HEALTH_REASONS):
         assert attributes[attr]["annotations"]["otel_dra"]["origin"] == "extension"

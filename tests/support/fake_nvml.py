@@ -6,11 +6,15 @@ pynvml's own: ``nvmlDeviceGetFieldValues`` returns a ctypes array of ``c_nvmlFie
 the GPU lacks answers in its ``nvmlReturn``, the call itself succeeds), ``nvmlDeviceGetViolationStatus``
 a ``c_nvmlViolationTime_t``, the clock-event reasons an int bitmask (pynvml returns ``c_ulonglong.value``),
 and a function the driver lacks raises FUNCTION_NOT_FOUND as pynvml's ``_nvmlGetFunctionPointer`` does.
+Topology answers are recorded ones: ``nvmlDeviceGetPciInfo`` an ``nvmlPciInfo_t`` (``busId`` bytes in NVML's
+``%08X:%02X:%02X.0``), ``nvmlDeviceGetTopologyCommonAncestor`` an ``NVML_TOPOLOGY_*`` level, and the fabric calls
+fill the ``c_nvmlGpuFabricInfo*_t`` the caller passes by reference, checking its ``version`` as the driver does.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import queue
 import threading
 import time
@@ -20,6 +24,8 @@ from typing import Any
 
 import pynvml
 from pynvml import (  # noqa: F401 - re-exported: the source reads them off the module it is given
+    NVML_DEVICE_PCI_BUS_ID_FMT,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
@@ -37,6 +43,7 @@ from pynvml import (  # noqa: F401 - re-exported: the source reads them off the 
     NVML_FI_DEV_PERF_POLICY_RELIABILITY,
     NVML_FI_DEV_PERF_POLICY_SYNC_BOOST,
     NVML_FI_DEV_PERF_POLICY_THERMAL,
+    NVML_GPU_FABRIC_STATE_COMPLETED,
     NVML_MEMORY_ERROR_TYPE_CORRECTED,
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
@@ -52,13 +59,21 @@ from pynvml import (  # noqa: F401 - re-exported: the source reads them off the 
     NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
     NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
     NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+    NVML_TOPOLOGY_HOSTBRIDGE,
+    NVML_TOPOLOGY_SINGLE,
     NVML_VALUE_TYPE_UNSIGNED_INT,
     NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
     NVML_VOLATILE_ECC,
     NVMLError,
     c_nvmlFieldValue_t,
+    c_nvmlGpuFabricInfo_t,
+    c_nvmlGpuFabricInfo_v3_t,
+    c_nvmlGpuFabricInfoV_t,
     c_nvmlViolationTime_t,
     nvmlEventTypeXidCriticalError,
+    nvmlGpuFabricInfo_v2,
+    nvmlGpuFabricInfo_v3,
+    nvmlPciInfo_t,
 )
 
 #: The perf-policy time counters as field values: nvml.h's nvmlDeviceGetViolationStatus translation
@@ -118,6 +133,12 @@ class FakeGpu:
     field_types: dict[int, int] = field(default_factory=dict)  # valueType other than unsigned long long
     field_errors: dict[int, int] = field(default_factory=dict)  # a field's nvmlReturn other than success
     fans_pct: list[int] = field(default_factory=list)
+    # Topology: NVML's busId ("" = FakeNvml numbers the GPUs 00000000:18:00.0, 00000000:19:00.0, ...); the PCIe
+    # switch it sits behind (GPUs behind one answer NVML_TOPOLOGY_SINGLE, others HOSTBRIDGE); its fabric
+    # registration (clusterUuid, cliqueId, state, status), None: the fabric calls answer NOT_SUPPORTED.
+    bus_id: str = ""
+    switch: str | None = None
+    fabric: tuple[bytes, int, int, int] | None = None
     fail: int | None = None
     unsupported: set[str] = field(default_factory=set)
     calls: int = 0
@@ -146,6 +167,8 @@ class FakeNvml:
     names functions the driver's libnvidia-ml lacks (pynvml raises FUNCTION_NOT_FOUND for them)."""
 
     NVMLError = NVMLError
+    c_nvmlGpuFabricInfo_t = c_nvmlGpuFabricInfo_t
+    c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfoV_t
     hidden: frozenset[str] = frozenset()
 
     def __getattribute__(self, name: str) -> Any:
@@ -166,6 +189,10 @@ class FakeNvml:
         self.freed = False
         self._lock = threading.Lock()
         self.handles = [FakeHandle(i) for i in range(len(gpus))]
+        #: Recorded common-ancestor answers by pair of GPU indices, over the one ``switch`` implies.
+        self.ancestors: dict[frozenset[int], int] = {}
+        for i, gpu in enumerate(gpus):
+            gpu.bus_id = gpu.bus_id or NVML_DEVICE_PCI_BUS_ID_FMT % (0, 0x18 + i, 0)
         for name in dir(pynvml):  # every constant, as the real module has them
             if name.startswith(("NVML_", "nvmlEventType", "nvmlClocks")) and not hasattr(self, name):
                 setattr(self, name, getattr(pynvml, name))
@@ -225,6 +252,47 @@ class FakeNvml:
 
     def nvmlDeviceGetVbiosVersion(self, h: FakeHandle) -> str:
         return self._gpu(h, "nvmlDeviceGetVbiosVersion").vbios
+
+    # -- topology ----------------------------------------------------------------------------
+    def nvmlDeviceGetPciInfo(self, h: FakeHandle) -> Any:
+        gpu = self._gpu(h, "nvmlDeviceGetPciInfo")
+        domain, bus, rest = gpu.bus_id.split(":")
+        info = nvmlPciInfo_t()
+        info.busId = info.busIdLegacy = gpu.bus_id.encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+        return info
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, h1: FakeHandle, h2: FakeHandle) -> int:
+        a, b = (
+            self._gpu(h1, "nvmlDeviceGetTopologyCommonAncestor"),
+            self._gpu(h2, "nvmlDeviceGetTopologyCommonAncestor"),
+        )
+        recorded = self.ancestors.get(frozenset((h1.index, h2.index)))
+        if recorded is not None:
+            return recorded
+        return NVML_TOPOLOGY_SINGLE if a.switch is not None and a.switch == b.switch else NVML_TOPOLOGY_HOSTBRIDGE
+
+    def _fill_fabric(self, h: FakeHandle, fn: str, info: Any) -> int:
+        gpu = self._gpu(h, fn)
+        if gpu.fabric is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        cluster, clique, state, status = gpu.fabric
+        ctypes.memmove(info.clusterUuid, cluster, len(cluster))
+        info.cliqueId, info.state, info.status = clique, state, status
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h: FakeHandle, ref: Any) -> int:
+        """As the driver: the structure's ``version`` says which layout the caller passed."""
+        info = ref._obj  # pynvml's callers pass ctypes.byref(structure)
+        layouts = {nvmlGpuFabricInfo_v2: c_nvmlGpuFabricInfoV_t, nvmlGpuFabricInfo_v3: c_nvmlGpuFabricInfo_v3_t}
+        if not isinstance(info, layouts.get(int(info.version), ())):
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return self._fill_fabric(h, "nvmlDeviceGetGpuFabricInfoV", info)
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: FakeHandle, ref: Any) -> int:
+        info = ref._obj
+        assert isinstance(info, c_nvmlGpuFabricInfo_t)
+        return self._fill_fabric(h, "nvmlDeviceGetGpuFabricInfo", info)
 
     # -- readings ----------------------------------------------------------------------------
     def nvmlDeviceGetTemperature(self, h: FakeHandle, sensor: int) -> int:
