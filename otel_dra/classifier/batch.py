@@ -15,6 +15,7 @@ import numpy as np
 from otel_dra import conventions as cv
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.registry import DeviceRegistry
+from otel_dra.classifier.topology import Topology
 from otel_dra.frame import DeviceTable, Frame
 
 
@@ -138,9 +139,12 @@ class DeviceRows:
     attributes changed, or a new device) costs a look at each device. ``regrouped`` is called when a device's
     policy group may have changed."""
 
-    def __init__(self, registry: DeviceRegistry, groups: PolicyGroups, regrouped: Callable[[], None]) -> None:
+    def __init__(
+        self, registry: DeviceRegistry, groups: PolicyGroups, regrouped: Callable[[], None], topology: Topology
+    ) -> None:
         self.registry = registry
         self.groups = groups
+        self.topology = topology
         self.regrouped = regrouped
         #: Per node, the last device table seen whole: a node sending the same devices again costs no look-up
         #: per device.
@@ -223,5 +227,6 @@ class DeviceRows:
             if reg.set_attrs(row, a) or first or replaced[i]:
                 key = reg.keys[row]
                 self.groups.assign(row, a, key[1] if key is not None else "")
+                self.topology.assign(row, key[0] if key is not None else "", a)
                 self.regrouped()
         return replaced

@@ -19,11 +19,12 @@ from otel_dra.classifier.batch import Batch, DeviceRows
 from otel_dra.classifier.engine import REBOOT, RESET, VerdictEngine
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
+from otel_dra.classifier.firmware_rates import FirmwareHistory, FirmwareRates
 from otel_dra.classifier.freshness import Freshness
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.layout import EVENT_FEATURES, HORIZON_FEATURES, R
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
-from otel_dra.classifier.messages import VerdictWriter
+from otel_dra.classifier.messages import Shared, VerdictWriter
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.peers import PeerHistory
 from otel_dra.classifier.reader import Window
@@ -31,6 +32,7 @@ from otel_dra.classifier.recall import HELD_BY_SILENT, RestartMemory, silent_ttl
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.classifier.rules import evaluate
+from otel_dra.classifier.topology import Topology
 from otel_dra.classifier.verdict import Verdict
 from otel_dra.classifier.window import WindowStore, window_samples
 from otel_dra.classifier.workload import WorkloadSplit
@@ -87,6 +89,8 @@ class Classifier:
         self._horizon_cols = np.asarray(HORIZON_FEATURES, dtype=np.intp)
         self.extractor = FeatureExtractor(self.schema, cap)
         self.groups = PolicyGroups(policy, cap)
+        self.topology = Topology(cap)
+        self.firmware_rates = FirmwareRates(policy.firmware, self.topology.groups, cap)
         self.events = {f: EventLog(cap, EVENT_LOG_DEPTH) for f in EVENT_FEATURES}
         hold = np.asarray([policy.hold_s(reason) for reason in REASONS])
         self.engine = VerdictEngine(
@@ -97,6 +101,8 @@ class Classifier:
             policy.node.remediation,
             np.asarray([reason != "stale" and policy.clears_by(reason) == "repair" for reason in REASONS]),
             policy.clean_after_repair_s,
+            policy.link.remediation,
+            self.topology.groups,
         )
         self.workload = WorkloadSplit(cap, policy.workload.min_devices, policy.workload.together_s)
         self.peers = PeerHistory(cap)
@@ -108,6 +114,8 @@ class Classifier:
             self.horizon,
             self.extractor,
             self.groups,
+            self.topology,
+            self.firmware_rates,
             self.engine,
             self.workload,
             self.peers,
@@ -119,8 +127,8 @@ class Classifier:
         self.ingested_samples = 0
         # Collaborators: freshness and pacing, each sample's device row, verdicts in words, memory across restarts.
         self.freshness = Freshness(policy, self.registry, self.store, interval_s)
-        self.device_rows = DeviceRows(self.registry, self.groups, self._regrouped)
-        self.writer = VerdictWriter(self.registry, self.groups, self.engine, self.window_s)
+        self.device_rows = DeviceRows(self.registry, self.groups, self._regrouped, self.topology)
+        self.writer = VerdictWriter(self.registry, self.groups, self.engine, self.window_s, self.firmware_rates)
         self.memory = RestartMemory(
             policy,
             self.schema,
@@ -281,7 +289,8 @@ class Classifier:
         lost = ~fresh & node_fresh
         unknown = ~node_fresh
         w = self._window(rows, age, fresh)
-        evidence = evaluate(w, self.groups, fresh, lost)
+        version = self.topology.firmware[rows]
+        evidence = evaluate(w, self.groups, fresh, lost, self.topology, self.firmware_rates.named(version))
         peers = w.thermal_peers()
         # Learnt from: judged now, neither hotter than its bar nor held hot (a fault is not its normal).
         learn = peers.judged & ~peers.hot & ~w.on[:, R["thermal"]]
@@ -292,6 +301,8 @@ class Classifier:
         health, state, bits, remediation, scope, changed = self.engine.step(
             rows, now_s, evidence, unknown, self.unhealthy, self._ladders, self.groups.group[rows]
         )
+        eng = self.engine
+        self.firmware_rates.observe(rows, now_s, version, fresh | lost, eng.on[rows], eng.state[rows], eng.scope[rows])
         out = []
         emit = self.memory.first_verdicts(rows, changed)
         for i in np.flatnonzero(emit).tolist():
@@ -314,7 +325,7 @@ class Classifier:
                     float(node_age[i]),
                     evidence.present[i],
                     at_ns if changed[i] else None,  # (changed now: one int for every such verdict)
-                    (evidence.node_hits[i], int(evidence.node_devices[i])),
+                    Shared(evidence, i),
                 )
             )
         self.memory.expire_baselines(now_s)
@@ -389,6 +400,16 @@ class Classifier:
         """Every device's counter baselines, for the state file beside :meth:`remember`; on the evaluating
         thread."""
         return self.memory.baselines()
+
+    def firmware_history(self, now_s: float) -> FirmwareHistory:
+        """The firmware versions' fatal events and exposure over the horizon, for the state file (days of it: a
+        restart must not start the count again)."""
+        return self.firmware_rates.history(now_s)
+
+    def recall_firmware(self, history: FirmwareHistory | None, now_s: float) -> None:
+        """Take back what :meth:`firmware_history` gave (a previous process's), before the first ingest."""
+        if history is not None:
+            self.firmware_rates.recall(history, now_s)
 
     def recall_baselines(self, baselines: CounterBaselines | None) -> None:
         """Take back what :meth:`baselines` gave (a previous process's), before the first ingest

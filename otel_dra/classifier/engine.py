@@ -23,6 +23,7 @@ from otel_dra.classifier.layout import SCOPE, R
 from otel_dra.classifier.memory import ReasonMemory, VerdictMemory, pack_key
 from otel_dra.classifier.registry import grown
 from otel_dra.classifier.rules import Evidence
+from otel_dra.classifier.topology import GroupNames
 from otel_dra.vocabulary import REASONS, REMEDIATIONS, SCOPES
 
 HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2
@@ -32,6 +33,7 @@ _SCOPE_RANK = np.zeros(len(SCOPES), dtype=np.int64)
 for _rank, _scope in enumerate(("workload", "firmware", "node", "link", "device")):
     _SCOPE_RANK[SCOPE[_scope]] = _rank
 _STALE_BIT = 1 << R["stale"]
+_LINK, _FIRMWARE, _DEVICE = SCOPE["link"], SCOPE["firmware"], SCOPE["device"]
 _FAILED = STATE_OF_CODE.index("failed")
 #: The repair each remediation asks for, as a level of evidence (``VerdictEngine.repaired_at``'s columns + 1):
 #: 1 a reset (a firmware update ends with one), 2 a reboot of the node, 3 a new device; 0: none (the reason is
@@ -56,6 +58,8 @@ class VerdictEngine:
         node_remediation: str = "reboot_node",
         repair_bound: np.ndarray | None = None,
         clean_after_repair_s: float = 300.0,
+        link_remediation: tuple[str, ...] = ("reset_device", "reboot_node"),
+        names: GroupNames | None = None,
     ) -> None:
         r = len(REASONS)
         self.hold_s = hold_s
@@ -68,12 +72,22 @@ class VerdictEngine:
         self.scope_remediation = np.full(len(SCOPES), -1, dtype=np.int8)
         self.scope_remediation[SCOPE["workload"]] = REMEDIATIONS.index("check_workload")
         self.scope_remediation[SCOPE["node"]] = REMEDIATIONS.index(node_remediation)
+        self.scope_remediation[_FIRMWARE] = REMEDIATIONS.index("update_firmware")
+        #: A link finding's ladder, climbed by its group's episodes (not its devices'): per group code, whether
+        #: it is on, its episodes within the escalation window, and the step its remediation is at.
+        self.names = names if names is not None else GroupNames()
+        self.link_ladder = np.asarray([REMEDIATIONS.index(step) for step in link_remediation], dtype=np.int8)
+        self.group_on = np.zeros(1, dtype=bool)
+        self.group_episodes = np.zeros(1, dtype=np.int32)
+        self.group_first_at = np.full(1, -np.inf)
+        self.group_remediation = np.full(1, self.link_ladder[0], dtype=np.int8)
         self.on = np.zeros((capacity, r), dtype=bool)
         self.evidence_at = np.full((capacity, r), -np.inf)
         self.state = np.zeros((capacity, r), dtype=np.int8)
         self.state_at = np.full((capacity, r), -np.inf)  # when the held state was last evidenced
         self.floor = np.zeros((capacity, r), dtype=np.int8)
         self.scope = np.zeros((capacity, r), dtype=np.int8)  # a SCOPE code per (row, reason), held with it
+        self.group = np.zeros((capacity, r), dtype=np.int32)  # a group code (topology.GroupNames), held with it
         self.episodes = np.zeros((capacity, r), dtype=np.int32)
         self.first_episode_at = np.full((capacity, r), -np.inf)
         self.key = np.full(capacity, -1, dtype=np.int64)  # packed (health, state, reasons, remediation)
@@ -90,6 +104,7 @@ class VerdictEngine:
         self.state_at = grown(self.state_at, capacity, -np.inf, keep=keep)
         self.floor = grown(self.floor, capacity, 0, keep=keep)
         self.scope = grown(self.scope, capacity, 0, keep=keep)
+        self.group = grown(self.group, capacity, 0, keep=keep)
         self.episodes = grown(self.episodes, capacity, 0, keep=keep)
         self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf, keep=keep)
         self.key = grown(self.key, capacity, -1, keep=keep)
@@ -104,6 +119,7 @@ class VerdictEngine:
         self.state_at[rows] = -np.inf
         self.floor[rows] = 0
         self.scope[rows] = 0
+        self.group[rows] = 0
         self.episodes[rows] = 0
         self.first_episode_at[rows] = -np.inf
         self.key[rows] = -1
@@ -124,17 +140,55 @@ class VerdictEngine:
         device's once a repair is seen)."""
         return (self.on[rows] & (self.state[rows] == _FAILED) & self.repair_bound[None, :]).any(axis=1)
 
+    def _step(self, episodes: np.ndarray, steps: int) -> np.ndarray:
+        """The ladder step ``episodes`` within the escalation window reach (``after`` episodes: the next step)."""
+        per_step = max(1, self.escalate_after - 1)
+        return np.minimum((np.maximum(episodes, 1) - 1) // per_step, steps - 1)
+
     def _codes(
-        self, groups: np.ndarray, ladders: np.ndarray, episodes: np.ndarray, floor: np.ndarray, scopes: np.ndarray
+        self,
+        groups: np.ndarray,
+        ladders: np.ndarray,
+        episodes: np.ndarray,
+        floor: np.ndarray,
+        scopes: np.ndarray,
+        group_codes: np.ndarray,
     ) -> np.ndarray:
         """Each (row, reason)'s remediation code: its ladder's step for its episodes, at least its floor, and
-        for a reason beyond the device what that thing is remediated with."""
-        per_step = max(1, self.escalate_after - 1)
-        step = np.minimum((np.maximum(episodes, 1) - 1) // per_step, ladders.shape[2] - 1)
+        for a reason beyond the device what that thing is remediated with (a link: its group's ladder step)."""
+        step = self._step(episodes, ladders.shape[2])
         codes = ladders[groups[:, None], np.arange(len(REASONS))[None, :], step]
         codes = np.maximum(codes, floor)
         beyond = self.scope_remediation[scopes]
+        link = scopes == _LINK
+        if link.any():
+            beyond = np.where(link, self.group_remediation[np.minimum(group_codes, self.group_on.size - 1)], beyond)
         return np.where(beyond >= 0, beyond, codes)
+
+    def _link_groups(self, now_s: float, codes: np.ndarray) -> None:
+        """The link findings on now (``codes``: the group codes of every link-scoped reason on): a group that
+        was not is a new episode of it; its remediation climbs the link ladder with them, as a device's does."""
+        n = len(self.names)
+        if self.group_on.size < n:
+            grow = n - self.group_on.size
+            self.group_on = np.concatenate([self.group_on, np.zeros(grow, dtype=bool)])
+            self.group_episodes = np.concatenate([self.group_episodes, np.zeros(grow, dtype=np.int32)])
+            self.group_first_at = np.concatenate([self.group_first_at, np.full(grow, -np.inf)])
+            self.group_remediation = np.concatenate(
+                [self.group_remediation, np.full(grow, self.link_ladder[0], dtype=np.int8)]
+            )
+        on = np.zeros(n, dtype=bool)
+        on[codes] = True
+        on[0] = False
+        entered = on & ~self.group_on
+        if entered.any():
+            restart = entered & (now_s - self.group_first_at > self.escalation_window_s)
+            self.group_first_at[restart] = now_s
+            self.group_episodes[restart] = 0
+            self.group_episodes[entered] += 1
+            step = self._step(self.group_episodes[entered], self.link_ladder.size)
+            self.group_remediation[entered] = self.link_ladder[step]
+        self.group_on = on
 
     def step(
         self,
@@ -165,6 +219,7 @@ class VerdictEngine:
         remediation = np.zeros(n, dtype=np.int64)
         scope = np.zeros(n, dtype=np.int64)
         busy = np.flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
+        links = np.zeros(0, dtype=np.int32)  # the group codes of the link findings on (every row is evaluated)
         if busy.size:
             r = rows[busy]
             present = evidence.present[busy] & ~unknown[busy, None]
@@ -177,7 +232,9 @@ class VerdictEngine:
             held, held_at = self.state[r], self.state_at[r]
             bound = was_on & self.repair_bound[None, :] & (held == _FAILED)
             if bound.any():  # (the usual evaluation holds no such failure: no ladder lookup for it)
-                need = REPAIR_LEVEL[self._codes(groups[busy], ladders, self.episodes[r], self.floor[r], self.scope[r])]
+                need = REPAIR_LEVEL[
+                    self._codes(groups[busy], ladders, self.episodes[r], self.floor[r], self.scope[r], self.group[r])
+                ]
                 bound &= need > 0
                 fixed_at = np.take_along_axis(self.repaired_at[r], np.maximum(need - 1, 0), axis=1)
                 waiting = bound & ~((fixed_at > at) & (now_s - fixed_at >= self.clean_after_repair_s))
@@ -190,15 +247,18 @@ class VerdictEngine:
             self.state_at[r] = np.where(present & ~keep, now_s, held_at)
             floor = np.where(present, evidence.floor[busy], self.floor[r])
             scopes = np.where(present, evidence.scope[busy], self.scope[r])
+            group_codes = np.where(present, evidence.group[busy], self.group[r])
             on = present | silent | (was_on & np.where(bound, waiting, now_s - at < self.hold_s))
             entered = on & ~was_on
             first = self.first_episode_at[r]
             episodes = self.episodes[r]
             restart = entered & (now_s - first > self.escalation_window_s)
             first = np.where(restart, now_s, first)
-            episodes = np.where(restart, 0, episodes) + entered
+            # A finding beyond the device (a link, a firmware version) climbs its own ladder, not the device's.
+            episodes = np.where(restart, 0, episodes) + (entered & (scopes != _LINK) & (scopes != _FIRMWARE))
             self.on[r], self.evidence_at[r], self.state[r], self.floor[r] = on, at, state, floor
-            self.scope[r] = scopes
+            self.scope[r], self.group[r] = scopes, group_codes
+            links = group_codes[on & (scopes == _LINK)]
             self.episodes[r], self.first_episode_at[r] = episodes, first
             rank = np.where(on, state.astype(np.int64) * len(SCOPES) + _SCOPE_RANK[scopes] + 1, 0)
             pick = rank.argmax(axis=1)
@@ -207,9 +267,12 @@ class VerdictEngine:
             worst[busy] = np.where(on, state, 0).max(axis=1)
             health[busy] = np.where(unhealthy[worst[busy]], UNHEALTHY, HEALTHY)
             bits[busy] = on.astype(np.int64) @ _REASON_BITS
-            codes = self._codes(groups[busy], ladders, episodes, floor, scopes)
+            self._link_groups(now_s, links)
+            codes = self._codes(groups[busy], ladders, episodes, floor, scopes, group_codes)
             remediation[busy] = np.where(on, codes, 0).max(axis=1)
             self.need[r] = np.where(on & self.repair_bound[None, :] & (state == _FAILED), REPAIR_LEVEL[codes], 0)
+        elif self.group_on.any():
+            self._link_groups(now_s, links)
         # Unknown: its held reasons, their remediation and scope stay, with ``stale`` beside them.
         health = np.where(unknown, UNKNOWN, health)
         bits = np.where(unknown, bits | _STALE_BIT, bits)
@@ -238,13 +301,16 @@ class VerdictEngine:
                     int(self.episodes[row, r]),
                     float(self.first_episode_at[row, r]),
                     scope=int(self.scope[row, r]),
+                    group=self.names.names[int(self.group[row, r])],
                 )
                 for r in np.flatnonzero(keep[i]).tolist()
             }
         return out
 
-    def recall(self, row: int, reasons: dict[int, ReasonMemory], verdict: VerdictMemory | None, now_s: float) -> None:
-        """Put remembered state back on a (new) row; times later than ``now_s`` (a clock that went
+    def recall(
+        self, row: int, reasons: dict[int, ReasonMemory], verdict: VerdictMemory | None, now_s: float, node: str = ""
+    ) -> None:
+        """Put remembered state back on a (new) row of ``node``; times later than ``now_s`` (a clock that went
         back) are taken as ``now_s``."""
         for r, m in reasons.items():
             self.on[row, r] = m.on
@@ -255,6 +321,7 @@ class VerdictEngine:
             self.episodes[row, r] = m.episodes
             self.first_episode_at[row, r] = min(m.first_episode_at, now_s)
             self.scope[row, r] = m.scope
+            self.group[row, r] = self.names.recall(m.group, node) if m.group else 0
         if verdict is not None:
             self.key[row] = verdict.key
             self.transition_ns[row] = verdict.since_ns

@@ -12,6 +12,7 @@ EVENT_FEATURES = (F.RESETS, F.OUT_OF_MEMORY, F.DRIVER_APPLICATION, F.WORKLOAD_AP
 #: Scopes as codes (``otel_dra.vocabulary.SCOPES``): what a reason's evidence is about.
 SCOPE = {scope: i for i, scope in enumerate(SCOPES)}
 DEVICE, WORKLOAD, NODE = SCOPE["device"], SCOPE["workload"], SCOPE["node"]
+LINK, FIRMWARE = SCOPE["link"], SCOPE["firmware"]
 
 #: Features the long horizon keeps (per-minute buckets): low rates and sustained conditions.
 HORIZON_FEATURES: tuple[F, ...] = (

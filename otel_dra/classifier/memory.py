@@ -49,6 +49,7 @@ class ReasonMemory:
     first_episode_at: float
     said: str = ""  # the evidence last put in words, for the held reason's message
     scope: int = 0  # what it is about, an index of SCOPES (the device's own)
+    group: str = ""  # for a link or firmware scope: the group's name (pcie/..., fabric/..., firmware/...)
 
 
 def pack_key(health: Any, state: Any, bits: Any, remediation: Any, scope: Any) -> Any:
@@ -121,6 +122,7 @@ class DeviceMemory:
                     "first_episode_at": _time_out(m.first_episode_at),
                     "said": m.said,
                     "scope": SCOPES[m.scope],
+                    **({"group": m.group} if m.group else {}),
                 }
                 for r, m in sorted(self.reasons.items())
             }
@@ -159,7 +161,18 @@ class DeviceMemory:
                 SCOPES.index(scope),
             )
         reasons: dict[int, ReasonMemory] = {}
-        keys = {"on", "evidence_at", "state", "state_at", "floor", "episodes", "first_episode_at", "said", "scope"}
+        keys = {
+            "on",
+            "evidence_at",
+            "state",
+            "state_at",
+            "floor",
+            "episodes",
+            "first_episode_at",
+            "said",
+            "scope",
+            "group",
+        }
         for name, raw in _mapping(d.get("reasons", {}), "reasons", None).items():
             m = _mapping(raw, f"reason {name}", keys)
             on, episodes, said = m.get("on"), m.get("episodes"), m.get("said", "")
@@ -177,6 +190,7 @@ class DeviceMemory:
                 _time_in(m.get("first_episode_at"), "first_episode_at"),
                 _text(said, "said")[:MAX_SAID],
                 _index(SCOPES, m.get("scope", "device"), "scope"),
+                _text(m.get("group", ""), "group")[:MAX_SAID],
             )
         events: dict[int, tuple[tuple[float, float], ...]] = {}
         for name, raw in _mapping(d.get("events", {}), "events", None).items():

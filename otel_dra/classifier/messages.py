@@ -10,6 +10,7 @@ same an hour later.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,10 +26,12 @@ from otel_dra.classifier.explain import (
     remediation_name,
     state_name,
 )
+from otel_dra.classifier.firmware_rates import FirmwareRates
 from otel_dra.classifier.layout import SCOPE, R
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.reader import Window
 from otel_dra.classifier.registry import DeviceRegistry
+from otel_dra.classifier.rules import Evidence
 from otel_dra.classifier.verdict import Verdict, rfc3339
 from otel_dra.vocabulary import SCOPES
 from otel_dra.words import human_duration
@@ -42,12 +45,32 @@ def _at(unix_s: float) -> str:
     return rfc3339(int(unix_s * 1e9)) if math.isfinite(unix_s) else "an unknown time"
 
 
+class Shared(NamedTuple):
+    """An evaluation's counts of what devices share, for row ``i`` of its evidence: how many of its node's (or
+    its switch's, its fabric's) devices show each reason, and how many there are."""
+
+    evidence: Evidence
+    i: int
+
+
+#: What a link group is, by its name's prefix.
+_LINK_THING = {"pcie": "PCIe switch", "fabric": "fabric"}
+
+
 class VerdictWriter:
     """Writes the verdicts of registered rows, and keeps what each row's reasons were last said with
     (``said``: (row, reason) → text), in step with the registry's rows."""
 
-    def __init__(self, registry: DeviceRegistry, groups: PolicyGroups, engine: VerdictEngine, window_s: float) -> None:
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        groups: PolicyGroups,
+        engine: VerdictEngine,
+        window_s: float,
+        firmware_rates: FirmwareRates | None = None,
+    ) -> None:
         self.registry = registry
+        self.firmware_rates = firmware_rates
         self.groups = groups
         self.engine = engine
         self.window_s = window_s
@@ -79,7 +102,7 @@ class VerdictWriter:
         node_age_s: float,
         evidence_now: np.ndarray,
         since_ns: int | None = None,
-        hits: tuple[np.ndarray, int] | None = None,
+        hits: Shared | None = None,
     ) -> Verdict:
         """Row ``row``'s verdict (``i``: its place in ``w``) from the engine's codes, at ``now_ns``; changed at
         ``since_ns`` (default: its last transition)."""
@@ -104,8 +127,18 @@ class VerdictWriter:
             last_transition_time=int(self.engine.transition_ns[row]) if since_ns is None else since_ns,
             last_reported_time=round(self.registry.last_seen[row] * 1e9),
             scope=SCOPES[scope],
-            group=group_of(SCOPES[scope], node),
+            group=self.group_name(row, bits, scope, node),
         )
+
+    def group_name(self, row: int, bits: int, scope: int, node: str) -> str | None:
+        """The verdict's ``group``: for a link or firmware scope, the group its reasons of that scope hold (the
+        most disruptive's, should two differ); else what the scope and node name."""
+        if scope not in (SCOPE["link"], SCOPE["firmware"]):
+            return group_of(SCOPES[scope], node)
+        eng = self.engine
+        held = [r for r in range(len(eng.scope[row])) if bits >> r & 1 and eng.scope[row, r] == scope]
+        codes = [int(eng.group[row, r]) for r in held if eng.group[row, r]]
+        return eng.names.names[codes[0]] if codes else None
 
     def message(
         self,
@@ -117,34 +150,58 @@ class VerdictWriter:
         age_s: float,
         node_age_s: float,
         evidence_now: np.ndarray,
-        hits: tuple[np.ndarray, int] | None = None,
+        hits: Shared | None = None,
     ) -> str:
-        """Each reason's evidence, for what it is about (the device, its node, its job); a reason held by
-        hysteresis shows the evidence it was last seen with. ``hits``: per reason, how many of the node's
-        reporting devices show it, and how many report (for a node-scoped reason)."""
+        """Each reason's evidence, for what it is about (the device, its node, its job, its switch or fabric, its
+        firmware version); a reason held by hysteresis shows the evidence it was last seen with. ``hits``: the
+        evaluation's counts of the devices that show it (for a node- or link-scoped reason)."""
         node = self.registry.nodes[self.registry.node_of[row]]
         ew = self.groups.events_windows(int(self.groups.group[row]))
         scopes = self.engine.scope[row]
         parts = []
         for reason in reasons:
             r = R[reason]
-            if evidence_now[r] and scopes[r] == SCOPE["node"] and hits is None and (row, reason) in self.said:
-                text = self.said[(row, reason)]  # (current(): the last evaluation's words, with its node's count)
+            counted = scopes[r] in (SCOPE["node"], SCOPE["link"])
+            if evidence_now[r] and counted and hits is None and (row, reason) in self.said:
+                text = self.said[(row, reason)]  # (current(): the last evaluation's words, with the counts)
             elif reason == "stale" or evidence_now[r]:
                 if scopes[r] == SCOPE["workload"]:
                     text = explain_workload(w, i, reason, node, ew)
                 else:
-                    text = explain(
-                        w, i, reason, self.window_s, node, node_age_s, age_s, self.groups.firmware_text[row], ew
-                    )
+                    text = explain(w, i, reason, self.window_s, node, node_age_s, age_s, self._firmware(row), ew)
                     if scopes[r] == SCOPE["node"] and hits is not None:
-                        shared = f"{int(hits[0][r])} of {hits[1]} devices of node {node}"
+                        ev, at = hits
+                        shared = f"{int(ev.node_hits[at, r])} of {int(ev.node_devices[at])} devices of node {node}"
                         text = f"{text} (on {shared} at once: {NODE_CAUSE[reason]}, not the devices)"
+                    elif scopes[r] == SCOPE["link"] and hits is not None:
+                        text = f"{text} ({self._link_words(row, r, hits, node)})"
                 self.said[(row, reason)] = text
             else:
                 text = self.held_text(row, reason, now_s)
             parts.append(text)
         return "; ".join(parts) if parts else self._no_evidence
+
+    def _firmware(self, row: int) -> str:
+        """Why the device's firmware is named: the policy's words, else the fleet's rates for its version."""
+        said = self.groups.firmware_text[row]
+        rates = self.firmware_rates
+        if said or rates is None:
+            return said
+        return rates.text.get(int(self.engine.group[row, R["firmware"]]), "")
+
+    def _link_words(self, row: int, r: int, hits: Shared, node: str) -> str:
+        """A link finding's statistics: how many of the group's devices show it, over what time, and what it
+        means."""
+        ev, at = hits
+        name = self.engine.names.names[int(ev.group[at, r])]
+        kind, _, what = name.partition("/")
+        thing = f"{_LINK_THING.get(kind, kind)} {what}"
+        where = f" on node {node}" if kind == "pcie" else ""
+        return (
+            f"on {int(ev.group_hits[at, r])} of the {int(ev.group_devices[at, r])} devices of {thing}{where} within "
+            f"{human_duration(self.window_s)}, and not on the node's others: the {_LINK_THING.get(kind, kind)}, "
+            "not the devices"
+        )
 
     def held_text(self, row: int, reason: str, now_s: float) -> str:
         """A reason held without evidence now: what it was last seen with, and what clears it."""

@@ -209,7 +209,7 @@ class RestartMemory:
             serial = self.registry.attrs[row].get(cv.HW_SERIAL_NUMBER, "")
             if m.serial and serial and serial != m.serial:
                 continue  # another device in that slot: it starts clean
-            self.engine.recall(row, dict(m.reasons), m.verdict, float(now_s))
+            self.engine.recall(row, dict(m.reasons), m.verdict, float(now_s), m.node)
             if self.restart_repairs:  # this agent restarted, and the device is here: no reset of it, though
                 self.repair(np.asarray([row]), np.asarray([REBOOT]), np.asarray([float(now_s)]))
             for r, held in m.reasons.items():

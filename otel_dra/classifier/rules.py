@@ -21,6 +21,7 @@ from otel_dra.classifier.layout import (
     DEGRADED,
     DUTY_SPAN,
     FAILED,
+    FIRMWARE,
     NODE,
     OK,
     PREDICTED,
@@ -30,6 +31,7 @@ from otel_dra.classifier.layout import (
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.rates import RateVerdict
 from otel_dra.classifier.reader import Window
+from otel_dra.classifier.topology import Topology, link_scoped
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
 #: Peers at a device's load whose reference share of time at the power cap is under this are never capped.
@@ -48,6 +50,26 @@ class Evidence:
     #: For a node-scoped reason: how many of the row's node's reporting devices show it, and how many report.
     node_hits: np.ndarray  # int32 (n, R)
     node_devices: np.ndarray  # int32 (n,)
+    #: For a link or firmware scope: the group's code (:class:`~otel_dra.classifier.topology.GroupNames`; 0: none)
+    #: and, for a link, how many of its known devices show the reason and how many it has.
+    group: np.ndarray  # int32 (n, R)
+    group_hits: np.ndarray  # int32 (n, R)
+    group_devices: np.ndarray  # int32 (n, R)
+
+    @classmethod
+    def empty(cls, n: int) -> Evidence:
+        r = len(REASONS)
+        return cls(
+            np.zeros((n, r), dtype=bool),
+            np.zeros((n, r), dtype=np.int8),
+            np.zeros((n, r), dtype=np.int8),
+            np.zeros((n, r), dtype=np.int8),
+            np.zeros((n, r), np.int32),
+            np.zeros(n, np.int32),
+            np.zeros((n, r), np.int32),
+            np.zeros((n, r), np.int32),
+            np.zeros((n, r), np.int32),
+        )
 
 
 Rule = Callable[[Window, PolicyGroups, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -243,23 +265,57 @@ WINDOW_RULES: dict[str, Rule] = {
 }
 
 
-def evaluate(w: Window, groups: PolicyGroups, fresh: np.ndarray, lost: np.ndarray) -> Evidence:
+def evaluate(
+    w: Window,
+    groups: PolicyGroups,
+    fresh: np.ndarray,
+    lost: np.ndarray,
+    topology: Topology | None = None,
+    named: np.ndarray | None = None,
+) -> Evidence:
     """Every reason's evidence for the rows of ``w``, then its scope (:func:`scoped`). ``fresh``: the device
-    reports; ``lost``: it stopped while its node still reports (``device_lost``)."""
-    n = w.rows.shape[0]
-    present = np.zeros((n, len(REASONS)), dtype=bool)
-    state = np.zeros((n, len(REASONS)), dtype=np.int8)
-    floor = np.zeros((n, len(REASONS)), dtype=np.int8)
+    reports; ``lost``: it stopped while its node still reports (``device_lost``); ``topology``: what the rows
+    share; ``named``: per row, its firmware version stands out from its model's others across the fleet
+    (:mod:`otel_dra.classifier.firmware_rates`)."""
+    ev = Evidence.empty(w.rows.shape[0])
     for reason, rule in WINDOW_RULES.items():
-        ev, st = rule(w, groups, fresh)
-        present[:, R[reason]] = ev & fresh
-        state[:, R[reason]] = st
-    floor[:, R["driver_errors"]] = driver_floor(w)
-    present[:, R["device_lost"]] = lost
-    state[:, R["device_lost"]] = FAILED
-    scope = np.zeros((n, len(REASONS)), dtype=np.int8)
-    evidence = Evidence(present, state, floor, scope, np.zeros((n, len(REASONS)), np.int32), np.zeros(n, np.int32))
-    return scoped(w, groups, evidence)
+        on, st = rule(w, groups, fresh)
+        ev.present[:, R[reason]] = on & fresh
+        ev.state[:, R[reason]] = st
+    if named is not None:
+        ev.present[:, R["firmware"]] |= named & fresh
+    ev.floor[:, R["driver_errors"]] = driver_floor(w)
+    ev.present[:, R["device_lost"]] = lost
+    ev.state[:, R["device_lost"]] = FAILED
+    scoped(w, groups, ev)
+    if topology is not None:
+        shared_scoped(w, groups, ev, fresh | lost, topology)
+    return ev
+
+
+def shared_scoped(w: Window, groups: PolicyGroups, ev: Evidence, known: np.ndarray, topology: Topology) -> None:
+    """What devices share: evidence on most of one switch's or fabric's devices is the link's
+    (:func:`~otel_dra.classifier.topology.link_scoped`); a firmware finding is about its version, across the fleet
+    (scope ``firmware``, its group ``firmware/<model>/<version>``), whether the policy named it or the fleet's
+    rates did."""
+    link_scoped(
+        w.rows,
+        w.nodes,
+        w.n_nodes,
+        known,
+        topology,
+        groups.policy.link,
+        ev.present,
+        ev.scope,
+        ev.group,
+        ev.group_hits,
+        ev.group_devices,
+    )
+    r = R["firmware"]
+    version = topology.firmware[w.rows]
+    on = ev.present[:, r] & (version > 0)
+    ev.scope[on, r] = FIRMWARE
+    ev.group[on, r] = version[on]
 
 
 def scoped(w: Window, groups: PolicyGroups, ev: Evidence) -> Evidence:

@@ -78,6 +78,34 @@ class NodeScope:
 
 
 @dataclass(frozen=True)
+class LinkScope:
+    """A reason in ``reasons`` present on at least ``min_devices`` of the devices behind one PCIe switch (or on one
+    fabric) and ``share`` of them, while their node's other devices mostly show none, is that switch's or fabric's
+    (scope ``link``); remediated by ``remediation``, a ladder climbed by the group's own episodes."""
+
+    reasons: tuple[str, ...]
+    min_devices: int
+    share: float
+    remediation: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FirmwareScope:
+    """Per model, the rate of fatal events on each firmware version against the model's other versions, over
+    ``horizon_s`` in ``bucket_s`` buckets, tested every ``every_s``: a version at least ``min_ratio`` times the
+    others' rate with ``min_events`` events and a one-sided p-value under ``significance`` (Bonferroni over the
+    versions tested) names its devices (scope ``firmware``)."""
+
+    horizon_s: float
+    bucket_s: float
+    min_events: int
+    significance: float
+    min_ratio: float
+    min_device_days: float
+    every_s: float
+
+
+@dataclass(frozen=True)
 class Escalation:
     """``after`` remediations of one device within ``window_s`` step its ladder up."""
 
@@ -128,6 +156,8 @@ class Policy:
     shared_devices: SharedDevices
     workload: WorkloadScope
     node: NodeScope
+    link: LinkScope
+    firmware: FirmwareScope
     sections: Mapping[str, Mapping[str, Any]]
     _raw: Mapping[str, Any] = field(repr=False, compare=False)
 
@@ -135,6 +165,7 @@ class Policy:
     def from_data(cls, data: Mapping[str, Any], source: str) -> Policy:
         """Type a validated, merged policy (:func:`load` makes one)."""
         hz, co, esc = data["horizon"], data["cohorts"], data["escalation"]
+        fw = data["scopes"]["firmware"]
         return cls(
             source=source,
             window_s=float(data["window"]),
@@ -177,6 +208,21 @@ class Policy:
                 int(data["scopes"]["node"]["min_devices"]),
                 float(data["scopes"]["node"]["share"]),
                 str(data["scopes"]["node"]["remediation"]),
+            ),
+            link=LinkScope(
+                tuple(data["scopes"]["link"]["reasons"]),
+                int(data["scopes"]["link"]["min_devices"]),
+                float(data["scopes"]["link"]["share"]),
+                tuple(data["scopes"]["link"]["remediation"]),
+            ),
+            firmware=FirmwareScope(
+                float(fw["horizon"]),
+                float(fw["bucket"]),
+                int(fw["min_events"]),
+                float(fw["significance"]),
+                float(fw["min_ratio"]),
+                float(fw["min_device_days"]),
+                float(fw["every"]),
             ),
             sections=MappingProxyType({name: data[name] for name in OWNED_SECTIONS}),
             _raw=data,

@@ -43,6 +43,8 @@ HORIZON_MAX_BUCKETS = 1440
 DRIVER_CLASSES: tuple[str, ...] = ("ignore", "application", "reset_device", "reboot_node", "mechanical")
 #: Reasons whose evidence, on most devices of a node at once, is the node's (power, cooling, the host).
 NODE_SCOPE_REASONS: tuple[str, ...] = ("thermal", "cooling", "power_delivery", "power_throttling")
+#: Reasons whose evidence on most devices behind one PCIe switch or on one fabric may be that thing's (scope link).
+LINK_SCOPE_REASONS: tuple[str, ...] = ("link", "driver_errors", "device_lost", "device_reset")
 
 #: hw.state values a rule may set (Unknown is not a state).
 RULE_STATES: tuple[str, ...] = ("degraded", "predicted_failure", "failed")
@@ -226,6 +228,25 @@ def schema_for(sections: Mapping[str, Section]) -> Validator:
                             "min_devices": number(2, None, integer=True),
                             "share": FRACTION,
                             "remediation": one_of(REMEDIATIONS),
+                        }
+                    ),
+                    "link": struct(
+                        {
+                            "reasons": list_of(one_of(LINK_SCOPE_REASONS)),
+                            "min_devices": number(2, None, integer=True),
+                            "share": FRACTION,
+                            "remediation": list_of(one_of(REMEDIATIONS), min_len=1),
+                        }
+                    ),
+                    "firmware": struct(
+                        {
+                            "horizon": positive_duration,
+                            "bucket": positive_duration,
+                            "min_events": COUNT,
+                            "significance": number(0.0, 1.0),
+                            "min_ratio": number(1.0),
+                            "min_device_days": POSITIVE,
+                            "every": duration,
                         }
                     ),
                 }

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from otel_dra.classifier import Classifier, Verdict
+from otel_dra.classifier.firmware_rates import FirmwareHistory
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,12 @@ class StateFileError(ValueError):
 
 
 class Saved(NamedTuple):
-    """What a state file holds: the devices' memory, and their counter baselines (None in a file without)."""
+    """What a state file holds: the devices' memory, their counter baselines, and the firmware versions' history
+    (None in a file without)."""
 
     devices: list[DeviceMemory]
     counters: CounterBaselines | None = None
+    firmware: FirmwareHistory | None = None
 
 
 def default_state_dir(env: Mapping[str, str] = os.environ) -> str:
@@ -111,7 +114,7 @@ def without(saved: Saved, keys: Collection[tuple[str, str]]) -> Saved:
             heard_s=counters.heard_s[keep],
             values=counters.values[keep],
         )
-    return Saved([m for m in saved.devices if m.key not in drop], counters)
+    return Saved([m for m in saved.devices if m.key not in drop], counters, saved.firmware)
 
 
 class StateFile:
@@ -183,7 +186,13 @@ class StateFile:
                 raise StateFileError(f"counters: {exc}") from None
             if self.node is not None and any(node != self.node for node in counters.nodes):
                 raise StateFileError(f"counters of a device not on node {self.node!r}")
-        return Saved(out, counters)
+        firmware = None
+        if doc.get("firmware") is not None:
+            try:
+                firmware = FirmwareHistory.from_json(doc["firmware"])
+            except ValueError as exc:
+                raise StateFileError(f"firmware: {exc}") from None
+        return Saved(out, counters, firmware)
 
     def move_aside(self) -> Path | None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -196,7 +205,11 @@ class StateFile:
 
     # -- writing -------------------------------------------------------------------------------
     def document(
-        self, devices: list[DeviceMemory], now_ns: int, counters: CounterBaselines | None = None
+        self,
+        devices: list[DeviceMemory],
+        now_ns: int,
+        counters: CounterBaselines | None = None,
+        firmware: FirmwareHistory | None = None,
     ) -> dict[str, Any]:
         doc = {
             "format": FORMAT,
@@ -208,13 +221,19 @@ class StateFile:
         }
         if counters is not None:  # (version 1 readers before it ignore the key; a file without it is valid)
             doc["counters"] = counters.to_json()
+        if firmware is not None:  # (likewise: a file without it is valid, and older readers ignore it)
+            doc["firmware"] = firmware.to_json()
         return doc
 
     def save(
-        self, devices: list[DeviceMemory], now_ns: int | None = None, counters: CounterBaselines | None = None
+        self,
+        devices: list[DeviceMemory],
+        now_ns: int | None = None,
+        counters: CounterBaselines | None = None,
+        firmware: FirmwareHistory | None = None,
     ) -> None:
         """Write atomically: a temporary file beside it, fsync, rename over it, fsync the directory."""
-        doc = self.document(devices, time.time_ns() if now_ns is None else now_ns, counters)
+        doc = self.document(devices, time.time_ns() if now_ns is None else now_ns, counters, firmware)
         data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         folder = self.path.parent
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -268,9 +287,10 @@ class StateStore:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        memories, counters = self.file.read()
+        memories, counters, firmware = self.file.read()
         self.recalled = self.classifier.recall(memories, time.time())
         self.classifier.recall_baselines(counters)
+        self.classifier.recall_firmware(firmware, time.time())
         if memories:
             log.info(
                 "state %s: %s recalled (%s)",
@@ -297,7 +317,8 @@ class StateStore:
     def snapshot(self, now: float | None = None) -> None:
         """Take the classifier's memory now, for the writer thread."""
         now_s = self.classifier.last_now_ns / 1e9 or time.time()
-        memories = Saved(self.classifier.remember(now_s), self.classifier.baselines())
+        c = self.classifier
+        memories = Saved(c.remember(now_s), c.baselines(), c.firmware_history(now_s))
         self._last_snapshot = time.monotonic() if now is None else now
         self._dirty = False
         with self._cond:
@@ -317,7 +338,7 @@ class StateStore:
 
     def _write(self, memories: Saved) -> None:
         try:
-            self.file.save(memories.devices, counters=memories.counters)
+            self.file.save(memories.devices, counters=memories.counters, firmware=memories.firmware)
         except (OSError, ValueError) as exc:
             if not self._failing:
                 log.warning("state file %s not written (%s); a restart would forget held faults", self.file.path, exc)

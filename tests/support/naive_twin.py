@@ -735,7 +735,13 @@ class NaiveClassifier:
                         "reasons": list(reasons),
                         "remediation": remediation,
                         "scope": scope,
-                        "group": {"node": f"node/{dev.node}", "workload": f"workload/node/{dev.node}"}.get(scope),
+                        "group": {
+                            "node": f"node/{dev.node}",
+                            "workload": f"workload/node/{dev.node}",
+                            "firmware": "/".join(
+                                ("firmware", dev.attrs.get(cv.HW_MODEL, ""), dev.attrs.get(cv.HW_FIRMWARE_VERSION, ""))
+                            ),
+                        }.get(scope),
                     }
                 )
         for dev in devices:  # what the thermal peers remember: since when a device has run hot, and its usual
@@ -973,6 +979,13 @@ class NaiveClassifier:
         for dev in devices:  # memory pressure is about what runs on the device
             if evidence[id(dev)]["memory_pressure"][0]:
                 evidence[id(dev)]["memory_pressure"][3] = "workload"
+        for dev in devices:  # a firmware finding is about its model's version, across the fleet
+            if (
+                evidence[id(dev)]["firmware"][0]
+                and dev.attrs.get(cv.HW_MODEL)
+                and dev.attrs.get(cv.HW_FIRMWARE_VERSION)
+            ):
+                evidence[id(dev)]["firmware"][3] = "firmware"
         for reason, kind, key in (
             ("driver_errors", "workload_application", "application_repeats"),
             ("memory_pressure", "workload_oom", "out_of_memory"),
@@ -1195,7 +1208,7 @@ class NaiveClassifier:
         worst = 0
         remediation = 0
         scope, rank = "device", -1
-        beyond = {"workload": "check_workload", "node": self.policy.node.remediation}
+        beyond = {"workload": "check_workload", "node": self.policy.node.remediation, "firmware": "update_firmware"}
         clean = self.policy.clean_after_repair_s
 
         def code_of(reason: str, rs: ReasonState) -> int:
@@ -1231,11 +1244,11 @@ class NaiveClassifier:
                 rs.scope = ev_scope
             rs.evidence_at = at
             on = present or silent or (rs.on and (waiting if bound else now_s - at < hold))
-            if on and not rs.on:  # a new episode
+            if on and not rs.on:  # a new episode (a link's or a firmware version's climbs its group's ladder)
                 if now_s - rs.first_episode_at > esc_window:
                     rs.first_episode_at = now_s
                     rs.episodes = 0
-                rs.episodes += 1
+                rs.episodes += rs.scope not in ("link", "firmware")
             rs.on = on
             if not on:
                 continue

@@ -398,5 +398,26 @@ def test_the_counters_block_round_trips_and_a_bad_one_is_refused_whole(tmp_path)
     doc = json.loads(file.path.read_text())
     doc["counters"]["values"][0][0] = -1.0
     file.path.write_text(json.dumps(doc))
-    assert file.read() == ([], None)  # refused whole, moved aside
+    assert file.read() == ([], None, None)  # refused whole, moved aside
+    assert list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_the_firmware_history_round_trips_through_the_file_and_a_bad_one_is_refused_whole(tmp_path):
+    """Days of fatal-event counts per firmware version must outlive a restart (issue #31): written beside the
+    devices' memory, read back into a new classifier, and a block that is not ours refuses the whole file."""
+    from otel_dra.classifier.firmware_rates import FirmwareHistory
+
+    history = FirmwareHistory(3600.0, [("H100 80GB HBM3", "96.00.89.00.01", [(500_000, 86_400.0, 3.0)])])
+    file = StateFile(tmp_path / agent_file(NODE), "agent", NODE)
+    file.save([], firmware=history)
+    back = file.read().firmware
+    assert back is not None and back.to_json() == history.to_json()
+    classifier = Classifier(policy_mod.load(), Counting(error_at=10**6).schema, interval_s=10)
+    classifier.recall_firmware(back, 500_000 * 3600.0 + 60)
+    exposure, events, _ = classifier.firmware_rates.totals(500_000 * 3600.0 + 60)
+    assert exposure.sum() == 86_400.0 and events.sum() == 3.0
+    doc = json.loads(file.path.read_text())
+    doc["firmware"]["versions"][0]["buckets"][0][2] = -1
+    file.path.write_text(json.dumps(doc))
+    assert file.read() == ([], None, None)
     assert list(tmp_path.glob("*.corrupt-*"))

@@ -1,0 +1,257 @@
+"""Firmware versions judged across the fleet: per model, each version's rate of fatal events against the others'.
+
+A firmware version that makes a model fall off the bus three times as often as the next version is invisible
+device by device: each of its devices fails rarely, and each failure looks like the device's own. Counted over
+days per (model, version) it shows. Each device's fatal episodes are counted once, as they begin (a fatal driver
+error, an uncorrected ECC error, a lost device, recurring resets, when the device's own: a switch's or a node's
+fault says nothing of the firmware), beside each version's exposure in device-seconds, in buckets over the
+policy's horizon (``scopes.firmware``), kept in the state file across restarts.
+
+The test is on counts, not on a ratio of small numbers: under equal rates, a version's share of its model's
+events is binomial with its share of the exposure, so the chance of it having at least its events by luck is a
+binomial tail. A version is named when that tail is under ``significance`` (divided by the versions tested: many
+versions tested at once find one by luck otherwise), with at least ``min_events`` events, ``min_device_days`` of
+exposure on each side, and at least ``min_ratio`` times the others' rate.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from otel_dra.classifier.layout import DEVICE, FAILED, R
+from otel_dra.classifier.registry import grown
+from otel_dra.classifier.topology import GroupNames
+from otel_dra.policy import FirmwareScope
+from otel_dra.words import human_duration
+
+DAY_S = 86400.0
+#: Reasons whose device-scoped episodes are fatal events (failed, or resets recurring).
+FATAL_REASONS = np.asarray([R["memory_ecc"], R["driver_errors"], R["device_lost"], R["device_reset"]])
+_ALWAYS = np.asarray([False, False, True, True])  # counted whatever the state (device_lost fails; resets degrade)
+#: The longest gap between two evaluations credited as exposure (a paused fleet did not watch its devices).
+MAX_STEP_S = 300.0
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), summed in log space (n is a count of events: small)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    base = math.lgamma(n + 1)
+    terms = [base - math.lgamma(x + 1) - math.lgamma(n - x + 1) + x * lp + (n - x) * lq for x in range(k, n + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def per_thousand_days(events: float, seconds: float) -> float:
+    return 1000.0 * events / (seconds / DAY_S) if seconds > 0 else 0.0
+
+
+class FirmwareRates:
+    """Per firmware group code (:class:`~otel_dra.classifier.topology.GroupNames`): exposure and fatal events in
+    a ring of buckets; per row, whether its fatal episode was on at the last evaluation."""
+
+    def __init__(self, policy: FirmwareScope, names: GroupNames, capacity: int) -> None:
+        self.policy = policy
+        self.names = names
+        self.n_buckets = max(1, math.ceil(policy.horizon_s / policy.bucket_s))
+        self.bucket_of = np.full(self.n_buckets, -1, dtype=np.int64)  # the absolute bucket each slot holds
+        self.exposure = np.zeros((1, self.n_buckets))  # device-seconds, by (code, slot)
+        self.events = np.zeros((1, self.n_buckets))
+        self.was_fatal = np.zeros(capacity, dtype=bool)
+        #: Per code: named now, and why (the evidence in words).
+        self.flagged = np.zeros(1, dtype=bool)
+        self.text: dict[int, str] = {}
+        self.last_s = -math.inf
+        self.tested_at = -math.inf
+
+    def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
+        self.was_fatal = grown(self.was_fatal, capacity, False, keep=keep)
+
+    def clear(self, rows: np.ndarray) -> None:
+        self.was_fatal[rows] = False
+
+    def _codes(self) -> None:
+        """Room for every code the names table has given."""
+        n = len(self.names)
+        if self.exposure.shape[0] < n:
+            grow = n - self.exposure.shape[0]
+            self.exposure = np.vstack([self.exposure, np.zeros((grow, self.n_buckets))])
+            self.events = np.vstack([self.events, np.zeros((grow, self.n_buckets))])
+            self.flagged = np.concatenate([self.flagged, np.zeros(grow, dtype=bool)])
+
+    def named(self, codes: np.ndarray) -> np.ndarray:
+        """Per firmware code of ``codes``: the fleet's rates name it now."""
+        self._codes()
+        return self.flagged[codes]
+
+    def _slot(self, now_s: float) -> int:
+        bucket = int(now_s // self.policy.bucket_s)
+        slot = bucket % self.n_buckets
+        if self.bucket_of[slot] != bucket:
+            self.bucket_of[slot] = bucket
+            self.exposure[:, slot] = 0.0
+            self.events[:, slot] = 0.0
+        return slot
+
+    def observe(
+        self,
+        rows: np.ndarray,
+        now_s: float,
+        codes: np.ndarray,
+        known: np.ndarray,
+        on: np.ndarray,
+        state: np.ndarray,
+        scope: np.ndarray,
+    ) -> None:
+        """One evaluation of ``rows`` at ``now_s``: each known device's time since the last one is exposure of its
+        version (``codes``), and each fatal episode that began is an event. ``on``/``state``/``scope``: the
+        verdict engine's per (row, reason) arrays for ``rows``."""
+        self._codes()
+        step = min(max(now_s - self.last_s, 0.0), MAX_STEP_S) if math.isfinite(self.last_s) else 0.0
+        self.last_s = now_s
+        col = FATAL_REASONS
+        fatal = (on[:, col] & (scope[:, col] == DEVICE) & ((state[:, col] == FAILED) | _ALWAYS)).any(axis=1)
+        began = fatal & ~self.was_fatal[rows]
+        self.was_fatal[rows] = fatal
+        slot = self._slot(now_s)
+        n = self.exposure.shape[0]
+        versioned = codes > 0
+        if step > 0:
+            self.exposure[:, slot] += np.bincount(codes[known & versioned], minlength=n) * step
+        if began.any():
+            self.events[:, slot] += np.bincount(codes[began & versioned], minlength=n)
+        if now_s - self.tested_at >= self.policy.every_s:
+            self.tested_at = now_s
+            self.test(now_s, np.bincount(codes[versioned], minlength=n))
+
+    def totals(self, now_s: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """Per code, exposure (device-seconds) and events within the horizon, and the span they cover (s)."""
+        bucket = int(now_s // self.policy.bucket_s)
+        live = (self.bucket_of > bucket - self.n_buckets) & (self.bucket_of >= 0)
+        exposure, events = self.exposure[:, live].sum(axis=1), self.events[:, live].sum(axis=1)
+        first = self.bucket_of[live].min() if live.any() else bucket
+        return exposure, events, max(now_s - first * self.policy.bucket_s, 0.0)
+
+    def test(self, now_s: float, devices: np.ndarray) -> None:
+        """Name the versions whose rate stands out from their model's other versions (module docstring).
+        ``devices``: per code, how many known devices run it now."""
+        p = self.policy
+        exposure, events, span = self.totals(now_s)
+        model_of = np.asarray(self.names.model_of[: exposure.shape[0]])
+        flagged = np.zeros(exposure.shape[0], dtype=bool)
+        text: dict[int, str] = {}
+        candidates = []
+        least_s = p.min_device_days * DAY_S
+        for code in np.flatnonzero((model_of >= 0) & (exposure >= least_s)).tolist():
+            same = (model_of == model_of[code]) & (np.arange(exposure.shape[0]) != code)
+            t0, k0 = float(exposure[same].sum()), float(events[same].sum())
+            t1, k1 = float(exposure[code]), float(events[code])
+            if t0 < least_s:
+                continue
+            candidates.append((code, k1, t1, k0, t0))
+        tests = max(1, len(candidates))
+        for code, k1, t1, k0, t0 in candidates:
+            if k1 < p.min_events or k1 / t1 < p.min_ratio * (k0 / t0):
+                continue
+            tail = binomial_tail(int(k1), int(k1 + k0), t1 / (t1 + t0))
+            if tail * tests >= p.significance:
+                continue
+            flagged[code] = True
+            same = (model_of == model_of[code]) & (np.arange(exposure.shape[0]) != code)
+            others = int(devices[same].sum())
+            name = self.names.names[code]
+            version = name.rsplit("/", 1)[-1]
+            model = self.names.models[model_of[code]]
+            text[code] = (
+                f"firmware {version} of {model}: {k1:.0f} fatal events in {t1 / DAY_S:.1f} device-days "
+                f"({per_thousand_days(k1, t1):,.1f} per 1,000 device-days) against {k0:.0f} in {t0 / DAY_S:.1f} "
+                f"({per_thousand_days(k0, t0):,.1f}) on its other versions, {int(devices[code])} and {others} "
+                f"devices, over {human_duration(span)} (chance of this by luck {tail * tests:.2g})"
+            )
+        self.flagged, self.text = flagged, text
+
+    # -- the state file ------------------------------------------------------------------------
+    def history(self, now_s: float) -> FirmwareHistory:
+        """The firmware codes' buckets within the horizon, by model and version (codes are this process's)."""
+        bucket = int(now_s // self.policy.bucket_s)
+        live = np.flatnonzero((self.bucket_of > bucket - self.n_buckets) & (self.bucket_of >= 0))
+        versions = []
+        for code in range(1, min(len(self.names), self.exposure.shape[0])):
+            key = self.names.keys[code]
+            if key[0] != "firmware":
+                continue
+            kept = [
+                (int(self.bucket_of[s]), float(self.exposure[code, s]), float(self.events[code, s]))
+                for s in live.tolist()
+                if self.exposure[code, s] or self.events[code, s]
+            ]
+            if kept:
+                versions.append((key[1], key[2], kept))
+        return FirmwareHistory(self.policy.bucket_s, versions)
+
+    def recall(self, doc: FirmwareHistory, now_s: float) -> None:
+        """Take back what :meth:`history` gave (a previous process's), where it still falls within the horizon and
+        uses this policy's bucket."""
+        if doc.bucket_s != self.policy.bucket_s:
+            return
+        bucket = int(now_s // self.policy.bucket_s)
+        for model, version, buckets in doc.versions:
+            code = self.names.firmware_code(model, version)
+            self._codes()
+            for b, exposure, events in buckets:
+                if bucket - self.n_buckets < b <= bucket:
+                    slot = self._slot(b * self.policy.bucket_s)
+                    self.exposure[code, slot] += exposure
+                    self.events[code, slot] += events
+
+
+class FirmwareHistory:
+    """The firmware rates' part of a state file, checked whole: :meth:`from_json` accepts what :meth:`to_json`
+    writes and raises ``ValueError`` on anything else."""
+
+    def __init__(self, bucket_s: float, versions: list[tuple[str, str, list[tuple[int, float, float]]]]) -> None:
+        self.bucket_s = bucket_s
+        self.versions = versions
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bucket_s": self.bucket_s,
+            "versions": [
+                {"model": model, "version": version, "buckets": [list(b) for b in buckets]}
+                for model, version, buckets in self.versions
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> FirmwareHistory:
+        if not isinstance(doc, dict) or set(doc) != {"bucket_s", "versions"}:
+            raise ValueError('expected {"bucket_s": ..., "versions": [...]}')
+        bucket_s = doc["bucket_s"]
+        if isinstance(bucket_s, bool) or not isinstance(bucket_s, int | float) or not bucket_s > 0:
+            raise ValueError(f"bucket_s {bucket_s!r} is not a positive number")
+        if not isinstance(doc["versions"], list):
+            raise ValueError("versions is not a list")
+        versions = []
+        for i, v in enumerate(doc["versions"]):
+            if not isinstance(v, dict) or set(v) != {"model", "version", "buckets"}:
+                raise ValueError(f"versions[{i}]: expected model, version and buckets")
+            if not all(isinstance(v[k], str) for k in ("model", "version")) or not isinstance(v["buckets"], list):
+                raise ValueError(f"versions[{i}]: model and version are text, buckets a list")
+            buckets = []
+            for b in v["buckets"]:
+                ok = isinstance(b, list) and len(b) == 3 and isinstance(b[0], int) and not isinstance(b[0], bool)
+                if not ok or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in b[1:]):
+                    raise ValueError(f"versions[{i}]: a bucket is [index, device-seconds, events]")
+                if not (math.isfinite(b[1]) and math.isfinite(b[2]) and b[1] >= 0 and b[2] >= 0):
+                    raise ValueError(f"versions[{i}]: a bucket's figures are finite and not negative")
+                buckets.append((int(b[0]), float(b[1]), float(b[2])))
+            versions.append((v["model"], v["version"], buckets))
+        return cls(float(bucket_s), versions)
