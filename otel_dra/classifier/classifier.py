@@ -90,7 +90,7 @@ class Classifier:
         self.extractor = FeatureExtractor(self.schema, cap)
         self.groups = PolicyGroups(policy, cap)
         self.topology = Topology(cap)
-        self.firmware_rates = FirmwareRates(policy.firmware, self.topology.groups, cap)
+        self.firmware_rates = FirmwareRates(policy.firmware, self.topology.groups, cap, policy.window_s)
         self.events = {f: EventLog(cap, EVENT_LOG_DEPTH) for f in EVENT_FEATURES}
         hold = np.asarray([policy.hold_s(reason) for reason in REASONS])
         self.engine = VerdictEngine(

@@ -2,16 +2,19 @@
 
 A firmware version that makes a model fall off the bus three times as often as the next version is invisible
 device by device: each of its devices fails rarely, and each failure looks like the device's own. Counted over
-days per (model, version) it shows. Each device's fatal episodes are counted once, as they begin (a fatal driver
-error, an uncorrected ECC error, a lost device, recurring resets, when the device's own: a switch's or a node's
-fault says nothing of the firmware), beside each version's exposure in device-seconds, in buckets over the
-policy's horizon (``scopes.firmware``), kept in the state file across restarts.
+days per (model, version) it shows. Each device's fatal episodes are counted once (a fatal driver error, an
+uncorrected ECC error, a lost device, recurring resets), when the device's own: an episode is settled over the
+evidence window after it began (the window in which its neighbours' evidence makes it a switch's, a fabric's or
+a node's, which says nothing of the firmware), and counted then unless it was found shared. Beside the events,
+each version's exposure in device-seconds; both in buckets over the policy's horizon (``scopes.firmware``), kept
+in the state file across restarts.
 
 The test is on counts, not on a ratio of small numbers: under equal rates, a version's share of its model's
 events is binomial with its share of the exposure, so the chance of it having at least its events by luck is a
 binomial tail. A version is named when that tail is under ``significance`` (divided by the versions tested: many
-versions tested at once find one by luck otherwise), with at least ``min_events`` events, ``min_device_days`` of
-exposure on each side, and at least ``min_ratio`` times the others' rate.
+versions tested at once find one by luck otherwise), with at least ``min_events`` events on at least
+``min_devices`` of its devices (one device failing again and again is that device's fault), ``min_device_days``
+of exposure on each side, and at least ``min_ratio`` times the others' rate.
 """
 
 from __future__ import annotations
@@ -56,16 +59,21 @@ def per_thousand_days(events: float, seconds: float) -> float:
 
 class FirmwareRates:
     """Per firmware group code (:class:`~otel_dra.classifier.topology.GroupNames`): exposure and fatal events in
-    a ring of buckets; per row, whether its fatal episode was on at the last evaluation."""
+    a ring of buckets; per row, its fatal episode: on at the last evaluation, since when it is being settled, and
+    whether it was found shared meanwhile. ``settle_s``: how long an episode is watched before it counts."""
 
-    def __init__(self, policy: FirmwareScope, names: GroupNames, capacity: int) -> None:
+    def __init__(self, policy: FirmwareScope, names: GroupNames, capacity: int, settle_s: float = 300.0) -> None:
         self.policy = policy
+        self.settle_s = settle_s
         self.names = names
         self.n_buckets = max(1, math.ceil(policy.horizon_s / policy.bucket_s))
         self.bucket_of = np.full(self.n_buckets, -1, dtype=np.int64)  # the absolute bucket each slot holds
         self.exposure = np.zeros((1, self.n_buckets))  # device-seconds, by (code, slot)
         self.events = np.zeros((1, self.n_buckets))
         self.was_fatal = np.zeros(capacity, dtype=bool)
+        self.settling_since = np.full(capacity, np.inf)
+        self.shared = np.zeros(capacity, dtype=bool)
+        self.struck_at = np.full(capacity, -np.inf)  # when the device's last counted event was
         #: Per code: named now, and why (the evidence in words).
         self.flagged = np.zeros(1, dtype=bool)
         self.text: dict[int, str] = {}
@@ -74,9 +82,15 @@ class FirmwareRates:
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.was_fatal = grown(self.was_fatal, capacity, False, keep=keep)
+        self.settling_since = grown(self.settling_since, capacity, np.inf, keep=keep)
+        self.shared = grown(self.shared, capacity, False, keep=keep)
+        self.struck_at = grown(self.struck_at, capacity, -np.inf, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.was_fatal[rows] = False
+        self.settling_since[rows] = np.inf
+        self.shared[rows] = False
+        self.struck_at[rows] = -np.inf
 
     def _codes(self) -> None:
         """Room for every code the names table has given."""
@@ -112,25 +126,35 @@ class FirmwareRates:
         scope: np.ndarray,
     ) -> None:
         """One evaluation of ``rows`` at ``now_s``: each known device's time since the last one is exposure of its
-        version (``codes``), and each fatal episode that began is an event. ``on``/``state``/``scope``: the
-        verdict engine's per (row, reason) arrays for ``rows``."""
+        version (``codes``), and each fatal episode settled as the device's own is an event.
+        ``on``/``state``/``scope``: the verdict engine's per (row, reason) arrays for ``rows``."""
         self._codes()
         step = min(max(now_s - self.last_s, 0.0), MAX_STEP_S) if math.isfinite(self.last_s) else 0.0
         self.last_s = now_s
         col = FATAL_REASONS
-        fatal = (on[:, col] & (scope[:, col] == DEVICE) & ((state[:, col] == FAILED) | _ALWAYS)).any(axis=1)
+        held = on[:, col] & ((state[:, col] == FAILED) | _ALWAYS)
+        fatal = held.any(axis=1)
         began = fatal & ~self.was_fatal[rows]
         self.was_fatal[rows] = fatal
+        since = np.where(began, now_s, self.settling_since[rows])
+        shared = np.where(began, False, self.shared[rows]) | (held & (scope[:, col] != DEVICE)).any(axis=1)
+        settled = np.isfinite(since) & ((now_s - since >= self.settle_s) | ~fatal)
+        counted = settled & ~shared
+        self.settling_since[rows] = np.where(settled, np.inf, since)
+        self.shared[rows] = shared & ~settled
+        struck = np.where(counted, now_s, self.struck_at[rows])
+        self.struck_at[rows] = struck
         slot = self._slot(now_s)
         n = self.exposure.shape[0]
         versioned = codes > 0
         if step > 0:
             self.exposure[:, slot] += np.bincount(codes[known & versioned], minlength=n) * step
-        if began.any():
-            self.events[:, slot] += np.bincount(codes[began & versioned], minlength=n)
+        if counted.any():
+            self.events[:, slot] += np.bincount(codes[counted & versioned], minlength=n)
         if now_s - self.tested_at >= self.policy.every_s:
             self.tested_at = now_s
-            self.test(now_s, np.bincount(codes[versioned], minlength=n))
+            recent = versioned & (struck > now_s - self.policy.horizon_s)
+            self.test(now_s, np.bincount(codes[versioned], minlength=n), np.bincount(codes[recent], minlength=n))
 
     def totals(self, now_s: float) -> tuple[np.ndarray, np.ndarray, float]:
         """Per code, exposure (device-seconds) and events within the horizon, and the span they cover (s)."""
@@ -140,9 +164,10 @@ class FirmwareRates:
         first = self.bucket_of[live].min() if live.any() else bucket
         return exposure, events, max(now_s - first * self.policy.bucket_s, 0.0)
 
-    def test(self, now_s: float, devices: np.ndarray) -> None:
+    def test(self, now_s: float, devices: np.ndarray, struck: np.ndarray) -> None:
         """Name the versions whose rate stands out from their model's other versions (module docstring).
-        ``devices``: per code, how many known devices run it now."""
+        ``devices``: per code, how many known devices run it now; ``struck``: how many of them had an event within
+        the horizon (one faulty device failing again and again is that device's fault, not its firmware's)."""
         p = self.policy
         exposure, events, span = self.totals(now_s)
         model_of = np.asarray(self.names.model_of[: exposure.shape[0]])
@@ -159,7 +184,7 @@ class FirmwareRates:
             candidates.append((code, k1, t1, k0, t0))
         tests = max(1, len(candidates))
         for code, k1, t1, k0, t0 in candidates:
-            if k1 < p.min_events or k1 / t1 < p.min_ratio * (k0 / t0):
+            if k1 < p.min_events or struck[code] < p.min_devices or k1 / t1 < p.min_ratio * (k0 / t0):
                 continue
             tail = binomial_tail(int(k1), int(k1 + k0), t1 / (t1 + t0))
             if tail * tests >= p.significance:
@@ -174,7 +199,8 @@ class FirmwareRates:
                 f"firmware {version} of {model}: {k1:.0f} fatal events in {t1 / DAY_S:.1f} device-days "
                 f"({per_thousand_days(k1, t1):,.1f} per 1,000 device-days) against {k0:.0f} in {t0 / DAY_S:.1f} "
                 f"({per_thousand_days(k0, t0):,.1f}) on its other versions, {int(devices[code])} and {others} "
-                f"devices, over {human_duration(span)} (chance of this by luck {tail * tests:.2g})"
+                f"devices ({int(struck[code])} of the {int(devices[code])} struck), over {human_duration(span)} "
+                f"(chance of this by luck {tail * tests:.2g})"
             )
         self.flagged, self.text = flagged, text
 

@@ -93,12 +93,13 @@ class LinkScope:
 class FirmwareScope:
     """Per model, the rate of fatal events on each firmware version against the model's other versions, over
     ``horizon_s`` in ``bucket_s`` buckets, tested every ``every_s``: a version at least ``min_ratio`` times the
-    others' rate with ``min_events`` events and a one-sided p-value under ``significance`` (Bonferroni over the
-    versions tested) names its devices (scope ``firmware``)."""
+    others' rate with ``min_events`` events on ``min_devices`` of its devices and a one-sided p-value under
+    ``significance`` (Bonferroni over the versions tested) names its devices (scope ``firmware``)."""
 
     horizon_s: float
     bucket_s: float
     min_events: int
+    min_devices: int
     significance: float
     min_ratio: float
     min_device_days: float
@@ -219,6 +220,7 @@ class Policy:
                 float(fw["horizon"]),
                 float(fw["bucket"]),
                 int(fw["min_events"]),
+                int(fw["min_devices"]),
                 float(fw["significance"]),
                 float(fw["min_ratio"]),
                 float(fw["min_device_days"]),

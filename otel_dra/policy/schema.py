@@ -243,6 +243,7 @@ def schema_for(sections: Mapping[str, Section]) -> Validator:
                             "horizon": positive_duration,
                             "bucket": positive_duration,
                             "min_events": COUNT,
+                            "min_devices": COUNT,
                             "significance": number(0.0, 1.0),
                             "min_ratio": number(1.0),
                             "min_device_days": POSITIVE,
