@@ -10,6 +10,7 @@ builder gets the planner, the fault (its onset found, ``detail`` holding ``hw.mo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from otel_dra.scenario.planner import Planner
 
 Builder = Callable[["Planner", PlannedFault, int, DeviceModel], None]
+#: A link type's column in physics' background rates (0: corrected ECC).
+LINK_COLUMN: Final = MappingProxyType({"pcie": 1, "nvlink": 2, "xgmi": 3})
 
 
 def _every(pl: Planner, start: float, lo: float, hi: float) -> list[float]:
@@ -219,10 +222,34 @@ def link_bursts_intermittent(pl: Planner, f: PlannedFault, at: int, m: DeviceMod
     p, row = pl.params, f.row
     links = list(m.link_per_min)
     link = links[int(pl.rng.integers(len(links)))]
-    p["burst_col"][row] = 1 + ("pcie", "nvlink", "xgmi").index(link)
+    p["burst_col"][row] = LINK_COLUMN[link]
     p["burst_rate"][row] = pl.uniform(100, 200) / 60
     f.detail.update({"hw.link.type": link, "errors_per_min": round(p["burst_rate"][row] * 60)})
     _cycle(pl, f, at, "burst", 480.0, 180.0)
+
+
+# -- link evidence, shared with the group kinds (fault_groups) -----------------------------------------------
+def link_storm(pl: Planner, row: int, at: float, link: str, per_min: float) -> None:
+    """Link errors on ``link`` at ``per_min`` from ``at`` to the end (an always-on burst: duty 1)."""
+    p = pl.params
+    p["burst_on"][row], p["burst_period"][row], p["burst_duty"][row] = at, 60.0, 1.0
+    p["burst_col"][row], p["burst_rate"][row] = LINK_COLUMN[link], per_min / 60
+
+
+def nvlink_xid74(pl: Planner, row: int, at: float) -> dict[str, object]:
+    """NVLink errors at 20-120 a minute and an XID 74 (NVLink error, NVIDIA XID catalogue) at ``at``, then
+    every 5-15 minutes; returns the label's detail."""
+    rate = pl.uniform(20, 120)
+    link_storm(pl, row, at, "nvlink", rate)
+    for t in _every(pl, at, 300, 900):
+        pl.event(t, "add", row, "err.driver.74", 1)
+    return {"hw.error.code": "74", "hw.link.type": "nvlink", "errors_per_min": round(rate)}
+
+
+def lone_nvlink_xid74(pl: Planner, f: PlannedFault, at: int, m: DeviceModel) -> None:
+    """One GPU's NVLink errors and XID 74 while its fabric's other GPUs stay clean: the GPU's own links
+    (scope device; the Delta study: 84% of NVLink errors touch one GPU only)."""
+    f.detail.update(nvlink_xid74(pl, f.row, at))
 
 
 def power_throttling_intermittent(pl: Planner, f: PlannedFault, at: int, m: DeviceModel) -> None:
@@ -257,8 +284,10 @@ BUILDERS: Final[Mapping[str, Builder]] = {
     "power_throttling_intermittent": power_throttling_intermittent,
     "hot_gpu": hot_gpu_fault,
     "hw_slowdown": hw_slowdown,
+    "nvlink_xid74": lone_nvlink_xid74,
 }
-# A node-wide kind is placed on a whole node at once (plan_load.node_fault), not by a builder.
-_ASTRAY = sorted({k for k, kind in KIND.items() if not kind.whole_node} ^ set(BUILDERS))
+# A node-wide kind is placed on a whole node at once (plan_load.node_fault), a shared part's on its group
+# (fault_groups), not by a builder.
+_ASTRAY = sorted({k for k, kind in KIND.items() if not kind.whole_node and kind.shared is None} ^ set(BUILDERS))
 if _ASTRAY:
     raise RuntimeError(f"fault builders out of step with kinds.FAULT_KINDS: {', '.join(_ASTRAY)}")

@@ -57,6 +57,20 @@ class Score:
     workload_device_scoped_devices: int = 0
     workload_scoped_episodes: int = 0  # episodes there of another scope (workload): right, not false
     workload_examples: list[dict[str, Any]] = field(default_factory=list)
+    # Shared parts (labels with scope link / firmware; older labels have none and show no target for them).
+    link_group_total: int = 0  # GPUs of switch and fabric faults (one label each)
+    link_group_detected: int = 0  # scope link, the label's group, a matching reason, by the deadline
+    lone_link_total: int = 0  # link faults of one GPU alone (labelled scope device)
+    lone_link_detected: int = 0  # scope device, a matching reason, by the deadline
+    firmware_devices_total: int = 0  # GPUs of bad firmware versions
+    firmware_devices_detected: int = 0  # reason firmware, scope firmware, the version's group, by the deadline
+    firmware_missed: list[dict[str, Any]] = field(default_factory=list)
+    firmware_wrong_devices: int = 0  # GPUs outside every bad version named firmware (reason or scope)
+    firmware_wrong_examples: list[dict[str, Any]] = field(default_factory=list)
+    firmware_event_episodes: int = 0  # on a firmware fault's GPUs, with its or its events' reasons: not false
+    group_fault_devices: int = 0  # GPUs of link, firmware and node faults (without a fault of their own)
+    replace_on_group_devices: int = 0  # of those, GPUs ever given remediation replace_device
+    replace_examples: list[dict[str, Any]] = field(default_factory=list)
     intermittent_faults: int = 0
     extra_episodes_per_intermittent: float = 0.0  # mean over intermittent faults of (episodes after onset - 1)
     extra_episodes_per_fault: float = 0.0  # the same over every fault
@@ -124,6 +138,7 @@ class Score:
                 self.spurious_unknown_episodes == 0 and self.final_unknown_devices == 0,
             ),
             silent,
+            *self._shared_targets(),
             *(
                 [
                     Target(
@@ -138,6 +153,55 @@ class Score:
                 else []
             ),
         ]
+
+    def _shared_targets(self) -> list[Target]:
+        """The shared-part targets, each only where the labels hold such faults."""
+        out = []
+        if self.link_group_total:
+            out.append(
+                Target(
+                    "link faults: every GPU scope link, its group, in time",
+                    f"{self.link_group_detected}/{self.link_group_total}",
+                    "all",
+                    self.link_group_detected == self.link_group_total,
+                )
+            )
+        if self.lone_link_total:
+            out.append(
+                Target(
+                    "lone-GPU link faults: scope device, in time",
+                    f"{self.lone_link_detected}/{self.lone_link_total}",
+                    "all",
+                    self.lone_link_detected == self.lone_link_total,
+                )
+            )
+        if self.firmware_devices_total:
+            out.append(
+                Target(
+                    "bad firmware: every GPU of the version scope firmware, its group, by the end",
+                    f"{self.firmware_devices_detected}/{self.firmware_devices_total}",
+                    "all",
+                    self.firmware_devices_detected == self.firmware_devices_total,
+                )
+            )
+            out.append(
+                Target(
+                    "GPUs named firmware outside a bad version",
+                    str(self.firmware_wrong_devices),
+                    "0",
+                    self.firmware_wrong_devices == 0,
+                )
+            )
+        if self.group_fault_devices:
+            out.append(
+                Target(
+                    "replace_device on a GPU of a link, firmware or node fault",
+                    f"{self.replace_on_group_devices} of {self.group_fault_devices} GPUs",
+                    "0",
+                    self.replace_on_group_devices == 0,
+                )
+            )
+        return out
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -7,7 +7,11 @@ kind of the contract (hard, soft, slow, intermittent) at random devices and time
 that must not be flagged, a shared network device and a silent node. The labels say what a
 classifier must find, by when, in each node's own clock. ``load`` puts the GPUs to work
 (:mod:`otel_dra.scenario.load`: training jobs, inference replicas, their crashes) and adds the
-faults that show only under load; ``idle``, the default, writes what it always wrote.
+faults that show only under load; ``idle``, the default, writes what it always wrote. Every GPU
+carries its topology (PCI address, the switch above it, its NVLink fabric: :mod:`~otel_dra.scenario.topology`)
+and one of its model's firmware versions; fleets of 256 GPUs or more (the long form) also get faults of
+those shared parts (:mod:`~otel_dra.scenario.fault_groups`: a PCIe switch, a fabric, a bad firmware version)
+beside the same evidence on one GPU alone.
 
 How it is fast: the fleet is one state matrix (devices as rows, series as columns) stepped
 once per second with numpy; a node's line is one ``%`` format of a per-node template (the

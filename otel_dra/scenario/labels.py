@@ -10,12 +10,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from otel_dra.scenario.kinds import LOST_KINDS
-from otel_dra.scenario.plan import T0_NS, US, Plan
+from otel_dra.scenario.plan import T0_NS, US, Plan, PlannedFault
 
 if TYPE_CHECKING:
     from otel_dra.scenario.generate import ScenarioConfig
 
 LABELS_VERSION: Final = 1
+
+
+def _firmware(plan: Plan, f: PlannedFault) -> dict[str, Any]:
+    """A firmware fault's own keys: its remediation, every GPU of the version, and the model's fatal events
+    (the bad version's and the others', each in its node's clock)."""
+    nodes, devices = plan.nodes, plan.devices
+
+    def where(row: int) -> dict[str, str]:
+        return {"k8s.node.name": nodes[devices[row].node].name, "hw.id": devices[row].hw_id}
+
+    return {
+        "remediation": "update_firmware",
+        "devices": [where(r) for r in f.rows],
+        "events": [
+            {
+                **where(e.row),
+                "at_unix_nano": nodes[devices[e.row].node].stamp_ns(e.at_s * US),
+                "hw.error.code": e.code,
+                "bad_version": e.bad,
+            }
+            for e in f.events
+        ],
+    }
 
 
 def labels_doc(config: ScenarioConfig, plan: Plan) -> dict[str, Any]:
@@ -42,7 +65,13 @@ def labels_doc(config: ScenarioConfig, plan: Plan) -> dict[str, Any]:
         if f.kind.name in LOST_KINDS:
             entry["lost"] = True
         if f.kind.scope is not None:
-            entry["scope"], entry["group"] = f.kind.scope, f.group
+            entry["scope"] = f.kind.scope
+            if f.group is not None:
+                entry["group"] = f.group
+        if f.kind.to_end:  # from the onset to the end of the recording (true time)
+            entry["deadline_s"] = (T0_NS + plan.duration_s * 10**9 - (f.onset_ns - node.skew_us * 1000)) // 10**9
+        if f.kind.shared == "firmware":
+            entry.update(_firmware(plan, f))
         detail = {k: v for k, v in f.detail.items() if k != "hw.model"}
         if detail:
             entry["detail"] = detail

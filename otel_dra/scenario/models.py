@@ -37,7 +37,7 @@ class DeviceModel:
     model: str
     vendor: str
     dra_driver: str
-    firmwares: tuple[str, ...]  # the first is current; a few devices run an older one
+    firmwares: tuple[str, ...]  # newest first: a rollout, most devices on the newest, some still on older ones
     driver_version: str
     serial_prefix: str
     temp_limits: Mapping[str, float]  # reported hw.temperature.limit by hw.limit_type; empty: none reported
@@ -58,6 +58,18 @@ class DeviceModel:
     link_per_min: Mapping[str, float]  # background link errors by hw.link.type
     io_bytes_per_s: float
     reports_limits: bool = True
+    #: Each firmware's share of the model's devices (a rollout). The first share is the draw that chose the
+    #: newest before there were three versions: a device's draw under 0.8 still gets it.
+    firmware_shares: tuple[float, ...] = (0.8, 0.2)
+
+    def firmware_for(self, draw: float) -> str:
+        """The firmware of a device whose uniform draw is ``draw`` (the shares, cumulated)."""
+        edge = 0.0
+        for version, share in zip(self.firmwares, self.firmware_shares, strict=True):
+            edge += share
+            if draw < edge:
+                return version
+        return self.firmwares[-1]
 
     @property
     def series(self) -> tuple[str, ...]:
@@ -107,7 +119,7 @@ H100 = DeviceModel(
     model="H100 80GB HBM3",
     vendor="NVIDIA",
     dra_driver="gpu.nvidia.com",
-    firmwares=("96.00.99.00.01", "96.00.74.00.0F"),
+    firmwares=("96.00.99.00.01", "96.00.89.00.01", "96.00.74.00.0F"),
     driver_version="580.95.05",
     serial_prefix="1654923",
     temp_limits=MappingProxyType({"high.degraded": 85.0, "throttled": 88.0, "high.critical": 92.0}),
@@ -127,12 +139,13 @@ H100 = DeviceModel(
     corrected_per_min=0.4,
     link_per_min=MappingProxyType({"pcie": 0.05, "nvlink": 0.02}),
     io_bytes_per_s=25e9,
+    firmware_shares=(0.8, 0.12, 0.08),
 )
 A100 = DeviceModel(
     model="A100-SXM4-80GB",
     vendor="NVIDIA",
     dra_driver="gpu.nvidia.com",
-    firmwares=("92.00.45.00.06", "92.00.36.00.02"),
+    firmwares=("92.00.45.00.06", "92.00.36.00.02", "92.00.25.00.08"),
     driver_version="580.95.05",
     serial_prefix="1323021",
     temp_limits=MappingProxyType({"high.degraded": 83.0, "high.critical": 90.0}),
@@ -152,6 +165,7 @@ A100 = DeviceModel(
     corrected_per_min=0.1,
     link_per_min=MappingProxyType({"pcie": 0.03, "nvlink": 0.01}),
     io_bytes_per_s=16e9,
+    firmware_shares=(0.8, 0.12, 0.08),
 )
 MI300X = DeviceModel(
     model="Instinct MI300X",

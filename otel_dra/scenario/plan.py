@@ -90,7 +90,21 @@ class PlannedFault:
     duty: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)
     onset_ns: int | None = None
-    group: str | None = None  # with kind.scope: what the fault belongs to (node/<name>)
+    group: str | None = None  # with kind.scope: what the fault belongs to (node/<name>, pcie/<addr>, ...)
+    #: A firmware fault's: every row of its version (the label lists them), and its fatal events
+    #: (row, true second, XID, on the bad version or another).
+    rows: list[int] = field(default_factory=list)
+    events: list[FirmwareEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FirmwareEvent:
+    """A fatal event of a firmware fault's model: an XID (79 or 119) at ``at_s``, a device reset after it."""
+
+    row: int
+    at_s: int
+    code: str
+    bad: bool  # on the bad version (else on one of the model's other versions: the background)
 
 
 @dataclass

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from otel_dra import conventions as cv
+from otel_dra.scenario import fault_groups, plan_load, plan_traps
 from otel_dra.scenario import load as wl
-from otel_dra.scenario import plan_load, plan_traps
 from otel_dra.scenario.fault_builders import BUILDERS
 from otel_dra.scenario.kinds import DEVICE_TRAPS, FaultKind, copies_for, kinds_for
 from otel_dra.scenario.models import H100, MI300X, MIX, MODELS, NIC
@@ -37,6 +38,7 @@ from otel_dra.scenario.plan import (
     Trap,
 )
 from otel_dra.scenario.series import KEY
+from otel_dra.scenario.topology import node_topology
 
 if TYPE_CHECKING:
     from otel_dra.scenario.generate import ScenarioConfig
@@ -65,6 +67,7 @@ class Planner:
         self.c = config
         self.attempt = attempt  # under load: which draw of the jobs (see make_plan)
         self.rng = np.random.default_rng([config.seed, 0x5CE7A])
+        self.topo_rng = np.random.default_rng([config.seed, 0x70B0])  # fabric ids: the plan's draws stay as they were
         self.D = int(config.duration_s)
         self.mixed = config.shape == "mixed"
         self.busy = config.load != "idle"
@@ -79,6 +82,9 @@ class Planner:
         self.omit: dict[tuple[int, int], set[int]] = {}
         self.faults: list[PlannedFault] = []
         self.traps: list[Trap] = []
+        #: (node, upstream or fabric id) of the parts a link fault is on: a lone GPU's link fault goes where no
+        #: other link fault shares its switch or fabric (or its label, scope device, would be a group's).
+        self.link_parts: set[tuple[int, str]] = set()
         self.nodes_: list[Node] = []  # set by build(), read by the placement helpers
         self.devices_: list[Device] = []
         self.params: dict[str, np.ndarray] = {}
@@ -168,10 +174,11 @@ class Planner:
         devices: list[Device] = []
         for node in nodes:
             count = self.c.devices_per_node + (1 if node is sp.hotplug else 0)
+            topology = node_topology(node.model.model, count, self.topo_rng)
             for i in range(count):
                 row = len(devices)
                 node.rows.append(row)
-                devices.append(self.gpu(row, node, i))
+                devices.append(self.gpu(row, node, i, topology[i]))
         shared_views: list[tuple[int, list[int]]] = []
         for j, pair in enumerate(observers):
             row = len(devices)
@@ -243,7 +250,7 @@ class Planner:
 
         r60 = take(lambda d: d.node == sp.missed60.index, "the missed sample on a 60 s node")
         plan_traps.missed_sample(self, r60, "one_missed_sample")
-        placed = kinds_for(self.c.load) if self.c.faults else ()
+        placed = kinds_for(self.c.load, self.c.gpus) if self.c.faults else ()
         hot = [k for k in placed if k.name == "hot_gpu"]
         spare: set[int] = set()  # the nodes of the coolest GPUs: a node-wide fault goes elsewhere if it can
         if hot:
@@ -253,14 +260,19 @@ class Planner:
             for _ in range(copies):
                 candidates = [x for x in sp.normal if x not in (sp.hotplug, sp.missed60)]
                 plan_load.node_fault(self, kind, candidates, taken, spare)
+        pool_set = set(pool)
+        for kind in (k for k in placed if k.shared in ("pcie", "fabric")):  # whole switches and fabrics
+            for _ in range(copies):
+                place_group = fault_groups.pcie_switch if kind.shared == "pcie" else fault_groups.fabric
+                place_group(self, kind, pool_set, taken, spare)
         for kind in hot:
             for _ in range(copies):
                 free = [r for r in pool if r not in taken and self.fits(kind, devices[r])]
                 if free:
                     pool.insert(0, pool.pop(pool.index(max(free, key=self.room_of))))
                 self.fault(kind, take(functools.partial(self.fits, kind), f"a {kind.name} fault (a cool GPU)"))
-        kinds = [k for k in placed if not k.whole_node and k.name != "hot_gpu"]
-        kinds.sort(key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only or k.busy_only))
+        kinds = [k for k in placed if not k.whole_node and k.shared is None and k.name != "hot_gpu"]
+        kinds.sort(key=lambda k: not (k.nvidia_only or k.needs_limits or k.low_rate_only or k.busy_only or k.link))
         for _ in range(copies):
             for kind in kinds:
                 row = take(functools.partial(self.fits, kind), f"a {kind.name} fault")
@@ -269,10 +281,12 @@ class Planner:
                 nvidia = trap == "single_app_error"
                 row = take(functools.partial(vendor_fits, nvidia), trap)
                 plan_traps.device_trap(self, trap, row)
+        for kind in (k for k in placed if k.shared == "firmware"):  # last: its events go on GPUs left clean
+            fault_groups.firmware_version(self, kind, pool_set, taken)
 
-    def gpu(self, row: int, node: Node, i: int) -> Device:
+    def gpu(self, row: int, node: Node, i: int, topology: dict[str, str]) -> Device:
         m, rng = node.model, self.rng
-        firmware = m.firmwares[0] if rng.random() < 0.8 else m.firmwares[1]
+        firmware = m.firmware_for(float(rng.random()))
         attrs = {
             "hw.type": "gpu",
             "hw.name": f"GPU {i}",
@@ -284,6 +298,7 @@ class Planner:
             "dra.driver.name": m.dra_driver,
             "dra.pool.name": node.name,
             "dra.device.name": f"gpu-{i}",
+            **topology,
         }
         return Device(row, node.index, f"gpu-{i}", "gpu", attrs, m.series_under_load() if self.busy else m.series, m)
 
@@ -315,6 +330,10 @@ class Planner:
             return False
         if kind.needs_limits and not m.reports_limits:
             return False
+        if kind.link is not None and kind.link not in m.link_per_min:
+            return False
+        if "link" in kind.reasons and self.parts_of(d) & self.link_parts:
+            return False
         if d.row in self.lane_of_row and not plan_load.busy_onsets(self, [d.row], kind):
             return False  # under load a fault goes where a job holds the GPU around its onset
         if kind.busy_only:
@@ -334,6 +353,12 @@ class Planner:
         f = PlannedFault(kind, row, self.devices_[row].node, evidence_us=at * US, detail={"hw.model": m.model})
         BUILDERS[kind.name](self, f, at, m)
         self.faults.append(f)
+        if "link" in kind.reasons:
+            self.link_parts |= self.parts_of(self.devices_[row])
+
+    def parts_of(self, d: Device) -> set[tuple[int, str]]:
+        """The shared parts ``d`` sits on: its switch (or root port) and its fabric, with its node."""
+        return {(d.node, d.attrs[a]) for a in (cv.HW_PCIE_UPSTREAM, cv.HW_FABRIC_ID) if a in d.attrs}
 
 
 def make_plan(config: ScenarioConfig) -> Plan:

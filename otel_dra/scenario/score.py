@@ -35,6 +35,18 @@ Scope (verdict lines and labels of busy fleets; older files have none and score 
   "workload traps with a device-scoped non-ok verdict" figure (target 0, only for labels with such
   traps). An episode there whose non-ok lines are all of another scope (``workload``) is the right
   answer, not a false positive: it is counted in ``workload_scoped_episodes`` instead.
+- Shared parts (labels of big fleets): a fault of scope ``link`` (a PCIe switch's or a fabric's GPUs, one
+  label each) is caught only by lines of scope ``link`` and its group (``link_group_*``); a link fault of
+  one GPU alone is labelled scope ``device`` and caught only by device-scoped lines (``lone_link_*``). A
+  ``firmware`` fault lists its version's GPUs in ``devices``: each must have, in [onset - interval_s,
+  onset + deadline_s] (the deadline is the end of the recording), a non-ok line with reason ``firmware``,
+  scope ``firmware`` and the fault's group, or beside another reason (a fault of the GPU's own, or of its switch,
+  which a verdict's one scope follows when it is as bad or worse) (``firmware_devices_*``); a GPU outside every
+  bad version with a non-ok line naming firmware (reason or scope) is counted in ``firmware_wrong_devices``.
+  Episodes on a listed GPU from the onset whose reasons are all the fault's or its events' (driver_errors, device_reset,
+  device_lost), and on the GPU of a listed event of another version from that event with the events'
+  reasons, are not false positives (``firmware_event_episodes``). No GPU of a link, firmware or node fault
+  (without a fault of its own) may ever get remediation ``replace_device`` (``replace_on_group_devices``).
 - False positives are also split by health (``fp_unhealthy_episodes``: the episode reached
   Unhealthy; ``fp_degraded_episodes``: degraded or predicted_failure only) and by reason
   (``fp_by_reason``, ``fp_unhealthy_by_reason``: an episode counts once for each reason it carried).
@@ -66,6 +78,12 @@ EXAMPLES: Final = 10
 WORKLOAD_TRAP_KINDS: Final = frozenset({"job_crash", "crash_loop"})
 WORKLOAD_WATCH_S: Final = 3600
 DEVICE_SCOPE: Final = "device"
+#: Scopes of a fault on a part several GPUs share: none of its GPUs is to be replaced for it.
+GROUP_SCOPES: Final = frozenset({"link", "firmware", "node"})
+#: What each fatal event of a firmware fault's model says about its GPU on its own (an XID, a reset, a GPU
+#: off the bus for a moment): on the version's GPUs, and on the GPU of an event of another version, these
+#: reasons are right, not false positives.
+FIRMWARE_EVENT_REASONS: Final = frozenset({"driver_errors", "device_reset", "device_lost"})
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,7 @@ class _Line:
     reasons: frozenset[str]
     scope: str = DEVICE_SCOPE
     group: str | None = None
+    remediation: str = "none"
 
     @property
     def non_ok(self) -> bool:
@@ -123,7 +142,8 @@ def _parse(line: Any, number: int) -> tuple[tuple[str, str], _Line] | None:
         v = Verdict.from_json(line, f"verdict line {number}", timed=True)
     except VerdictInputError:
         return None
-    return (v.node, v.hw_id), _Line(v.time_unix_nano, v.health, v.state, frozenset(v.reasons), v.scope, v.group)
+    line = _Line(v.time_unix_nano, v.health, v.state, frozenset(v.reasons), v.scope, v.group, v.remediation)
+    return (v.node, v.hw_id), line
 
 
 def _overlaps(ep: _Episode, lo: float, hi: float) -> bool:
@@ -175,6 +195,8 @@ def score(labels: dict[str, Any], verdict_lines: Iterable[Any]) -> Score:
     out.devices_with_verdicts = sum(1 for key in labelled if by_dev.get(key))
     out.unlabelled_devices = sum(1 for key in by_dev if key not in labelled)
     _faults(sc, out)
+    _firmware(sc, out)
+    _replacements(sc, out)
     _false_positives(sc, out)
     _unknowns(sc, out)
     _silent_node(sc, out)
@@ -196,7 +218,13 @@ def _faults(sc: _Scoring, out: Score) -> None:
         lo, hi = onset - sc.step, onset + round(float(f["deadline_s"]) * 1e9)
         wanted = set(f["reasons"])
         scope = (f["scope"], f.get("group")) if f.get("scope") is not None else None
-        hit, seen, states, late, elsewhere = _detect(seq, lo, hi, wanted, hard, scope)
+        hit, seen, states, late, elsewhere = _detect(seq, lo, hi, wanted, hard, scope, f.get("scope") == "firmware")
+        if f.get("scope") == "link":
+            out.link_group_total += 1
+            out.link_group_detected += hit is not None
+        elif f.get("scope") == DEVICE_SCOPE and "link" in wanted:
+            out.lone_link_total += 1
+            out.lone_link_detected += hit is not None
         if hard:
             out.hard_total += 1
         else:
@@ -231,6 +259,82 @@ def _faults(sc: _Scoring, out: Score) -> None:
     out.extra_episodes_per_fault = round(sum(extra_all) / len(extra_all), 3) if extra_all else 0.0
 
 
+def _listed(f: dict[str, Any]) -> list[tuple[str, str]]:
+    """A fault's GPUs: its ``devices`` (a firmware fault's version) with its own, else its own."""
+    own = (f["k8s.node.name"], f["hw.id"])
+    listed = [(d["k8s.node.name"], d["hw.id"]) for d in f.get("devices") or []]
+    return listed + ([own] if own not in listed else [])
+
+
+def _firmware(sc: _Scoring, out: Score) -> None:
+    """Bad firmware: every GPU of the version named firmware (scope and group) by the deadline; and no GPU
+    outside every bad version named firmware."""
+    bad: set[tuple[str, str]] = set()
+    for f in sc.labels["faults"]:
+        if f.get("scope") != "firmware":
+            continue
+        onset = int(f["onset_unix_nano"])
+        lo, hi = onset - sc.step, onset + round(float(f["deadline_s"]) * 1e9)
+        for key in _listed(f):
+            bad.add(key)
+            out.firmware_devices_total += 1
+            hit, seen, states, late, elsewhere = _detect(
+                sc.by_dev.get(key, []), lo, hi, set(f["reasons"]), False, ("firmware", f.get("group")), outranked=True
+            )
+            if hit is not None:
+                out.firmware_devices_detected += 1
+            elif len(out.firmware_missed) < EXAMPLES:
+                why = _why(seen, states, set(f["reasons"]), False, late, onset, ("firmware", f.get("group")), elsewhere)
+                out.firmware_missed.append({"k8s.node.name": key[0], "hw.id": key[1], "why": why})
+    if not bad:
+        return
+    for key, seq in sorted(sc.by_dev.items()):
+        named = [v for v in seq if v.non_ok and ("firmware" in v.reasons or v.scope == "firmware")]
+        if key in bad or not named:
+            continue
+        out.firmware_wrong_devices += 1
+        if len(out.firmware_wrong_examples) < EXAMPLES:
+            example = {"k8s.node.name": key[0], "hw.id": key[1], "group": named[0].group}
+            out.firmware_wrong_examples.append({**example, "from_s": round((named[0].t - sc.t0) / 1e9, 1)})
+
+
+def _replacements(sc: _Scoring, out: Score) -> None:
+    """No GPU of a fault on a shared part (link, firmware, node) is ever to be replaced, unless it has a
+    fault of its own besides."""
+    group: set[tuple[str, str]] = set()
+    own: set[tuple[str, str]] = set()
+    for f in sc.labels["faults"]:
+        if f.get("scope") in GROUP_SCOPES:
+            group.update(_listed(f))
+        else:
+            own.add((f["k8s.node.name"], f["hw.id"]))
+    watched = sorted(group - own)
+    out.group_fault_devices = len(watched)
+    for key in watched:
+        said = [v for v in sc.by_dev.get(key, []) if v.remediation == "replace_device"]
+        if said:
+            out.replace_on_group_devices += 1
+            if len(out.replace_examples) < EXAMPLES:
+                at = round((said[0].t - sc.t0) / 1e9, 1)
+                out.replace_examples.append({"k8s.node.name": key[0], "hw.id": key[1], "from_s": at})
+
+
+def _firmware_excuses(sc: _Scoring) -> dict[tuple[str, str], list[tuple[int, frozenset[str]]]]:
+    """Each GPU's firmware excuses (from, the reasons excused): a bad version's GPUs from the fault's onset
+    for its reasons and its events'; a GPU with an event of another version from that event, for the
+    event's."""
+    out: dict[tuple[str, str], list[tuple[int, frozenset[str]]]] = defaultdict(list)
+    for f in sc.labels["faults"]:
+        if f.get("scope") != "firmware":
+            continue
+        allowed = FIRMWARE_EVENT_REASONS | frozenset(f["reasons"])
+        for key in _listed(f):
+            out[key].append((int(f["onset_unix_nano"]) - sc.step, allowed))
+        for e in f.get("events") or []:
+            out[(e["k8s.node.name"], e["hw.id"])].append((int(e["at_unix_nano"]) - sc.step, FIRMWARE_EVENT_REASONS))
+    return out
+
+
 def _traps_of(sc: _Scoring) -> dict[tuple[str, str], list[str]]:
     """Each device's trap kinds (a node's trap counts for every device of the node)."""
     traps_of: dict[tuple[str, str], list[str]] = defaultdict(list)
@@ -263,6 +367,7 @@ def _false_positives(sc: _Scoring, out: Score) -> None:
     split by scope (a workload-scoped one is right)."""
     traps_of = _traps_of(sc)
     windows_of = _fault_windows(sc)
+    excuses_of = _firmware_excuses(sc)
     fp_by_trap: dict[str, int] = defaultdict(int)
     fp_by_reason: dict[str, int] = defaultdict(int)
     fp_unhealthy_by_reason: dict[str, int] = defaultdict(int)
@@ -274,6 +379,9 @@ def _false_positives(sc: _Scoring, out: Score) -> None:
         windows = windows_of.get(key, [])
         for ep in _episodes(seq):
             if any(_overlaps(ep, lo, hi) for lo, hi in windows):
+                continue
+            if any(ep.stop > lo and ep.reasons <= allowed for lo, allowed in excuses_of.get(key, [])):
+                out.firmware_event_episodes += 1
                 continue
             watch = [(lo, hi) for lo, hi in watched.get(key, []) if _overlaps(ep, lo, hi)]
             if watch and not ep.device_spans:  # another scope (the workload's) all along: the right answer
@@ -377,12 +485,20 @@ def _silent_node(sc: _Scoring, out: Score) -> None:
 
 
 def _detect(
-    seq: list[_Line], lo: int, hi: int, wanted: set[str], hard: bool, scope: tuple[str, str | None] | None = None
+    seq: list[_Line],
+    lo: int,
+    hi: int,
+    wanted: set[str],
+    hard: bool,
+    scope: tuple[str, str | None] | None = None,
+    outranked: bool = False,
 ) -> tuple[int | None, set[str], set[str], int | None, tuple[str, str | None] | None]:
     """When in [lo, hi] the state first matches (None: never); the reasons and states seen non-ok in
     there; for a miss, when it first matched after ``hi`` (None: never); and, for a fault with a
     ``scope`` (scope, group), the first (scope, group) a line with the right reason and state said
-    instead in [lo, hi] (None: none did)."""
+    instead in [lo, hi] (None: none did). ``outranked``: a line with the right reason beside another (a fault of
+    the device's own, or of its switch) matches whatever its scope: a verdict has one scope, the worse
+    reason's (the device's own first among equals; contract section 4)."""
     times = [v.t for v in seq]
     start = max(bisect_right(times, lo) - 1, 0)  # the line whose state holds at lo, if any
     seen: set[str] = set()
@@ -391,7 +507,8 @@ def _detect(
     for v in seq[start:]:
         at = max(v.t, lo)
         right = v.non_ok and bool(v.reasons & wanted) and (v.failing or not hard)
-        match = right and (scope is None or (v.scope, v.group) == scope)
+        own = outranked and bool(v.reasons - wanted)
+        match = right and (scope is None or (v.scope, v.group) == scope or own)
         if at > hi:
             if match:
                 return None, seen, states, at, elsewhere

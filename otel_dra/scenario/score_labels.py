@@ -77,9 +77,10 @@ def check_labels(labels: Any) -> None:
         _require(f, "onset_unix_nano", where, int)
         if "end_unix_nano" in f and f["end_unix_nano"] is not None:
             _require(f, "end_unix_nano", where, int)
-        for key in ("scope", "group"):
+        for key in ("scope", "group", "remediation"):
             if f.get(key) is not None:
                 _require(f, key, where, str)
+        _check_devices(f, where)
     devices = _require(labels, "devices", "labels", list)
     if not devices:
         raise LabelsError("labels 'devices' is empty: nothing to score")
@@ -98,6 +99,23 @@ def check_labels(labels: Any) -> None:
     for key in ("traps", "nodes"):
         if not isinstance(labels.get(key, []), list):
             raise LabelsError(f"labels {key!r} is not a list")
+
+
+def _check_devices(f: Mapping[str, Any], where: str) -> None:
+    """A firmware fault's ``devices`` (each a node and hw.id) and ``events`` (each also a time), when there."""
+    for key in ("devices", "events"):
+        items = f.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise LabelsError(f"{where} {key!r} is not a list")
+        for j, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise LabelsError(f"{where} {key}[{j}] is not an object")
+            _require(item, "k8s.node.name", f"{where} {key}[{j}]", str)
+            _require(item, "hw.id", f"{where} {key}[{j}]", str)
+            if key == "events":
+                _require(item, "at_unix_nano", f"{where} {key}[{j}]", int)
 
 
 def load_labels(path: Path | str) -> dict[str, Any]:

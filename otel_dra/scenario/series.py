@@ -108,10 +108,10 @@ def _catalogue() -> tuple[Series, ...]:
     return tuple(out)
 
 
-#: Driver error codes the scenarios use (NVIDIA XIDs): 13 application (graphics engine exception),
+#: Driver error codes the scenarios use (NVIDIA XID catalogue): 13 application (graphics engine exception),
 #: 31 application (MMU fault), 43 application (GPU stopped processing), 48 double-bit ECC (reset class),
-#: 79 fallen off the bus (reboot class).
-DRIVER_CODES: Final = ("13", "31", "43", "48", "79")
+#: 74 NVLink error, 79 fallen off the bus (reboot class), 119 GSP RPC timeout (firmware; reset class).
+DRIVER_CODES: Final = ("13", "31", "43", "48", "74", "79", "119")
 #: ``hw.throttle.reason`` values a device reports in a busy fleet instead of ``power``, as the project's own
 #: sources do: NVML tells the software power cap, an external power brake and the device's own hardware
 #: slowdown apart; amdgpu's gpu_metrics (MI300) gives the power cap and hardware slowdown, no power brake.
