@@ -654,6 +654,41 @@ def fleet() -> Json:
         8,
     )
 
+    # Fleet-wide findings (fabric/..., firmware/...) have no node: shown whichever nodes are chosen.
+    nf = 'k8s_node_name=~"$node|"'
+    lay.add(
+        table(
+            "Findings beyond a device",
+            [
+                target(f"otel_dra:finding:devices{{{nf}}}", ref="A", instant=True, table=True),
+                target(f"otel_dra:finding:nodes{{{nf}}}", ref="B", instant=True, table=True),
+            ],
+            "One row per finding about what devices share (scope workload, node, link or firmware; contract "
+            "section 4), however many devices it touches: a PCIe switch (group pcie/<address>, with its node: "
+            "addresses repeat across hosts), a node, a workload, or fleet-wide a fabric or a firmware version "
+            "(no node; nodes says how many). devices: how many it touches; health, reasons and remediation: its "
+            "worst device's. One alert each (OtelDraFinding, OtelDraFleetFinding); `otel-dra status --by group` "
+            "lists the same. Needs prometheus/rules.yaml (otel_dra:finding:devices, otel_dra:finding:nodes).",
+            transformations=[
+                {"id": "merge", "options": {}},
+                *table_fields(
+                    {
+                        "dra_device_health_scope": "scope",
+                        "dra_device_health_group": "group",
+                        "k8s_node_name": "node",
+                        "Value #B": "nodes",
+                        "Value #A": "devices",
+                        "dra_device_health_state": "health",
+                        "dra_device_health_reasons": "reasons",
+                        "dra_device_health_remediation": "remediation",
+                    }
+                ),
+            ],
+        ),
+        24,
+        8,
+    )
+
     lay.row("Top offenders")
     lay.add(
         bargauge(

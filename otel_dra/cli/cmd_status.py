@@ -16,6 +16,12 @@ A verdict about more than its device (contract section 4: its ``scope`` is ``wor
 ``link`` or ``firmware``) shows what it is about, its ``group`` (``node/train-007``; the scope's name
 when it has none), in a ``scope`` column, which is there only when some verdict has one. A document
 without ``scope`` (an older server's) is all device verdicts.
+
+``--by group`` lists the findings by what they are about (:mod:`otel_dra.sinks.findings`): one row per
+finding beyond a device (its scope, group, nodes, how many devices, their reasons, remediation and the
+worst health and state among them), then the device findings (verdicts about the device alone that are not
+Healthy and ok) as the device table shows them. Healthy devices with nothing to say are counted, not listed:
+a link finding on 4 of a node's 8 GPUs reads as one row, not 4 among 8.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.table import Table
 
+    from otel_dra.classifier.verdict import Verdict
+    from otel_dra.sinks.findings import Summary
+
 
 #: Narrower than this, the evidence column is not worth having beside the reasons column.
 EVIDENCE_MIN_WIDTH = 24
@@ -49,6 +58,11 @@ DROP_ORDER = ("hw.state", "scope", "would evict", "since", "evidence", "remediat
 _GAP = 2
 
 _COLORS = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}
+
+#: What ``--by`` lists rows by.
+BY = ("device", "group")
+#: A finding's nodes listed by name up to this many; more are counted.
+NODES_SHOWN = 3
 
 
 def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -68,6 +82,16 @@ def _env(name: str) -> dict[str, Any]:
     "'table' for people; 'json' for scripts: the /v1/devices document as served, one JSON document "
     "(with --watch, one per line and refresh).",
     **_env("OUTPUT"),
+)
+@click.option(
+    "--by",
+    type=click.Choice(BY),
+    default=BY[0],
+    show_default=True,
+    help="'device': one row per device; 'group': one row per finding beyond a device (a node, a link, a "
+    "workload, a firmware version: its scope and group, nodes, devices, reasons, remediation), then the "
+    "device findings. With -o json: the findings as {'groups': [...], 'devices': [...]}.",
+    **_env("BY"),
 )
 @click.option(
     "--watch",
@@ -93,7 +117,7 @@ def _env(name: str) -> dict[str, Any]:
     help="Seconds to wait for the agent.",
     **_env("TIMEOUT"),
 )
-def status(url: str, output: str, watch: bool, interval: float, timeout: float) -> None:
+def status(url: str, output: str, by: str, watch: bool, interval: float, timeout: float) -> None:
     """Show every device's verdict from a running agent or fleet (URL/v1/devices).
 
     Unhealthy devices first, then Unknown, then the rest; with the reasons, the
@@ -103,6 +127,10 @@ def status(url: str, output: str, watch: bool, interval: float, timeout: float) 
 
     URL is http://HOST:PORT, or HOST:PORT (http:// assumed), HOST (port 9464) or
     :PORT (this host); default localhost:9464, or OTEL_DRA_STATUS_URL.
+
+    --by group lists what the findings are about: one row per node, link,
+    workload or firmware finding (however many devices it touches), then the
+    devices' own findings.
     """
     from rich.console import Console
 
@@ -110,35 +138,42 @@ def status(url: str, output: str, watch: bool, interval: float, timeout: float) 
     console = Console() if sys.stdout.isatty() else Console(width=100_000)
     _, doc = read_devices(url, timeout)
     if not watch:
-        _emit(console, output, doc, url, None, once=True)
+        _emit(console, output, by, doc, url, None, once=True)
         return
     try:
         if output == "table" and console.is_terminal:
-            _watch_in_place(console, doc, url, interval, timeout)
+            _watch_in_place(console, by, doc, url, interval, timeout)
         else:
-            _watch_lines(console, output, doc, url, interval, timeout)
+            _watch_lines(console, output, by, doc, url, interval, timeout)
     except KeyboardInterrupt:  # Ctrl-C is how a watch ends: not an error
         return
 
 
-def _emit(console: Console, output: str, doc: dict[str, Any], url: str, when: str | None, once: bool) -> None:
+def view(doc: dict[str, Any], url: str, by: str, width: int | None = None, when: str | None = None) -> RenderableType:
+    """What a table shows of ``doc``: by device (:func:`device_table`) or by finding (:func:`finding_tables`)."""
+    return finding_tables(doc, url, width, when) if by == "group" else device_table(doc, url, width, when)
+
+
+def _emit(console: Console, output: str, by: str, doc: dict[str, Any], url: str, when: str | None, once: bool) -> None:
     if output == "json":
-        text = json.dumps(doc, indent=2 if once else None)
+        text = json.dumps(findings_document(doc, url) if by == "group" else doc, indent=2 if once else None)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     elif console.is_terminal:
-        console.print(device_table(doc, url, width=console.width, when=when))
+        console.print(view(doc, url, by, width=console.width, when=when))
     else:  # piped: the lines as they are, without the padding to the table's width
         with console.capture() as captured:
-            console.print(device_table(doc, url, when=when))
+            console.print(view(doc, url, by, when=when))
         sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
         sys.stdout.flush()
 
 
-def _watch_lines(console: Console, output: str, doc: dict[str, Any], url: str, interval: float, timeout: float) -> None:
+def _watch_lines(
+    console: Console, output: str, by: str, doc: dict[str, Any], url: str, interval: float, timeout: float
+) -> None:
     """Piped (or JSON): each refresh printed after the last, a blank line between tables."""
     while True:
-        _emit(console, output, doc, url, _clock(interval), once=False)
+        _emit(console, output, by, doc, url, _clock(interval), once=False)
         while True:
             time.sleep(interval)
             try:
@@ -151,14 +186,14 @@ def _watch_lines(console: Console, output: str, doc: dict[str, Any], url: str, i
             console.print()
 
 
-def _watch_in_place(console: Console, doc: dict[str, Any], url: str, interval: float, timeout: float) -> None:
+def _watch_in_place(console: Console, by: str, doc: dict[str, Any], url: str, interval: float, timeout: float) -> None:
     """On a terminal: one table redrawn in place (rich's Live), the last one left on screen."""
     from rich.console import Group
     from rich.live import Live
     from rich.text import Text
 
-    def table() -> Table:
-        return device_table(doc, url, width=console.width, when=_clock(interval))
+    def table() -> RenderableType:
+        return view(doc, url, by, width=console.width, when=_clock(interval))
 
     shown: RenderableType = table()
     with Live(shown, console=console, auto_refresh=False, transient=False) as live:
@@ -170,7 +205,7 @@ def _watch_in_place(console: Console, doc: dict[str, Any], url: str, interval: f
             except click.ClickException as exc:
                 lost = f"lost the fleet at {url}: " if is_fleet(doc) else ""
                 error = Text(f"{time.strftime('%H:%M:%S')}: {lost}{exc.format_message()}; retrying", style="red")
-                shown = Group(error, device_table(doc, url, width=console.width, when="last read"))
+                shown = Group(error, view(doc, url, by, width=console.width, when="last read"))
             live.update(shown, refresh=True)
 
 
@@ -198,22 +233,30 @@ def _clock(interval: float) -> str:
     return f"{time.strftime('%H:%M:%S')}, every {interval:g}s"
 
 
-def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: str | None = None) -> Table:
+def _verdicts(doc: dict[str, Any], url: str) -> tuple[list[dict[str, Any]], list[Verdict]]:
+    """(the device lines of a ``/v1/devices`` document, their verdicts); a one-line error for one that is not."""
+    from otel_dra.classifier.verdict import Verdict, VerdictInputError
+
+    raw = [d for d in doc.get("devices", []) if isinstance(d, dict)]
+    try:
+        return raw, [Verdict.from_json(d, f"{url}: devices[{i}]") for i, d in enumerate(raw)]
+    except VerdictInputError as exc:
+        raise click.ClickException(f"{exc}; is the server an otel-dra of this version?") from None
+
+
+def device_table(
+    doc: dict[str, Any], url: str, width: int | None = None, when: str | None = None, heading: str = ""
+) -> Table:
     """The devices of a ``/v1/devices`` document as a table fitted to ``width`` columns without
-    splitting a word (``None``: as wide as its rows, nothing wrapped)."""
+    splitting a word (``None``: as wide as its rows, nothing wrapped); ``heading`` goes before its title."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
-    from otel_dra.classifier.verdict import Verdict, VerdictInputError
     from otel_dra.words import human_duration
 
-    raw = [d for d in doc.get("devices", []) if isinstance(d, dict)]
-    try:
-        devices = [Verdict.from_json(d, f"{url}: devices[{i}]") for i, d in enumerate(raw)]
-    except VerdictInputError as exc:
-        raise click.ClickException(f"{exc}; is the server an otel-dra of this version?") from None
+    raw, devices = _verdicts(doc, url)
     now = time.time_ns()
     nodes = sorted({v.node for v in devices})
     one_node = len(nodes) == 1
@@ -278,7 +321,7 @@ def device_table(doc: dict[str, Any], url: str, width: int | None = None, when: 
     server = ", from the fleet" if _several(nodes) else ""
     title = f"{plural(len(rows), 'device')}{where}{server} at {url}" + (f" ({worst})" if worst else "")
     table = Table(
-        title=escape(title + (f", {when}" if when else "")),
+        title=escape(heading + title + (f", {when}" if when else "")),
         box=box.SIMPLE_HEAD if width else None,  # piped: plain columns, as kubectl prints them
         show_edge=False,
         padding=(0, _GAP - 1 if width else _GAP, 0, 0),
@@ -303,3 +346,97 @@ def _caption(rows: list[dict[str, str]], hidden: list[str], cut: bool) -> str | 
         what = ", ".join(hidden) + (" and " if hidden and cut else "") + ("the whole evidence" if cut else "")
         return f"too narrow for {what}: widen the terminal, pipe the output or use --output json"
     return None
+
+
+def _is_finding(v: Verdict) -> bool:
+    """A verdict with something to say: not Healthy, not ok, or with a reason (a degraded device is Healthy)."""
+    return v.health != "Healthy" or v.state not in ("ok", None) or bool(v.reasons)
+
+
+def _nodes(nodes: tuple[str, ...]) -> str:
+    shown = ", ".join(nodes[:NODES_SHOWN])
+    return shown + (f" and {len(nodes) - NODES_SHOWN} more" if len(nodes) > NODES_SHOWN else "")
+
+
+def _split_findings(doc: dict[str, Any], url: str) -> tuple[list[Summary], list[dict[str, Any]], int]:
+    """(the findings beyond a device, the device lines of the device findings, how many devices there are)."""
+    from otel_dra.sinks.findings import summarize
+
+    raw, verdicts = _verdicts(doc, url)
+    own = [d for d, v in zip(raw, verdicts, strict=True) if v.scope == "device" and _is_finding(v)]
+    return summarize(verdicts), own, len(raw)
+
+
+def findings_document(doc: dict[str, Any], url: str) -> dict[str, Any]:
+    """``--by group -o json``: ``groups``, one object per finding beyond a device, and ``devices``, the device
+    findings' lines as served."""
+    groups, own, _ = _split_findings(doc, url)
+    return {
+        "groups": [
+            {
+                "scope": s.finding.scope,
+                "group": s.finding.group,
+                "node": s.finding.node or None,  # a fleet-wide group's is none
+                "nodes": list(s.nodes),
+                "device_count": len(s.devices),
+                "health": s.health,
+                "hw.state": s.state,
+                "reasons": list(s.reasons),
+                "remediation": s.remediation,
+                "devices": [{"k8s.node.name": n, "hw.id": h} for n, h in s.devices],
+            }
+            for s in groups
+        ],
+        "devices": own,
+    }
+
+
+def finding_tables(doc: dict[str, Any], url: str, width: int | None = None, when: str | None = None) -> RenderableType:
+    """``--by group``: a table of the findings beyond a device, one row each, then the device findings'
+    :func:`device_table` (when there are any). Every cell whole, on one line per item (``width`` only decides
+    the box and whether reasons stack, as the device table does)."""
+    from rich import box
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    groups, own, total = _split_findings(doc, url)
+    sep = "\n" if width else ", "
+    rows = [
+        {
+            "scope": s.finding.scope,
+            "group": " ".join(s.finding.group.split()),
+            "nodes": _nodes(s.nodes),
+            "devices": str(len(s.devices)),
+            "health": s.health,
+            "hw.state": s.state or "-",
+            "reasons": sep.join(s.reasons) or "-",
+            "remediation": s.remediation,
+        }
+        for s in groups
+    ]
+    touched = sum(len(s.devices) for s in groups)
+    title = (
+        f"{plural(len(rows), 'finding')} beyond a device ({plural(touched, 'device')}), "
+        f"{plural(len(own), 'device finding')}, of {plural(total, 'device')} at {url}"
+    )
+    table = Table(
+        title=escape(title + (f", {when}" if when else "")),
+        box=box.SIMPLE_HEAD if width else None,
+        show_edge=False,
+        padding=(0, _GAP - 1 if width else _GAP, 0, 0),
+        expand=False,
+        title_justify="left",
+        caption=None if rows else "no finding beyond a device",
+        caption_justify="left",
+    )
+    columns = ["scope", "group", "nodes", "devices", "health", "hw.state", "reasons", "remediation"]
+    for col in columns:
+        table.add_column(col, no_wrap=True, overflow="ellipsis", justify="right" if col == "devices" else "left")
+    for r in rows:
+        table.add_row(*(Text(r[c], style=_COLORS.get(r[c], "") if c == "health" else "") for c in columns))
+    if not own:
+        return table
+    devices = device_table({"devices": own}, url, width, heading="device findings: ")
+    return Group(table, Text(""), devices)

@@ -38,7 +38,8 @@ DEFAULT_DESCRIPTION = "Accelerator health for Kubernetes DRA, as OpenTelemetry h
 #: What each well-known path is, on the landing page.
 _ABOUT = {
     "/metrics": "the hw.* metrics and verdicts, for Prometheus",
-    "/v1/devices": "every device's verdict as JSON, for people and scripts (otel-dra status)",
+    "/v1/devices": "every device's verdict as JSON, with what it is about (scope, group), for people and scripts "
+    "(otel-dra status)",
     "/healthz": "liveness, for probes",
 }
 

@@ -4,10 +4,12 @@ Static checks: the dashboards are what grafana/generate.py writes, parse, have u
 use the ``datasource`` variable everywhere; every PromQL expression (panels and rules) parses;
 ``promtool check rules`` and ``promtool test rules`` pass; the PrometheusRule wraps the same groups.
 
-The live check (the point of it all): two simulated agents (node-a with faults, node-b that goes
-stale) scraped every second by a real Prometheus that loads prometheus/rules.yaml; then every
-query of every panel, every template variable, every recording rule and every alert returns data
-from that Prometheus. A panel whose query returns nothing fails.
+The live check (the point of it all): three simulated agents (node-a with faults, among them a link
+fault on the two GPUs behind one PCIe switch; node-b that goes stale; node-c whose every GPU has link
+errors, a fault of their fabric, a fleet-wide finding) scraped every second by a real Prometheus
+that loads prometheus/rules.yaml; then every query of every panel, every template variable, every
+recording rule and every alert returns data from that Prometheus. A panel whose query returns
+nothing fails.
 """
 
 from __future__ import annotations
@@ -274,8 +276,10 @@ def test_rules_cover_every_reason_and_state_and_every_alert_says_what_to_do():
     assert sorted(re.findall(r'"reason", "(\w+)"', by_reason)) == sorted(REASONS)
     state_code = recordings()["otel_dra:device_state:code"]["expr"]
     assert sorted(re.findall(r'hw_state="(\w+)"', state_code)) == sorted(HW_STATES)
+    # A finding's alert is critical or a warning by its worst device's health (rules_test.yaml fires both).
+    by_health = '{{ if eq $labels.dra_device_health_state "Unhealthy" }}critical{{ else }}warning{{ end }}'
     for name, alert in alerts().items():
-        assert alert["labels"]["severity"] in ("critical", "warning"), name
+        assert alert["labels"]["severity"] in ("critical", "warning", by_health), name
         assert alert["annotations"]["runbook"].startswith("Remediation"), name
         assert {"summary", "description"} <= set(alert["annotations"]), name
     # Where the alert's series carry the verdict's remediation, the runbook names it.
@@ -393,8 +397,11 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
             "--fault", "gpu-3:memory_ecc@1", "--fault", "gpu-3:driver_errors@1",
             "--fault", "gpu-5:thermal@1", "--fault", "gpu-6:power_throttling@1",
             "--otlp-endpoint", no_collector, "--otlp-interval", "1", "--otlp-queue-max-points", "1",
+            # gpu-0 and gpu-1 share the PCIe switch 0000:10:00.0: a link finding of that switch's.
+            "--fault", "gpu-0:link@1", "--fault", "gpu-1:link@1",
         ],
         "node-b": ["--policy", str(work / "fast-stale.yaml"), "--fault", "*:stale@5"],
+        "node-c": ["--fault", "*:link@1"],
     }  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     agents, ports, procs = [], [], []
@@ -479,7 +486,7 @@ def test_every_template_variable_has_values(fleet):
             values = fleet.label_values(substitute(definition, dashboard_vars(dash)))
             assert values, f"{name}: variable {variable} ({definition}) has no values"
             if variable == "node":
-                assert set(values) == {"node-a", "node-b"}
+                assert set(values) == {"node-a", "node-b", "node-c"}
             if variable == "device":
                 assert "gpu-3" in values
 
@@ -530,6 +537,20 @@ def test_every_alert_expression_evaluates_and_its_parts_return_data(fleet):
     assert series("OtelDraAgentDown") == series("OtelDraAgentAbsent") == set()
     assert series("OtelDraFleetOverloaded") == series("OtelDraFleetRefusingPoints") == set()
     assert series("OtelDraDeviceUnknown") == set()  # node-b's devices are the stale node's alert
+    # One series a finding, whatever its device count: node-a's switch (2 GPUs), node-c's fabric (8 GPUs, fleet-wide);
+    # none of their GPUs is a device alert's.
+    findings = {
+        (r["metric"].get("k8s_node_name", ""), r["metric"]["dra_device_health_group"], r["value"][1])
+        for name in ("OtelDraFinding", "OtelDraFleetFinding")
+        for r in fleet.query(alerts()[name]["expr"])[1]
+    }
+    assert {(node, group.split("/")[0], n) for node, group, n in findings} == {
+        ("node-a", "pcie", "2"),
+        ("", "fabric", "8"),
+    }, findings
+    assert not {("node-a", "gpu-0"), ("node-a", "gpu-1")} & (
+        series("OtelDraDeviceDegraded") | series("OtelDraDeviceUnhealthy")
+    )
 
 
 @pytest.mark.e2e

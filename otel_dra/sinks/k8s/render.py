@@ -8,6 +8,23 @@ Names are deterministic (the same verdicts give the same names on every run and 
 and every rule is labelled ``app.kubernetes.io/managed-by: otel-dra``, so ``--apply`` can find
 the ones it made and delete those whose device is healthy again.
 
+A finding beyond a device (contract section 4: scope workload, node, link or firmware) says so on every device it
+touches, and is rendered the same way: one rule per (device, reason), so its devices' rules share the taint's key
+and value (both come from the reason, state, health and remediation, which the finding's verdicts share). Every rule
+is labelled ``<domain>/group`` with the finding's name (:mod:`otel_dra.sinks.findings`: the group, after its node for
+a ``pcie/<address>`` group, as PCI addresses repeat across hosts), made a label value (at most 63 characters of
+``[A-Za-z0-9._-]``, hash-suffixed when cut; empty for a device's own verdict, so an update clears a group that no
+longer holds): ``kubectl get devicetaintrules -l <domain>/group=<value>`` lists a finding's rules, and
+``-L <domain>/group`` shows every rule's.
+
+Why one rule per device, not one rule for the group: a DeviceTaintRule's ``deviceSelector`` selects by driver, pool
+and device name only (resource.k8s.io v1, v1beta2, and v1alpha3 from Kubernetes 1.35). v1alpha3 on 1.33 and 1.34
+also had CEL ``selectors`` and ``deviceClassName``; 1.35 removed them, and no later version has them. Even where
+served, a CEL selector could only match what the DRA driver publishes in its ResourceSlices (a PCIe switch or a
+fabric is not an attribute otel-dra can put there: slices are the driver's), and a finding's members change device by
+device: per-device rules keep the reconcile per device (a device that leaves the finding loses its rule, the others
+keep theirs and their NoExecute clocks), on every server.
+
 Attributes (``<domain>/health``, ``<domain>/state`` by default) go to every device: they are
 facts for the DRA driver to publish in its own ResourceSlices (slices belong to the driver, so
 otel-dra renders them and never writes slices).
@@ -38,6 +55,7 @@ from otel_dra import conventions as cv
 from otel_dra.classifier.verdict import Verdict, VerdictInputError
 from otel_dra.classifier.views import combine
 from otel_dra.policy import Policy
+from otel_dra.sinks.findings import finding_of, label_value
 from otel_dra.sinks.k8s import validation as val
 from otel_dra.sinks.k8s.settings import K8sSettings
 from otel_dra.sinks.k8s.validation import K8sValidationError
@@ -298,7 +316,7 @@ def _rule(
         "kind": KIND,
         "metadata": {
             "name": name,
-            "labels": {MANAGED_BY_LABEL: MANAGED_BY, f"{d}/reason": reason},
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY, f"{d}/reason": reason, f"{d}/group": group_label(verdict)},
             "annotations": {
                 f"{d}/node": verdict.node,
                 f"{d}/hw-id": verdict.hw_id,
@@ -322,6 +340,13 @@ def _rule(
     }
     val.check_taint_rule(obj, out.kubernetes)
     return _through_model(client, obj)
+
+
+def group_label(verdict: Verdict) -> str:
+    """The ``<domain>/group`` label value of a verdict's rules: its finding's name as a label value, "" for a
+    device's own verdict (always set, so that an update, which keeps labels it does not set, clears it)."""
+    finding = finding_of(verdict)
+    return "" if finding is None else label_value(finding.name)
 
 
 def _through_model(client: Any, obj: dict[str, Any]) -> dict[str, Any]:

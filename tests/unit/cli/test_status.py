@@ -460,3 +460,93 @@ def test_status_json_flag_is_answered_with_the_right_one(capsys):
     assert (
         err == "otel-dra status: error: no such option: --json (did you mean -o json?) (see 'otel-dra status --help')\n"
     )
+
+
+# -- --by group: what the findings are about (issue #31) ---------------------------------------------------------
+FIRMWARE = "firmware/NVIDIA H100 80GB HBM3/96.00.89.00.01"
+
+
+def grouped_document() -> dict[str, Any]:
+    """Two nodes' devices from a fleet: one PCIe switch at the same address on each (4 GPUs of train-001, 2 of
+    train-002: two findings, as PCI addresses are per host), a firmware version on gpu-7 of both (one finding,
+    fleet-wide), and the agent document's own device findings (gpu-6, gpu-2, gpu-3) on each."""
+    devices = []
+    for node in ("train-001", "train-002"):
+        devices += agent_document(node)["devices"]
+    for d in devices:
+        d["scope"] = "device"
+        i, node = int(d["hw.id"].removeprefix("gpu-")), d["k8s.node.name"]
+        if i in ((0, 1, 4, 5) if node == "train-001" else (0, 1)):
+            d.update({"health": "Unhealthy", "hw.state": "failed", "reasons": ["link"], "remediation": "reboot_node"})
+            d.update(scope="link", group="pcie/0000:40:00.0")
+        if i == 7:
+            d.update({"hw.state": "degraded", "reasons": ["firmware"], "remediation": "update_firmware"})
+            d.update(scope="firmware", group=FIRMWARE)
+    return {"devices": devices}
+
+
+def test_by_group_lists_each_finding_once_with_its_nodes_and_device_count_then_the_device_findings(served):
+    served.doc = grouped_document()
+    shown = status(served.url, "--by", "group")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"3 findings beyond a device (8 devices), 6 device findings, of 16 devices at {served.url}"
+    assert cells(lines[1]) == ["scope", "group", "nodes", "devices", "health", "hw.state", "reasons", "remediation"]
+    assert [cells(line) for line in lines[2:5]] == [
+        ["link", "pcie/0000:40:00.0", "train-001", "4", "Unhealthy", "failed", "link", "reboot_node"],
+        ["link", "pcie/0000:40:00.0", "train-002", "2", "Unhealthy", "failed", "link", "reboot_node"],
+        ["firmware", FIRMWARE, "train-001, train-002", "2", "Healthy", "degraded", "firmware", "update_firmware"],
+    ]
+    assert lines[5] == ""
+    assert lines[6].startswith("device findings: 6 devices on 2 nodes, from the fleet")
+    devices = [cells(line)[:2] for line in lines[8:]]
+    # The devices' own findings only: none of a group's devices, and no Healthy device with nothing to say.
+    assert sorted(devices) == sorted([n, f"gpu-{i}"] for n in ("train-001", "train-002") for i in (6, 2, 3))
+
+
+def test_by_group_as_json_gives_the_findings_and_the_device_findings_lines(served):
+    served.doc = grouped_document()
+    shown = status(served.url, "--by", "group", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    link = doc["groups"][0]
+    assert (link["scope"], link["group"], link["node"], link["device_count"]) == (
+        "link",
+        "pcie/0000:40:00.0",
+        "train-001",
+        4,
+    )
+    assert [d["hw.id"] for d in link["devices"]] == ["gpu-0", "gpu-1", "gpu-4", "gpu-5"]
+    firmware = doc["groups"][2]
+    nodes = ["train-001", "train-002"]
+    assert (firmware["node"], firmware["nodes"], firmware["reasons"]) == (None, nodes, ["firmware"])
+    served_lines = {(d["k8s.node.name"], d["hw.id"]): d for d in served.doc["devices"]}
+    assert all(d == served_lines[(d["k8s.node.name"], d["hw.id"])] for d in doc["devices"])  # as served
+    assert len(doc["devices"]) == 6
+
+
+def test_by_group_without_findings_beyond_a_device_says_so_and_an_older_servers_document_works(served):
+    """An older server's document (no scope): every verdict is the device's own."""
+    shown = status(served.url, "--by", "group")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "no finding beyond a device" in lines and lines[0].startswith("0 findings beyond a device (0 devices)")
+    assert [cells(line)[0] for line in lines if re.match(r"gpu-\d ", line)] == ["gpu-6", "gpu-2", "gpu-3"]
+
+
+def test_by_group_on_a_terminal_and_from_the_environment(served):
+    served.doc = grouped_document()
+    code, shown = on_a_terminal([served.url, "--by", "group"], 200, 0, interrupt=False)
+    assert code == 0, shown
+    assert any(line.split()[:4] == ["link", "pcie/0000:40:00.0", "train-002", "2"] for line in shown.splitlines())
+    piped = status(served.url, OTEL_DRA_STATUS_BY="group")
+    assert piped.returncode == 0 and piped.stdout.startswith("3 findings beyond a device")
+
+
+def test_a_bad_by_value_is_one_line_exit_2(served):
+    shown = status(served.url, "--by", "node")
+    assert shown.returncode == 2 and shown.stdout == ""
+    assert shown.stderr == (
+        "otel-dra status: error: Invalid value for '--by' (env var: 'OTEL_DRA_STATUS_BY'): 'node' is not one of "
+        "'device', 'group'. (see 'otel-dra status --help')\n"
+    )

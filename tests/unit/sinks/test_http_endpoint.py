@@ -4,7 +4,10 @@ every route (as node_exporter's), ``/metrics`` and the routes answer, anything e
 from __future__ import annotations
 
 import gzip
+import json
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -13,9 +16,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from otel_dra import __version__
+from otel_dra.classifier import Verdict
 from otel_dra.sinks import exposition
 from otel_dra.sinks.endpoint import DEFAULT_DESCRIPTION, HttpEndpoint, Route
 from otel_dra.sinks.exposition import ExpositionCache
+from otel_dra.state.board import VerdictBoard
+from otel_dra.vocabulary import pcie_group
 
 
 def get(url: str) -> tuple[int, str, str]:
@@ -127,3 +133,53 @@ def test_a_small_rendering_in_pieces_is_kept_as_text():
     cache.render()
     assert cache._gzipped is None and (cache.body(False) or b"").endswith(b"a 1\nb 2\n")
     assert gzip.decompress(cache.body(True) or b"").endswith(b"a 1\nb 2\n")
+
+
+def link_verdict(node: str, i: int, group: str | None) -> Verdict:
+    """gpu-<i> of ``node``: in the link finding ``group`` (a PCIe switch's), or Healthy on its own."""
+    if group is None:
+        return Verdict(1, node, f"gpu-{i}", "Healthy", "ok", (), "none", "fine", pool=node, device=f"gpu-{i}")
+    return Verdict(
+        1,
+        node,
+        f"gpu-{i}",
+        "Unhealthy",
+        "failed",
+        ("link",),
+        "reboot_node",
+        "link: PCIe replay errors on every GPU behind the switch",
+        pool=node,
+        device=f"gpu-{i}",
+        scope="link",
+        group=group,
+    )
+
+
+def test_v1_devices_carries_a_link_findings_scope_and_group_on_each_of_its_devices_and_status_lists_it_once():
+    """The board's ``/v1/devices`` over a real socket: the 4 GPUs behind one PCIe switch each say ``scope`` link and
+    the switch's group; the others say device and no group. ``otel-dra status --by group`` reads it as one finding."""
+    switch = pcie_group("0000:40:00.0")
+    board = VerdictBoard()
+    board.update([link_verdict("train-007", i, switch if i < 4 else None) for i in range(8)], lambda node, dev: {})
+    endpoint = serve({"/v1/devices": board.json_route})
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}"
+        code, content_type, body = get(url + "/v1/devices")
+        assert code == 200 and content_type == "application/json"
+        devices = {d["hw.id"]: d for d in json.loads(body)["devices"]}
+        assert {h: (d["scope"], d.get("group")) for h, d in devices.items()} == {
+            **{f"gpu-{i}": ("link", "pcie/0000:40:00.0") for i in range(4)},
+            **{f"gpu-{i}": ("device", None) for i in range(4, 8)},
+        }
+        shown = subprocess.run(
+            [sys.executable, "-m", "otel_dra", "status", url, "--by", "group"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1"},
+        )
+    finally:
+        endpoint.shutdown()
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines() if line.startswith("link ")]
+    assert rows == [["link", "pcie/0000:40:00.0", "train-007", "4", "Unhealthy", "failed", "link", "reboot_node"]]

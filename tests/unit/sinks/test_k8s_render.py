@@ -426,6 +426,82 @@ def test_render_through_the_cli_keeps_a_node_verdicts_scope_and_group():
     assert rule["metadata"]["annotations"]["health.otel-dra.io/scope"] == "node"
 
 
+# -- a finding beyond a device: one rule per device, a shared key and value, one group label (issue #31) ----
+SWITCH = "pcie/0000:40:00.0"
+
+
+def linked(node: str, i: int, group: str = SWITCH, **kw) -> Verdict:
+    """gpu-<i> of ``node`` in a link finding (its PCIe switch's): Unhealthy, link, reboot_node."""
+    fields = {"remediation": "reboot_node", "node": node, "pool": node, "scope": "link", "group": group, **kw}
+    return verdict(f"gpu-{i}", "Unhealthy", "failed", ["link"], **fields)
+
+
+LINKED = [
+    *(linked("node-a", i) for i in range(4)),
+    *(linked("node-b", i) for i in range(2)),  # the same PCI address on another host: another finding
+    verdict("gpu-7", "Unhealthy", "failed", ["memory_ecc"], remediation="reset_device"),  # a device's own
+]
+
+
+def test_a_finding_is_one_rule_per_device_sharing_its_taint_and_labelled_with_its_group():
+    out = r.render(LINKED, policy_mod.load(), driver=DRIVER)
+    by_device = {(x["spec"]["deviceSelector"]["pool"], x["spec"]["deviceSelector"]["device"]): x for x in out.rules}
+    assert len(out.rules) == len(by_device) == 7  # one reason each: one rule per device
+    switch_a = [by_device[("node-a", f"gpu-{i}")] for i in range(4)]
+    switch_b = [by_device[("node-b", f"gpu-{i}")] for i in range(2)]
+    taints = {(x["spec"]["taint"]["key"], x["spec"]["taint"].get("value")) for x in switch_a + switch_b}
+    assert taints == {("health.otel-dra.io/link", "failed")}  # one key and value for the finding's devices
+    groups = {x["metadata"]["labels"]["health.otel-dra.io/group"] for x in switch_a}
+    assert groups == {"node-a.pcie.0000-40-00.0"}  # the node first: PCI addresses repeat across hosts
+    assert {x["metadata"]["labels"]["health.otel-dra.io/group"] for x in switch_b} == {"node-b.pcie.0000-40-00.0"}
+    assert by_device[("node-a", "gpu-7")]["metadata"]["labels"]["health.otel-dra.io/group"] == ""
+    assert {x["metadata"]["annotations"]["health.otel-dra.io/group"] for x in switch_a + switch_b} == {SWITCH}
+    for rule in out.rules:
+        assert_valid_rule(rule)
+
+
+@pytest.mark.parametrize(("version", "kubernetes"), [("v1", "1.37"), ("v1beta2", "1.36"), ("v1alpha3", "1.35")])
+def test_a_findings_rules_validate_against_the_official_schema_and_the_client_model(version, kubernetes):
+    """The group label on every API version, as its server's OpenAPI schema (strict) and the client take it; a
+    fleet-wide group (a firmware version, its name longer than a label value) is cut and hash-suffixed."""
+    import kubernetes_validate
+
+    firmware = "firmware/NVIDIA H100 80GB HBM3 with a long product name/96.00.89.00.01-really-long-version"
+    fleet_wide = [verdict("gpu-5", "Unhealthy", "failed", ["firmware"], scope="firmware", group=firmware)]
+    out = r.render([*LINKED, *fleet_wide], policy_mod.load(), version, driver=DRIVER, kubernetes_version=kubernetes)
+    model = {"v1": kc.V1DeviceTaintRule, "v1beta2": kc.V1beta2DeviceTaintRule, "v1alpha3": kc.V1alpha3DeviceTaintRule}
+    for rule in out.rules:
+        assert kubernetes_validate.validate(rule, kubernetes, strict=True) == kubernetes
+        assert kc.ApiClient().sanitize_for_serialization(model[version].from_dict(rule)) == rule
+        assert_valid_rule(rule)
+    [label] = {
+        x["metadata"]["labels"]["health.otel-dra.io/group"]
+        for x in out.rules
+        if x["spec"]["taint"]["key"].endswith("/firmware")
+    }
+    assert (
+        len(label) == 63 and label.startswith("firmware.NVIDIA-H100-80GB-HBM3") and re.search(r"-[0-9a-f]{8}$", label)
+    )
+
+
+def test_kubectl_finds_a_findings_rules_by_its_group_label(fake_cluster):
+    """Applied to a (fake) API server, a list with the group's label selector (as ``kubectl get devicetaintrules
+    -l health.otel-dra.io/group=...`` sends it) gets the finding's 4 rules, not the other node's switch's."""
+    k8s_apply.apply(r.render(LINKED, policy_mod.load(), driver=DRIVER), k8s_apply.connect())
+    api = kc.ResourceV1Api(k8s_apply.connect())
+    found = api.list_device_taint_rule(label_selector="health.otel-dra.io/group=node-a.pcie.0000-40-00.0")
+    assert sorted(x.spec.device_selector.device for x in found.items) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert {x.spec.device_selector.pool for x in found.items} == {"node-a"}
+
+
+def test_a_device_that_leaves_a_finding_loses_its_group_label_on_update():
+    before = r.render([linked("node-a", 1)], policy_mod.load(), "v1beta2", driver=DRIVER).rules
+    own = verdict("gpu-1", "Unhealthy", "failed", ["link"], remediation="reboot_node")
+    after = r.render([own], policy_mod.load(), "v1beta2", driver=DRIVER).rules
+    [act] = k8s_apply.plan(after, before, {(DRIVER, "node-a")})
+    assert act.verb == "update" and act.body["metadata"]["labels"]["health.otel-dra.io/group"] == ""
+
+
 # -- the policy section -------------------------------------------------------------------------------
 def test_the_default_policy_section_is_informational():
     s = r.K8sSettings.from_policy(policy_mod.load())
