@@ -290,7 +290,8 @@ class Classifier:
         unknown = ~node_fresh
         w = self._window(rows, age, fresh)
         version = self.topology.firmware[rows]
-        evidence = evaluate(w, self.groups, fresh, lost, self.topology, self.firmware_rates.named(version))
+        recent = self.engine.recent(rows, now_s, self.window_s) if self.topology.any_links else None
+        evidence = evaluate(w, self.groups, fresh, lost, self.topology, self.firmware_rates.named(version), recent)
         peers = w.thermal_peers()
         # Learnt from: judged now, neither hotter than its bar nor held hot (a fault is not its normal).
         learn = peers.judged & ~peers.hot & ~w.on[:, R["thermal"]]

@@ -88,6 +88,8 @@ class VerdictEngine:
         self.floor = np.zeros((capacity, r), dtype=np.int8)
         self.scope = np.zeros((capacity, r), dtype=np.int8)  # a SCOPE code per (row, reason), held with it
         self.group = np.zeros((capacity, r), dtype=np.int32)  # a group code (topology.GroupNames), held with it
+        #: Per row: the group code of the reason its verdict's scope was taken from (0: none).
+        self.verdict_group = np.zeros(capacity, dtype=np.int32)
         self.episodes = np.zeros((capacity, r), dtype=np.int32)
         self.first_episode_at = np.full((capacity, r), -np.inf)
         self.key = np.full(capacity, -1, dtype=np.int64)  # packed (health, state, reasons, remediation)
@@ -105,6 +107,7 @@ class VerdictEngine:
         self.floor = grown(self.floor, capacity, 0, keep=keep)
         self.scope = grown(self.scope, capacity, 0, keep=keep)
         self.group = grown(self.group, capacity, 0, keep=keep)
+        self.verdict_group = grown(self.verdict_group, capacity, 0, keep=keep)
         self.episodes = grown(self.episodes, capacity, 0, keep=keep)
         self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf, keep=keep)
         self.key = grown(self.key, capacity, -1, keep=keep)
@@ -120,6 +123,7 @@ class VerdictEngine:
         self.floor[rows] = 0
         self.scope[rows] = 0
         self.group[rows] = 0
+        self.verdict_group[rows] = 0
         self.episodes[rows] = 0
         self.first_episode_at[rows] = -np.inf
         self.key[rows] = -1
@@ -139,6 +143,12 @@ class VerdictEngine:
         """Which of ``rows`` hold a failure that only a repair clears (their window's evidence is the old
         device's once a repair is seen)."""
         return (self.on[rows] & (self.state[rows] == _FAILED) & self.repair_bound[None, :]).any(axis=1)
+
+    def recent(self, rows: np.ndarray, now_s: float, window_s: float) -> np.ndarray:
+        """Per (row of ``rows``, reason): held, the device's own or a link's, with evidence within ``window_s``
+        of ``now_s`` (what a switch's or fabric's devices showed in the same window)."""
+        scope = self.scope[rows]
+        return self.on[rows] & (now_s - self.evidence_at[rows] <= window_s) & ((scope == _DEVICE) | (scope == _LINK))
 
     def _step(self, episodes: np.ndarray, steps: int) -> np.ndarray:
         """The ladder step ``episodes`` within the escalation window reach (``after`` episodes: the next step)."""
@@ -219,6 +229,7 @@ class VerdictEngine:
         remediation = np.zeros(n, dtype=np.int64)
         scope = np.zeros(n, dtype=np.int64)
         busy = np.flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
+        was_group = self.verdict_group[rows]  # (a verdict whose group changed, say pcie to fabric, is a change)
         links = np.zeros(0, dtype=np.int32)  # the group codes of the link findings on (every row is evaluated)
         if busy.size:
             r = rows[busy]
@@ -262,7 +273,11 @@ class VerdictEngine:
             self.episodes[r], self.first_episode_at[r] = episodes, first
             rank = np.where(on, state.astype(np.int64) * len(SCOPES) + _SCOPE_RANK[scopes] + 1, 0)
             pick = rank.argmax(axis=1)
-            scope[busy] = np.where(rank[np.arange(busy.size), pick] > 0, scopes[np.arange(busy.size), pick], 0)
+            picked = rank[np.arange(busy.size), pick] > 0
+            scope[busy] = np.where(picked, scopes[np.arange(busy.size), pick], 0)
+            verdict_group = np.zeros(rows.shape[0], dtype=np.int32)
+            verdict_group[busy] = np.where(picked, group_codes[np.arange(busy.size), pick], 0)
+            self.verdict_group[rows] = verdict_group
 
             worst[busy] = np.where(on, state, 0).max(axis=1)
             health[busy] = np.where(unhealthy[worst[busy]], UNHEALTHY, HEALTHY)
@@ -271,14 +286,16 @@ class VerdictEngine:
             codes = self._codes(groups[busy], ladders, episodes, floor, scopes, group_codes)
             remediation[busy] = np.where(on, codes, 0).max(axis=1)
             self.need[r] = np.where(on & self.repair_bound[None, :] & (state == _FAILED), REPAIR_LEVEL[codes], 0)
-        elif self.group_on.any():
-            self._link_groups(now_s, links)
+        else:
+            self.verdict_group[rows] = 0
+            if self.group_on.any():
+                self._link_groups(now_s, links)
         # Unknown: its held reasons, their remediation and scope stay, with ``stale`` beside them.
         health = np.where(unknown, UNKNOWN, health)
         bits = np.where(unknown, bits | _STALE_BIT, bits)
         state_code = np.where(unknown, -1, worst)
         key = pack_key(health, state_code, bits, remediation, scope)
-        changed = key != self.key[rows]
+        changed = (key != self.key[rows]) | (self.verdict_group[rows] != was_group)
         self.key[rows] = key
         return health, state_code, bits, remediation, scope, changed
 
@@ -322,6 +339,8 @@ class VerdictEngine:
             self.first_episode_at[row, r] = min(m.first_episode_at, now_s)
             self.scope[row, r] = m.scope
             self.group[row, r] = self.names.recall(m.group, node) if m.group else 0
+            if verdict is not None and m.on and m.scope == verdict.scope and self.group[row, r]:
+                self.verdict_group[row] = self.group[row, r]
         if verdict is not None:
             self.key[row] = verdict.key
             self.transition_ns[row] = verdict.since_ns

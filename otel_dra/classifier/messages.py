@@ -127,18 +127,16 @@ class VerdictWriter:
             last_transition_time=int(self.engine.transition_ns[row]) if since_ns is None else since_ns,
             last_reported_time=round(self.registry.last_seen[row] * 1e9),
             scope=SCOPES[scope],
-            group=self.group_name(row, bits, scope, node),
+            group=self.group_name(row, scope, node),
         )
 
-    def group_name(self, row: int, bits: int, scope: int, node: str) -> str | None:
-        """The verdict's ``group``: for a link or firmware scope, the group its reasons of that scope hold (the
-        most disruptive's, should two differ); else what the scope and node name."""
+    def group_name(self, row: int, scope: int, node: str) -> str | None:
+        """The verdict's ``group``: for a link or firmware scope, the group of the reason its scope was taken
+        from; else what the scope and node name."""
         if scope not in (SCOPE["link"], SCOPE["firmware"]):
             return group_of(SCOPES[scope], node)
-        eng = self.engine
-        held = [r for r in range(len(eng.scope[row])) if bits >> r & 1 and eng.scope[row, r] == scope]
-        codes = [int(eng.group[row, r]) for r in held if eng.group[row, r]]
-        return eng.names.names[codes[0]] if codes else None
+        code = int(self.engine.verdict_group[row])
+        return self.engine.names.names[code] if code else None
 
     def message(
         self,
@@ -196,11 +194,11 @@ class VerdictWriter:
         name = self.engine.names.names[int(ev.group[at, r])]
         kind, _, what = name.partition("/")
         thing = f"{_LINK_THING.get(kind, kind)} {what}"
-        where = f" on node {node}" if kind == "pcie" else ""
+        # (A PCIe switch's neighbours are the node's other devices; a fabric may be the whole node.)
+        where = f" on node {node} (not as widely on the node's others)" if kind == "pcie" else ""
         return (
             f"on {int(ev.group_hits[at, r])} of the {int(ev.group_devices[at, r])} devices of {thing}{where} within "
-            f"{human_duration(self.window_s)}, and not on the node's others: the {_LINK_THING.get(kind, kind)}, "
-            "not the devices"
+            f"{human_duration(self.window_s)}: the {_LINK_THING.get(kind, kind)}, not the devices"
         )
 
     def held_text(self, row: int, reason: str, now_s: float) -> str:

@@ -272,11 +272,13 @@ def evaluate(
     lost: np.ndarray,
     topology: Topology | None = None,
     named: np.ndarray | None = None,
+    recent: np.ndarray | None = None,
 ) -> Evidence:
     """Every reason's evidence for the rows of ``w``, then its scope (:func:`scoped`). ``fresh``: the device
     reports; ``lost``: it stopped while its node still reports (``device_lost``); ``topology``: what the rows
     share; ``named``: per row, its firmware version stands out from its model's others across the fleet
-    (:mod:`otel_dra.classifier.firmware_rates`)."""
+    (:mod:`otel_dra.classifier.firmware_rates`); ``recent``: per (row, reason), held with evidence within the
+    window, the device's or a link's (what its group's devices showed in the same window)."""
     ev = Evidence.empty(w.rows.shape[0])
     for reason, rule in WINDOW_RULES.items():
         on, st = rule(w, groups, fresh)
@@ -289,11 +291,18 @@ def evaluate(
     ev.state[:, R["device_lost"]] = FAILED
     scoped(w, groups, ev)
     if topology is not None:
-        shared_scoped(w, groups, ev, fresh | lost, topology)
+        shared_scoped(w, groups, ev, fresh | lost, topology, recent)
     return ev
 
 
-def shared_scoped(w: Window, groups: PolicyGroups, ev: Evidence, known: np.ndarray, topology: Topology) -> None:
+def shared_scoped(
+    w: Window,
+    groups: PolicyGroups,
+    ev: Evidence,
+    known: np.ndarray,
+    topology: Topology,
+    recent: np.ndarray | None = None,
+) -> None:
     """What devices share: evidence on most of one switch's or fabric's devices is the link's
     (:func:`~otel_dra.classifier.topology.link_scoped`); a firmware finding is about its version, across the fleet
     (scope ``firmware``, its group ``firmware/<model>/<version>``), whether the policy named it or the fleet's
@@ -310,6 +319,7 @@ def shared_scoped(w: Window, groups: PolicyGroups, ev: Evidence, known: np.ndarr
         ev.group,
         ev.group_hits,
         ev.group_devices,
+        recent,
     )
     r = R["firmware"]
     version = topology.firmware[w.rows]

@@ -123,15 +123,20 @@ def link_scoped(
     group: np.ndarray,
     group_hits: np.ndarray,
     group_devices: np.ndarray,
+    recent: np.ndarray | None = None,
 ) -> None:
-    """Mark, in place, each reason of ``policy.reasons`` whose evidence is a switch's or fabric's: present on
-    ``min_devices`` or more of one group's known devices and on ``share`` of them at once, while the node's known
-    devices outside the group do not show it as widely (else it is more than the group). The fabric is tried
-    first (a fault of an NVSwitch shows on every GPU of it, and on each switch's GPUs too); then the PCIe switch.
-    A marked (row, reason) gets scope ``link``, the group's code, and how many of how many devices show it.
+    """Mark, in place, each reason of ``policy.reasons`` whose evidence is a switch's or fabric's: shown within
+    the window on ``min_devices`` or more of one group's known devices and on ``share`` of them, while the node's
+    known devices outside the group do not show it as widely (else it is more than the group). The fabric is
+    tried first (a fault of an NVSwitch shows on every GPU of it, and on each switch's GPUs too); then the PCIe
+    switch. A (row, reason) with evidence now in such a group gets scope ``link``, the group's code, and how many
+    of how many devices show it.
 
     ``rows``' ``nodes`` (codes < ``n_nodes``); ``known``: the device reports, or is lost while its node reports;
-    ``present``/``scope``/``group``/``group_hits``/``group_devices``: the evidence arrays, (rows, reasons)."""
+    ``present``/``scope``/``group``/``group_hits``/``group_devices``: the evidence arrays, (rows, reasons);
+    ``recent``: (rows, reasons), the reason is held with evidence within the window, the device's or a link's (a
+    fabric's XIDs land on its GPUs minutes apart: each one's evidence is over by the time the last one's is in,
+    yet all are the fabric's)."""
     if not policy.reasons or rows.size == 0:
         return
     pcie, fabric = topology.pcie[rows], topology.fabric[rows]
@@ -140,8 +145,9 @@ def link_scoped(
     node_size: np.ndarray | None = None
     for reason in policy.reasons:
         r = R[reason]
-        on = present[:, r] & known & (scope[:, r] == DEVICE)
-        if np.count_nonzero(on) < policy.min_devices:
+        now = present[:, r] & known & (scope[:, r] == DEVICE)
+        on = now if recent is None else now | (recent[:, r] & known & ~present[:, r])
+        if not now.any() or np.count_nonzero(on) < policy.min_devices:
             continue
         if node_size is None:
             node_size = np.bincount(nodes[known], minlength=n_nodes)
@@ -164,7 +170,7 @@ def link_scoped(
             outside = node_size[node_m] - inside
             outside_hits = node_hits[node_m] - inside_hits
             quiet = (outside == 0) | (outside_hits < policy.share * outside)
-            mark = on[member] & wide[which] & quiet & (scope[member, r] == DEVICE)
+            mark = now[member] & wide[which] & quiet & (scope[member, r] == DEVICE)
             if not mark.any():
                 continue
             at = member[mark]

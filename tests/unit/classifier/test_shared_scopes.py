@@ -169,6 +169,26 @@ def test_an_xid_74_on_every_gpu_of_a_fabric_is_the_fabrics():
         assert "on 8 of the 8 devices of fabric 6c1e2a0b-0000-4000-8000-000000000000/1" in v.message
 
 
+def test_a_fabrics_xids_landing_minutes_apart_are_still_the_fabrics():
+    """Each GPU's XID 74 is evidence for the window after it; landing 40 s apart, the first GPU's is half over by
+    the time the last one's is in. What its group's devices showed within the window counts, so every GPU of the
+    fabric says the fabric, and says it once it is the fabric's (no device-scoped verdict after the group is
+    wide), with one group per verdict."""
+    fleet = Fleet(seed=9)
+
+    def staggered(t: int, f: Fleet) -> None:
+        if 900 <= t < 900 + 8 * 40 and (t - 900) % 40 == 0:
+            f.counters["xid74"][(t - 900) // 40] += 1  # gpu-0 .. gpu-7 of node 0
+
+    fleet.run(1800, staggered)
+    for g in range(GPUS):
+        seq = [v for v in fleet.verdicts[("hgx-000", f"gpu-{g}")] if v.state != "ok"]
+        assert seq and seq[-1].scope == "link" and seq[-1].group == "fabric/6c1e2a0b-0000-4000-8000-000000000000/1"
+        after = [v for v in seq if v.time_unix_nano / S - T0 >= 900 + 7 * 40 + 10]
+        assert all(v.scope == "link" and v.group.startswith("fabric/") for v in after), (g, after)
+    assert {v.node for v in fleet.findings()} == {"hgx-000"}
+
+
 def test_a_switch_fault_that_recurs_climbs_the_links_ladder_per_group_never_to_replace_device():
     fleet = Fleet(seed=5)
     behind = fleet.rows(3, range(4))
