@@ -36,6 +36,8 @@ FATAL_REASONS = np.asarray([R["memory_ecc"], R["driver_errors"], R["device_lost"
 _ALWAYS = np.asarray([False, False, True, True])  # counted whatever the state (device_lost fails; resets degrade)
 #: The longest gap between two evaluations credited as exposure (a paused fleet did not watch its devices).
 MAX_STEP_S = 300.0
+#: The most firmware versions counted (each holds a row of buckets over the horizon: 720 of an hour in 30 days).
+MAX_VERSIONS = 4096
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:
@@ -58,24 +60,37 @@ def per_thousand_days(events: float, seconds: float) -> float:
 
 
 class FirmwareRates:
-    """Per firmware group code (:class:`~otel_dra.classifier.topology.GroupNames`): exposure and fatal events in
-    a ring of buckets; per row, its fatal episode: on at the last evaluation, since when it is being settled, and
-    whether it was found shared meanwhile. ``settle_s``: how long an episode is watched before it counts."""
+    """Per firmware version (a group code of :class:`~otel_dra.classifier.topology.GroupNames`, given a dense
+    index here: ``index_of``): exposure and fatal events in a ring of buckets; per row, its fatal episode: on at
+    the last evaluation, since when it is being settled, and whether it was found shared meanwhile.
+    ``settle_s``: how long an episode is watched before it counts. At most ``max_versions`` versions are counted
+    (a sender rotating versions at every push must not grow the buckets for ever)."""
 
-    def __init__(self, policy: FirmwareScope, names: GroupNames, capacity: int, settle_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        policy: FirmwareScope,
+        names: GroupNames,
+        capacity: int,
+        settle_s: float = 300.0,
+        max_versions: int = MAX_VERSIONS,
+    ) -> None:
         self.policy = policy
         self.settle_s = settle_s
         self.names = names
+        self.max_versions = max_versions
         self.n_buckets = max(1, math.ceil(policy.horizon_s / policy.bucket_s))
         self.bucket_of = np.full(self.n_buckets, -1, dtype=np.int64)  # the absolute bucket each slot holds
-        self.exposure = np.zeros((1, self.n_buckets))  # device-seconds, by (code, slot)
-        self.events = np.zeros((1, self.n_buckets))
+        #: Per group code: its version's index (-1: not a firmware version, or no room); per index, its code.
+        self.index_of = np.full(1, -1, dtype=np.int64)
+        self.code_of: list[int] = []
+        self.exposure = np.zeros((0, self.n_buckets))  # device-seconds, by (index, slot)
+        self.events = np.zeros((0, self.n_buckets))
         self.was_fatal = np.zeros(capacity, dtype=bool)
         self.settling_since = np.full(capacity, np.inf)
         self.shared = np.zeros(capacity, dtype=bool)
         self.struck_at = np.full(capacity, -np.inf)  # when the device's last counted event was
-        #: Per code: named now, and why (the evidence in words).
-        self.flagged = np.zeros(1, dtype=bool)
+        #: Per index: named now; per group code, why (the evidence in words).
+        self.flagged = np.zeros(0, dtype=bool)
         self.text: dict[int, str] = {}
         self.last_s = -math.inf
         self.tested_at = -math.inf
@@ -92,19 +107,29 @@ class FirmwareRates:
         self.shared[rows] = False
         self.struck_at[rows] = -np.inf
 
-    def _codes(self) -> None:
-        """Room for every code the names table has given."""
+    def _versions(self) -> None:
+        """An index for each firmware version the names table has given since (while there is room)."""
+        known = self.index_of.shape[0]
         n = len(self.names)
-        if self.exposure.shape[0] < n:
-            grow = n - self.exposure.shape[0]
+        if known >= n:
+            return
+        fresh = np.full(n - known, -1, dtype=np.int64)
+        for i, code in enumerate(range(known, n)):
+            if self.names.keys[code][:1] == ("firmware",) and len(self.code_of) < self.max_versions:
+                fresh[i] = len(self.code_of)
+                self.code_of.append(code)
+        self.index_of = np.concatenate([self.index_of, fresh])
+        grow = len(self.code_of) - self.exposure.shape[0]
+        if grow:
             self.exposure = np.vstack([self.exposure, np.zeros((grow, self.n_buckets))])
             self.events = np.vstack([self.events, np.zeros((grow, self.n_buckets))])
             self.flagged = np.concatenate([self.flagged, np.zeros(grow, dtype=bool)])
 
     def named(self, codes: np.ndarray) -> np.ndarray:
-        """Per firmware code of ``codes``: the fleet's rates name it now."""
-        self._codes()
-        return self.flagged[codes]
+        """Per firmware group code of ``codes``: the fleet's rates name it now."""
+        self._versions()
+        index = self.index_of[codes]
+        return (index >= 0) & self.flagged[np.maximum(index, 0)] if self.flagged.size else np.zeros(codes.shape, bool)
 
     def _slot(self, now_s: float) -> int:
         bucket = int(now_s // self.policy.bucket_s)
@@ -126,9 +151,9 @@ class FirmwareRates:
         scope: np.ndarray,
     ) -> None:
         """One evaluation of ``rows`` at ``now_s``: each known device's time since the last one is exposure of its
-        version (``codes``), and each fatal episode settled as the device's own is an event.
+        version (``codes``: group codes), and each fatal episode settled as the device's own is an event.
         ``on``/``state``/``scope``: the verdict engine's per (row, reason) arrays for ``rows``."""
-        self._codes()
+        self._versions()
         step = min(max(now_s - self.last_s, 0.0), MAX_STEP_S) if math.isfinite(self.last_s) else 0.0
         self.last_s = now_s
         col = FATAL_REASONS
@@ -144,20 +169,23 @@ class FirmwareRates:
         self.shared[rows] = shared & ~settled
         struck = np.where(counted, now_s, self.struck_at[rows])
         self.struck_at[rows] = struck
+        n = len(self.code_of)
+        if n == 0:
+            return
         slot = self._slot(now_s)
-        n = self.exposure.shape[0]
-        versioned = codes > 0
+        index = self.index_of[codes]
+        versioned = index >= 0
         if step > 0:
-            self.exposure[:, slot] += np.bincount(codes[known & versioned], minlength=n) * step
+            self.exposure[:, slot] += np.bincount(index[known & versioned], minlength=n) * step
         if counted.any():
-            self.events[:, slot] += np.bincount(codes[counted & versioned], minlength=n)
+            self.events[:, slot] += np.bincount(index[counted & versioned], minlength=n)
         if now_s - self.tested_at >= self.policy.every_s:
             self.tested_at = now_s
             recent = versioned & (struck > now_s - self.policy.horizon_s)
-            self.test(now_s, np.bincount(codes[versioned], minlength=n), np.bincount(codes[recent], minlength=n))
+            self.test(now_s, np.bincount(index[versioned], minlength=n), np.bincount(index[recent], minlength=n))
 
     def totals(self, now_s: float) -> tuple[np.ndarray, np.ndarray, float]:
-        """Per code, exposure (device-seconds) and events within the horizon, and the span they cover (s)."""
+        """Per version index, exposure (device-seconds) and events within the horizon, and the span they cover."""
         bucket = int(now_s // self.policy.bucket_s)
         live = (self.bucket_of > bucket - self.n_buckets) & (self.bucket_of >= 0)
         exposure, events = self.exposure[:, live].sum(axis=1), self.events[:, live].sum(axis=1)
@@ -166,61 +194,56 @@ class FirmwareRates:
 
     def test(self, now_s: float, devices: np.ndarray, struck: np.ndarray) -> None:
         """Name the versions whose rate stands out from their model's other versions (module docstring).
-        ``devices``: per code, how many known devices run it now; ``struck``: how many of them had an event within
-        the horizon (one faulty device failing again and again is that device's fault, not its firmware's)."""
+        ``devices``: per version index, how many known devices run it now; ``struck``: how many of them had an
+        event within the horizon (one faulty device failing again and again is that device's fault, not its
+        firmware's)."""
         p = self.policy
         exposure, events, span = self.totals(now_s)
-        model_of = np.asarray(self.names.model_of[: exposure.shape[0]])
-        flagged = np.zeros(exposure.shape[0], dtype=bool)
+        n = exposure.shape[0]
+        model_of = np.asarray([self.names.model_of[code] for code in self.code_of], dtype=np.int64)
+        per_model_t = np.bincount(model_of, weights=exposure)
+        per_model_k = np.bincount(model_of, weights=events)
+        per_model_d = np.bincount(model_of, weights=devices)
+        flagged = np.zeros(n, dtype=bool)
         text: dict[int, str] = {}
-        candidates = []
         least_s = p.min_device_days * DAY_S
-        for code in np.flatnonzero((model_of >= 0) & (exposure >= least_s)).tolist():
-            same = (model_of == model_of[code]) & (np.arange(exposure.shape[0]) != code)
-            t0, k0 = float(exposure[same].sum()), float(events[same].sum())
-            t1, k1 = float(exposure[code]), float(events[code])
-            if t0 < least_s:
+        t1, k1 = exposure, events
+        t0, k0 = per_model_t[model_of] - t1, per_model_k[model_of] - k1
+        tested = np.flatnonzero((t1 >= least_s) & (t0 >= least_s))
+        for i in tested.tolist():
+            if k1[i] < p.min_events or struck[i] < p.min_devices or k1[i] / t1[i] < p.min_ratio * (k0[i] / t0[i]):
                 continue
-            candidates.append((code, k1, t1, k0, t0))
-        tests = max(1, len(candidates))
-        for code, k1, t1, k0, t0 in candidates:
-            if k1 < p.min_events or struck[code] < p.min_devices or k1 / t1 < p.min_ratio * (k0 / t0):
+            tail = binomial_tail(int(k1[i]), int(k1[i] + k0[i]), t1[i] / (t1[i] + t0[i])) * max(1, tested.size)
+            if tail >= p.significance:
                 continue
-            tail = binomial_tail(int(k1), int(k1 + k0), t1 / (t1 + t0))
-            if tail * tests >= p.significance:
-                continue
-            flagged[code] = True
-            same = (model_of == model_of[code]) & (np.arange(exposure.shape[0]) != code)
-            others = int(devices[same].sum())
-            name = self.names.names[code]
-            version = name.rsplit("/", 1)[-1]
-            model = self.names.models[model_of[code]]
+            flagged[i] = True
+            code = self.code_of[i]
+            _, model, version = self.names.keys[code]
+            others = int(per_model_d[model_of[i]] - devices[i])
             text[code] = (
-                f"firmware {version} of {model}: {k1:.0f} fatal events in {t1 / DAY_S:.1f} device-days "
-                f"({per_thousand_days(k1, t1):,.1f} per 1,000 device-days) against {k0:.0f} in {t0 / DAY_S:.1f} "
-                f"({per_thousand_days(k0, t0):,.1f}) on its other versions, {int(devices[code])} and {others} "
-                f"devices ({int(struck[code])} of the {int(devices[code])} struck), over {human_duration(span)} "
-                f"(chance of this by luck {tail * tests:.2g})"
+                f"firmware {version} of {model}: {k1[i]:.0f} fatal events in {t1[i] / DAY_S:.1f} device-days "
+                f"({per_thousand_days(k1[i], t1[i]):,.1f} per 1,000 device-days) against {k0[i]:.0f} in "
+                f"{t0[i] / DAY_S:.1f} ({per_thousand_days(k0[i], t0[i]):,.1f}) on its other versions, "
+                f"{int(devices[i])} and {others} devices ({int(struck[i])} of the {int(devices[i])} struck), over "
+                f"{human_duration(span)} (chance of this by luck {tail:.2g})"
             )
         self.flagged, self.text = flagged, text
 
     # -- the state file ------------------------------------------------------------------------
     def history(self, now_s: float) -> FirmwareHistory:
-        """The firmware codes' buckets within the horizon, by model and version (codes are this process's)."""
+        """The versions' buckets within the horizon, by model and version (codes are this process's)."""
         bucket = int(now_s // self.policy.bucket_s)
         live = np.flatnonzero((self.bucket_of > bucket - self.n_buckets) & (self.bucket_of >= 0))
         versions = []
-        for code in range(1, min(len(self.names), self.exposure.shape[0])):
-            key = self.names.keys[code]
-            if key[0] != "firmware":
-                continue
+        for i, code in enumerate(self.code_of):
+            _, model, version = self.names.keys[code]
             kept = [
-                (int(self.bucket_of[s]), float(self.exposure[code, s]), float(self.events[code, s]))
+                (int(self.bucket_of[s]), float(self.exposure[i, s]), float(self.events[i, s]))
                 for s in live.tolist()
-                if self.exposure[code, s] or self.events[code, s]
+                if self.exposure[i, s] or self.events[i, s]
             ]
             if kept:
-                versions.append((key[1], key[2], kept))
+                versions.append((model, version, kept))
         return FirmwareHistory(self.policy.bucket_s, versions)
 
     def recall(self, doc: FirmwareHistory, now_s: float) -> None:
@@ -231,12 +254,15 @@ class FirmwareRates:
         bucket = int(now_s // self.policy.bucket_s)
         for model, version, buckets in doc.versions:
             code = self.names.firmware_code(model, version)
-            self._codes()
+            self._versions()
+            i = int(self.index_of[code]) if code else -1
+            if i < 0:
+                continue
             for b, exposure, events in buckets:
                 if bucket - self.n_buckets < b <= bucket:
                     slot = self._slot(b * self.policy.bucket_s)
-                    self.exposure[code, slot] += exposure
-                    self.events[code, slot] += events
+                    self.exposure[i, slot] += exposure
+                    self.events[i, slot] += events
 
 
 class FirmwareHistory:

@@ -10,6 +10,7 @@ engine holds one code per (device, reason) whatever the scope, and a verdict nam
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,13 +21,22 @@ from otel_dra.classifier.registry import grown
 from otel_dra.policy import LinkScope
 from otel_dra.vocabulary import fabric_group, firmware_group, pcie_group
 
+log = logging.getLogger(__name__)
+
+
+#: The most group names a process keeps. A code, once given, keeps its name for the process's life (a held
+#: reason refers to it), and names come from devices' attributes, which a sender could rotate at every push: past
+#: this many, a new group is none (its devices judged alone) and it is said once. A fleet of 100,000 GPUs behind
+#: 4 switches per 8 needs 50,000, and a firmware version per model a handful.
+MAX_GROUPS = 262_144
+
 
 class GroupNames:
-    """Group names by code; code 0 is no group. A code, once given, keeps its name for the process's life (a
-    held reason refers to it); new names come only with devices' attributes, so the table is as bounded as they
-    are."""
+    """Group names by code; code 0 is no group (see :data:`MAX_GROUPS`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_GROUPS) -> None:
+        self.limit = limit
+        self.full = False  # a name was refused for want of room
         self.names: list[str] = [""]
         self.keys: list[tuple[str, ...]] = [()]
         self._codes: dict[tuple[str, ...], int] = {}
@@ -39,6 +49,16 @@ class GroupNames:
         found = self._codes.get(key)
         if found is not None:
             return found
+        if len(self.names) > self.limit:
+            if not self.full:
+                log.warning(
+                    "more than %d device groups (PCIe switches, fabrics, firmware versions) seen: %s and later ones "
+                    "are not grouped; their devices are judged alone",
+                    self.limit,
+                    name,
+                )
+            self.full = True
+            return 0
         code = self._codes[key] = len(self.names)
         self.names.append(name)
         self.keys.append(key)

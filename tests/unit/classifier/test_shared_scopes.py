@@ -326,3 +326,23 @@ def test_a_held_link_finding_keeps_its_group_across_a_restart():
     assert after.last_transition_time == before.last_transition_time  # no transition
     now = {(v.node, v.hw_id): v for v in again.classifier.current()}
     assert (now[("hgx-001", "gpu-2")].scope, now[("hgx-001", "gpu-2")].group) == ("link", "pcie/0000:15:00.0")
+
+
+def test_group_names_are_bounded_and_a_full_table_groups_no_more(caplog: pytest.LogCaptureFixture):
+    """Group names come from pushed attributes: a sender rotating them at every push must not grow the table
+    for ever; past the limit a new group is none, said once."""
+    from otel_dra.classifier.topology import GroupNames
+
+    names = GroupNames(limit=3)
+    codes = [names.pcie_code("n", f"0000:{i:02x}:00.0") for i in range(6)]
+    assert codes[:3] == [1, 2, 3] and codes[3:] == [0, 0, 0]
+    assert names.pcie_code("n", "0000:01:00.0") == 2  # known names keep their code
+    assert len(names) == 4 and sum("device groups" in r.message for r in caplog.records) == 1
+    # ... and the firmware rates keep buckets for at most max_versions versions, not for every group.
+    from otel_dra.classifier.firmware_rates import FirmwareRates
+
+    names = GroupNames()
+    rates = FirmwareRates(policy_mod.load().firmware, names, 4, max_versions=2)
+    codes = np.asarray([names.pcie_code("n", "0000:40:00.0"), *(names.firmware_code("M", v) for v in "abc")])
+    assert rates.named(codes).tolist() == [False] * 4
+    assert rates.exposure.shape[0] == 2 and rates.index_of[codes].tolist() == [-1, 0, 1, -1]
