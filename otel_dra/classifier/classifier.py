@@ -19,8 +19,9 @@ from otel_dra.classifier.batch import Batch, DeviceRows
 from otel_dra.classifier.engine import REBOOT, RESET, VerdictEngine
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import N_FEATURES, STATE_CODE, F, FeatureExtractor
-from otel_dra.classifier.firmware_rates import FirmwareHistory, FirmwareRates
+from otel_dra.classifier.firmware_rates import FirmwareRates
 from otel_dra.classifier.freshness import Freshness
+from otel_dra.classifier.group_memory import GroupMemory
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.layout import EVENT_FEATURES, HORIZON_FEATURES, R
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
@@ -402,15 +403,16 @@ class Classifier:
         thread."""
         return self.memory.baselines()
 
-    def firmware_history(self, now_s: float) -> FirmwareHistory:
-        """The firmware versions' fatal events and exposure over the horizon, for the state file (days of it: a
-        restart must not start the count again)."""
-        return self.firmware_rates.history(now_s)
+    def group_memory(self, now_s: float) -> GroupMemory:
+        """What the state file keeps of what devices share: the firmware versions' events and exposure over the
+        horizon (days of it: a restart must not start the count again) and the link groups' escalation."""
+        return GroupMemory(self.firmware_rates.history(now_s), self.engine.link_memory(now_s))
 
-    def recall_firmware(self, history: FirmwareHistory | None, now_s: float) -> None:
-        """Take back what :meth:`firmware_history` gave (a previous process's), before the first ingest."""
-        if history is not None:
-            self.firmware_rates.recall(history, now_s)
+    def recall_groups(self, memory: GroupMemory | None, now_s: float) -> None:
+        """Take back what :meth:`group_memory` gave (a previous process's), before the first ingest."""
+        if memory is not None:
+            self.firmware_rates.recall(memory.firmware, now_s)
+            self.engine.recall_links(memory.links, now_s)
 
     def recall_baselines(self, baselines: CounterBaselines | None) -> None:
         """Take back what :meth:`baselines` gave (a previous process's), before the first ingest

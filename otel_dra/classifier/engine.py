@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from otel_dra.classifier.features import STATE_OF_CODE
+from otel_dra.classifier.group_memory import LinkEpisodes
 from otel_dra.classifier.layout import SCOPE, R
 from otel_dra.classifier.memory import ReasonMemory, VerdictMemory, pack_key
 from otel_dra.classifier.registry import grown
@@ -175,9 +176,8 @@ class VerdictEngine:
             beyond = np.where(link, self.group_remediation[np.minimum(group_codes, self.group_on.size - 1)], beyond)
         return np.where(beyond >= 0, beyond, codes)
 
-    def _link_groups(self, now_s: float, codes: np.ndarray) -> None:
-        """The link findings on now (``codes``: the group codes of every link-scoped reason on): a group that
-        was not is a new episode of it; its remediation climbs the link ladder with them, as a device's does."""
+    def _grow_groups(self) -> int:
+        """Room for every group code given so far; returns how many there are."""
         n = len(self.names)
         if self.group_on.size < n:
             grow = n - self.group_on.size
@@ -187,6 +187,12 @@ class VerdictEngine:
             self.group_remediation = np.concatenate(
                 [self.group_remediation, np.full(grow, self.link_ladder[0], dtype=np.int8)]
             )
+        return n
+
+    def _link_groups(self, now_s: float, codes: np.ndarray) -> None:
+        """The link findings on now (``codes``: the group codes of every link-scoped reason on): a group that
+        was not is a new episode of it; its remediation climbs the link ladder with them, as a device's does."""
+        n = self._grow_groups()
         on = np.zeros(n, dtype=bool)
         on[codes] = True
         on[0] = False
@@ -300,6 +306,38 @@ class VerdictEngine:
         return health, state_code, bits, remediation, scope, changed
 
     # -- memory across restarts (otel_dra.state.persist) ----------------------------------------
+    def link_memory(self, now_s: float) -> tuple[LinkEpisodes, ...]:
+        """Each link group whose finding is on or whose episodes still count toward escalation at ``now_s``."""
+        keep = self.group_on | ((self.group_episodes > 0) & (now_s - self.group_first_at <= self.escalation_window_s))
+        out = []
+        for code in np.flatnonzero(keep).tolist():
+            key = self.names.keys[code]
+            out.append(
+                LinkEpisodes(
+                    self.names.names[code],
+                    key[1] if key[0] == "pcie" else "",
+                    bool(self.group_on[code]),
+                    int(self.group_episodes[code]),
+                    float(self.group_first_at[code]),
+                )
+            )
+        return tuple(out)
+
+    def recall_links(self, links: tuple[LinkEpisodes, ...], now_s: float) -> None:
+        """Put back what :meth:`link_memory` gave (a previous process's): a finding held across the restart is no
+        new episode of its group, and the group's ladder step is where it was."""
+        for link in links:
+            code = self.names.recall(link.group, link.node)
+            if not code:
+                continue
+            self._grow_groups()
+            self.group_on[code] = link.on
+            self.group_episodes[code] = link.episodes
+            self.group_first_at[code] = min(link.first_at, now_s)
+            self.group_remediation[code] = self.link_ladder[
+                self._step(np.asarray(link.episodes), self.link_ladder.size)
+            ]
+
     def remembered(self, rows: np.ndarray, now_s: float) -> dict[int, dict[int, ReasonMemory]]:
         """Per row of ``rows`` that has any, the reasons whose state outlives the process: those on
         (held), and those whose episodes still count toward escalation at ``now_s``."""

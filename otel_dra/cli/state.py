@@ -388,7 +388,7 @@ def forget(
     # right after this one is not taken for a running process).
     kept = without(saved, [m.key for m in matches])
     try:
-        file.save(kept.devices, written_ns, kept.counters, kept.firmware)
+        file.save(kept.devices, written_ns, kept.counters, kept.groups)
     except OSError as exc:
         raise click.ClickException(f"state file {path} not rewritten: {exc.strerror or exc}; it is unchanged") from None
     what = f"held {', '.join(held)}" if held else "no fault held"

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from otel_dra.classifier import Classifier, Verdict
-from otel_dra.classifier.firmware_rates import FirmwareHistory
+from otel_dra.classifier.group_memory import GroupMemory
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,12 @@ class StateFileError(ValueError):
 
 
 class Saved(NamedTuple):
-    """What a state file holds: the devices' memory, their counter baselines, and the firmware versions' history
-    (None in a file without)."""
+    """What a state file holds: the devices' memory, their counter baselines, and what they share (the firmware
+    versions' history, the link groups' escalation; None in a file without)."""
 
     devices: list[DeviceMemory]
     counters: CounterBaselines | None = None
-    firmware: FirmwareHistory | None = None
+    groups: GroupMemory | None = None
 
 
 def default_state_dir(env: Mapping[str, str] = os.environ) -> str:
@@ -114,7 +114,7 @@ def without(saved: Saved, keys: Collection[tuple[str, str]]) -> Saved:
             heard_s=counters.heard_s[keep],
             values=counters.values[keep],
         )
-    return Saved([m for m in saved.devices if m.key not in drop], counters, saved.firmware)
+    return Saved([m for m in saved.devices if m.key not in drop], counters, saved.groups)
 
 
 class StateFile:
@@ -186,13 +186,13 @@ class StateFile:
                 raise StateFileError(f"counters: {exc}") from None
             if self.node is not None and any(node != self.node for node in counters.nodes):
                 raise StateFileError(f"counters of a device not on node {self.node!r}")
-        firmware = None
-        if doc.get("firmware") is not None:
+        groups = None
+        if doc.get("groups") is not None:
             try:
-                firmware = FirmwareHistory.from_json(doc["firmware"])
+                groups = GroupMemory.from_json(doc["groups"])
             except ValueError as exc:
-                raise StateFileError(f"firmware: {exc}") from None
-        return Saved(out, counters, firmware)
+                raise StateFileError(f"groups: {exc}") from None
+        return Saved(out, counters, groups)
 
     def move_aside(self) -> Path | None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -209,7 +209,7 @@ class StateFile:
         devices: list[DeviceMemory],
         now_ns: int,
         counters: CounterBaselines | None = None,
-        firmware: FirmwareHistory | None = None,
+        groups: GroupMemory | None = None,
     ) -> dict[str, Any]:
         doc = {
             "format": FORMAT,
@@ -221,8 +221,8 @@ class StateFile:
         }
         if counters is not None:  # (version 1 readers before it ignore the key; a file without it is valid)
             doc["counters"] = counters.to_json()
-        if firmware is not None:  # (likewise: a file without it is valid, and older readers ignore it)
-            doc["firmware"] = firmware.to_json()
+        if groups is not None:  # (likewise: a file without it is valid, and older readers ignore it)
+            doc["groups"] = groups.to_json()
         return doc
 
     def save(
@@ -230,10 +230,10 @@ class StateFile:
         devices: list[DeviceMemory],
         now_ns: int | None = None,
         counters: CounterBaselines | None = None,
-        firmware: FirmwareHistory | None = None,
+        groups: GroupMemory | None = None,
     ) -> None:
         """Write atomically: a temporary file beside it, fsync, rename over it, fsync the directory."""
-        doc = self.document(devices, time.time_ns() if now_ns is None else now_ns, counters, firmware)
+        doc = self.document(devices, time.time_ns() if now_ns is None else now_ns, counters, groups)
         data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         folder = self.path.parent
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -287,10 +287,10 @@ class StateStore:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        memories, counters, firmware = self.file.read()
+        memories, counters, groups = self.file.read()
         self.recalled = self.classifier.recall(memories, time.time())
         self.classifier.recall_baselines(counters)
-        self.classifier.recall_firmware(firmware, time.time())
+        self.classifier.recall_groups(groups, time.time())
         if memories:
             log.info(
                 "state %s: %s recalled (%s)",
@@ -318,7 +318,7 @@ class StateStore:
         """Take the classifier's memory now, for the writer thread."""
         now_s = self.classifier.last_now_ns / 1e9 or time.time()
         c = self.classifier
-        memories = Saved(c.remember(now_s), c.baselines(), c.firmware_history(now_s))
+        memories = Saved(c.remember(now_s), c.baselines(), c.group_memory(now_s))
         self._last_snapshot = time.monotonic() if now is None else now
         self._dirty = False
         with self._cond:
@@ -338,7 +338,7 @@ class StateStore:
 
     def _write(self, memories: Saved) -> None:
         try:
-            self.file.save(memories.devices, counters=memories.counters, firmware=memories.firmware)
+            self.file.save(memories.devices, counters=memories.counters, groups=memories.groups)
         except (OSError, ValueError) as exc:
             if not self._failing:
                 log.warning("state file %s not written (%s); a restart would forget held faults", self.file.path, exc)

@@ -18,6 +18,7 @@ import pytest
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.classifier.firmware_rates import FirmwareHistory, binomial_tail
+from otel_dra.classifier.group_memory import GroupMemory
 from otel_dra.classifier.memory import DeviceMemory
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
 
@@ -346,3 +347,33 @@ def test_group_names_are_bounded_and_a_full_table_groups_no_more(caplog: pytest.
     codes = np.asarray([names.pcie_code("n", "0000:40:00.0"), *(names.firmware_code("M", v) for v in "abc")])
     assert rates.named(codes).tolist() == [False] * 4
     assert rates.exposure.shape[0] == 2 and rates.index_of[codes].tolist() == [-1, 0, 1, -1]
+
+
+def test_a_switch_findings_escalation_survives_a_restart():
+    """The group's escalation is in the state file: recalled, the switch's second episode, held across the
+    restart, stays its second (a process that forgot would count it its first), and its third, after the restart,
+    climbs to the next step."""
+    fleet = Fleet(seed=10)
+    behind = fleet.rows(2, range(4, 8))
+
+    def flap(t: int, f: Fleet) -> None:  # down 10 minutes in every 40
+        f.width[behind] = 8.0 if t >= 300 and (t - 300) % 2400 < 600 else 16.0
+
+    fleet.run(3000, flap)
+    now_s = fleet.classifier.last_now_ns / 1e9
+    groups = json.loads(json.dumps(fleet.classifier.group_memory(now_s).to_json()))
+    (link,) = groups["links"]
+    assert (link["group"], link["node"], link["on"], link["episodes"]) == ("pcie/0000:95:00.0", "hgx-002", True, 2)
+    memory = [DeviceMemory.from_json(m.to_json()) for m in fleet.classifier.remember(now_s)]
+    again = Fleet(seed=10)
+    again.width = fleet.width
+    again.classifier.recall(memory, now_s)
+    again.classifier.recall_groups(GroupMemory.from_json(groups), now_s)
+    again.run(300, flap, start=3000)
+    (after,) = again.classifier.group_memory(again.classifier.last_now_ns / 1e9).links
+    assert after.episodes == 2 and after.on
+    again.run(2400, flap, start=3300)  # the third episode: the next step of the link's ladder
+    (third,) = again.classifier.group_memory(again.classifier.last_now_ns / 1e9).links
+    assert third.episodes == 3
+    steps = [v.remediation for v in again.verdicts[("hgx-002", "gpu-4")] if v.scope == "link"]
+    assert steps[-1] == "reboot_node" and "replace_device" not in steps

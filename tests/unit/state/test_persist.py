@@ -402,22 +402,35 @@ def test_the_counters_block_round_trips_and_a_bad_one_is_refused_whole(tmp_path)
     assert list(tmp_path.glob("*.corrupt-*"))
 
 
-def test_the_firmware_history_round_trips_through_the_file_and_a_bad_one_is_refused_whole(tmp_path):
-    """Days of fatal-event counts per firmware version must outlive a restart (issue #31): written beside the
-    devices' memory, read back into a new classifier, and a block that is not ours refuses the whole file."""
+def test_what_devices_share_round_trips_through_the_file_and_a_bad_block_is_refused_whole(tmp_path):
+    """Days of fatal-event counts per firmware version and each link group's escalation must outlive a restart
+    (issue #31): written beside the devices' memory, read back into a new classifier, and a block that is not ours
+    refuses the whole file."""
     from otel_dra.classifier.firmware_rates import FirmwareHistory
+    from otel_dra.classifier.group_memory import GroupMemory, LinkEpisodes
 
-    history = FirmwareHistory(3600.0, [("H100 80GB HBM3", "96.00.89.00.01", [(500_000, 86_400.0, 3.0)])])
+    now = 500_000 * 3600.0 + 60
+    groups = GroupMemory(
+        FirmwareHistory(3600.0, [("H100 80GB HBM3", "96.00.89.00.01", [(500_000, 86_400.0, 3.0)])]),
+        (LinkEpisodes("pcie/0000:40:00.0", NODE, True, 2, now - 600),),
+    )
     file = StateFile(tmp_path / agent_file(NODE), "agent", NODE)
-    file.save([], firmware=history)
-    back = file.read().firmware
-    assert back is not None and back.to_json() == history.to_json()
+    file.save([], groups=groups)
+    back = file.read().groups
+    assert back is not None and back.to_json() == groups.to_json()
     classifier = Classifier(policy_mod.load(), Counting(error_at=10**6).schema, interval_s=10)
-    classifier.recall_firmware(back, 500_000 * 3600.0 + 60)
-    exposure, events, _ = classifier.firmware_rates.totals(500_000 * 3600.0 + 60)
+    classifier.recall_groups(back, now)
+    exposure, events, _ = classifier.firmware_rates.totals(now)
     assert exposure.sum() == 86_400.0 and events.sum() == 3.0
-    doc = json.loads(file.path.read_text())
-    doc["firmware"]["versions"][0]["buckets"][0][2] = -1
-    file.path.write_text(json.dumps(doc))
-    assert file.read() == ([], None, None)
+    assert classifier.group_memory(now).links == groups.links
+    for key, value in (("events", -1), ("episodes", "2")):
+        doc = json.loads(file.path.read_text()) if file.path.exists() else None
+        file.save([], groups=groups)
+        doc = json.loads(file.path.read_text())
+        if key == "events":
+            doc["groups"]["firmware"]["versions"][0]["buckets"][0][2] = value
+        else:
+            doc["groups"]["links"][0][key] = value
+        file.path.write_text(json.dumps(doc))
+        assert file.read() == ([], None, None), key
     assert list(tmp_path.glob("*.corrupt-*"))
