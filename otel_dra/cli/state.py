@@ -289,11 +289,35 @@ def show(
         "k8s.node.name": file.node,
         "written": _utc(written_ns / 1e9) if written_ns is not None else None,
         "devices": [device_doc(policy, m, file.role) for m in devices],
+        "groups": groups_doc(saved),
     }
     if output == "json":
         click.echo(json.dumps(doc, indent=2))
         return
     _print_table(doc, _ago(written_ns))
+
+
+def groups_doc(saved: Saved) -> dict[str, Any]:
+    """What the file holds of what devices share: per firmware version, its device-days and fatal events within
+    the horizon kept; per link group on or still counting, its episodes."""
+    groups = saved.groups
+    if groups is None:
+        return {"firmware": [], "links": []}
+    return {
+        "firmware": [
+            {
+                "hw.model": model,
+                "hw.firmware_version": version,
+                "device_days": round(sum(b[1] for b in buckets) / 86400.0, 3),
+                "fatal_events": sum(b[2] for b in buckets),
+            }
+            for model, version, buckets in groups.firmware.versions
+        ],
+        "links": [
+            {"group": link.group, "k8s.node.name": link.node or None, "on": link.on, "episodes": link.episodes}
+            for link in groups.links
+        ],
+    }
 
 
 def _print_table(doc: dict[str, Any], ago_s: float | None) -> None:
@@ -335,11 +359,26 @@ def _print_table(doc: dict[str, Any], ago_s: float | None) -> None:
                 verdict if first else "",
             )
             table.add_row(*(Text(cell) for cell in row))  # as written: an evidence's "[...]" is no markup
+    tables = [table]
+    groups = doc["groups"]
+    if groups["firmware"] or groups["links"]:
+        shared = Table(title=Text("what devices share: firmware versions' history, link groups' escalation"))
+        for col in ("group", "node", "held", "figures"):
+            shared.add_column(col, overflow="fold")
+        for f in groups["firmware"]:
+            figures = f"{f['fatal_events']:g} fatal events in {f['device_days']:g} device-days"
+            shared.add_row(Text(f"firmware/{f['hw.model']}/{f['hw.firmware_version']}"), "-", "-", Text(figures))
+        for link in groups["links"]:
+            node = Text(link["k8s.node.name"] or "-")
+            shared.add_row(Text(link["group"]), node, "on" if link["on"] else "off", f"{link['episodes']} episodes")
+        tables.append(shared)
     if console.is_terminal:
-        console.print(table)
+        for t in tables:
+            console.print(t)
         return
     with console.capture() as captured:
-        console.print(table)
+        for t in tables:
+            console.print(t)
     sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     sys.stdout.flush()
 

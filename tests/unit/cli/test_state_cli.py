@@ -142,6 +142,30 @@ def test_show_as_a_table_names_device_fault_evidence_and_clearing(tmp_path, caps
     assert f"{path}: node {NODE}'s agent" in out and "2 devices remembered" in out
 
 
+def test_show_lists_what_devices_share_firmware_history_and_link_escalation(tmp_path, capsys):
+    from otel_dra.classifier.firmware_rates import FirmwareHistory
+    from otel_dra.classifier.group_memory import GroupMemory, LinkEpisodes
+
+    path = tmp_path / agent_file(NODE)
+    groups = GroupMemory(
+        FirmwareHistory(3600.0, [("H100 80GB HBM3", "96.00.89.00.01", [(1, 43_200.0, 2.0), (2, 43_200.0, 1.0)])]),
+        (LinkEpisodes("pcie/0000:40:00.0", NODE, True, 2, 1.0e9),),
+    )
+    StateFile(path, "agent", NODE).save([], HOUR_AGO_NS, groups=groups)
+    code, out, err = otel_dra(capsys, "state", "show", "--state-file", str(path), "-o", "json")
+    assert code == 0, err
+    doc = json.loads(out)["groups"]
+    assert doc["firmware"] == [
+        {"hw.model": "H100 80GB HBM3", "hw.firmware_version": "96.00.89.00.01", "device_days": 1.0, "fatal_events": 3.0}
+    ]
+    assert doc["links"] == [{"group": "pcie/0000:40:00.0", "k8s.node.name": NODE, "on": True, "episodes": 2}]
+    code, out, err = otel_dra(capsys, "state", "show", "--state-file", str(path))
+    assert code == 0, err
+    assert any("firmware/H100 80GB HBM3/96.00.89.00.01" in line and "3 fatal events in 1 device-days" in line
+               for line in out.splitlines())  # fmt: skip
+    assert any("pcie/0000:40:00.0" in line and "2 episodes" in line for line in out.splitlines())
+
+
 def test_show_finds_the_agents_file_where_the_agent_keeps_it(tmp_path, capsys, monkeypatch):
     """No --state-file: the default folder and the agent's file name, from the agent's own helpers."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
