@@ -377,3 +377,72 @@ def test_a_switch_findings_escalation_survives_a_restart():
     assert third.episodes == 3
     steps = [v.remediation for v in again.verdicts[("hgx-002", "gpu-4")] if v.scope == "link"]
     assert steps[-1] == "reboot_node" and "replace_device" not in steps
+
+
+def _naive_link_scoped(nodes, known, pcie, fabric, present, scope, recent, reasons, min_devices, share):
+    """The group rule one device at a time, as its docstring says it (the reference for the vectorised one)."""
+    from otel_dra.classifier.layout import DEVICE, LINK, R
+
+    n = len(nodes)
+    scope, group = scope.copy(), np.zeros(present.shape, dtype=np.int32)
+    for reason in reasons:
+        r = R[reason]
+        now = [present[i, r] and known[i] and scope[i, r] == DEVICE for i in range(n)]
+        shown = [now[i] or (recent[i, r] and known[i] and not present[i, r]) for i in range(n)]
+        if not any(now) or sum(shown) < min_devices:
+            continue
+        for codes in (fabric, pcie):
+            for i in range(n):
+                c = codes[i]
+                if not (now[i] and c > 0 and scope[i, r] == DEVICE):
+                    continue
+                members = [j for j in range(n) if known[j] and codes[j] == c]
+                hits = sum(shown[j] for j in range(n) if codes[j] == c)
+                if hits < min_devices or hits < share * len(members):
+                    continue
+                outside = [j for j in range(n) if known[j] and nodes[j] == nodes[i] and codes[j] != c]
+                outside_hits = sum(shown[j] for j in range(n) if nodes[j] == nodes[i] and codes[j] != c)
+                if outside and outside_hits >= share * len(outside):
+                    continue
+                scope[i, r], group[i, r] = LINK, c
+    return scope, group
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_group_rule_matches_its_one_device_at_a_time_reference(seed: int):
+    from otel_dra.classifier.layout import DEVICE, WORKLOAD
+    from otel_dra.classifier.topology import Topology, link_scoped
+    from otel_dra.policy import LinkScope
+    from otel_dra.vocabulary import REASONS
+
+    rng = np.random.default_rng(seed)
+    n_nodes = int(rng.integers(1, 5))
+    per = int(rng.choice([2, 4, 8]))
+    n = n_nodes * per
+    topo = Topology(n)
+    nodes = np.repeat(np.arange(n_nodes), per)
+    switch = int(rng.choice([1, 2, 4]))
+    for row in range(n):
+        attrs = {"hw.model": "M", "hw.firmware_version": "1"}
+        if rng.random() < 0.9:
+            attrs["hw.pcie.upstream"] = f"0000:{(row % per) // switch:02x}:00.0"
+        if rng.random() < 0.8:
+            attrs["hw.fabric.id"] = f"f{nodes[row] // int(rng.choice([1, 2]))}"
+        topo.assign(row, f"n{nodes[row]}", attrs)
+    present = rng.random((n, len(REASONS))) < rng.choice([0.2, 0.5, 0.8])
+    recent = rng.random((n, len(REASONS))) < 0.2
+    known = rng.random(n) < 0.95
+    scope = np.where(rng.random((n, len(REASONS))) < 0.1, WORKLOAD, DEVICE).astype(np.int8)
+    policy = LinkScope(
+        ("link", "driver_errors", "device_lost"),
+        int(rng.integers(2, 4)),
+        float(rng.choice([0.5, 0.75])),
+        ("reset_device",),
+    )
+    want_scope, want_group = _naive_link_scoped(
+        nodes, known, topo.pcie, topo.fabric, present, scope, recent, policy.reasons, policy.min_devices, policy.share
+    )
+    got_scope, got_group = scope.copy(), np.zeros((n, len(REASONS)), dtype=np.int32)
+    hits, devices = np.zeros_like(got_group), np.zeros_like(got_group)
+    link_scoped(np.arange(n), nodes, n_nodes, known, topo, policy, present, got_scope, got_group, hits, devices, recent)
+    assert np.array_equal(got_scope, want_scope) and np.array_equal(got_group, want_group)
