@@ -47,6 +47,11 @@ from bench.bench_receiver import agent_requests, count_points  # noqa: E402
 
 START, END = "<!-- bench_fleet_process:start -->", "<!-- bench_fleet_process:end -->"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+IN_PROCESS = (
+    "In-process figures elsewhere in this file (`bench_receiver.py`: decode, `ingest_many` and `evaluate` timed in "
+    "one process; `bench_memory.py`: the arrays' bytes) measure those functions, not this process; the figures here "
+    "are the process's own."
+)
 
 
 # -- the agents' requests ---------------------------------------------------------------------------------------
@@ -360,6 +365,7 @@ def main() -> int:
     measured = sum(points[args.warmup :])
     devices = args.nodes * args.devices
     lines = [
+        START,
         "## The fleet as users run it: a real process, pushed to (bench/bench_fleet_process.py)",
         "",
         f"Measured {dt.date.today().isoformat()} on {_report.cpu_model()} ({os.cpu_count()} CPUs), "
@@ -395,7 +401,8 @@ def main() -> int:
         if m.profile:
             title = f"Where the fleet's CPU goes ({m.shape}, py-spy, active samples):"
             lines += ["", title, "", "```", *m.profile, "```"]
-    lines += ["", f"Reproduce: `.venv/bin/python bench/bench_fleet_process.py --nodes {args.nodes}`."]
+    lines += ["", IN_PROCESS]
+    lines += ["", f"Reproduce: `.venv/bin/python bench/bench_fleet_process.py --nodes {args.nodes}`.", END, ""]
     section = "\n".join(lines)
     print(section)
     if not args.no_write:
