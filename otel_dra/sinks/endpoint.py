@@ -94,8 +94,10 @@ class HttpEndpoint:
             return self._reply(*await self._server.offload(route))
         if path == "/metrics":
             gz = "gzip" in request.headers.get("Accept-Encoding", "")
-            # (a large rendering is kept compressed: decompressing it for a scraper without gzip is CPU work)
-            body = self._exposition.body(gz) if gz else await self._server.offload(self._exposition.body, gz)
+            # (a large rendering is kept compressed: decompressing it for a scraper without gzip is CPU work, and
+            # so is rendering one that nobody asked for while it went stale: both on a worker thread)
+            quick = gz and self._exposition.ready()
+            body = self._exposition.body(gz) if quick else await self._server.offload(self._exposition.body, gz)
             if body is None:
                 return self._reply("503 Service Unavailable", "text/plain", b"no sample yet\n")
             reply = self._reply("200 OK", self._exposition.content_type, body)

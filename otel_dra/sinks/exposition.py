@@ -1,4 +1,4 @@
-"""Sink: the Prometheus exposition, rendered once per sample instead of once per scrape.
+"""Sink: the Prometheus exposition, rendered once per sample instead of once per scrape, and only while scraped.
 
 Values only change when a sample lands, but rendering the OpenTelemetry SDK's
 Prometheus reader costs tens of microseconds per series (1.6 s for 42,000 series,
@@ -6,6 +6,11 @@ see BENCHMARKS.md), on every scrape, for every scraper. Rendering once per sampl
 on a background thread and serving the bytes makes a scrape cost a memory copy,
 whatever the fleet size and however many Prometheus replicas scrape: the scrape
 timeouts dcgm-exporter users report at scale don't happen here.
+
+Nobody scraping, nothing is rendered: the background rendering runs while a scrape came within
+:data:`WANTED_S` (a Prometheus scraping every minute keeps it going); past that a sample only marks the
+rendering stale, and the next scrape renders it first (measured on a real fleet, rendering after every
+tick for nobody took a quarter of its CPU: BENCHMARKS.md, bench_fleet_process).
 
 A large rendering (a fleet's: 600,000 series at 100,000 devices, some 200 MB of text) is kept
 gzip-compressed only, compressed once on the rendering thread: Prometheus takes gzip, and the text
@@ -29,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: A rendering over this size is kept gzip-compressed only (an agent's few thousand series stay as text too).
 PLAIN_MAX_BYTES: Final = 8 << 20
+#: How long after the last scrape samples are still rendered as they land (Prometheus scrapes every 15 s to 1 min;
+#: one that scrapes less often than this finds a stale rendering and waits for one).
+WANTED_S: Final = 300.0
 
 
 class ExpositionCache:
@@ -45,14 +53,31 @@ class ExpositionCache:
         self._extra = extra
         self._max_age_s = max_age_s
         self._lock = threading.Lock()
+        self._rendering = threading.Lock()  # one rendering at a time (the renderer's, or a scrape's)
         self._body: bytes | None = None
         self._gzipped: bytes | None = None
         self._rendered_at = 0.0
+        self._stale = False  # a sample landed that no rendering shows yet
+        self.asked_at = -float("inf")  # when a scrape last asked (monotonic)
         self.render_seconds = 0.0
+        self.renders = 0
+
+    def stale(self) -> None:
+        """A sample landed and nobody is rendering it: the next scrape renders first."""
+        self._stale = True
+
+    def wanted(self, within_s: float = WANTED_S) -> bool:
+        """Whether a scrape came within ``within_s``: rendering as samples land is then worth it."""
+        return time.monotonic() - self.asked_at <= within_s
 
     def render(self) -> None:
         """Collect every instrument and render the text exposition (past :data:`PLAIN_MAX_BYTES`, gzip
         only)."""
+        with self._rendering:
+            self._stale = False
+            self._render()
+
+    def _render(self) -> None:
         t0 = time.perf_counter()
         parts = [generate_latest(self._registry)]
         extra = self._extra() if self._extra is not None else ()
@@ -81,15 +106,24 @@ class ExpositionCache:
             self._body, self._gzipped = body, gzipped
             self._rendered_at = time.monotonic()
         self.render_seconds = time.perf_counter() - t0
+        self.renders += 1
+
+    def ready(self) -> bool:
+        """Whether :meth:`body` would serve a rendering as it is (no rendering first, no decompression): what
+        may be answered on the server's event loop."""
+        rendered = self._body is not None or self._gzipped is not None
+        return not rendered or not (self._stale or time.monotonic() - self._rendered_at > self._max_age_s)
 
     def body(self, accept_gzip: bool) -> bytes | None:
         """The newest rendering (gzip-compressed once per rendering when asked, or kept so when large), or None
         before the first.
 
         A rendering older than ``max_age_s`` means sampling has stopped: render again
-        now, so the scrape shows the hw.* series gone rather than frozen values."""
+        now, so the scrape shows the hw.* series gone rather than frozen values. One that samples
+        have landed since, unrendered (nobody was scraping), is rendered now too."""
+        self.asked_at = time.monotonic()
         rendered = self._body is not None or self._gzipped is not None
-        if rendered and time.monotonic() - self._rendered_at > self._max_age_s:
+        if rendered and (self._stale or time.monotonic() - self._rendered_at > self._max_age_s):
             self.render()
         with self._lock:
             body, gzipped = self._body, self._gzipped
@@ -105,8 +139,8 @@ class ExpositionCache:
 
 
 class Renderer:
-    """Re-renders the cache after each sample, on its own thread; samples that land
-    while a rendering runs are coalesced into the next one."""
+    """Re-renders the cache after each sample, on its own thread, while it is scraped (:meth:`ExpositionCache.wanted`;
+    else the sample marks it stale); samples that land while a rendering runs are coalesced into the next one."""
 
     def __init__(self, cache: ExpositionCache) -> None:
         self._cache = cache
@@ -128,6 +162,9 @@ class Renderer:
             self._due.clear()
             if self._stop.is_set():
                 return
+            if not self._cache.wanted():
+                self._cache.stale()
+                continue
             try:
                 self._cache.render()
             except Exception as exc:  # a failed rendering keeps the previous one served
