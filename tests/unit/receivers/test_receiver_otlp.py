@@ -49,7 +49,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportR
 
 from otel_dra import __version__
 from otel_dra import conventions as cv
-from otel_dra.decode import DecodeResult, OtlpJsonDecoder
+from otel_dra.decode import DecodeResult, OtlpJsonDecoder, proto_wire
 from otel_dra.decode.limits import LIMIT_REASONS
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Column, Frame, Schema, attrs_of
@@ -534,6 +534,39 @@ def test_same_frames_as_the_replay_decoder_reads_from_the_json_mapping():
         for a, b in zip(result.frames, frames, strict=True):
             assert_same_frame(a, proto.schema, b, replay.schema)
     assert proto.sections_fast == 2 and proto.sections_plain == 1
+
+
+def test_a_collectors_batch_reads_its_new_sections_alone_and_refuses_a_malformed_one_whole():
+    """A collector's batch is many nodes' sections: one that no template knows is parsed alone (the rest stay on
+    the fast path, where the whole batch used to be parsed for it), with the same frames as a decoder that reads
+    every section plainly; a malformed section still refuses the whole request."""
+    agents = [Agent(f"node-{i}", devices=2, seed=i) for i in range(3)]
+    rounds = [[encode_metrics(a.sample(T0 + k * 10 * S)[1]) for a in agents] for k in range(2)]
+    for a in agents:
+        a.close()
+    batch = [
+        ExportMetricsServiceRequest(resource_metrics=[rm for r in rs for rm in r.resource_metrics]) for rs in rounds
+    ]
+    # the second batch: node-0 and node-1 as before (fast), node-2 first seen (a new section's template)
+    warm = ExportMetricsServiceRequest(resource_metrics=[*batch[0].resource_metrics[:2]])
+    fast = OtlpProtoDecoder(Schema())
+    parsed: list[str] = []
+    whole = fast._parse
+    fast._parse = lambda data, *rest: parsed.append(rest[0].__name__ if rest else "request") or whole(data, *rest)  # type: ignore[method-assign]
+    got = [fast.decode(warm), fast.decode(batch[1])]
+    assert parsed == ["ResourceMetrics", "ResourceMetrics", "ResourceMetrics"]  # never the whole batch
+    plain, want = decode(warm, batch[1], fast=False)
+    assert fast.sections_fast == 2 and fast.sections_plain == 3
+    assert got[1].rejected == want[1].rejected == 0 and len(got[1].frames) == len(want[1].frames) == 3
+    for a, b in zip(got[1].frames, want[1].frames, strict=True):
+        assert_same_frame(a, fast.schema, b, plain.schema)
+    data = bytearray(batch[1].SerializeToString())
+    sections = proto_wire.sections(bytes(data))
+    assert sections is not None and len(sections) == 3
+    start, end = sections[2]
+    data[start:end] = b"\xff" * (end - start)  # the third node's section: not a ResourceMetrics
+    with pytest.raises(MalformedRequest):
+        fast.decode(bytes(data))
 
 
 def test_a_changed_attribute_of_the_same_length_is_seen():
