@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from otel_dra.cli.client import DEFAULT_PORT, URL_FORMS, base_url, read_devices
-from otel_dra.cli.common import plural
+from otel_dra.cli.common import COLUMN_GAP as _GAP
+from otel_dra.cli.common import listing, plural
 from otel_dra.cli.options import Seconds, output_option
 
 if TYPE_CHECKING:
@@ -55,7 +56,6 @@ EVIDENCE_MIN_WIDTH = 24
 DROP_ORDER = ("hw.state", "scope", "would evict", "since", "evidence", "remediation")
 
 #: Spaces between two columns of the table (a cell's right padding and the blank divider).
-_GAP = 2
 
 _COLORS = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}
 
@@ -249,9 +249,6 @@ def device_table(
 ) -> Table:
     """The devices of a ``/v1/devices`` document as a table fitted to ``width`` columns without
     splitting a word (``None``: as wide as its rows, nothing wrapped); ``heading`` goes before its title."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
     from rich.text import Text
 
     from otel_dra.words import human_duration
@@ -320,16 +317,7 @@ def device_table(
     where = f" on node {nodes[0]}" if one_node and nodes[0] else f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
     server = ", from the fleet" if _several(nodes) else ""
     title = f"{plural(len(rows), 'device')}{where}{server} at {url}" + (f" ({worst})" if worst else "")
-    table = Table(
-        title=escape(heading + title + (f", {when}" if when else "")),
-        box=box.SIMPLE_HEAD if width else None,  # piped: plain columns, as kubectl prints them
-        show_edge=False,
-        padding=(0, _GAP - 1 if width else _GAP, 0, 0),
-        expand=False,
-        title_justify="left",
-        caption=_caption(rows, hidden, cut),
-        caption_justify="left",
-    )
+    table = listing(heading + title + (f", {when}" if when else ""), width, _caption(rows, hidden, cut))
     for col in columns:
         # Whole, one line each; the evidence alone may be cut to what is left of the width (an ellipsis).
         limit = evidence_width if col == "evidence" else None
@@ -395,10 +383,7 @@ def finding_tables(doc: dict[str, Any], url: str, width: int | None = None, when
     """``--by group``: a table of the findings beyond a device, one row each, then the device findings'
     :func:`device_table` (when there are any). Every cell whole, on one line per item (``width`` only decides
     the box and whether reasons stack, as the device table does)."""
-    from rich import box
     from rich.console import Group
-    from rich.markup import escape
-    from rich.table import Table
     from rich.text import Text
 
     groups, own, total = _split_findings(doc, url)
@@ -421,16 +406,7 @@ def finding_tables(doc: dict[str, Any], url: str, width: int | None = None, when
         f"{plural(len(rows), 'finding')} beyond a device ({plural(touched, 'device')}), "
         f"{plural(len(own), 'device finding')}, of {plural(total, 'device')} at {url}"
     )
-    table = Table(
-        title=escape(title + (f", {when}" if when else "")),
-        box=box.SIMPLE_HEAD if width else None,
-        show_edge=False,
-        padding=(0, _GAP - 1 if width else _GAP, 0, 0),
-        expand=False,
-        title_justify="left",
-        caption=None if rows else "no finding beyond a device",
-        caption_justify="left",
-    )
+    table = listing(title + (f", {when}" if when else ""), width, None if rows else "no finding beyond a device")
     columns = ["scope", "group", "nodes", "devices", "health", "hw.state", "reasons", "remediation"]
     for col in columns:
         table.add_column(col, no_wrap=True, overflow="ellipsis", justify="right" if col == "devices" else "left")

@@ -18,6 +18,7 @@ from otel_dra.words import plural as plural  # (the CLI's messages use it from h
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
     from otel_dra.policy import Policy
 
@@ -113,3 +114,27 @@ def stderr_console() -> Console:
     if sys.stderr.isatty():
         return Console(stderr=True)
     return Console(stderr=True, width=100_000, soft_wrap=True)
+
+
+#: Spaces between two columns of a listing.
+COLUMN_GAP = 2
+
+
+def listing(title: str, width: int | None, caption: str | None) -> Table:
+    """A listing as kubectl prints one: a left-aligned title, a rule under the header on a terminal
+    (``width``), plain columns ``COLUMN_GAP`` apart when piped, and a caption (what is not shown, or
+    why nothing is). ``title`` is taken as text, not markup."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    return Table(
+        title=escape(title),
+        box=box.SIMPLE_HEAD if width else None,  # piped: plain columns, as kubectl prints them
+        show_edge=False,
+        padding=(0, COLUMN_GAP - 1 if width else COLUMN_GAP, 0, 0),
+        expand=False,
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+    )

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from otel_dra.cli.common import listing
 from otel_dra.cli.options import Seconds, output_option
 from otel_dra.sinks.config import KUBELET_DEFAULT_TIMEOUT_S, KUBELET_PLUGINS_DIR
 
@@ -44,7 +45,6 @@ DEFAULT_SOCKET = os.path.join(KUBELET_PLUGINS_DIR, "otel-dra", "health.sock")
 API_VERSIONS = ("auto", "v1alpha1", "v1")
 
 _COLORS = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}
-_GAP = 2  # spaces between two columns
 
 
 @click.group()
@@ -411,9 +411,6 @@ def device_table(
 ) -> Table:
     """An update as a table: the devices in the order sent (the agent sorts them by pool and device);
     ``width`` (a terminal's) folds the message column, ``None`` keeps each device on one line."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
     from rich.text import Text
 
     from otel_dra.classifier.verdict import rfc3339
@@ -444,15 +441,10 @@ def device_table(
         f"{len(rows)} device{'s' * (len(rows) != 1)} from {stream.path} ({stream.service}), "
         f"update {stream.updates} at {at}" + (f" ({worst})" if worst else "")
     )
-    table = Table(
-        title=escape(title),
-        box=box.SIMPLE_HEAD if width else None,  # piped: plain columns, as kubectl prints them
-        show_edge=False,
-        padding=(0, _GAP - 1 if width else _GAP, 0, 0),
-        expand=False,
-        title_justify="left",
-        caption=None if rows else "no devices: the agent names none (each needs dra.pool.name and dra.device.name)",
-        caption_justify="left",
+    table = listing(
+        title,
+        width,
+        None if rows else "no devices: the agent names none (each needs dra.pool.name and dra.device.name)",
     )
     columns = ["pool", "device", "health", "last updated (UTC)", "age", "timeout", "message"]
     for col in columns:
