@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +224,32 @@ def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def push_measured(
+    port: int, rounds: list[list[bytes]], interval: float, lanes: int, warmup: int, measured_from: Callable[[], None]
+) -> list[str]:
+    """:func:`push`, calling ``measured_from`` as the first round after ``warmup`` starts (the CPU readings of the
+    measured rounds begin there), then waiting an interval for the last round's requests to be handled (and a
+    collector's batches delivered). Returns the errors."""
+    starts: list[float] = []
+
+    def watch() -> None:
+        while len(starts) <= warmup and not done.is_set():
+            time.sleep(0.01)
+        if len(starts) > warmup:
+            measured_from()
+
+    done = threading.Event()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        errors = push(port, rounds, interval, lanes, starts)
+    finally:
+        done.set()
+        watcher.join()
+    time.sleep(interval)
+    return errors
+
+
 @dataclass
 class Measured:
     shape: str
@@ -264,28 +291,17 @@ def measure(
             port = fleet.http
         time.sleep(2.0)  # (settled: imports done, first ticks run)
         rss_before = rss_mb(fleet.proc.pid)
-        starts: list[float] = []
         marks: list[tuple[float, float | None]] = []
         raw = workdir / f"profile-{shape}.txt"
         spy: list[subprocess.Popen[bytes]] = []
 
-        def sampler() -> None:
-            seen = 0
-            while seen < len(rounds):
-                if len(starts) > seen:
-                    seen += 1
-                    if seen == warmup + 1:
-                        marks.append((cpu_s(fleet.proc.pid), cpu_s(collector.pid) if collector else None))
-                        if profile:
-                            spy.append(record(fleet.proc.pid, (len(rounds) - warmup) * interval, raw))
-                time.sleep(0.01)
+        def measured_from() -> None:
+            marks.append((cpu_s(fleet.proc.pid), cpu_s(collector.pid) if collector else None))
+            if profile:
+                spy.append(record(fleet.proc.pid, (len(rounds) - warmup) * interval, raw))
 
-        watcher = threading.Thread(target=sampler)
-        watcher.start()
         t0 = time.monotonic()
-        errors = push(port, rounds, interval, lanes, starts)
-        watcher.join()
-        time.sleep(interval)  # the last round's requests evaluated (and a collector's batches delivered)
+        errors = push_measured(port, rounds, interval, lanes, warmup, measured_from)
         end = (cpu_s(fleet.proc.pid), cpu_s(collector.pid) if collector else None)
         wall = time.monotonic() - t0
         rss_after = rss_mb(fleet.proc.pid)
@@ -309,23 +325,8 @@ def baseline(workdir: Path, rounds: list[list[bytes]], points: list[int], interv
     the measured rounds."""
     proc, port = spawn_rotel(workdir, "sink", ["--exporter", "blackhole", "--batch-timeout", batch_timeout])
     try:
-        starts: list[float] = []
         marks: list[float] = []
-
-        def sampler() -> None:
-            seen = 0
-            while seen < len(rounds):
-                if len(starts) > seen:
-                    seen += 1
-                    if seen == warmup + 1:
-                        marks.append(cpu_s(proc.pid))
-                time.sleep(0.01)
-
-        watcher = threading.Thread(target=sampler)
-        watcher.start()
-        errors = push(port, rounds, interval, lanes, starts)
-        watcher.join()
-        time.sleep(interval)
+        errors = push_measured(port, rounds, interval, lanes, warmup, lambda: marks.append(cpu_s(proc.pid)))
         if errors:
             raise RuntimeError(f"the collector refused requests: {errors[:3]}")
         return cpu_s(proc.pid) - marks[0]
