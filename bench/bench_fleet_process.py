@@ -48,6 +48,8 @@ from bench.bench_receiver import agent_requests, count_points  # noqa: E402
 
 START, END = "<!-- bench_fleet_process:start -->", "<!-- bench_fleet_process:end -->"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: The shapes with a collector in front of the fleet, by the protocol it exports to the fleet with.
+COLLECTOR_SHAPES = ("collector", "collector-http")
 IN_PROCESS = (
     "In-process figures elsewhere in this file (`bench_receiver.py`: decode, `ingest_many` and `evaluate` timed in "
     "one process; `bench_memory.py`: the arrays' bytes) measure those functions, not this process; the figures here "
@@ -283,9 +285,10 @@ def measure(
     fleet = spawn_fleet(workdir, interval)
     collector = None
     try:
-        if shape == "collector":
-            exporter = ["--exporter", "otlp", "--otlp-exporter-endpoint", f"http://127.0.0.1:{fleet.grpc}"]
-            exporter += ["--otlp-exporter-protocol", "grpc", "--batch-timeout", batch_timeout]
+        if shape in COLLECTOR_SHAPES:
+            protocol, fleet_port = ("http", fleet.http) if shape == "collector-http" else ("grpc", fleet.grpc)
+            exporter = ["--exporter", "otlp", "--otlp-exporter-endpoint", f"http://127.0.0.1:{fleet_port}"]
+            exporter += ["--otlp-exporter-protocol", protocol, "--batch-timeout", batch_timeout]
             collector, port = spawn_rotel(workdir, "forward", exporter)
         else:
             port = fleet.http
@@ -346,6 +349,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="direct,collector")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--profile", action="store_true", help="sample the fleet with py-spy over the measured rounds")
+    ap.add_argument("--workdir", type=Path, help="keep the logs and profiles here (default: a temporary folder)")
     args = ap.parse_args()
     started = time.monotonic()
     print(f"building {args.rounds} rounds of {args.nodes} agents' requests ...", flush=True)
@@ -354,7 +358,8 @@ def main() -> int:
     shapes = [s for s in args.shapes.split(",") if s]
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-process-") as tmp:
-        workdir = Path(tmp)
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         for shape in shapes:
             print(f"{shape}: pushing for {args.rounds * args.interval:g}s ...", flush=True)
             results.append(measure(shape, workdir, rounds, points, args.interval, args.lanes, args.warmup,

@@ -24,15 +24,15 @@ import asyncio
 import logging
 import ssl
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from zlib_ng import zlib_ng  # (zlib's format and API, inflating ~4x faster: a collector's batches are gzip)
 
 from otel_dra.serve.config import HttpServerConfig
 from otel_dra.serve.listener import BACKLOG, IdleFirstCap, LoopThread, listen_socket, per_connection_tls
@@ -158,6 +158,8 @@ MAX_GZIP_CPU_S = 2.0
 #: Bytes fed to the inflater at a time, at first for each member: a member's end copies what is left of what
 #: was fed (zlib's ``unused_data``), so feeding the whole rest would make many small members quadratic.
 _GZIP_FEED = 512
+#: zlib-ng's error class (its stub declares an instance).
+_InflateError = cast(type[Exception], zlib_ng.error)
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
@@ -175,7 +177,7 @@ def gunzip(body: bytes, limit: int) -> bytes:
         members += 1
         if members > MAX_GZIP_MEMBERS:
             raise BodyError(413, f"more than {MAX_GZIP_MEMBERS:,} gzip members")
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        inflater = zlib_ng.decompressobj(16 + zlib_ng.MAX_WBITS)
         feed = _GZIP_FEED
         while not inflater.eof:
             if pos >= len(view):
@@ -183,7 +185,7 @@ def gunzip(body: bytes, limit: int) -> bytes:
             piece = view[pos : pos + feed]
             try:
                 chunk = inflater.decompress(piece, limit + 1 - size)  # (stops short only past the limit)
-            except zlib.error as exc:
+            except _InflateError as exc:
                 raise BodyError(400, f"body is not valid gzip: {exc}") from None
             size += len(chunk)
             if size > limit:
