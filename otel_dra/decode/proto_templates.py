@@ -32,7 +32,6 @@ TEMPLATE_IDLE_NS: Final = 15 * 60 * 10**9
 #: in more than values, e.g. a histogram) and only retry every ``_RETRY_EVERY`` requests.
 _MISS_STREAK: Final = 3
 _RETRY_EVERY: Final = 64
-_AR8: Final = np.arange(8, dtype=np.intp)
 #: A template that refused nothing: one empty tally for all, never added to.
 NO_TALLY: Final = Tally()
 
@@ -154,6 +153,12 @@ LayoutOf = Callable[[str, np.ndarray, np.ndarray, np.ndarray], Layout]
 Key = tuple[int, int]
 
 
+def _words(buf: bytearray) -> np.ndarray:
+    """The little-endian 8-byte word at every byte offset of ``buf`` (a view: writing a word writes its bytes),
+    so that payloads at unaligned offsets are read and zeroed by one index each, not eight."""
+    return np.ndarray((max(0, len(buf) - 7),), "<u8", buf, 0, (1,))
+
+
 class Templates:
     """The templates kept, a few per :data:`Key`, least recently used first, bounded by ``max_bytes`` and by
     idleness (:meth:`sweep`); a key whose sections keep missing (bytes that change in more than values, e.g.
@@ -187,12 +192,12 @@ class Templates:
             if tmpl.generation >= 0 and generation.get(tmpl.node or "") != tmpl.generation:
                 continue
             copy = bytearray(section)
-            buf = np.frombuffer(copy, np.uint8)
-            index = (tmpl.holes[:, None] + _AR8).ravel()
-            raw = buf[index]
-            buf[index] = 0
+            words = _words(copy)
+            holes = tmpl.holes
+            raw = words[holes]
+            words[holes] = 0
             if xxhash.xxh3_128_digest(copy) == tmpl.digest:
-                return key, tmpl, raw.view("<u8")
+                return key, tmpl, raw
         return None
 
     def hit(self, key: Key, now: int) -> None:
@@ -305,7 +310,7 @@ def build_template(
     :class:`~otel_dra.decode.proto_wire.Bail` when its bytes can't be trusted to repeat."""
     hole_arr, wheres = _payloads(data, start, end, scan)
     masked = bytearray(memoryview(data)[start:end])
-    np.frombuffer(masked, np.uint8)[(hole_arr[:, None] + _AR8).ravel()] = 0
+    _words(masked)[hole_arr] = 0
     cands = scan.candidates
     dev = np.asarray([c.dev for c in cands], np.int32)
     col = np.asarray([c.col for c in cands], np.int32)
