@@ -92,14 +92,16 @@ class Cancellable(Protocol):
 class ReadDeadlines:
     """Cancels each watched call that is still watched ``timeout_s`` after :meth:`watch` (gRPC's
     ``ServicerContext.cancel``: the handler's read fails, the client gets ``CANCELLED``). One thread
-    looks every :data:`CHECK_EVERY_S`; watching and letting go are a dict insert and delete."""
+    looks every :data:`CHECK_EVERY_S` while any call is watched, and sleeps while none is (an idle
+    fleet's receiver wakes for nothing); watching and letting go are a dict insert and delete."""
 
     def __init__(self, timeout_s: float, on_late: Callable[[], None] | None = None) -> None:
         self.timeout_s = timeout_s
         self._on_late = on_late
         self._watched: dict[int, tuple[float, Cancellable]] = {}
         self._ids = itertools.count()
-        self._stop = threading.Event()
+        self._stopped = False
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -107,22 +109,34 @@ class ReadDeadlines:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(1.0)
 
     def watch(self, call: Cancellable) -> int:
         token = next(self._ids)
-        self._watched[token] = (time.monotonic() + self.timeout_s, call)
+        entry = (time.monotonic() + self.timeout_s, call)
+        with self._cond:
+            self._watched[token] = entry
+            if len(self._watched) == 1:
+                self._cond.notify()
         return token
 
     def done(self, token: int) -> None:
         self._watched.pop(token, None)
 
     def _run(self) -> None:
-        while not self._stop.wait(CHECK_EVERY_S):
-            now = time.monotonic()
-            late = [t for t, (deadline, _) in list(self._watched.items()) if deadline <= now]
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._watched or self._stopped)  # (asleep while none is watched)
+                if not self._stopped:
+                    self._cond.wait(CHECK_EVERY_S)  # (then a look every CHECK_EVERY_S; a stop wakes it)
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                late = [t for t, (deadline, _) in list(self._watched.items()) if deadline <= now]
             for token in late:
                 entry = self._watched.pop(token, None)
                 if entry is not None:

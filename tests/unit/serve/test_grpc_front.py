@@ -285,5 +285,9 @@ def test_a_read_not_done_in_time_is_cancelled():
         wait_for(lambda: slow.cancelled, 2, "the slow read cancelled")
         assert not quick.cancelled and late == [1]
         reads.done(slow_token)
+        again = Call()  # (watched after a spell with nothing watched, when the thread sleeps)
+        reads.watch(again)
+        wait_for(lambda: again.cancelled, 2, "a read watched after an idle spell cancelled")
+        assert late == [1, 1]
     finally:
         reads.stop()
