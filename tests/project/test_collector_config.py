@@ -39,8 +39,8 @@ def test_every_fleet_replica_gets_every_nodes_telemetry():
     fleet = yaml.safe_load((ROOT / "deploy/kubernetes/fleet/30-statefulset.yaml").read_text())
     name, namespace = fleet["metadata"]["name"], fleet["metadata"]["namespace"]
     service = fleet["spec"]["serviceName"]
-    wanted = {f"{name}-{i}.{service}.{namespace}.svc:4317" for i in range(fleet["spec"]["replicas"])}
-    used = [e for e in config["service"]["pipelines"]["metrics"]["exporters"] if e.startswith("otlp/fleet")]
+    wanted = {f"http://{name}-{i}.{service}.{namespace}.svc:4318" for i in range(fleet["spec"]["replicas"])}
+    used = [e for e in config["service"]["pipelines"]["metrics"]["exporters"] if e.startswith("otlphttp/fleet")]
     assert {config["exporters"][e]["endpoint"] for e in used} == wanted and len(used) == len(wanted)
     settings = [{k: v for k, v in config["exporters"][e].items() if k != "endpoint"} for e in used]
     assert all(s == settings[0] for s in settings)

@@ -944,19 +944,19 @@ def fleet_readme_section() -> str:
 def replica_addresses() -> list[str]:
     sts, service = statefulset(), the("Service", fleet=True)
     name, namespace = sts["metadata"]["name"], sts["metadata"]["namespace"]
-    port = fleet_port("otlp-grpc")
-    return [f"{name}-{i}.{service['metadata']['name']}.{namespace}.svc:{port}" for i in range(sts["spec"]["replicas"])]
+    port, host = fleet_port("otlp-http"), f"{service['metadata']['name']}.{namespace}.svc"
+    return [f"http://{name}-{i}.{host}:{port}" for i in range(sts["spec"]["replicas"])]
 
 
 def test_the_readme_collector_config_fans_out_to_every_replica():
     (snippet,) = re.findall(r"```yaml\n(.*?)```", fleet_readme_section(), re.S)
     config = yaml.safe_load(snippet)
     exporters = config["exporters"]
-    assert all(name.split("/")[0] == "otlp" for name in exporters), "otlp exporters only: no loadbalancing"
+    assert all(name.split("/")[0] == "otlphttp" for name in exporters), "otlphttp exporters only: no loadbalancing"
     assert sorted(e["endpoint"] for e in exporters.values()) == replica_addresses()
     assert set(config["service"]["pipelines"]["metrics"]["exporters"]) >= set(exporters)
     for address in replica_addresses():
-        host = address.rsplit(":", 1)[0]
+        host = address.removeprefix("http://").rsplit(":", 1)[0]
         assert host in (FLEET_DIR / "30-statefulset.yaml").read_text()
         assert host in (FLEET_DIR / "40-service.yaml").read_text()
 
