@@ -10,8 +10,9 @@ OpenTelemetry SDK, serialized as its OTLP exporter does), stamped from the start
 - **direct**: every node pushes its own request once per interval over a keep-alive OTLP/HTTP connection, as
   the SDK exporter does (``--lanes`` connections, each node on one, spread over the interval);
 - **collector**: the same requests go to a real collector (``rotel``, the one the suite runs), which batches
-  them (``--batch-timeout``) and exports OTLP/gRPC to the fleet, as ``collector-config.yaml`` describes for
-  otelcol.
+  them (``--batch-timeout``) and exports them to the fleet over OTLP/HTTP, gzip (the exporter's default), as
+  ``collector-config.yaml`` describes for otelcol;
+- **collector-grpc**: the same, the collector exporting OTLP/gRPC (gzip) to the fleet's gRPC port.
 
 Measured from outside, over the rounds after ``--warmup``: the fleet's CPU seconds (``/proc/<pid>/stat``, user +
 system, every thread) per point pushed, and its RSS (``/proc/<pid>/status``) before the first push and at the
@@ -49,7 +50,9 @@ from bench.bench_receiver import agent_requests, count_points  # noqa: E402
 START, END = "<!-- bench_fleet_process:start -->", "<!-- bench_fleet_process:end -->"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: The shapes with a collector in front of the fleet, by the protocol it exports to the fleet with.
-COLLECTOR_SHAPES = ("collector", "collector-http")
+COLLECTOR_SHAPES = ("collector", "collector-grpc")
+#: Issue #32's targets, points per CPU-second of the fleet (the gRPC variant has none: the config uses HTTP).
+TARGETS = {"direct": 500_000, "collector": 1_000_000}
 IN_PROCESS = (
     "In-process figures elsewhere in this file (`bench_receiver.py`: decode, `ingest_many` and `evaluate` timed in "
     "one process; `bench_memory.py`: the arrays' bytes) measure those functions, not this process; the figures here "
@@ -286,7 +289,7 @@ def measure(
     collector = None
     try:
         if shape in COLLECTOR_SHAPES:
-            protocol, fleet_port = ("http", fleet.http) if shape == "collector-http" else ("grpc", fleet.grpc)
+            protocol, fleet_port = ("grpc", fleet.grpc) if shape == "collector-grpc" else ("http", fleet.http)
             exporter = ["--exporter", "otlp", "--otlp-exporter-endpoint", f"http://127.0.0.1:{fleet_port}"]
             exporter += ["--otlp-exporter-protocol", protocol, "--batch-timeout", batch_timeout]
             collector, port = spawn_rotel(workdir, "forward", exporter)
@@ -346,7 +349,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument("--lanes", type=int, default=16, help="keep-alive connections the pushes share")
     ap.add_argument("--batch-timeout", default="1s", help="the collector's batch timeout")
-    ap.add_argument("--shapes", default="direct,collector")
+    ap.add_argument("--shapes", default="direct,collector,collector-grpc")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--profile", action="store_true", help="sample the fleet with py-spy over the measured rounds")
     ap.add_argument("--workdir", type=Path, help="keep the logs and profiles here (default: a temporary folder)")
@@ -379,17 +382,21 @@ def main() -> int:
         f"protobuf request per node every {args.interval:g} s (the agents' own SDK pipeline, serialized as its "
         f"exporter does), {args.rounds} rounds, the last {args.rounds - args.warmup} measured ({measured:,} "
         f"points). CPU and RSS of each process read from /proc; the fleet's windows hold {args.rounds} of their "
-        f"30 samples at the end (RSS growth is not yet the full windows' figure).",
+        f"30 samples at the end (RSS growth here is not the full windows' figure: `bench_fleet_scale` measures "
+        f"that).",
         "",
-        "| shape | fleet points per CPU-second | fleet CPU | collector CPU | fleet RSS growth per device | errors |",
-        "|---|---|---|---|---|---|",
+        "| shape | fleet points per CPU-second | target | fleet CPU | collector CPU | fleet RSS growth per device "
+        "| errors |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m in results:
         coll = f"{m.collector_cpu_s:.2f} s" if m.collector_cpu_s is not None else "-"
         growth = (m.rss_after_mb - m.rss_before_mb) * 1024 / devices
+        target = TARGETS.get(m.shape)
+        verdict = "-" if target is None else f">= {target:,} " + ("✅" if m.points_per_cpu_s >= target else "❌")
         lines.append(
-            f"| {m.shape} | {m.points_per_cpu_s:,.0f} | {m.fleet_cpu_s:.2f} s | {coll} | {growth:.1f} kB | "
-            f"{len(m.errors)} |"
+            f"| {m.shape} | {m.points_per_cpu_s:,.0f} | {verdict} | {m.fleet_cpu_s:.2f} s | {coll} | "
+            f"{growth:.1f} kB | {len(m.errors)} |"
         )
     per_point = collector_alone / measured if measured else float("nan")
     lines += [
