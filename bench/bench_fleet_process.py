@@ -14,6 +14,14 @@ OpenTelemetry SDK, serialized as its OTLP exporter does), stamped from the start
   ``collector-config.yaml`` describes for otelcol;
 - **collector-grpc**: the same, the collector exporting OTLP/gRPC (gzip) to the fleet's gRPC port.
 
+The collector's batches: otelcol's batch processor as ``collector-config.yaml`` sets it sends a batch once it
+holds ``send_batch_size`` (8,192) points, whole requests (its ``send_batch_max_size`` is 0: no split), some 24
+nodes of 8 GPUs. rotel sends at ``--batch-max-size`` and splits the node that crosses it, and the split it
+makes (rotel 0.0.1a15) leaves that node's metrics without their resource, which the fleet rightly refuses (no
+``k8s.node.name``): one node in each batch lost. So the collector here batches by time, ``--batch-timeout``
+200 ms at 1,000 nodes every 10 s (about 22 nodes a batch, otelcol's size), and its size cap is set past any
+batch (:data:`ROTEL_BATCH_MAX`): nothing is split.
+
 Measured from outside, over the rounds after ``--warmup``: the fleet's CPU seconds (``/proc/<pid>/stat``, user +
 system, every thread) per point pushed, and its RSS (``/proc/<pid>/status``) before the first push and at the
 end, per device. The baseline in the same run: the collector itself forwarding the same traffic to a sink (rotel's
@@ -53,6 +61,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 COLLECTOR_SHAPES = ("collector", "collector-grpc")
 #: Issue #32's targets, points per CPU-second of the fleet (the gRPC variant has none: the config uses HTTP).
 TARGETS = {"direct": 500_000, "collector": 1_000_000}
+#: rotel's batch size cap, past any batch of the run: a batch it splits loses a node's resource (see above).
+ROTEL_BATCH_MAX = 1_000_000
 IN_PROCESS = (
     "In-process figures elsewhere in this file (`bench_receiver.py`: decode, `ingest_many` and `evaluate` timed in "
     "one process; `bench_memory.py`: the arrays' bytes) measure those functions, not this process; the figures here "
@@ -142,6 +152,11 @@ def spawn_rotel(workdir: Path, tag: str, exporter: list[str]) -> tuple[subproces
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
     wait_port(http, proc, f"rotel ({tag})")
     return proc, http
+
+
+def batching(timeout: str) -> list[str]:
+    """rotel's batch settings: by time, never split (see the module's docstring)."""
+    return ["--batch-timeout", timeout, "--batch-max-size", str(ROTEL_BATCH_MAX)]
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -291,7 +306,7 @@ def measure(
         if shape in COLLECTOR_SHAPES:
             protocol, fleet_port = ("grpc", fleet.grpc) if shape == "collector-grpc" else ("http", fleet.http)
             exporter = ["--exporter", "otlp", "--otlp-exporter-endpoint", f"http://127.0.0.1:{fleet_port}"]
-            exporter += ["--otlp-exporter-protocol", protocol, "--batch-timeout", batch_timeout]
+            exporter += ["--otlp-exporter-protocol", protocol, *batching(batch_timeout)]
             collector, port = spawn_rotel(workdir, "forward", exporter)
         else:
             port = fleet.http
@@ -329,7 +344,7 @@ def baseline(workdir: Path, rounds: list[list[bytes]], points: list[int], interv
              batch_timeout: str) -> float:  # fmt: skip
     """The collector alone: rotel receiving the same pushes and exporting to its blackhole; its CPU seconds over
     the measured rounds."""
-    proc, port = spawn_rotel(workdir, "sink", ["--exporter", "blackhole", "--batch-timeout", batch_timeout])
+    proc, port = spawn_rotel(workdir, "sink", ["--exporter", "blackhole", *batching(batch_timeout)])
     try:
         marks: list[float] = []
         errors = push_measured(port, rounds, interval, lanes, warmup, lambda: marks.append(cpu_s(proc.pid)))
@@ -348,7 +363,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2, help="rounds before the measured ones")
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument("--lanes", type=int, default=16, help="keep-alive connections the pushes share")
-    ap.add_argument("--batch-timeout", default="1s", help="the collector's batch timeout")
+    ap.add_argument("--batch-timeout", default="200ms", help="the collector's batch timeout (see the docstring)")
     ap.add_argument("--shapes", default="direct,collector,collector-grpc")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--profile", action="store_true", help="sample the fleet with py-spy over the measured rounds")
