@@ -9,7 +9,7 @@ Why it is built the way it is: a recorded fleet is hundreds of thousands of poin
 and nearly all of a line's bytes are attribute lists that repeat verbatim on every
 line (identity plus descriptive attributes of each series). So before parsing, each
 attribute list's text is swapped for its position in the line (one C-level regex split);
-``json.loads`` then parses a line a sixth of the size. A node's next line has the same lists
+``orjson`` then parses a line a sixth of the size. A node's next line has the same lists
 in the same order (its *shape*, one digest of them all), so the walk reads each point's
 (device, column) entry off the shape by position; a line of a new shape reads each list once
 and becomes a shape. Nothing is kept per attribute list but numbers: no text, no dict per
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
+import orjson
 import xxhash
 
 from otel_dra import conventions as cv
@@ -207,6 +208,12 @@ class OtlpJsonDecoder(DecoderCore):
             raw = bytes(text)
         reduced = None if raw is None else self._tokenize(raw)
         if reduced is not None:
+            # orjson reads what json reads, as the same values, ~2.5x faster; what it refuses (JSON's
+            # extensions json reads: NaN, Infinity, a lone surrogate; an integer past 64 bits) json reads.
+            try:
+                return orjson.loads(reduced), True, None
+            except orjson.JSONDecodeError:
+                pass
             try:
                 return json.loads(reduced), True, None
             except (ValueError, RecursionError):

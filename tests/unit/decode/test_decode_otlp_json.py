@@ -177,6 +177,23 @@ def test_round_trip_with_enum_names_and_spaced_json(simulated):
         assert_same_frame(frames[0], decoder, frame, schema)
 
 
+@pytest.mark.parametrize(("value", "kept"), [(b"NaN", None), (b"Infinity", None), (b"1" + b"0" * 30, 1e30)])
+def test_what_orjson_refuses_the_fast_path_reads_as_json_does(value, kept, monkeypatch):
+    """JSON's extensions that Python's json reads (NaN, Infinity) and an integer past 64 bits: orjson refuses
+    the tokenized line, json reads it; the same frames and problems as the plain parse."""
+    line = dumps(request("node-1", gauge("hw.power", pt(dev("gpu-0"), 1.0), pt(dev("gpu-1"), 123.5))))
+    line = line.replace(b"123.5", value)
+    fast_decoder, fast, fast_errors = decode(line)
+    monkeypatch.setattr(OtlpJsonDecoder, "_tokenize", lambda self, line: None)
+    plain_decoder, plain, plain_errors = decode(line)
+    assert [str(e) for e in fast_errors] == [str(e) for e in plain_errors]
+    assert (kept is None) == bool(fast_errors)
+    (a,), (b,) = fast, plain
+    assert cell(fast_decoder, a, "gpu-0", POWER) == cell(plain_decoder, b, "gpu-0", POWER) == 1.0
+    if kept is not None:
+        assert cell(fast_decoder, a, "gpu-1", POWER) == cell(plain_decoder, b, "gpu-1", POWER) == kept
+
+
 def encode_metrics_again(doc: dict):
     from google.protobuf.json_format import ParseDict
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -220,6 +237,22 @@ def test_read_lines_gzip_by_magic_bytes_and_plain(tmp_path, simulated):
     frames, errors = decoder.decode_line(raw, 1)
     assert errors == []
     assert_same_frame(frames[0], decoder, frame, schema)
+
+
+def test_read_lines_reads_gzip_as_gzip_does(tmp_path):
+    """Members one after another, zero padding after them, a line longer than a piece of the inflated text
+    (files.PIECE_SIZE), CRLF and a last line without its newline: the lines Python's gzip reads."""
+    from otel_dra.decode import files
+
+    text = b"".join(b'{"n":%d}\r\n' % i for i in range(3000)) + b"\n" + b"x" * (3 * files.PIECE_SIZE + 7) + b"\nlast"
+    half = len(text) // 2
+    data = gzip.compress(text[:half]) + gzip.compress(text[half:]) + b"\0" * 100
+    path = tmp_path / "two-members.jsonl.gz"
+    path.write_bytes(data)
+    with gzip.open(path, "rb") as f:
+        want = [(n, raw.rstrip(b"\r\n")) for n, raw in enumerate(f, 1) if raw.strip()]
+    assert [(n, raw) for _, n, raw in read_lines([path])] == want
+    assert want[-1] == (3003, b"last") and len(want[-2][1]) == 3 * files.PIECE_SIZE + 7
 
 
 def test_read_lines_names_a_missing_file(tmp_path):
