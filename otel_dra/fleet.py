@@ -206,6 +206,7 @@ class Fleet:
                 self.routes(),
                 extra=lambda: verdict_text.chunks(self.board.snapshot()),
                 description="The otel-dra fleet: verdicts for every node that pushes to it.",
+                extra_version=lambda: self.board.version,  # (the verdict text changes only with the board)
             )
         readers = [endpoint.reader()] if endpoint is not None else []
         node = cfg.node_name or socket.gethostname()

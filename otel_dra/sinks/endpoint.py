@@ -144,10 +144,11 @@ class PrometheusEndpoint:
         routes: dict[str, Route],
         extra: Callable[[], bytes | Iterable[bytes]] | None = None,
         description: str = DEFAULT_DESCRIPTION,
+        extra_version: Callable[[], int] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
-        self.cache = ExpositionCache(self.registry, max_age_s, extra=extra)
+        self.cache = ExpositionCache(self.registry, max_age_s, extra=extra, extra_version=extra_version)
         self._renderer = Renderer(self.cache)
         self._http = HttpEndpoint(config.host, config.port, self.cache, routes, config.http, description)
 

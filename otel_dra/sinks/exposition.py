@@ -45,12 +45,22 @@ class ExpositionCache:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(
-        self, registry: CollectorRegistry, max_age_s: float, extra: Callable[[], bytes | Iterable[bytes]] | None = None
+        self,
+        registry: CollectorRegistry,
+        max_age_s: float,
+        extra: Callable[[], bytes | Iterable[bytes]] | None = None,
+        extra_version: Callable[[], int] | None = None,
     ) -> None:
         """``extra``: more exposition text appended to the registry's (the fleet's verdicts), whole or in pieces
-        (a large one is compressed as its pieces come, never held whole)."""
+        (a large one is compressed as its pieces come, never held whole). ``extra_version``: a number that moves
+        whenever ``extra``'s text would (the board's version): while it stays, the last rendering of ``extra``
+        is reused, compressed as it was, and only the registry's text is rendered again."""
         self._registry = registry
         self._extra = extra
+        self._extra_version = extra_version
+        self._extra_seen: int | None = None  # the version the kept rendering of extra shows
+        self._extra_plain: list[bytes] = []  # extra's text, when small
+        self._extra_gz: bytes | None = None  # extra's text as one gzip member, when large
         self._max_age_s = max_age_s
         self._lock = threading.Lock()
         self._rendering = threading.Lock()  # one rendering at a time (the renderer's, or a scrape's)
@@ -79,34 +89,54 @@ class ExpositionCache:
 
     def _render(self) -> None:
         t0 = time.perf_counter()
-        parts = [generate_latest(self._registry)]
-        extra = self._extra() if self._extra is not None else ()
-        size = len(parts[0])
-        packer = None
-        packed: list[bytes] = []
-        for part in [extra] if isinstance(extra, bytes) else extra:
-            if packer is not None:
-                packed.append(packer.compress(part))
-                continue
-            parts.append(part)
-            size += len(part)
-            if size > PLAIN_MAX_BYTES:  # large: compressed from here on (gzip framing, as gzip.compress level 1)
-                packer = zlib.compressobj(1, zlib.DEFLATED, 31)
-                packed = [packer.compress(p) for p in parts]
-                parts = []
+        head = generate_latest(self._registry)
+        self._render_extra()
         body: bytes | None = None
         gzipped: bytes | None = None
-        if packer is not None:
-            packed.append(packer.flush())
-            gzipped = b"".join(packed)
+        if self._extra_gz is not None:  # large: gzip only, the registry's text as a member of its own before it
+            gzipped = gzip.compress(head, compresslevel=1) + self._extra_gz
         else:
-            body = parts[0] if len(parts) == 1 else b"".join(parts)
-        del parts, packed
+            joined = head + b"".join(self._extra_plain) if self._extra_plain else head
+            if len(joined) > PLAIN_MAX_BYTES:
+                gzipped = gzip.compress(joined, compresslevel=1)
+            else:
+                body = joined
         with self._lock:
             self._body, self._gzipped = body, gzipped
             self._rendered_at = time.monotonic()
         self.render_seconds = time.perf_counter() - t0
         self.renders += 1
+
+    def _render_extra(self) -> None:
+        """``extra``'s text, kept while its version stays: as pieces when small, else as one gzip member
+        (compressed as its pieces come, never held whole; members one after another are one gzip stream,
+        RFC 1952 section 2.2, which Prometheus and every gzip reader take)."""
+        if self._extra is None:
+            return
+        version = self._extra_version() if self._extra_version is not None else None
+        if version is not None and version == self._extra_seen:
+            return
+        extra = self._extra()
+        parts: list[bytes] = []
+        size = 0
+        packer = None
+        packed: list[bytes] = []
+        for part in [extra] if isinstance(extra, bytes) else extra:
+            size += len(part)
+            if packer is not None:
+                packed.append(packer.compress(part))
+                continue
+            parts.append(part)
+            if size > PLAIN_MAX_BYTES:  # large: compressed from here on (gzip framing, as gzip.compress level 1)
+                packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+                packed = [packer.compress(p) for p in parts]
+                parts = []
+        if packer is not None:
+            packed.append(packer.flush())
+            self._extra_plain, self._extra_gz = [], b"".join(packed)
+        else:
+            self._extra_plain, self._extra_gz = parts, None
+        self._extra_seen = version
 
     def ready(self) -> bool:
         """Whether :meth:`body` would serve a rendering as it is (no rendering first, no decompression): what

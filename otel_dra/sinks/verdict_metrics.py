@@ -94,6 +94,8 @@ class ViewDisagreement:
     def __init__(self, board: VerdictBoard, meter: Meter, combine_mode: str = DEFAULT_COMBINE) -> None:
         self._board = board
         self._mode = combine_mode
+        self._seen = -1  # the board's version the kept observations show
+        self._last: list[Observation] = []
         meter.create_observable_gauge(
             cv.DRA_DEVICE_VIEW_DISAGREEMENT.name,
             callbacks=[self._disagreement],
@@ -102,6 +104,9 @@ class ViewDisagreement:
         )
 
     def _disagreement(self, _: CallbackOptions) -> Iterable[Observation]:
+        version = self._board.version
+        if version == self._seen:  # (the board unchanged: the same observations, not 100,000 verdicts regrouped)
+            return self._last
         out = []
         for shared in self._board.devices(self._mode):
             if len(shared.views) < 2:
@@ -114,6 +119,7 @@ class ViewDisagreement:
                     cv.DRA_DEVICE_HEALTH_STATE: view.health,
                 }
                 out.append(Observation(int(view.node in shared.disagreeing), attrs))
+        self._seen, self._last = version, out
         return out
 
 

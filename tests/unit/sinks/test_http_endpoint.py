@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from otel_dra import __version__
 from otel_dra.classifier import Verdict
@@ -127,6 +127,33 @@ def test_a_large_rendering_is_kept_compressed_and_served_to_either_kind_of_scrap
             assert resp.headers.get("Content-Encoding") == "gzip" and gzip.decompress(resp.read()).endswith(text)
     finally:
         endpoint.shutdown()
+
+
+@pytest.mark.parametrize("plain_max", [100, 8 << 20], ids=["large, gzip only", "small, text"])
+def test_the_verdict_text_is_rendered_again_only_when_its_version_moves(monkeypatch, plain_max):
+    """A fleet's verdict text changes only with its board: while ``extra_version`` stays, a rendering reuses it
+    (compressed as it was: a gzip member of its own after the registry's) and only the registry's series,
+    which move with every tick, are rendered again."""
+    monkeypatch.setattr(exposition, "PLAIN_MAX_BYTES", plain_max)
+    registry = CollectorRegistry()
+    ticks = Counter("fleet_ticks", "ticks so far", registry=registry)
+    version, made = [1], []
+
+    def extra() -> Iterator[bytes]:
+        made.append(version[0])
+        return iter([b'hw_status{hw_id="gpu-%d",v="%d"} 1\n' % (i, version[0]) for i in range(200)])
+
+    cache = ExpositionCache(registry, 60.0, extra=extra, extra_version=lambda: version[0])
+    for _ in range(3):
+        ticks.inc()
+        cache.render()
+    text = (cache.body(False) or b"").decode()
+    assert made == [1] and "fleet_ticks_total 3.0" in text and text.count('v="1"') == 200
+    assert gzip.decompress(cache.body(True) or b"").decode() == text  # (two gzip members read as one stream)
+    version[0] = 2
+    cache.render()
+    text = (cache.body(False) or b"").decode()
+    assert made == [1, 2] and text.count('v="2"') == 200 and 'v="1"' not in text
 
 
 def test_a_small_rendering_in_pieces_is_kept_as_text():

@@ -207,3 +207,43 @@ def test_the_registry_lists_scope_and_group_on_dra_device_health_with_the_contra
     attrs = {a.get("id"): a for g in groups if g["type"] == "attribute_group" for a in g["attributes"]}
     assert tuple(m["value"] for m in attrs[cv.DRA_DEVICE_HEALTH_SCOPE]["type"]["members"]) == SCOPES
     assert attrs[cv.DRA_DEVICE_HEALTH_GROUP]["type"] == "string"
+
+
+def test_view_disagreement_follows_the_board_and_is_not_regrouped_while_it_stands(monkeypatch):
+    """``dra.device.view.disagreement``: 1 for the node whose view of a shared device disagrees with the combined
+    verdict; computed again only when the board moved (a fleet's 100,000 verdicts are not regrouped per scrape)."""
+    from otel_dra.sinks import verdict_metrics
+
+    def seen(node: str, health: str, state: str | None) -> Verdict:
+        return Verdict(1, node, "gpu-0", health, state, (), "none", "x", pool="shared", device="gpu-0")
+
+    board = VerdictBoard()
+    board.update([seen("node-1", "Healthy", "ok"), seen("node-2", "Unhealthy", "failed")], lambda node, dev: ATTRS)
+    registry = CollectorRegistry()
+    mp = provider.build_meter_provider("fleet", [provider.prometheus_reader(registry)], 10_000)
+    verdict_metrics.ViewDisagreement(board, mp.get_meter("otel_dra"), "any")
+    groupings: list[str] = []
+    real = verdict_metrics.VerdictBoard.devices
+
+    def devices(self: VerdictBoard, mode: str) -> list:
+        groupings.append(mode)
+        return real(self, mode)
+
+    monkeypatch.setattr(verdict_metrics.VerdictBoard, "devices", devices)
+
+    def disagreeing() -> dict[str, float]:
+        families = text_string_to_metric_families(generate_latest(registry).decode())
+        return {
+            s.labels["dra_device_view_node"]: s.value
+            for f in families
+            if f.name == "dra_device_view_disagreement"
+            for s in f.samples
+        }
+
+    try:
+        assert disagreeing() == {"node-1": 1.0, "node-2": 0.0} and disagreeing() == {"node-1": 1.0, "node-2": 0.0}
+        assert len(groupings) == 1  # (the board stood still between the two scrapes)
+        board.update([seen("node-2", "Healthy", "ok")], lambda node, dev: ATTRS)
+        assert disagreeing() == {"node-1": 0.0, "node-2": 0.0} and len(groupings) == 2
+    finally:
+        mp.shutdown()
