@@ -771,7 +771,8 @@ def section(
             lines.append(f"| {s.what} | {s.seconds:.3f} s | {s.first_byte_s:.3f} s | {body} |")
         lines += [
             "",
-            f"While scraped (within 5 minutes of a scrape) the fleet re-renders after every tick, changed or not: "
+            f"While scraped (within 5 minutes of a scrape) the fleet re-renders after every tick (its own series; "
+            f"the verdict text only when a verdict changed): "
             f"{scrapes.scraped_cpu_s:.2f} CPU-seconds over {scrapes.scraped_wall_s:.0f} s with nothing pushed "
             f"({scrapes.scraped_cpu_s / scrapes.scraped_wall_s:.0%} of a core). RSS {scrapes.rss_before_mb:,.0f} MiB "
             f"before the scrapes (after the probe's `malloc_trim`), {scrapes.rss_after_mb:,.0f} MiB after (the "
