@@ -24,11 +24,11 @@ import gzip
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from zlib_ng import zlib_ng
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,17 @@ PLAIN_MAX_BYTES: Final = 8 << 20
 #: How long after the last scrape samples are still rendered as they land (Prometheus scrapes every 15 s to 1 min;
 #: one that scrapes less often than this finds a stale rendering and waits for one).
 WANTED_S: Final = 300.0
+
+
+def _packer() -> zlib_ng._Compress:
+    """A gzip stream at level 1, by zlib-ng: ~3x zlib's speed on exposition text (a fleet's 300 MB of it), a
+    fifth larger compressed."""
+    return zlib_ng.compressobj(1, zlib_ng.DEFLATED, 31)
+
+
+def _gzip(data: bytes) -> bytes:
+    packer = _packer()
+    return packer.compress(data) + packer.flush()
 
 
 class ExpositionCache:
@@ -94,11 +105,11 @@ class ExpositionCache:
         body: bytes | None = None
         gzipped: bytes | None = None
         if self._extra_gz is not None:  # large: gzip only, the registry's text as a member of its own before it
-            gzipped = gzip.compress(head, compresslevel=1) + self._extra_gz
+            gzipped = _gzip(head) + self._extra_gz
         else:
             joined = head + b"".join(self._extra_plain) if self._extra_plain else head
             if len(joined) > PLAIN_MAX_BYTES:
-                gzipped = gzip.compress(joined, compresslevel=1)
+                gzipped = _gzip(joined)
             else:
                 body = joined
         with self._lock:
@@ -127,8 +138,8 @@ class ExpositionCache:
                 packed.append(packer.compress(part))
                 continue
             parts.append(part)
-            if size > PLAIN_MAX_BYTES:  # large: compressed from here on (gzip framing, as gzip.compress level 1)
-                packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+            if size > PLAIN_MAX_BYTES:  # large: compressed from here on (gzip framing, level 1)
+                packer = _packer()
                 packed = [packer.compress(p) for p in parts]
                 parts = []
         if packer is not None:
@@ -161,7 +172,7 @@ class ExpositionCache:
                 if not accept_gzip:
                     return body
                 if gzipped is None:
-                    gzipped = self._gzipped = gzip.compress(body, compresslevel=1)
+                    gzipped = self._gzipped = _gzip(body)
                 return gzipped
             if gzipped is None or accept_gzip:  # (None: not rendered yet)
                 return gzipped
