@@ -120,11 +120,27 @@ class DeviceParams:
     groups: np.ndarray  # policy group of each row
     code_tables: list[dict[str, str]]  # per group: driver error code -> class
     per_lane_rate: dict[int, float] = field(default_factory=dict)  # gen -> replays/lane/min (fleet-wide)
+    #: Per driver error code, what :meth:`driver_features` gave (these params serve batch after batch).
+    _driver: dict[str, list[tuple[F, np.ndarray | None]]] = field(default_factory=dict, repr=False, compare=False)
 
     def driver_class(self, code: str) -> np.ndarray:
         """Class of driver error ``code`` for each row (by its vendor's table; unknown codes: application)."""
         per_group = np.asarray([table.get(code, "application") for table in self.code_tables])
         return per_group[self.groups]
+
+    def driver_features(self, code: str) -> list[tuple[F, np.ndarray | None]]:
+        """The features driver error ``code`` counts toward, each with the rows whose class it is (None: every
+        row's); a class no row gives it is left out (it would add nothing)."""
+        kept = self._driver.get(code)
+        if kept is None:
+            klass = self.driver_class(code)
+            kept = []
+            for name, feat in _DRIVER_FEATURES.items():
+                mine = klass == name
+                if feat is not None and mine.any():
+                    kept.append((feat, None if mine.all() else mine))
+            self._driver[code] = kept
+        return kept
 
 
 @dataclass
@@ -361,11 +377,9 @@ class FeatureExtractor:
                 for f in (F.DRIVER_APPLICATION, F.DRIVER_RESET, F.DRIVER_REBOOT, F.DRIVER_MECHANICAL):
                     out[:, f] = 0.0
                 for col, code in plan.driver_cols:
-                    klass = params.driver_class(code)
                     d = np.nan_to_num(inc[:, col_pos[col]])
-                    for name, feat in _DRIVER_FEATURES.items():
-                        if feat is not None:
-                            out[:, feat] += np.where(klass == name, d, 0.0)
+                    for feat, mine in params.driver_features(code):
+                        out[:, feat] += d if mine is None else np.where(mine, d, 0.0)
         if plan.retired_cols.size:
             out[:, F.RETIRED_TOTAL] = np.nansum(values[:, plan.retired_cols], axis=1)
             out[np.isnan(values[:, plan.retired_cols]).all(axis=1), F.RETIRED_TOTAL] = np.nan

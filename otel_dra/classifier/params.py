@@ -77,6 +77,10 @@ class PolicyGroups:
         self._slot_index: dict[tuple[int, str], int] = {}
         self.slot = np.zeros(capacity, dtype=np.intp)
         self._slot_for(0, "")
+        #: The last :meth:`at`: (the thresholds it read, its rows, their groups, what it gave).
+        self._row_params: tuple[RuleParams, np.ndarray, np.ndarray, RowParams] | None = None
+        #: The last :meth:`device_params`: (the thresholds it read, the rows' groups, what it gave).
+        self._device_params: tuple[RuleParams, np.ndarray, DeviceParams] | None = None
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.group = grown(self.group, capacity, 0, keep=keep)
@@ -148,8 +152,18 @@ class PolicyGroups:
 
     # -- thresholds ----------------------------------------------------------------------------
     def at(self, rows: np.ndarray) -> RowParams:
-        """The thresholds of ``rows``, each rule's read at their groups when first asked for."""
-        return RowParams(self, rows)
+        """The thresholds of ``rows``, each rule's read at their groups when first asked for. Kept while the rows,
+        their groups and the compiled thresholds stay the same (every evaluation of a steady fleet asks for the
+        same ones: read once, not at each evaluation)."""
+        group = self.group[rows]
+        kept = self._row_params
+        if kept is not None:
+            params, kept_rows, kept_group, row_params = kept
+            if params is self.params and np.array_equal(kept_rows, rows) and np.array_equal(kept_group, group):
+                return row_params
+        row_params = RowParams(self, rows, group)
+        self._row_params = (self.params, rows.copy(), group, row_params)
+        return row_params
 
     def events_windows(self, group: int) -> dict[str, float]:
         """Per reason judged on event logs (``EVENT_REASONS``), its events window in ``group``, seconds."""
@@ -161,8 +175,13 @@ class PolicyGroups:
         }
 
     def device_params(self, rows: np.ndarray) -> DeviceParams:
-        """What the sample stage needs for these rows (only its thresholds read: a batch is often a node's)."""
+        """What the sample stage needs for these rows (only its thresholds read: a batch is often a node's). Kept
+        while the rows' groups and the compiled thresholds stay the same (a replay's batches are the fleet's,
+        batch after batch), read-only."""
         group = self.group[rows]
+        kept = self._device_params
+        if kept is not None and kept[0] is self.params and np.array_equal(kept[1], group):
+            return kept[2]
         shape = np.shape(rows)
 
         def at(values: np.ndarray) -> np.ndarray:
@@ -170,7 +189,7 @@ class PolicyGroups:
 
         p = self.params
         thermal, cooling, throttling, link = p.thermal, p.cooling, p.power_throttling, p.link
-        return DeviceParams(
+        out = DeviceParams(
             temp_degraded=at(thermal.fallback_limits.high_degraded),
             temp_critical=at(thermal.fallback_limits.high_critical),
             fan_min_rpm=at(cooling.min_rpm),
@@ -186,6 +205,11 @@ class PolicyGroups:
             code_tables=self.code_tables,
             per_lane_rate=dict(self._per_lane_rate),
         )
+        for values in vars(out).values():
+            if isinstance(values, np.ndarray):
+                values.flags.writeable = False
+        self._device_params = (self.params, group, out)
+        return out
 
     def ladders(self) -> np.ndarray:
         """Remediation ladders as codes: ``(groups, reasons, steps)``, short ladders padded with their last step."""

@@ -7,10 +7,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from otel_dra.classifier.peers import grouped_median_mad
+
 #: A rate per minute is judged over at least this much time, however young the window.
 RATE_MIN_SPAN_S = 60.0
 #: Where a rate's centre came from: the device's cohort, the whole fleet, or nowhere (too few).
 FROM_COHORT, FROM_FLEET, FROM_NONE = 0, 1, 2
+#: Up to this many values a median is read off a sort: np.median's fixed cost is many times a small sort's.
+SMALL_MEDIAN = 64
+#: Up to this many values, every group's median and MAD come from one sort of them all; values at least
+#: ``SORT_BOUND`` (or not finite) take the selections (the sort's key scales them by their range).
+SMALL_SORT = 256
+SORT_BOUND = 1e150
 
 
 def group_medians(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -18,7 +26,11 @@ def group_medians(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tupl
 
     The rows are grouped once (a stable sort of small integers), then each group's median and
     MAD are two linear-time selections over its slice: a loop over the few cohorts, never over
-    devices, and no sort of the values themselves."""
+    devices, and no sort of the values themselves. A small fleet's few values are sorted instead, every
+    group at once (:func:`~otel_dra.classifier.peers.grouped_median_mad`: the same values, at a fixed cost
+    that does not grow with its cohorts)."""
+    if values.size <= SMALL_SORT and bool((np.abs(values) < SORT_BOUND).all()):  # (finite, and far from overflow)
+        return grouped_median_mad(values, groups, n_groups)
     size = np.bincount(groups, minlength=n_groups)
     median = np.full(n_groups, np.nan)
     mad = np.full(n_groups, np.nan)
@@ -27,9 +39,22 @@ def group_medians(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tupl
     start = np.concatenate(([0], np.cumsum(size)[:-1]))
     for g in np.flatnonzero(size).tolist():
         part = values if order is None else values[order[start[g] : start[g] + size[g]]]
-        median[g] = np.median(part)
-        mad[g] = np.median(np.abs(part - median[g]))
+        median[g] = _median(part)
+        mad[g] = _median(np.abs(part - median[g]))
     return median, mad, size
+
+
+def _median(values: np.ndarray) -> float:
+    """``np.median`` of a 1-D array, the same value (the middle one, or the mean of the middle two; NaN when any
+    is NaN), without its fixed cost on the small groups of a small fleet."""
+    n = values.size
+    if n > SMALL_MEDIAN or n == 0:
+        return float(np.median(values))
+    ordered = np.sort(values)  # (NaN sorts last)
+    if np.isnan(ordered[-1]):
+        return float("nan")
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else float((ordered[mid - 1] + ordered[mid]) / 2.0)
 
 
 @dataclass
@@ -56,8 +81,8 @@ def centre(
     if only.size == 1:  # one cohort holds every rate (a fleet of one model): the fleet's centre is its own
         fleet_med, fleet_mad = float(med[only[0]]), float(mad[only[0]])
     elif values.size:
-        fleet_med = float(np.median(values))
-        fleet_mad = float(np.median(np.abs(values - fleet_med)))
+        fleet_med = _median(values)
+        fleet_mad = _median(np.abs(values - fleet_med))
     else:
         fleet_med = fleet_mad = 0.0
     known = np.bincount(cohort[members], minlength=n_cohorts)

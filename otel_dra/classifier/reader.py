@@ -83,6 +83,8 @@ class Window:
         self.counts = self.store.counts[:, at]
         self.seconds = self.sums[F.DT]
         self.samples = self.counts[F.DT]
+        #: Whether each window has the samples and the time a share or a rate over it is judged on.
+        self.timed = (self.samples >= self.min_samples) & (self.seconds > 0)
         self.latest = self.store.latest(at)
         self.span = [self.horizon.span_sums(i, at) for i in range(len(self.horizon.spans))]
         self.span_s = [self.horizon.spans[i] * self.horizon.bucket_s for i in range(len(self.horizon.spans))]
@@ -112,14 +114,12 @@ class Window:
         return self.sums[f]
 
     def share(self, f: F) -> np.ndarray:
-        ok = (self.samples >= self.min_samples) & (self.seconds > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(ok, self.sums[f] / self.seconds, 0.0)
+            return np.where(self.timed, self.sums[f] / self.seconds, 0.0)
 
     def per_minute(self, f: F) -> np.ndarray:
-        ok = (self.samples >= self.min_samples) & (self.seconds > 0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(ok, 60.0 * self.sums[f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
+            return np.where(self.timed, 60.0 * self.sums[f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
 
     def mean(self, f: F) -> np.ndarray:
         n = self.counts[f]
@@ -220,7 +220,7 @@ class Window:
         ratio = bars.cohort_ratio
         z = np.full(rows.shape, self.groups.policy.cohorts.significance)
         window_bar = np.maximum(absolute, bars.storm_ratio * c.median)
-        ok = (self.samples >= self.min_samples) & (self.seconds > 0)
+        ok = self.timed
         window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
         fast = ok & above(self.increase(f), window_minutes, window_bar, z)
         spread = c.median + bars.mad_k * 1.4826 * c.mad

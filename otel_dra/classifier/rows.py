@@ -10,6 +10,8 @@ views and written in place.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -124,9 +126,17 @@ class RowIndex:
 
     def _flat(self, a: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Flat positions in the C-contiguous ring ``a`` of each (slot, ..., row): ``(..., len(rows))``."""
-        cap = a.shape[-1]
-        inner = (np.arange(int(np.prod(a.shape[1:-1], dtype=np.int64))) * cap).reshape((*a.shape[1:-1], 1))
-        return inner + (slots.astype(np.int64) * (a[0].size) + self.rows)
+        return _inner(a.shape) + (slots.astype(np.int64) * math.prod(a.shape[1:]) + self.rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _inner(shape: tuple[int, ...]) -> np.ndarray:
+    """The flat offset of each inner position (the ``...`` of ``(slot, ..., row)``) of a ring of ``shape``, as a
+    column: the same for every batch while the ring keeps its shape (read-only, shared)."""
+    cap = shape[-1]
+    inner = (np.arange(math.prod(shape[1:-1]), dtype=np.int64) * cap).reshape((*shape[1:-1], 1))
+    inner.flags.writeable = False
+    return inner
 
 
 def _uniform(slots: np.ndarray) -> bool:

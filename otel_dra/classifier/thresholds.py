@@ -241,7 +241,7 @@ def at_group(values: np.ndarray, group: np.ndarray | Callable[[], np.ndarray], s
     return values[group() if callable(group) else group]
 
 
-def at_rows(params: S, group: Callable[[], np.ndarray], shape: tuple[int, ...]) -> S:
+def at_rows(params: S, group: np.ndarray | Callable[[], np.ndarray], shape: tuple[int, ...]) -> S:
     """A section (arrays over groups) for a set of rows of ``shape``: each threshold by :func:`at_group`."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(params):  # type: ignore[arg-type]
@@ -253,22 +253,32 @@ def at_rows(params: S, group: Callable[[], np.ndarray], shape: tuple[int, ...]) 
     return type(params)(**out)
 
 
+def _frozen(params: S) -> S:
+    """A section whose arrays are read-only: one :class:`RowParams` serves many evaluations, so no rule may
+    write into a threshold it was given."""
+    for f in dataclasses.fields(params):  # type: ignore[arg-type]
+        values = getattr(params, f.name)
+        if isinstance(values, np.ndarray):
+            values.flags.writeable = False
+        else:
+            _frozen(values)
+    return params
+
+
 class RowParams:
-    """The thresholds of a set of rows (``rows`` of the group table ``groups.group``): each rule's section
-    read at the rows' groups on first use, and kept (an evaluation reads each section once)."""
+    """The thresholds of a set of rows (``rows`` of the group table ``groups.group``, in groups ``group``):
+    each rule's section read at the rows' groups on first use, and kept (read-only: an evaluation reads each
+    section once, and :meth:`PolicyGroups.at` gives the same one to the evaluations that follow while the
+    rows and their groups stay the same)."""
 
-    def __init__(self, groups: PolicyGroups, rows: np.ndarray) -> None:
+    def __init__(self, groups: PolicyGroups, rows: np.ndarray, group: np.ndarray) -> None:
         self._groups = groups
-        self._rows = rows
         self._shape = np.shape(rows)
-
-    @cached_property
-    def group(self) -> np.ndarray:
-        """Each row's policy group."""
-        return self._groups.group[self._rows]
+        #: Each row's policy group.
+        self.group = group
 
     def _at(self, section: S) -> S:
-        return at_rows(section, lambda: self.group, self._shape)
+        return _frozen(at_rows(section, self.group, self._shape))
 
     @cached_property
     def thermal(self) -> ThermalParams:

@@ -58,7 +58,7 @@ class WorkloadSplit:
         workload's logs. ``node_of``/``active``: the registry's, for every row."""
         for _, workload_f in SPLIT:
             feats[workload_f] = 0.0
-        kinds = [np.nan_to_num(feats[device_f]) > 0 for device_f, _ in SPLIT]
+        kinds = [feats[device_f] > 0 for device_f, _ in SPLIT]  # (NaN: no event)
         hit = kinds[0] | kinds[1]
         if not hit.any():
             return

@@ -1,0 +1,56 @@
+"""A cohort's rate centre against numpy's own medians, and the per-row thresholds kept between evaluations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_dra import policy
+from otel_dra.classifier.params import PolicyGroups
+from otel_dra.classifier.rates import SMALL_SORT, group_medians
+
+finite = st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 4), finite), min_size=1, max_size=SMALL_SORT + 40))
+def test_group_medians_are_numpys(pairs: list[tuple[int, float]]) -> None:
+    groups = np.asarray([g for g, _ in pairs], dtype=np.intp)
+    data = np.asarray([v for _, v in pairs], dtype=np.float64)
+    median, mad, size = group_medians(data, groups, 5)
+    for g in range(5):
+        members = data[groups == g]
+        assert size[g] == members.size
+        if members.size:
+            m = np.median(members)
+            assert median[g] == m  # bit for bit: the verdicts rest on it
+            assert mad[g] == np.median(np.abs(members - m))
+        else:
+            assert np.isnan(median[g]) and np.isnan(mad[g])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e300])
+@pytest.mark.parametrize("n", [4, SMALL_SORT + 1])
+def test_a_group_median_with_a_non_finite_or_huge_value_is_numpys(bad: float, n: int) -> None:
+    data = np.arange(n, dtype=np.float64)
+    data[1] = bad
+    median, mad, _ = group_medians(data, np.zeros(n, dtype=np.intp), 1)
+    assert np.array_equal(median, [np.median(data)], equal_nan=True)
+    assert np.array_equal(mad, [np.median(np.abs(data - np.median(data)))], equal_nan=True)
+
+
+def test_row_thresholds_are_kept_while_the_rows_and_their_groups_are() -> None:
+    groups = PolicyGroups(policy.load(), 8)
+    rows = np.arange(4)
+    first = groups.at(rows)
+    assert groups.at(rows.copy()) is first
+    assert first.thermal.min_fraction.shape == (4,)
+    with pytest.raises(ValueError):  # shared by the evaluations that follow: no rule may write into it
+        first.thermal.min_fraction[0] = 0.0
+    assert groups.at(np.arange(3)) is not first
+    again = groups.at(rows)
+    groups.assign(2, {"hw.vendor": "nvidia", "hw.model": "H100"})  # a new group: the thresholds are read again
+    assert groups.at(rows) is not again
+    assert groups.device_params(rows) is groups.device_params(rows)
