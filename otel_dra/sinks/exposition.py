@@ -51,7 +51,8 @@ def _gzip(data: bytes) -> bytes:
 
 
 class ExpositionCache:
-    """The registry's newest rendering; :meth:`render` replaces it whole."""
+    """The registry's newest rendering, and ``extra``'s (kept while its version stands); :meth:`render` replaces
+    the body whole."""
 
     content_type = CONTENT_TYPE_LATEST
 
