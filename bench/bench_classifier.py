@@ -84,7 +84,7 @@ class Fleet:
         rows, new = [], []
         for f in node_frames(first, PER_NODE):
             r, n = self.classifier.registry.rows_for(f.devices.node, f.devices.ids)
-            self.classifier._note_attrs(r, f.devices.attrs, n)
+            self.classifier.device_rows._note_attrs(r, f.devices.attrs, n)
             rows.append(r)
             new.append(n)
         self.rows = np.concatenate(rows)
