@@ -70,6 +70,11 @@ class FrozenAttrs(Mapping[str, str]):
     def __repr__(self) -> str:
         return f"FrozenAttrs({dict(self._pairs)!r})"
 
+    @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """(key, value) in order, as held: what a renderer reads whole without a lookup per key."""
+        return self._pairs
+
 
 class _PairItems(ItemsView[str, str]):
     """A :class:`FrozenAttrs`' items, read straight off its pairs."""

@@ -74,8 +74,9 @@ def combine(views: Sequence[Verdict], mode: str) -> Verdict:
     )
 
 
-def by_device(verdicts: Iterable[Verdict], mode: str) -> list[DeviceView]:
-    """Group verdicts by DRA identity and combine each group; verdicts without one are skipped."""
+def by_device(verdicts: Iterable[Verdict], mode: str, shared_only: bool = False) -> list[DeviceView]:
+    """Group verdicts by DRA identity and combine each group; verdicts without one are skipped. ``shared_only``:
+    only the devices more than one node sees (a fleet's disagreement metric: the rest need no combining)."""
     groups: dict[tuple[str, str], list[Verdict]] = defaultdict(list)
     for v in verdicts:
         pool, device = v.pool, v.device
@@ -83,6 +84,8 @@ def by_device(verdicts: Iterable[Verdict], mode: str) -> list[DeviceView]:
             groups[(pool, device)].append(v)
     out = []
     for (pool, device), views in groups.items():
+        if shared_only and len(views) < 2:
+            continue
         combined = combine(views, mode)
         disagreeing = tuple(v.node for v in views if v.health != combined.health)
         out.append(DeviceView(pool, device, combined, tuple(views), disagreeing))

@@ -108,9 +108,7 @@ class ViewDisagreement:
         if version == self._seen:  # (the board unchanged: the same observations, not 100,000 verdicts regrouped)
             return self._last
         out = []
-        for shared in self._board.devices(self._mode):
-            if len(shared.views) < 2:
-                continue
+        for shared in self._board.devices(self._mode, shared_only=True):
             for view in shared.views:
                 attrs = {
                     cv.DRA_POOL_NAME: shared.pool,

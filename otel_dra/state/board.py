@@ -122,9 +122,12 @@ class VerdictBoard:
             )
             log.log(level, "verdict: %s", v.message, extra=fields)
 
-    def devices(self, mode: str) -> list[DeviceView]:
-        """One verdict per DRA identity, several nodes' views combined by ``mode``."""
-        return by_device((v for v, _ in self.snapshot()), mode)
+    def devices(self, mode: str, shared_only: bool = False) -> list[DeviceView]:
+        """One verdict per DRA identity, several nodes' views combined by ``mode`` (``shared_only``: only those
+        several nodes see)."""
+        with self._lock:
+            verdicts = list(self._verdicts.values())
+        return by_device(verdicts, mode, shared_only)
 
     def health_by_device(self) -> dict[tuple[str, str], str]:
         with self._lock:

@@ -66,6 +66,8 @@ def test_by_device_reports_the_disagreeing_nodes_and_passes_single_views_through
     shared = out[("fabric-1", "nic-7")]
     assert shared.verdict.health == "Healthy" and shared.disagreeing == ("n1",) and len(shared.views) == 3
     assert out[("n1", "gpu-0")].verdict is local and out[("n1", "gpu-0")].disagreeing == ()
+    only = by_device([*ONE_BAD, local, nameless], "majority", shared_only=True)
+    assert [(d.pool, d.device) for d in only] == [("fabric-1", "nic-7")] and only[0] == shared
 
 
 def test_unknown_mode_is_rejected():

@@ -4,6 +4,8 @@ group (contract section 4) included."""
 from pathlib import Path
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -144,15 +146,13 @@ def test_attributes_that_sort_among_the_spliced_labels_render_as_whole_lines_wou
     assert text.render(board.snapshot()) == reference(board)
 
 
-def test_a_device_keeps_one_label_string_and_shares_its_health_text():
+def test_devices_with_the_same_attribute_keys_share_one_shape_and_a_verdict_one_health_text():
     verdicts = [Verdict(1, "node-1", f"gpu-{i}", "Healthy", "ok", (), "none", "fine") for i in range(50)]
     board = board_of(verdicts)
     text = VerdictText()
     first = text.render(board.snapshot())
     assert text.render(board.snapshot()) == first
-    devices = list(text._cache.values())
-    assert len(devices) == 50 and all(type(d).__name__ == "_Device" and d.text is not None for d in devices)
-    assert len({id(d.text) for d in devices if d.text}) == 1, "one health labels' text for the same verdict"
+    assert len(text._shapes) == 1 and len(text._health_texts) == 1
     assert samples(first.decode()) == samples(sdk_text(board)) and first == reference(board)
 
 
@@ -162,9 +162,70 @@ def test_a_device_two_nodes_see_has_its_labels_on_each():
     board.update(shared, lambda node, dev: {**ATTRS, "dra.pool.name": node})
     text = VerdictText()
     assert text.render(board.snapshot()) == reference(board)
-    assert text.render(board.snapshot()) == reference(board)
+    assert text.render(board.snapshot()).count(b'hw_id="gpu-0"') == 2 * 6
     board.forget(lambda key: key[0] == "node-2")
-    assert text.render(board.snapshot()) == reference(board) and len(text._cache) + len(text._more) == 1
+    assert text.render(board.snapshot()) == reference(board)
+
+
+#: Attribute keys a device may carry: ordinary ones, and ones named like (or sorting among) the labels placed
+#: into every line, or before or after every label.
+_KEYS = st.sampled_from(
+    [
+        "hw.type",
+        "hw.vendor",
+        "dra.pool.name",
+        "dra.device.name",
+        "a.first",
+        "zz.last",
+        "hw.state",
+        "hw_state",
+        "dra.device.health.state",
+        "dra.device.health.score",
+        "dra.device.health.label",
+        "dra.device.health.group",
+        "dra.device.health",
+        "hw.id",
+        "k8s.node.name",
+        "1leading.digit",
+        "hw-type",
+    ]
+)
+#: Label value characters: the three the text format escapes among plain and multi-byte ones.
+_CHARS = st.sampled_from(['"', "\\", "\n", "a", "z", "é", "{", "}", " "])
+_VERDICTS = st.sampled_from(
+    [
+        ("Healthy", "ok", (), "none", {}),
+        ("Unhealthy", "failed", ("memory_ecc",), "reset_device", {}),
+        ("Unknown", None, ("stale",), "none", {}),
+        ("Healthy", "degraded", ("thermal",), "reduce_load", NODE_SCOPE),
+        ("Unhealthy", "failed", ("power_delivery", "driver_errors"), "reboot_node", WORKLOAD_SCOPE),
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(_KEYS, st.text(alphabet=_CHARS, max_size=6), max_size=6),
+            _VERDICTS,
+            st.sampled_from(["n-1", "n-2"]),
+        ),
+        max_size=12,
+    )
+)
+def test_any_attributes_render_as_whole_lines_would(devices):
+    """Whatever attribute keys and values devices carry (quotes, backslashes, newlines, keys named like the placed
+    labels or sorting among them, keys that share a label name), the text is byte for byte the lines made whole."""
+    board = VerdictBoard()
+    verdicts, attrs = [], {}
+    for i, (own, (health, state, reasons, remediation, scope), node) in enumerate(devices):
+        verdicts.append(Verdict(1, node, f"gpu-{i}", health, state, reasons, remediation, "x", **scope))
+        attrs[(node, f"gpu-{i}")] = own
+    board.update(verdicts, lambda node, dev: attrs[(node, dev)])
+    text = VerdictText()
+    assert text.render(board.snapshot()) == reference(board)
+    assert text.render(board.snapshot()) == reference(board)
 
 
 def health_labels(text: str) -> dict[str, dict[str, str]]:
@@ -225,9 +286,9 @@ def test_view_disagreement_follows_the_board_and_is_not_regrouped_while_it_stand
     groupings: list[str] = []
     real = verdict_metrics.VerdictBoard.devices
 
-    def devices(self: VerdictBoard, mode: str) -> list:
+    def devices(self: VerdictBoard, mode: str, shared_only: bool = False) -> list:
         groupings.append(mode)
-        return real(self, mode)
+        return real(self, mode, shared_only)
 
     monkeypatch.setattr(verdict_metrics.VerdictBoard, "devices", devices)
 
