@@ -7,20 +7,15 @@ file that was a third of a replay's time."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Final, cast
-
-from zlib_ng import zlib_ng
+from typing import IO, Final
 
 from otel_dra.decode.text import one_line
+from otel_dra.inflate import PIECE_SIZE, READ_SIZE, InflateError, inflate
 
 _GZIP_MAGIC: Final = b"\x1f\x8b"
-#: Bytes read from a file at once, and the most inflated bytes made at once (what a piece holds in memory).
-READ_SIZE: Final = 1 << 16
-PIECE_SIZE: Final = 1 << 20
-#: zlib-ng's error class (its stub declares an instance).
-_InflateError: Final = cast(type[Exception], zlib_ng.error)
 
 
 class InputFileError(OSError):
@@ -28,40 +23,6 @@ class InputFileError(OSError):
 
     Its message is one line naming the file; the CLI turns it into exit code 2.
     """
-
-
-def _inflated(handle: IO[bytes]) -> Iterator[bytes]:
-    """A gzip file's content in pieces of at most PIECE_SIZE, as ``gzip`` reads it: members one after
-    another, zero bytes padding between or after them. The gzip checks (header, CRC-32, length) are
-    zlib's; a stream cut short raises ``EOFError``, damage ``zlib_ng.error``."""
-    inflater: zlib_ng._Decompress | None = None  # None: between members
-    data = b""
-    while True:
-        if not data:
-            data = handle.read(READ_SIZE)
-            if not data:
-                if inflater is None:
-                    return
-                while True:  # what the last input still holds (a piece cut at PIECE_SIZE)
-                    piece = inflater.decompress(b"", PIECE_SIZE)
-                    if not piece:
-                        break
-                    yield piece
-                if not inflater.eof:
-                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                return
-        if inflater is None:
-            data = data.lstrip(b"\0")
-            if not data:
-                continue
-            inflater = zlib_ng.decompressobj(16 + zlib_ng.MAX_WBITS)
-        piece = inflater.decompress(data, PIECE_SIZE)
-        if piece:
-            yield piece
-        if inflater.eof:
-            data, inflater = inflater.unused_data, None
-        else:
-            data = inflater.unconsumed_tail
 
 
 def _plain(handle: IO[bytes]) -> Iterator[bytes]:
@@ -110,13 +71,14 @@ def read_lines(paths: Iterable[Path]) -> Iterator[tuple[Path, int, bytes]]:
         lineno = 0
         with handle:
             try:
-                pieces = _inflated(handle) if handle.peek(2)[:2] == _GZIP_MAGIC else _plain(handle)
+                gzipped = handle.peek(2)[:2] == _GZIP_MAGIC
+                pieces = inflate(functools.partial(handle.read, READ_SIZE)) if gzipped else _plain(handle)
                 for lineno, raw in enumerate(_lines(pieces), 1):
                     line = raw.rstrip(b"\r\n")
                     del raw  # (not held while the line is decoded: a line of a fleet's node is 300 kB)
                     if line.strip():
                         yield path, lineno, line
                     del line  # (nor while the next is read)
-            except (OSError, EOFError, _InflateError) as exc:
+            except (OSError, EOFError, InflateError) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
                 raise InputFileError(one_line(f"{path}: cannot read after line {lineno}: {reason}")) from exc

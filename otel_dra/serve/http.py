@@ -26,14 +26,14 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
-from zlib_ng import zlib_ng  # (zlib's format and API, inflating ~4x faster: a collector's batches are gzip)
 
+from otel_dra.inflate import PIECE_SIZE, InflateError, inflate, reader
 from otel_dra.serve.config import HttpServerConfig
 from otel_dra.serve.listener import BACKLOG, IdleFirstCap, LoopThread, listen_socket, per_connection_tls
 
@@ -155,46 +155,37 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
 MAX_GZIP_MEMBERS = 1024
 #: Most CPU seconds inflating one body may take, whatever its size (a backstop: inflation is linear).
 MAX_GZIP_CPU_S = 2.0
-#: Bytes fed to the inflater at a time, at first for each member: a member's end copies what is left of what
-#: was fed (zlib's ``unused_data``), so feeding the whole rest would make many small members quadratic.
-_GZIP_FEED = 512
-#: zlib-ng's error class (its stub declares an instance).
-_InflateError = cast(type[Exception], zlib_ng.error)
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
     """A gzip body (one or more members), refusing to inflate past ``limit`` bytes (a gzip bomb is
     refused after ``limit`` bytes of work, however small it was on the wire), past ``MAX_GZIP_MEMBERS``
-    members or past ``MAX_GZIP_CPU_S`` of CPU. Linear in the body's size: each member is fed in slices
-    that double while it lasts, so its end copies at most as much as it had. Raises :class:`BodyError`:
-    413 past a limit, 400 for bytes that are not gzip."""
+    members or past ``MAX_GZIP_CPU_S`` of CPU. Raises :class:`BodyError`: 413 past a limit, 400 for bytes
+    that are not gzip."""
+    started = time.thread_time()
+
+    def cpu() -> None:
+        if time.thread_time() - started > MAX_GZIP_CPU_S:
+            raise BodyError(413, f"took more than {MAX_GZIP_CPU_S:g}s of CPU to inflate")
+
+    def member(n: int) -> None:
+        if n > MAX_GZIP_MEMBERS:
+            raise BodyError(413, f"more than {MAX_GZIP_MEMBERS:,} gzip members")
+        cpu()
+
     out: list[bytes] = []
     size = 0
-    view = memoryview(body)
-    pos, members = 0, 0
-    started = time.thread_time()
-    while pos < len(view):
-        members += 1
-        if members > MAX_GZIP_MEMBERS:
-            raise BodyError(413, f"more than {MAX_GZIP_MEMBERS:,} gzip members")
-        inflater = zlib_ng.decompressobj(16 + zlib_ng.MAX_WBITS)
-        feed = _GZIP_FEED
-        while not inflater.eof:
-            if pos >= len(view):
-                raise BodyError(400, "body is not valid gzip: truncated")
-            piece = view[pos : pos + feed]
-            try:
-                chunk = inflater.decompress(piece, limit + 1 - size)  # (stops short only past the limit)
-            except _InflateError as exc:
-                raise BodyError(400, f"body is not valid gzip: {exc}") from None
-            size += len(chunk)
+    try:
+        for piece in inflate(reader(body), min(PIECE_SIZE, limit + 1), member):
+            size += len(piece)
             if size > limit:
                 raise BodyError(413, f"more than {limit:,} (inflated)")
-            out.append(chunk)
-            pos += len(piece) - len(inflater.unused_data)
-            feed *= 2
-            if time.thread_time() - started > MAX_GZIP_CPU_S:
-                raise BodyError(413, f"took more than {MAX_GZIP_CPU_S:g}s of CPU to inflate")
+            out.append(piece)
+            cpu()
+    except EOFError:
+        raise BodyError(400, "body is not valid gzip: truncated") from None
+    except InflateError as exc:
+        raise BodyError(400, f"body is not valid gzip: {exc}") from None
     return b"".join(out)
 
 
