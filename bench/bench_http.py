@@ -41,7 +41,10 @@ TURNS = 3
 SERVER = r"""
 import sys, threading
 from otel_dra.frame import Schema
-from otel_dra.receivers.factory import new_receiver
+try:
+    from otel_dra.receivers.factory import new_receiver
+except ImportError:  # the baseline revision, before receivers took their configs whole
+    from otel_dra.receivers import OtlpReceiver as new_receiver
 receiver = new_receiver(Schema(), lambda frames: None, grpc_endpoint=None, http_endpoint="127.0.0.1:0")
 receiver.start()
 print(receiver.http_port, flush=True)
