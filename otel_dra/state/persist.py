@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 
 from otel_dra.classifier import Classifier, Verdict
 from otel_dra.classifier.group_memory import GroupMemory
@@ -234,7 +235,10 @@ class StateFile:
     ) -> None:
         """Write atomically: a temporary file beside it, fsync, rename over it, fsync the directory."""
         doc = self.document(devices, time.time_ns() if now_ns is None else now_ns, counters, groups)
-        data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+        # orjson: a fleet's document (a million counter values at 100,000 devices) in a twentieth of json's time,
+        # time this thread held the GIL the scrape and the receivers wait for (the same JSON, UTF-8 rather than
+        # \u escapes; a non-finite float, which no field holds, would be null, refused when read back).
+        data = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
         folder = self.path.parent
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = folder / f".{self.path.name}.{os.getpid()}.tmp"
@@ -339,7 +343,7 @@ class StateStore:
     def _write(self, memories: Saved) -> None:
         try:
             self.file.save(memories.devices, counters=memories.counters, groups=memories.groups)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError) as exc:
             if not self._failing:
                 log.warning("state file %s not written (%s); a restart would forget held faults", self.file.path, exc)
             self._failing = True
