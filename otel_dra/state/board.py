@@ -27,6 +27,7 @@ class VerdictBoard:
         self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._attrs: dict[tuple[str, str], Mapping[str, str]] = {}
         self.version = 0  # bumps on every change; watchers wait for it to move
+        self._registry_generation = -1  # the registry's generation :meth:`publish` last forgot devices at
         self.closed = False
         #: What the cluster says about each DRA device's taints, by (dra.pool.name, dra.device.name), as the
         #: cluster writer last read it back (JSON-ready; not a verdict change: it does not bump ``version``).
@@ -105,7 +106,9 @@ class VerdictBoard:
         with self._lock:
             known = {(v.node, v.hw_id) for v in changed if (v.node, v.hw_id) in self._verdicts}
         self.update(changed, attrs_of)
-        self.forget(lambda key: registry.row(*key) is not None)
+        if registry.generation != self._registry_generation:  # a device lost its row: forgotten ones leave
+            self.forget(lambda key: registry.row(*key) is not None)
+            self._registry_generation = registry.generation
         for v in changed:
             healthy = v.health == "Healthy" and v.state == "ok"
             first = (v.node, v.hw_id) not in known

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from otel_dra.classifier import Verdict
+from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.logs import OneLineFormatter
 from otel_dra.state.board import VerdictBoard
 from tests.support.logfmt import logfmt
@@ -42,10 +43,11 @@ def test_v1_devices_serves_scope_always_and_group_when_the_verdict_names_one():
 
 
 class _Registry:
-    """The two calls publish makes of a DeviceRegistry: every device known, no attributes."""
+    """What publish reads of a DeviceRegistry: every device known, no attributes, nothing ever forgotten."""
 
     def __init__(self) -> None:
         self.attrs: list[dict[str, str]] = [{}]
+        self.generation = 0
 
     def row(self, node: str, hw_id: str) -> int:
         return 0
@@ -88,3 +90,22 @@ def test_a_recovery_is_logged_at_info_and_only_a_first_healthy_verdict_at_debug(
         for verdicts in ([OWN], [failed], [recovered]):
             board.publish(verdicts, _Registry())  # type: ignore[arg-type]
     assert [r.levelname for r in caplog.records] == ["DEBUG", "WARNING", "INFO"]
+
+
+def test_devices_the_registry_forgets_leave_the_board_and_are_only_looked_for_when_it_forgot_one():
+    """A device expired from the registry leaves the board at the next publish; while the registry forgets
+    nothing, a publish looks up only the changed verdicts' devices, not every device on the board each tick."""
+    registry = DeviceRegistry()
+    rows, _ = registry.rows_for("train-007", ["gpu-0", "gpu-1"])
+    registry.last_heard[rows] = [100.0, 10.0]
+    board = VerdictBoard()
+    board.publish([OWN, NODE_WIDE], registry)
+    looked: list[tuple[str, str]] = []
+    real = registry.row
+    registry.row = lambda node, hw_id: looked.append((node, hw_id)) or real(node, hw_id)  # type: ignore[method-assign]
+    board.publish([], registry)
+    board.publish([OWN], registry)
+    assert looked == [("train-007", "gpu-0")] and len(board.snapshot()) == 2
+    registry.expire(now_s=120.0, ttl_s=60.0)  # gpu-1, last heard at 10 s, is gone
+    board.publish([], registry)
+    assert [v.hw_id for v, _ in board.snapshot()] == ["gpu-0"]
