@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
@@ -17,6 +18,7 @@ from otel_dra.classifier.views import DeviceView, by_device
 from otel_dra.logs import keys
 
 log = logging.getLogger(__name__)
+_VERDICT = operator.itemgetter(0)
 
 
 class VerdictBoard:
@@ -24,8 +26,8 @@ class VerdictBoard:
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
-        self._verdicts: dict[tuple[str, str], Verdict] = {}
-        self._attrs: dict[tuple[str, str], Mapping[str, str]] = {}
+        #: (verdict, its device's attributes) by (node, hw.id): a pair, so a snapshot is one C-level copy
+        self._entries: dict[tuple[str, str], tuple[Verdict, Mapping[str, str]]] = {}
         self.version = 0  # bumps on every change; watchers wait for it to move
         self._registry_generation = -1  # the registry's generation :meth:`publish` last forgot devices at
         self.closed = False
@@ -47,8 +49,7 @@ class VerdictBoard:
             before = self.version
             for verdict in changed:
                 key = (verdict.node, verdict.hw_id)
-                self._verdicts[key] = verdict
-                self._attrs[key] = attrs_of(*key)
+                self._entries[key] = (verdict, attrs_of(*key))
                 self.version += 1
             if self.version != before:
                 self._lock.notify_all()
@@ -56,10 +57,9 @@ class VerdictBoard:
     def forget(self, keep: Callable[[tuple[str, str]], bool]) -> None:
         """Drop devices the classifier no longer knows (expired)."""
         with self._lock:
-            gone = [k for k in self._verdicts if not keep(k)]
+            gone = [k for k in self._entries if not keep(k)]
             for key in gone:
-                del self._verdicts[key]
-                self._attrs.pop(key, None)
+                del self._entries[key]
                 self.version += 1
             if gone:
                 self._lock.notify_all()
@@ -86,7 +86,7 @@ class VerdictBoard:
 
     def snapshot(self) -> list[tuple[Verdict, Mapping[str, str]]]:
         with self._lock:
-            return [(v, self._attrs[k]) for k, v in self._verdicts.items()]
+            return list(self._entries.values())
 
     def publish(self, changed: list[Verdict], registry: DeviceRegistry) -> None:
         """The classifier's changed verdicts onto the board, each with its device's attributes from
@@ -104,7 +104,7 @@ class VerdictBoard:
             return {k: v for k, v in attrs.items() if k != cv.HW_ID}
 
         with self._lock:
-            known = {(v.node, v.hw_id) for v in changed if (v.node, v.hw_id) in self._verdicts}
+            known = {(v.node, v.hw_id) for v in changed if (v.node, v.hw_id) in self._entries}
         self.update(changed, attrs_of)
         if registry.generation != self._registry_generation:  # a device lost its row: forgotten ones leave
             self.forget(lambda key: registry.row(*key) is not None)
@@ -129,12 +129,12 @@ class VerdictBoard:
         """One verdict per DRA identity, several nodes' views combined by ``mode`` (``shared_only``: only those
         several nodes see)."""
         with self._lock:
-            verdicts = list(self._verdicts.values())
+            verdicts = list(map(_VERDICT, self._entries.values()))
         return by_device(verdicts, mode, shared_only)
 
     def health_by_device(self) -> dict[tuple[str, str], str]:
         with self._lock:
-            return {k: v.health for k, v in self._verdicts.items()}
+            return {k: v.health for k, (v, _) in self._entries.items()}
 
     def json_route(self) -> tuple[str, str, bytes]:
         """``/v1/devices``: unhealthy first, then Unknown, then by node and device."""
