@@ -6,10 +6,10 @@ about 38 µs a series, 23 s a cycle (BENCHMARKS.md); the fleet must publish ever
 seconds. The series are the same ones the agent's :class:`~otel_dra.sinks.verdict_metrics.VerdictSeries`
 emits through the SDK (the attributes from its :func:`~otel_dra.sinks.verdict_metrics.health_attributes`;
 checked by a test that parses both). Devices whose attributes have the same keys (every device of an agent
-version) share one :class:`_Shape`: their lines as ``str.format`` templates, the label names sorted and
-``hw_state`` and the health labels in place, so a device's six lines are two ``format`` calls on its values
-(the health labels' text is shared by every device with the same verdict). Nothing is kept per device: the
-first scrape of a fleet costs what every other does, and a fleet nobody scrapes holds no label text.
+version) share one :class:`_Shape`: their label names sorted, as one ``%`` template over the values, and where
+``hw_state`` and the health labels go, so a device's labels are one ``%`` on its values, read once a render for
+both families (the health labels' text is shared by every device with the same verdict). Nothing is kept per
+device: the first scrape of a fleet costs what every other does, and a fleet nobody scrapes holds no label text.
 
 ``k8s_node_name`` here is the device's node (the fleet has many), where the agent's comes
 from its resource.
@@ -73,7 +73,8 @@ def _keys_values(attrs: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, 
             return (), ()
         keys, values = zip(*pairs, strict=True)
         return keys, values
-    return tuple(attrs), tuple(attrs[k] for k in attrs) if type(attrs) is not dict else tuple(attrs.values())
+    keys = tuple(attrs)
+    return keys, tuple(attrs.values()) if type(attrs) is dict else tuple(attrs[k] for k in keys)
 
 
 def health_text(verdict: Verdict, texts: HealthTexts) -> str:
