@@ -77,13 +77,11 @@ def fleet(**options: Any) -> None:
     With --k8s-apply it is also the cluster's one DeviceTaintRule writer: run two or more replicas,
     each fed every node's telemetry, and the Lease holder writes (deploy/kubernetes/fleet).
     """
-    from otel_dra.allocator import fix_mmap_threshold
     from otel_dra.fleet import Fleet
     from otel_dra.sinks.k8s.apply import K8sApplyError
     from otel_dra.sinks.k8s.validation import K8sValidationError
 
     start_logging(options["log_level"], options["log_format"])
-    fix_mmap_threshold()  # (a fleet's per-tick temporaries would otherwise stay resident: see otel_dra.allocator)
     policy = load_policy(options["policy_file"])
     config = fleet_config(options)
     # gRPC's own error says only "Failed to bind" (and its C core logs a line of its own first): a
