@@ -33,7 +33,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from otel_dra.inflate import PIECE_SIZE, InflateError, inflate, reader
+from otel_dra.inflate import InflateError, inflate, reader
 from otel_dra.serve.config import HttpServerConfig
 from otel_dra.serve.listener import BACKLOG, IdleFirstCap, LoopThread, listen_socket, per_connection_tls
 
@@ -155,6 +155,10 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
 MAX_GZIP_MEMBERS = 1024
 #: Most CPU seconds inflating one body may take, whatever its size (a backstop: inflation is linear).
 MAX_GZIP_CPU_S = 2.0
+#: Most bytes a body's inflation makes at a time. zlib-ng sizes its output buffer by this bound: a megabyte was
+#: mapped and faulted in afresh on every call (glibc maps allocations that large), a collector's batch of 22
+#: nodes inflating 5x slower than in 256 kB pieces (measured in fresh processes: 4.4 ms against 0.8 ms).
+_BODY_PIECE: Final = 256 << 10
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
@@ -176,7 +180,7 @@ def gunzip(body: bytes, limit: int) -> bytes:
     out: list[bytes] = []
     size = 0
     try:
-        for piece in inflate(reader(body), min(PIECE_SIZE, limit + 1), member):
+        for piece in inflate(reader(body), min(_BODY_PIECE, limit + 1), member):
             size += len(piece)
             if size > limit:
                 raise BodyError(413, f"more than {limit:,} (inflated)")
