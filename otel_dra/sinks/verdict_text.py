@@ -89,12 +89,15 @@ def health_text(verdict: Verdict, texts: HealthTexts) -> str:
     return text
 
 
-def _split(text: str, at: int) -> tuple[str, str]:
-    """(head, tail) such that ``head + labels + tail`` is ``text`` with labels inserted at ``at``: the character
-    offset at which ``<labels>,`` goes (``len(text) + 1``: ``,<labels>`` is appended)."""
-    if at > len(text):
-        return f"{text},", ""
-    return text[:at], f",{text[at:]}"
+def _split(labels: str, values: tuple[str, ...], spliced: tuple[int, int]) -> tuple[str, str]:
+    """(head, tail) such that ``head + more + tail`` is ``labels`` (of ``values``) with more labels placed where
+    ``spliced`` (a shape's :attr:`~_Shape.state` or :attr:`~_Shape.health`: the label index, and the characters
+    before its value, values aside) says: ``<more>,`` at that offset, or ``,<more>`` appended past the end."""
+    k, fixed = spliced
+    at = fixed + sum(map(len, values[:k]))
+    if at > len(labels):
+        return f"{labels},", ""
+    return labels[:at], f",{labels[at:]}"
 
 
 class _Shape:
@@ -137,11 +140,6 @@ class _Shape:
         order = operator.itemgetter(*(at[k] for _, k in labelled))  # (two labels at least: it gives a tuple)
         return _Shape(names, order, [bisect.bisect_left(names, _STATE_LABEL), *health])
 
-    def split(self, labels: str, values: tuple[str, ...], spliced: tuple[int, int]) -> tuple[str, str]:
-        """``labels`` (of ``values``) cut where the labels of ``spliced`` (:attr:`state`, :attr:`health`) go."""
-        k, fixed = spliced
-        return _split(labels, fixed + sum(map(len, values[:k])))
-
 
 #: A device's five ``hw_status`` lines by its state's index, as pieces: its labels before ``hw_state`` go at
 #: ``1::5``, those after it at ``3::5``.
@@ -166,39 +164,37 @@ class VerdictText:
         """The text exposition of both metric families."""
         return b"".join(self.chunks(verdicts))
 
-    def _labels(self, verdict: Verdict, attrs: Mapping[str, str]) -> tuple[_Shape | None, str, tuple[str, ...]]:
-        """A device's shape, and its labels (but ``hw_state`` and the health labels) and their values, escaped;
-        (None, "", ()) for a device whose lines are made whole."""
-        keys, values = _keys_values(attrs)
+    def _shape(self, keys: tuple[str, ...]) -> _Shape | None:
         try:
-            shape = self._shapes[keys]
+            return self._shapes[keys]
         except KeyError:
             if len(self._shapes) >= _MAX_SHAPES:
                 self._shapes.clear()
             shape = self._shapes[keys] = _Shape.of(keys)
-        if shape is None:
-            return None, "", ()
-        values = shape.order((*values, verdict.hw_id, verdict.node))
-        joined = "".join(values)
-        if '"' in joined or "\\" in joined or "\n" in joined:
-            values = tuple(map(_escape, values))
-        return shape, shape.labels % values, values
+            return shape
 
     def _lines(self, verdict: Verdict, attrs: Mapping[str, str]) -> tuple[str, str]:
-        """A device's five ``hw_status`` lines and its ``dra_device_health`` line, from one look at its labels."""
-        shape, labels, values = self._labels(verdict, attrs)
+        """A device's five ``hw_status`` lines and its ``dra_device_health`` line, from one look at its labels
+        (the hot loop of a render: 100,000 calls for a fleet's, so written out rather than in helpers)."""
+        keys, values = _keys_values(attrs)
+        shape = self._shapes.get(keys) or self._shape(keys)
         if shape is None:
             base = _identity(verdict, attrs)
             status = "".join(
                 f"{_STATUS}{{{_labels({**base, cv.HW_STATE: s})}}} {int(s == verdict.state)}\n" for s in HW_STATES
             )
             return status, f"{_HEALTH}{{{_labels({**base, **health_attributes(verdict)})}}} 1\n"
-        head, tail = shape.split(labels, values, shape.state)
+        values = shape.order((*values, verdict.hw_id, verdict.node))
+        joined = "".join(values)
+        if '"' in joined or "\\" in joined or "\n" in joined:
+            values = tuple(map(_escape, values))
+        labels = shape.labels % values
         state = verdict.state
         pieces = _STATUS_PIECES[-1 if state is None else _STATE_INDEX.get(state, -1)].copy()
+        head, tail = _split(labels, values, shape.state)
         pieces[1::5] = (head,) * len(HW_STATES)
         pieces[3::5] = (tail,) * len(HW_STATES)
-        head, tail = shape.split(labels, values, shape.health)
+        head, tail = _split(labels, values, shape.health)
         return "".join(pieces), f"{_HEALTH}{{{head}{health_text(verdict, self._health_texts)}{tail}}} 1\n"
 
     def chunks(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]], batch: int = BATCH) -> Iterator[bytes]:
