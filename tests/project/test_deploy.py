@@ -891,6 +891,14 @@ def test_the_fleet_resources_are_requested_and_bounded():
         request, limit = quantity(resources["requests"][key]), quantity(resources["limits"][key])
         assert 0 < request <= limit, f"{key}: request {request} must be positive and within the limit {limit}"
     assert quantity(resources["limits"]["memory"]) >= 2 * quantity(resources["requests"]["memory"])
+    # The request covers the 10,000 devices the manifest says it fits, at the real process's measured RSS
+    # (bench_fleet_scale's 8,000-device row: floor and full windows, MiB), with room to spare.
+    bench = (REPO / "BENCHMARKS.md").read_text()
+    row = re.search(r"^\| 8,000 \| ([0-9,]+) MiB \| ([0-9,]+) MiB \|", bench, re.MULTILINE)
+    assert row, "BENCHMARKS.md has bench_fleet_scale's 8,000-device memory row"
+    floor, full = (float(x.replace(",", "")) * 2**20 for x in row.groups())
+    assert "about 10,000 devices" in (REPO / "deploy/kubernetes/fleet/30-statefulset.yaml").read_text()
+    assert quantity(resources["requests"]["memory"]) >= 1.15 * (floor + (full - floor) * 10_000 / 8_000)
 
 
 def test_the_fleet_security_context_is_tight_and_non_root():
