@@ -151,25 +151,28 @@ def cap_peers(w: Window) -> CapPeers:
     host_median, host_size = grouped_median(share[eligible], host, n_hosts)
     at_node = np.full(n_spans * n, np.nan)
     at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
-    # Its peers: its own bin's, or where those are too few, every bin from its own up. Each device joins the pool
-    # of its bin and those of every level up to its bin ("bin >= level"), keyed (kind, span, cohort, bin or level);
-    # it is read in its own bin's and in its bin's level's (its last copy).
+    # Its peers: its own bin's, or where those are too few, every bin from its own up ("bin >= level"), keyed (kind,
+    # span, cohort, bin or level). Own bins first; then the pools of the levels some device has too few peers in
+    # its own bin at: each device joins every such level up to its bin's, and the needy read their bin's level's
+    # (their last copy). A large fleet's bins are full: few copies, not one a device and level (at 100,000 devices
+    # those were 3.7 times its rows, sorted at 25 ms an evaluation).
     n_keys = n_spans * len(g.cohort_names) * n_bins
     own_key = group * n_bins + b[eligible]
+    own, own_others = quantile_of_others(share[eligible], own_key, n_keys, q)
+    needy = own_others + 1 < peers[eligible]
+    needed = np.zeros(n_keys, dtype=bool)
+    needed[own_key[needy]] = True
     copies = b[eligible] + 1
     member = np.repeat(np.arange(eligible.size), copies)
-    level = np.arange(member.size) - np.repeat(np.cumsum(copies) - copies, copies)
-    found, others = quantile_of_others(
-        np.concatenate([share[eligible], share[eligible[member]]]),
-        np.concatenate([own_key, n_keys + group[member] * n_bins + level]),
-        2 * n_keys,
-        q,
-    )
-    up = eligible.size + np.cumsum(copies) - 1  # each device's copy at its own bin's level
-    own_ok = others[: eligible.size] + 1 >= peers[eligible]
-    up_ok = others[up] + 1 >= peers[eligible]
+    level_key = group[member] * n_bins + np.arange(member.size) - np.repeat(np.cumsum(copies) - copies, copies)
+    kept = needed[level_key]
+    up, up_others = quantile_of_others(share[eligible[member[kept]]], level_key[kept], n_keys, q)
+    at = np.cumsum(kept)[np.cumsum(copies) - 1] - 1  # each needy device's copy at its own bin's level
     reference = np.full(n_spans * n, np.nan)
-    reference[eligible] = np.where(own_ok, found[: eligible.size], np.where(up_ok, found[up], np.nan))
+    reference[eligible[~needy]] = own[~needy]
+    up_ok = np.flatnonzero(needy)
+    up_ok = up_ok[up_others[at[up_ok]] + 1 >= peers[eligible[up_ok]]]
+    reference[eligible[up_ok]] = up[at[up_ok]]
     references = list(reference.reshape(n_spans, n))
     node_medians = list(at_node.reshape(n_spans, n))
     limit = w.mean(F.POWER_LIMIT)
