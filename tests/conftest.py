@@ -108,8 +108,26 @@ REALTIME_MODULES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """An e2e or realtime test outside REALTIME_MODULES would race the others under xdist: say so, don't run."""
+#: Realtime tests that mostly wait out a long real interval (a 60 s stale timeout, a fleet stopped for ten of them, a
+#: collector down past a stale timeout, an agent's restart), with seconds of tolerance: one worker of their own
+#: sleeps through them beside the others (three minutes of the realtime worker's ten), then leaves.
+LONG_WAITS = frozenset(
+    {
+        "tests/e2e/test_e2e_kubelet.py::test_done_when_with_every_default",
+        "tests/e2e/test_e2e_pause.py::test_a_fleet_stopped_for_ten_stale_timeouts_calls_no_node_stale_but_the_silent_one",
+        "tests/e2e/test_e2e_fleet.py::test_alerts_stay_quiet_when_only_the_collector_fails",
+        "tests/e2e/test_e2e_fleet.py::test_an_agent_restart_raises_no_false_alarm",
+    }
+)
+
+
+def _long_wait(nodeid: str) -> bool:
+    return nodeid.split("[", 1)[0] in LONG_WAITS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An e2e or realtime test outside REALTIME_MODULES would race the others under xdist: say so, don't run.
+    A LONG_WAITS entry that names no test (renamed, moved) would quietly join the others: say so too."""
     marked = ("e2e", "realtime")
     stray = sorted(
         {
@@ -122,20 +140,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(
             f"e2e or realtime tests in {', '.join(stray)}: add the module to REALTIME_MODULES in conftest.py"
         )
+    gone = [
+        nodeid
+        for nodeid in sorted(LONG_WAITS)
+        if f"def {nodeid.rsplit('::', 1)[1]}(" not in (config.rootpath / nodeid.split("::")[0]).read_text()
+    ]
+    if gone:
+        raise pytest.UsageError(f"LONG_WAITS in conftest.py names tests that are gone: {', '.join(gone)}")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker a core, and one more for LONG_WAITS (asleep most of the time)."""
+    from xdist.plugin import pytest_xdist_auto_num_workers as cores
+
+    return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 1
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """``--dist loadscope`` with REALTIME_MODULES as one scope (xdist's ``loadgroup`` would do it by
-    marker, but pytest 9.2 ignores the test ids xdist 3.8 rewrites for it)."""
+    marker, but pytest 9.2 ignores the test ids xdist 3.8 rewrites for it), and LONG_WAITS as another, given first
+    to a worker that takes nothing else (three workers or more: with fewer they stay with the realtime scope)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    waits_apart = len(config.getoption("tx") or ()) >= 3
+
     class RealtimeTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if waits_apart and _long_wait(nodeid):
+                return "long waits"
             module = nodeid.split("::", 1)[0]
             return "realtime" if Path(module).name in REALTIME_MODULES else module
+
+        def _assign_work_unit(self, node: object) -> None:
+            if "long waits" in self.workqueue and not self.assigned_work[node] and "realtime" not in self.workqueue:
+                self.workqueue.move_to_end("long waits", last=False)  # the realtime worker has its unit: this one next
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node: object) -> None:
+            if "long waits" in self.assigned_work[node]:
+                if not node.shutting_down:
+                    node.shutdown()  # its worker takes nothing else: it runs what it has, then leaves
+                return
+            super()._reschedule(node)
 
     return RealtimeTogether(config, log)
 
