@@ -10,7 +10,10 @@ timeouts dcgm-exporter users report at scale don't happen here.
 Nobody scraping, nothing is rendered: the background rendering runs while a scrape came within
 :data:`WANTED_S` (a Prometheus scraping every minute keeps it going); past that a sample only marks the
 rendering stale, and the next scrape renders it first (measured on a real fleet, rendering after every
-tick for nobody took a quarter of its CPU: BENCHMARKS.md, bench_fleet_process).
+tick for nobody took a quarter of its CPU: BENCHMARKS.md, bench_fleet_process). A small rendering (an
+agent's few hundred series: some 20 ms) is always left to the scrape that wants it: sampling every second
+and scraped every 15 s, rendering each sample would be fourteen renderings nobody reads (most of an agent's
+CPU, bench_agent), and the scrape waits for one of under :data:`ON_SCRAPE_S`.
 
 A large rendering (a fleet's: 600,000 series at 100,000 devices, some 200 MB of text) is kept
 gzip-compressed only, compressed once on the rendering thread: Prometheus takes gzip, and the text
@@ -37,6 +40,8 @@ PLAIN_MAX_BYTES: Final = 8 << 20
 #: How long after the last scrape samples are still rendered as they land (Prometheus scrapes every 15 s to 1 min;
 #: one that scrapes less often than this finds a stale rendering and waits for one).
 WANTED_S: Final = 300.0
+#: A rendering that took less than this is made by the scrape that asks for it, not after every sample.
+ON_SCRAPE_S: Final = 0.1
 
 
 def _packer() -> zlib_ng._Compress:
@@ -83,14 +88,19 @@ class ExpositionCache:
         self.asked_at = -float("inf")  # when a scrape last asked (monotonic)
         self.render_seconds = 0.0
         self.renders = 0
+        self._head_seconds = 0.0  # the registry's text, the last rendering
+        self._extra_seconds = 0.0  # extra's text, the last time it was rendered anew
 
     def stale(self) -> None:
         """A sample landed and nobody is rendering it: the next scrape renders first."""
         self._stale = True
 
     def wanted(self, within_s: float = WANTED_S) -> bool:
-        """Whether a scrape came within ``within_s``: rendering as samples land is then worth it."""
-        return time.monotonic() - self.asked_at <= within_s
+        """Whether rendering as samples land is worth it: a scrape came within ``within_s``, and the last
+        rendering took long enough, extra's text counted as the last time it changed (:data:`ON_SCRAPE_S`), that a
+        scrape should not wait for it."""
+        costly = self._head_seconds + self._extra_seconds >= ON_SCRAPE_S
+        return costly and time.monotonic() - self.asked_at <= within_s
 
     def render(self) -> None:
         """Collect every instrument and render the text exposition (past :data:`PLAIN_MAX_BYTES`, gzip
@@ -102,7 +112,10 @@ class ExpositionCache:
     def _render(self) -> None:
         t0 = time.perf_counter()
         head = generate_latest(self._registry)
-        self._render_extra()
+        t1 = time.perf_counter()
+        if self._render_extra():
+            self._extra_seconds = time.perf_counter() - t1
+        self._head_seconds = t1 - t0
         body: bytes | None = None
         gzipped: bytes | None = None
         if self._extra_gz is not None:  # large: gzip only, the registry's text as a member of its own before it
@@ -119,15 +132,15 @@ class ExpositionCache:
         self.render_seconds = time.perf_counter() - t0
         self.renders += 1
 
-    def _render_extra(self) -> None:
+    def _render_extra(self) -> bool:
         """``extra``'s text, kept while its version stays: as pieces when small, else as one gzip member
         (compressed as its pieces come, never held whole; members one after another are one gzip stream,
-        RFC 1952 section 2.2, which Prometheus and every gzip reader take)."""
+        RFC 1952 section 2.2, which Prometheus and every gzip reader take). Whether it was rendered anew."""
         if self._extra is None:
-            return
+            return False
         version = self._extra_version() if self._extra_version is not None else None
         if version is not None and version == self._extra_seen:
-            return
+            return False
         extra = self._extra()
         parts: list[bytes] = []
         size = 0
@@ -149,6 +162,7 @@ class ExpositionCache:
         else:
             self._extra_plain, self._extra_gz = parts, None
         self._extra_seen = version
+        return True
 
     def ready(self) -> bool:
         """Whether :meth:`body` would serve a rendering as it is (no rendering first, no decompression): what
@@ -181,8 +195,9 @@ class ExpositionCache:
 
 
 class Renderer:
-    """Re-renders the cache after each sample, on its own thread, while it is scraped (:meth:`ExpositionCache.wanted`;
-    else the sample marks it stale); samples that land while a rendering runs are coalesced into the next one."""
+    """Re-renders the cache after each sample, on its own thread, while it is scraped and slow to render
+    (:meth:`ExpositionCache.wanted`; else the sample marks it stale); samples that land while a rendering runs are
+    coalesced into the next one."""
 
     def __init__(self, cache: ExpositionCache) -> None:
         self._cache = cache

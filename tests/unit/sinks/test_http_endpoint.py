@@ -213,14 +213,16 @@ def test_v1_devices_carries_a_link_findings_scope_and_group_on_each_of_its_devic
     assert rows == [["link", "pcie/0000:40:00.0", "train-007", "4", "Unhealthy", "failed", "link", "reboot_node"]]
 
 
-def test_nobody_scraping_nothing_is_rendered_and_the_next_scrape_renders_what_landed():
+def test_nobody_scraping_nothing_is_rendered_and_the_next_scrape_renders_what_landed(monkeypatch):
     """Rendering after every sample for nobody cost a real fleet a quarter of its CPU (bench_fleet_process): with
     no scrape within WANTED_S, samples only mark the rendering stale; the next scrape renders them first, and
-    while scrapes keep coming the renderer renders as samples land again, so a scrape is a copy."""
+    while scrapes keep coming the renderer renders a costly rendering as samples land again, so a scrape is a copy."""
     from prometheus_client import Gauge
 
+    from otel_dra.sinks import exposition
     from otel_dra.sinks.exposition import Renderer
 
+    monkeypatch.setattr(exposition, "ON_SCRAPE_S", 0.0)  # (every rendering counts as costly here)
     registry = CollectorRegistry()
     gauge = Gauge("otel_dra_test_value", "a value", registry=registry)
     cache = ExpositionCache(registry, 3600.0)
@@ -244,3 +246,50 @@ def test_nobody_scraping_nothing_is_rendered_and_the_next_scrape_renders_what_la
         assert cache.renders == 3  # (a scrape of a fresh rendering renders nothing)
     finally:
         renderer.shutdown()
+
+
+def test_a_quick_rendering_is_made_by_the_scrape_not_after_every_sample():
+    """An agent samples every second and renders its few hundred series in some 20 ms: scraped every 15 s, a
+    rendering after each sample is fourteen nobody reads (most of its CPU, bench_agent). Scraped or not, its samples
+    only mark the rendering stale, and each scrape renders once what landed."""
+    from prometheus_client import Gauge
+
+    from otel_dra.sinks.exposition import Renderer
+
+    registry = CollectorRegistry()
+    gauge = Gauge("otel_dra_test_value", "a value", registry=registry)
+    cache = ExpositionCache(registry, 3600.0)
+    renderer = Renderer(cache)
+    renderer.start()
+    try:
+        for scrape in range(3):
+            for v in range(4):
+                gauge.set(10 * scrape + v)
+                renderer.sampled()
+                time.sleep(0.05)
+            assert cache.renders == 1 + scrape and not cache.ready()
+            assert f"otel_dra_test_value {10 * scrape + 3}.0".encode() in cache.body(False)
+            assert cache.renders == 2 + scrape and cache.ready()
+    finally:
+        renderer.shutdown()
+
+
+def test_a_fleet_whose_verdict_text_is_costly_renders_ahead_even_while_the_board_stands(monkeypatch):
+    """A fleet's verdict text (0.65 s at 100,000 devices) is kept while the board stands, so most renderings are
+    the quick self-telemetry alone; what decides whether to render ahead of the scrapes is what a rendering costs
+    when the verdicts move, or a scrape after a tick that changed them would wait for it."""
+    from otel_dra.sinks import exposition
+
+    monkeypatch.setattr(exposition, "ON_SCRAPE_S", 0.2)
+    version = [1]
+
+    def slow_text() -> bytes:
+        time.sleep(0.25)
+        return b"otel_dra_verdict 1\n"
+
+    cache = ExpositionCache(CollectorRegistry(), 3600.0, extra=slow_text, extra_version=lambda: version[0])
+    cache.body(False)  # a scrape: wanted from now on
+    cache.render()  # the verdict text rendered anew (slow)
+    assert cache.wanted()
+    cache.render()  # the board stood: the registry's text alone, quick
+    assert cache.render_seconds < 0.2 and cache.wanted()
