@@ -6,9 +6,9 @@ about 38 µs a series, 23 s a cycle (BENCHMARKS.md); the fleet must publish ever
 seconds. The series are the same ones the agent's :class:`~otel_dra.sinks.verdict_metrics.VerdictSeries`
 emits through the SDK (the attributes from its :func:`~otel_dra.sinks.verdict_metrics.health_attributes`;
 checked by a test that parses both). Devices whose attributes have the same keys (every device of an agent
-version) share one :class:`_Shape`: their label names sorted, as one ``%`` template over the values, and where
-``hw_state`` and the health labels go, so a device's labels are one ``%`` on its values, read once a render for
-both families (the health labels' text is shared by every device with the same verdict). Nothing is kept per
+version) share one :class:`_Shape`: their lines as ``%`` templates over the label values (sorted by label name, with
+``hw_state`` and the health labels in their places), so a device's lines are two ``%`` on its values, read once a
+render for both families (the health labels' text is shared by every device with the same verdict). Nothing is kept per
 device: the first scrape of a fleet costs what every other does, and a fleet nobody scrapes holds no label text.
 
 ``k8s_node_name`` here is the device's node (the fleet has many), where the agent's comes
@@ -89,23 +89,13 @@ def health_text(verdict: Verdict, texts: HealthTexts) -> str:
     return text
 
 
-def _split(labels: str, values: tuple[str, ...], spliced: tuple[int, int]) -> tuple[str, str]:
-    """(head, tail) such that ``head + more + tail`` is ``labels`` (of ``values``) with more labels placed where
-    ``spliced`` (a shape's :attr:`~_Shape.state` or :attr:`~_Shape.health`: the label index, and the characters
-    before its value, values aside) says: ``<more>,`` at that offset, or ``,<more>`` appended past the end."""
-    k, fixed = spliced
-    at = fixed + sum(map(len, values[:k]))
-    if at > len(labels):
-        return f"{labels},", ""
-    return labels[:at], f",{labels[at:]}"
-
-
 class _Shape:
-    """What every device whose attributes have the same keys shares: its label names sorted, as one ``%``
-    template over its label values, and where ``hw_state`` and the health labels go. Made once per key set, so
-    a device's labels are one ``%`` on its values."""
+    """What every device whose attributes have the same keys shares: its lines as ``%`` templates over its label
+    values (the five ``hw_status`` lines, one template for each state the device may be in, and the
+    ``dra_device_health`` line with a place for the health labels). Made once per key set, so a device's lines
+    are two ``%``: its values five times over, and its values and its health labels."""
 
-    __slots__ = ("health", "labels", "order", "state")
+    __slots__ = ("health", "health_at", "order", "status")
 
     def __init__(
         self, names: list[str], order: Callable[[tuple[str, ...]], tuple[str, ...]], spliced: list[int]
@@ -114,11 +104,19 @@ class _Shape:
         attribute values followed by its ``hw.id`` and node; ``spliced``: the label index at which ``hw_state``
         goes, and the health labels'."""
         self.order = order
-        self.labels = ",".join(f'{name}="%s"' for name in names)  # (label names are [a-zA-Z0-9_:]: no %)
-        fixed = [0]  # characters before the k-th label's value, values aside (``name="",`` each)
-        for name in names:
-            fixed.append(fixed[-1] + len(name) + 4)
-        self.state, self.health = ((k, fixed[k]) for k in spliced)
+        labels = [f'{name}="%s"' for name in names]  # (label names are [a-zA-Z0-9_:]: no %)
+        state, health = spliced
+
+        def status(s: str, value: str) -> str:
+            placed = [*labels[:state], _STATE_LABEL + '="' + s + '"', *labels[state:]]
+            return f"{_STATUS}{{{','.join(placed)}}} {value}\n"
+
+        #: By the index of the device's state in HW_STATES (-1: none): its five lines, values in ``%s``.
+        self.status = {
+            i: "".join(status(s, v) for s, v in zip(HW_STATES, values, strict=True)) for i, values in _VALUES.items()
+        }
+        self.health = f"{_HEALTH}{{{','.join([*labels[:health], '%s', *labels[health:]])}}} 1\n"
+        self.health_at = health  # (the health labels' ``%s`` comes after this many values)
 
     @staticmethod
     def of(keys: tuple[str, ...]) -> _Shape | None:
@@ -139,18 +137,6 @@ class _Shape:
             return None
         order = operator.itemgetter(*(at[k] for _, k in labelled))  # (two labels at least: it gives a tuple)
         return _Shape(names, order, [bisect.bisect_left(names, _STATE_LABEL), *health])
-
-
-#: A device's five ``hw_status`` lines by its state's index, as pieces: its labels before ``hw_state`` go at
-#: ``1::5``, those after it at ``3::5``.
-_STATUS_PIECES = {
-    i: [
-        p
-        for s, v in zip(HW_STATES, values, strict=True)
-        for p in (f"{_STATUS}{{", "", f'{_STATE_LABEL}="{s}"', "", f"}} {v}\n")
-    ]
-    for i, values in _VALUES.items()
-}
 
 
 class VerdictText:
@@ -188,14 +174,10 @@ class VerdictText:
         joined = "".join(values)
         if '"' in joined or "\\" in joined or "\n" in joined:
             values = tuple(map(_escape, values))
-        labels = shape.labels % values
         state = verdict.state
-        pieces = _STATUS_PIECES[-1 if state is None else _STATE_INDEX.get(state, -1)].copy()
-        head, tail = _split(labels, values, shape.state)
-        pieces[1::5] = (head,) * len(HW_STATES)
-        pieces[3::5] = (tail,) * len(HW_STATES)
-        head, tail = _split(labels, values, shape.health)
-        return "".join(pieces), f"{_HEALTH}{{{head}{health_text(verdict, self._health_texts)}{tail}}} 1\n"
+        status = shape.status[-1 if state is None else _STATE_INDEX.get(state, -1)] % (values * len(HW_STATES))
+        at = shape.health_at
+        return status, shape.health % (*values[:at], health_text(verdict, self._health_texts), *values[at:])
 
     def chunks(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]], batch: int = BATCH) -> Iterator[bytes]:
         """:meth:`render`'s text in pieces of ``batch`` devices' lines, made as they are read: what a fleet
