@@ -155,7 +155,7 @@ def cap_peers(w: Window) -> CapPeers:
     # span, cohort, bin or level). Own bins first; then the pools of the levels some device has too few peers in
     # its own bin at: each device joins every such level up to its bin's, and the needy read their bin's level's
     # (their last copy). A large fleet's bins are full: few copies, not one a device and level (at 100,000 devices
-    # those were 3.7 times its rows, sorted at 25 ms an evaluation).
+    # those were 3.7 times its rows, sorted out of cache: 68 ms of cap_peers an evaluation, 23 ms without them).
     n_keys = n_spans * len(g.cohort_names) * n_bins
     own_key = group * n_bins + b[eligible]
     own, own_others = quantile_of_others(share[eligible], own_key, n_keys, q)
