@@ -75,6 +75,10 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
 #: user's own, and never shared between tests. Every process a test starts inherits this worker's directory
 #: (module-scoped fixtures' processes included); each test gets its own below, and ``spawn_fleet`` its own too.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="otel-dra-tests-state-")
+#: A suite started in the background of a shell without job control (``nohup ./.ci/run &``) inherits SIGINT ignored,
+#: and so would every process it starts: the CLI processes that tests end with Ctrl-C would never end.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

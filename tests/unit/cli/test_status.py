@@ -141,6 +141,9 @@ def on_a_terminal(args: list[str], columns: int, seconds: float, interrupt: bool
             interrupt = False
             deadline = time.monotonic() + 30
             continue
+        if time.monotonic() > deadline + 30:  # (still running 30 s past its time: it did not end)
+            proc.kill()
+            break
         ready, _, _ = select.select([master], [], [], max(0.0, min(timeout, 0.2)))
         if ready:
             try:
