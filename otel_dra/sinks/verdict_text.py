@@ -6,9 +6,10 @@ about 38 µs a series, 23 s a cycle (BENCHMARKS.md); the fleet must publish ever
 seconds. The series are the same ones the agent's :class:`~otel_dra.sinks.verdict_metrics.VerdictSeries`
 emits through the SDK (the attributes from its :func:`~otel_dra.sinks.verdict_metrics.health_attributes`;
 checked by a test that parses both). Devices whose attributes have the same keys (every device of an agent
-version) share one :class:`_Shape`: their lines as ``%`` templates over the label values (sorted by label name, with
-``hw_state`` and the health labels in their places), so a device's lines are two ``%`` on its values, read once a
-render for both families (the health labels' text is shared by every device with the same verdict). Nothing is kept per
+version) share one :class:`_Shape`: their label text as ``%`` templates over the label values (sorted by label name,
+cut where ``hw_state`` and the health labels go) and their lines as joins of that text with literal pieces, so a
+device's labels are formatted once a render for its six lines (the health labels' text is shared by every device
+with the same verdict). Nothing is kept per
 device: the first scrape of a fleet costs what every other does, and a fleet nobody scrapes holds no label text.
 
 ``k8s_node_name`` here is the device's node (the fleet has many), where the agent's comes
@@ -90,33 +91,60 @@ def health_text(verdict: Verdict, texts: HealthTexts) -> str:
 
 
 class _Shape:
-    """What every device whose attributes have the same keys shares: its lines as ``%`` templates over its label
-    values (the five ``hw_status`` lines, one template for each state the device may be in, and the
-    ``dra_device_health`` line with a place for the health labels). Made once per key set, so a device's lines
-    are two ``%``: its values five times over, and its values and its health labels."""
+    """What every device whose attributes have the same keys shares: its label text as three ``%`` templates (the
+    labels before, between and after the two places where ``hw_state`` and the health labels go) and its lines as
+    picks from those three texts, the health labels' text and the literal pieces between them. A device's lines
+    are then three ``%`` over its label text, made once for its six lines, and two joins: ``%`` scans its
+    template a character at a time, a join copies whole pieces (a fleet's text is some 2 kB a device)."""
 
-    __slots__ = ("health", "health_at", "order", "status")
+    __slots__ = ("cuts", "health", "order", "status", "templates")
 
     def __init__(
-        self, names: list[str], order: Callable[[tuple[str, ...]], tuple[str, ...]], spliced: list[int]
+        self, names: list[str], order: Callable[[tuple[str, ...]], tuple[str, ...]], state: int, health: int
     ) -> None:
         """``names``: the label names, sorted; ``order``: a device's label values in that order, from its
-        attribute values followed by its ``hw.id`` and node; ``spliced``: the label index at which ``hw_state``
-        goes, and the health labels'."""
+        attribute values followed by its ``hw.id`` and node; ``state``, ``health``: the label index at which
+        ``hw_state`` goes, and the health labels'."""
         self.order = order
         labels = [f'{name}="%s"' for name in names]  # (label names are [a-zA-Z0-9_:]: no %)
-        state, health = spliced
+        p, q = sorted((state, health))
+        spans = ((0, p), (p, q), (q, len(names)))
+        self.cuts = (p, q)
+        self.templates = tuple(",".join(labels[a:b]) for a, b in spans)
 
-        def status(s: str, value: str) -> str:
-            placed = [*labels[:state], _STATE_LABEL + '="' + s + '"', *labels[state:]]
-            return f"{_STATUS}{{{','.join(placed)}}} {value}\n"
+        def line(metric: str, at: int, placed: str | int, value: str) -> list[str | int]:
+            """A line's pieces: literal text, or the index of a device's text (0-2: its labels' spans; 3: its
+            health labels) in the tuple the picks read."""
+            groups: list[str | int] = []
+            for k, (a, b) in enumerate(spans):
+                if a == at and placed not in groups:
+                    groups.append(placed)
+                if a < b:
+                    groups.append(k)
+            pieces: list[str | int] = [metric + "{"]
+            for i, group in enumerate(groups):
+                pieces += [",", group] if i else [group]
+            return [*pieces, "} " + value + "\n"]
 
-        #: By the index of the device's state in HW_STATES (-1: none): its five lines, values in ``%s``.
+        def pick(pieces: list[str | int]) -> tuple[Callable[[tuple[str, ...]], tuple[str, ...]], tuple[str, ...]]:
+            """Adjacent literals merged; the picker and the literals it reads after a device's four texts."""
+            merged: list[str | int] = []
+            for piece in pieces:
+                if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+                    merged[-1] += piece
+                else:
+                    merged.append(piece)
+            literals = tuple(piece for piece in merged if isinstance(piece, str))
+            at = iter(range(4, 4 + len(literals)))
+            return operator.itemgetter(*(next(at) if isinstance(x, str) else x for x in merged)), literals
+
+        state_labels = [f'{_STATE_LABEL}="{s}"' for s in HW_STATES]
+        #: By the index of the device's state in HW_STATES (-1: none): its five lines' picker and literals.
         self.status = {
-            i: "".join(status(s, v) for s, v in zip(HW_STATES, values, strict=True)) for i, values in _VALUES.items()
+            i: pick([x for label, v in zip(state_labels, values, strict=True) for x in line(_STATUS, state, label, v)])
+            for i, values in _VALUES.items()
         }
-        self.health = f"{_HEALTH}{{{','.join([*labels[:health], '%s', *labels[health:]])}}} 1\n"
-        self.health_at = health  # (the health labels' ``%s`` comes after this many values)
+        self.health = pick(line(_HEALTH, health, 3, "1"))
 
     @staticmethod
     def of(keys: tuple[str, ...]) -> _Shape | None:
@@ -136,7 +164,7 @@ class _Shape:
         if len(health) != 1:
             return None
         order = operator.itemgetter(*(at[k] for _, k in labelled))  # (two labels at least: it gives a tuple)
-        return _Shape(names, order, [bisect.bisect_left(names, _STATE_LABEL), *health])
+        return _Shape(names, order, bisect.bisect_left(names, _STATE_LABEL), *health)
 
 
 class VerdictText:
@@ -174,10 +202,13 @@ class VerdictText:
         joined = "".join(values)
         if '"' in joined or "\\" in joined or "\n" in joined:
             values = tuple(map(_escape, values))
+        p, q = shape.cuts
+        first, between, last = shape.templates
+        texts = (first % values[:p], between % values[p:q], last % values[q:], health_text(verdict, self._health_texts))
         state = verdict.state
-        status = shape.status[-1 if state is None else _STATE_INDEX.get(state, -1)] % (values * len(HW_STATES))
-        at = shape.health_at
-        return status, shape.health % (*values[:at], health_text(verdict, self._health_texts), *values[at:])
+        pick_status, literals = shape.status[-1 if state is None else _STATE_INDEX.get(state, -1)]
+        pick_health, health_literals = shape.health
+        return "".join(pick_status(texts + literals)), "".join(pick_health(texts + health_literals))
 
     def chunks(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]], batch: int = BATCH) -> Iterator[bytes]:
         """:meth:`render`'s text in pieces of ``batch`` devices' lines, made as they are read: what a fleet
