@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from otel_dra.component import ConfigError as ConfigError  # (the CLI and tests import it from here too)
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.faults import Fault
+from otel_dra.heap import HeapTrimConfig
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.scenario.load import PROFILES as LOAD_PROFILES
 from otel_dra.sinks.config import EndpointConfig, K8sOutputConfig, KubeletConfig, OtlpPushConfig
@@ -145,6 +146,8 @@ class FleetConfig:
     max_queued_points: int = 4_000_000
     #: --state-dir: where the verdict engine's memory is kept across restarts (fleet.json); None: not kept.
     state_dir: str | None = None
+    #: --no-heap-trim: keep glibc's free heap resident instead of handing it back after ticks.
+    heap: HeapTrimConfig = field(default_factory=HeapTrimConfig)
 
     def __post_init__(self) -> None:
         if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:

@@ -26,6 +26,7 @@ from otel_dra.classifier import Classifier, Verdict
 from otel_dra.component import Components
 from otel_dra.config import ClusterWriterConfig, FleetConfig
 from otel_dra.frame import Frame, Schema
+from otel_dra.heap import HeapTrimmer
 from otel_dra.policy import Policy
 from otel_dra.receivers.tls import describe
 from otel_dra.sinks import provider
@@ -74,6 +75,7 @@ class Fleet:
         # The cluster writer's budget of new acting taints (its metric reads 0 without a writer).
         self.brake = Brake(BudgetSettings.from_policy(self.policy))
         self.state: StateStore | None = None  # with a state directory: held faults across restarts
+        self.heap = HeapTrimmer(config.heap)  # what the ticks and requests freed, handed back after a tick
 
     # -- data in -------------------------------------------------------------------------------
     def on_frames(self, frames: list[Frame], arrival_unix_nano: int | None = None) -> None:
@@ -222,6 +224,7 @@ class Fleet:
         if endpoint is not None:
             self.endpoint = run.start("HTTP endpoint", endpoint)
         run.start("verdict board", self.board)
+        run.start("heap trimmer", self.heap)
         log.info(
             "otel-dra %s fleet: OTLP gRPC %s, OTLP/HTTP %s (%s), verdicts every %gs",
             __version__,
@@ -244,6 +247,7 @@ class Fleet:
                     self.tick()
                 except Exception as exc:  # a failed tick must not end the fleet
                     log.error("evaluation tick failed; retrying next tick", exc_info=exc)
+                self.heap.after_tick()
                 next_at = max(next_at + self.config.evaluate_every_s, time.monotonic())
         finally:
             self.close()

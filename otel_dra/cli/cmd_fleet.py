@@ -18,6 +18,7 @@ from otel_dra.cli.pipeline_options import (
     tls_auth_options,
 )
 from otel_dra.config import FleetConfig
+from otel_dra.heap import HeapTrimConfig
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
 
@@ -61,6 +62,14 @@ from otel_dra.sinks.config import EndpointConfig
     show_default=True,
     help="Values decoded but not yet evaluated at most (about 8 bytes each); past it clients are told to retry "
     "after the next evaluation.",
+)
+@click.option(
+    "--heap-trim/--no-heap-trim",
+    default=HeapTrimConfig.enabled,
+    show_default=True,
+    help="After a tick, hand the memory the C library holds free back to the system when it holds a lot "
+    "(glibc's malloc_trim, at most 1% of the time): requests and ticks free temporaries that would otherwise "
+    "stay resident, about as much again as the devices' windows at 8,000 devices.",
 )
 @limit_options
 @http_server_options

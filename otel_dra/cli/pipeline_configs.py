@@ -13,6 +13,7 @@ import click
 from otel_dra.cli.flags import FLAGS, usage_error
 from otel_dra.cli.options import decode_limits, http_server_config
 from otel_dra.config import AgentConfig, ClusterWriterConfig, FleetConfig, resolve_node_name
+from otel_dra.heap import HeapTrimConfig
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import (
     EndpointConfig,
@@ -164,4 +165,5 @@ def fleet_config(o: Options) -> FleetConfig:
             evaluate_every_s=o["evaluate_every"],
             k8s=k8s,
             state_dir=o["state_dir"],
+            heap=HeapTrimConfig(enabled=o["heap_trim"]),
         )

@@ -1,0 +1,114 @@
+"""The heap trimmer, on this machine's real glibc: memory freed inside the heap goes back to the system after a
+tick, only when there is enough of it, and trims take at most their share of the time."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from otel_dra import policy
+from otel_dra.component import ConfigError
+from otel_dra.config import FleetConfig
+from otel_dra.fleet import Fleet
+from otel_dra.heap import HeapTrimConfig, HeapTrimmer, HeapUse, _glibc
+from otel_dra.receivers.config import ReceiverConfig
+from otel_dra.sinks.config import EndpointConfig
+
+pytestmark = pytest.mark.skipif(_glibc() is None, reason="the C library has no mallinfo2/malloc_trim (not glibc)")
+
+PAGE = 4096
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def freed_inside_the_heap(total: int = 192 << 20, piece: int = 96 << 10) -> list[bytearray]:
+    """``total`` bytes in pieces under glibc's mmap threshold (so in its heap), written, then freed; a small
+    piece kept after each (over Python's 512-byte small-object limit: from glibc's heap too), so the freed
+    pages are in the middle of the heap (glibc gives back only its top by itself). Returns what is kept."""
+    pieces, kept = [], []
+    for _ in range(total // piece):
+        pieces.append(bytearray(b"\x01") * piece)
+        kept.append(bytearray(b"\x02") * 1024)
+    del pieces
+    return kept
+
+
+def test_memory_freed_inside_the_heap_goes_back_after_a_tick():
+    trimmer = HeapTrimmer(HeapTrimConfig())
+    trimmer.start()
+    kept = freed_inside_the_heap()
+    before = resident_bytes()
+    assert trimmer.after_tick(monotonic=1000.0)
+    assert before - resident_bytes() > 128 << 20, "most of the 192 MiB freed should have left the resident set"
+    assert trimmer.trims == 1 and trimmer.seconds > 0
+    assert kept[0][0] == 2
+
+
+def test_nothing_is_trimmed_while_the_heap_holds_little_free():
+    trimmer = HeapTrimmer(HeapTrimConfig(min_free_bytes=1 << 40))
+    freed_inside_the_heap(32 << 20)
+    before = resident_bytes()
+    assert not trimmer.after_tick(monotonic=1000.0)
+    assert trimmer.trims == 0
+    assert resident_bytes() > before - (16 << 20)  # (what the interpreter itself frees meanwhile aside)
+
+
+def test_the_free_share_of_what_is_in_use_decides_too():
+    due = HeapTrimmer(HeapTrimConfig(min_free_bytes=1 << 20, min_free_share=0.1)).due
+    assert due(HeapUse(in_use=100 << 20, free=11 << 20))
+    assert not due(HeapUse(in_use=100 << 20, free=9 << 20))  # (a tenth of what is in use: soon reused)
+    assert not due(HeapUse(in_use=1 << 20, free=1 << 19))  # (under the floor)
+
+
+def test_a_trim_waits_until_its_cost_is_a_small_share_of_the_time_since():
+    trimmer = HeapTrimmer(HeapTrimConfig(min_free_bytes=0, min_free_share=0.0, max_time_share=0.01))
+    assert trimmer.after_tick(monotonic=1000.0)
+    wait = trimmer.seconds / 0.01
+    assert not trimmer.after_tick(monotonic=1000.0 + wait * 0.9)
+    assert trimmer.after_tick(monotonic=1000.0 + wait * 1.1)
+    assert trimmer.trims == 2
+
+
+def test_off_it_never_calls_the_c_library():
+    trimmer = HeapTrimmer(HeapTrimConfig(enabled=False, min_free_bytes=0, min_free_share=0.0))
+    trimmer.start()
+    assert not trimmer.after_tick(monotonic=1000.0)
+    assert trimmer.seconds == 0.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("min_free_bytes", -1, "HeapTrimConfig.min_free_bytes must not be negative, got -1"),
+        ("min_free_share", float("nan"), "HeapTrimConfig.min_free_share must not be negative, got nan"),
+        ("max_time_share", 0.0, "HeapTrimConfig.max_time_share must be in (0, 1], got 0.0"),
+    ],
+)
+def test_a_bad_setting_is_named(field, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        HeapTrimConfig(**{field: value})
+
+
+def test_the_running_fleet_trims_after_its_ticks():
+    config = FleetConfig(
+        receiver=ReceiverConfig(grpc_port=0, http_port=0),
+        endpoint=EndpointConfig(port=0),
+        evaluate_every_s=0.05,
+        heap=HeapTrimConfig(min_free_bytes=0, min_free_share=0.0, max_time_share=1.0),
+    )
+    fleet = Fleet(config, policy.load())
+    runner = threading.Thread(target=fleet.run)
+    runner.start()
+    try:
+        for _ in range(200):
+            if fleet.heap.trims >= 2 and fleet.ticks >= 2:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        fleet.stop()
+        runner.join(10)
+    assert fleet.heap.trims >= 2
