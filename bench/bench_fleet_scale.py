@@ -258,17 +258,6 @@ def _probe(signum, frame):
 
 signal.signal(signal.SIGUSR1, _probe)
 signal.signal(signal.SIGUSR2, _probe)
-
-if os.environ.get("BENCH_TRIM_EVERY"):  # (an experiment: what trimming the heap as the fleet ticks would give)
-    import threading
-
-    def _trim(every=float(os.environ["BENCH_TRIM_EVERY"])):
-        libc = ctypes.CDLL("libc.so.6")
-        while True:
-            time.sleep(every)
-            libc.malloc_trim(0)
-
-    threading.Thread(target=_trim, daemon=True).start()
 """
 
 
@@ -606,7 +595,6 @@ def section(
     ring: int,
     lanes: int,
     took_s: float,
-    trim_every: float = 0.0,
     code: tuple[str, str] = ("", ""),
 ) -> str:
     lines = [
@@ -655,16 +643,11 @@ def section(
         "Growth = VmRSS two ticks after the last round - VmRSS of the fleet warmed up (one extra node pushed, a "
         "tick run: its code loaded). The arrays a device needs: the window store's ring, times and sums and the "
         f"horizon's buckets (`bench_memory.window_arrays`, {_kb(memory[0].window_bytes if memory else 0)} a row of "
-        "a classifier built as the fleet's). The process trims nothing before the reading (no `gc.collect()`, no "
-        "`malloc_trim`, unlike the in-process figure); a probe loaded in it (`sitecustomize`, signalled after the "
-        "reading) tells glibc's `mallinfo2`, the classifier's rows, and what `gc.collect()` + `malloc_trim(0)` "
-        "give back."
-        + (
-            f" **An experiment, not the fleet as it ships:** here the probe also trims the fleet's heap "
-            f"(`malloc_trim(0)`) every {trim_every:g} s."
-            if trim_every
-            else ""
-        )
+        "a classifier built as the fleet's). The fleet runs as it ships: it hands glibc's free heap back after a "
+        "tick when there is enough of it (`--heap-trim`, on by default: `otel_dra/heap.py`), and nothing else is "
+        "collected or trimmed before the reading (unlike the in-process figure); a probe loaded in it "
+        "(`sitecustomize`, signalled after the reading) tells glibc's `mallinfo2`, the classifier's rows, and what "
+        "`gc.collect()` + `malloc_trim(0)` give back then."
     )
     lines += ["", "| devices | RSS floor | RSS, windows full | growth per device | beyond the window arrays | "
               "beyond, after `malloc_trim` | rows (capacity) | push: fleet CPU per point | pushed | 503s retried "
@@ -692,12 +675,13 @@ def section(
             lambda m: m.malloc("uordblks") + m.malloc("hblkhd") - m.arrays,
         ),
         (
-            "free memory malloc holds in its heaps (fragments of freed temporaries; resident unless trimmed)",
+            "free memory malloc holds in its heaps (fragments of freed temporaries; what the fleet trimmed counts, "
+            "not resident)",
             lambda m: m.malloc("fordblks"),
         ),
         ("... of which `gc.collect()` + `malloc_trim(0)` gave back", lambda m: m.trimmed),
         (
-            "the rest: Python's small-object arenas, stacks, less heap not resident",
+            "the rest: Python's small-object arenas, stacks, less free heap not resident (trimmed)",
             lambda m: m.growth - m.malloc("uordblks") - m.malloc("hblkhd") - m.malloc("fordblks"),
         ),
     ]
@@ -790,7 +774,6 @@ def section(
         "",
         "Reproduce: `flock /tmp/bench.lock .venv/bin/python bench/bench_fleet_scale.py"
         + (f" --devices-list {devices}" if devices else "")
-        + (f" --trim-every {trim_every:g}" if trim_every else "")
         + "`.",
         END,
         "",
@@ -806,12 +789,6 @@ def main() -> int:
     ap.add_argument("--scrape-devices", type=int, default=100_000, help="the scraped fleet (0: none)")
     ap.add_argument("--in-process-devices", type=int, default=8_000, help="bench_memory's in-process child (0: none)")
     ap.add_argument("--trace-devices", type=int, default=2_000, help="a fleet under tracemalloc (0: none)")
-    ap.add_argument(
-        "--trim-every",
-        type=float,
-        default=0.0,
-        help="an experiment: the memory fleets' heaps trimmed (malloc_trim) every this many seconds by the probe",
-    )
     ap.add_argument("--lanes", type=int, default=8, help="keep-alive connections the pushes share")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--workdir", type=Path, help="keep the fleets' logs here (default: a temporary folder)")
@@ -838,8 +815,7 @@ def main() -> int:
         for devices in wanted:
             print(f"memory: {devices:,} devices, {rounds} rounds ...", flush=True)
             where = workdir / f"fleet-{devices}"
-            trim = {"BENCH_TRIM_EVERY": f"{args.trim_every:g}"} if args.trim_every else None
-            fleet, floor = fed_fleet(where, traffic, devices, args.lanes, extra_env=trim)
+            fleet, floor = fed_fleet(where, traffic, devices, args.lanes)
             try:
                 if devices in sizes:
                     memory.append(measure_memory(fleet, floor, devices, window_bytes, where))
@@ -865,7 +841,7 @@ def main() -> int:
             traced = trace(workdir / "fleet-traced", traffic, args.trace_devices, args.lanes)
             print(f"  {traced.traced:,.0f} B a device traced", flush=True)
     took = time.monotonic() - started
-    text = section(memory, idle, scrapes, inproc, traced, rounds, ring, args.lanes, took, args.trim_every,
+    text = section(memory, idle, scrapes, inproc, traced, rounds, ring, args.lanes, took,
                    (code, bm.code_fingerprint()))  # fmt: skip
     print(text)
     if not args.no_write:
