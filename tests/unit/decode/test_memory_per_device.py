@@ -31,6 +31,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from otel_dra import conventions as cv
 from otel_dra import policy
 from otel_dra.classifier import Classifier
+from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.decode import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import OtlpProtoDecoder
 from otel_dra.frame import FrozenAttrs, Schema
@@ -193,3 +194,20 @@ def test_a_batch_that_brings_a_fleet_grows_the_arrays_once_to_fit_it():
     assert len(classifier.registry) == 1200
     assert classifier.registry.capacity <= 1200 + 64, classifier.registry.capacity
     assert classifier.store.ring.shape[2] == classifier.registry.capacity
+
+
+def test_devices_that_come_over_several_ticks_leave_few_rows_unused():
+    """A fleet's devices arriving over two ticks (5,744 then 2,256, as a fleet of 8,000 pushed back to back
+    does) and then a few at a time: the rows grow to fit each batch, and by an eighth for the stragglers, so
+    the arrays are never more than an eighth larger than the devices."""
+    registry = DeviceRegistry(1024)
+    registry.reserve([(f"node-{n}", [f"gpu-{i}" for i in range(8)]) for n in range(718)])
+    for n in range(718):
+        registry.rows_for(f"node-{n}", [f"gpu-{i}" for i in range(8)])
+    registry.reserve([(f"node-{n}", [f"gpu-{i}" for i in range(8)]) for n in range(718, 1000)])
+    for n in range(718, 1000):
+        registry.rows_for(f"node-{n}", [f"gpu-{i}" for i in range(8)])
+    assert len(registry) == 8000 and registry.capacity == 8000
+    for n in range(1000, 1100):
+        registry.rows_for(f"node-{n}", [f"gpu-{i}" for i in range(8)])
+    assert registry.capacity == 8000 + 8000 // 8 and registry.capacity <= len(registry) * 9 // 8 + 8
