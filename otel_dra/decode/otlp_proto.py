@@ -57,8 +57,12 @@ from otel_dra.decode.text import PROTO_DIALECT, one_line
 from otel_dra.frame import Frame, Schema, attrs_of
 
 #: Series (metric, attribute set) whose device and column are cached for the plain path (a cache only: at
-#: this size it is emptied and refilled; templates make it unneeded for steady traffic).
-MAX_CACHED_SERIES: Final = 20_000
+#: this size it is emptied and refilled). A node's first request leaves a template that reads its next ones, so
+#: the cache serves only sections no template reads: some 270 bytes a series, at 20,000 it held 5 MB, 0.7 kB a
+#: device of a fleet of 8,000 (bench_fleet_scale) for hits that steady traffic never makes.
+MAX_CACHED_TARGETS: Final = 4_096
+#: Templates' metric-name tuples kept (one object for equal ones).
+MAX_CACHED_NAMES: Final = 20_000
 #: Device names and descriptive attribute sets (one per device) kept before all of them, and the templates
 #: that refer to them, are dropped and relearned: a bound for churn over a long run, above a fleet's needs.
 MAX_INTERNED: Final = 250_000
@@ -85,7 +89,7 @@ class OtlpProtoDecoder(DecoderCore):
 
     Memory is bounded: templates by ``max_template_bytes`` (least recently used dropped first) and
     by idleness (TEMPLATE_IDLE_NS; a node's time floor by NODE_IDLE_NS, both by ``clock``),
-    the per-series lookup cache by :data:`MAX_CACHED_SERIES`, device tables by :data:`MAX_TABLES`,
+    the per-series lookup cache by :data:`MAX_CACHED_TARGETS`, device tables by :data:`MAX_TABLES`,
     device names and descriptive attribute sets by :data:`MAX_INTERNED` (past it everything is
     dropped and relearned). What input may create is capped by ``limits`` (nodes, devices, series kinds,
     attribute lengths): past a cap points are refused and counted by reason (``DecodeResult.limited``).
@@ -146,7 +150,7 @@ class OtlpProtoDecoder(DecoderCore):
         if found is None:
             found = self._series.target(metric, attrs, lambda device: self._admit_device(devices, device))
             if not (isinstance(found, Refusal) and found.reason in DEVICE_REASONS):
-                if len(self._targets) >= MAX_CACHED_SERIES:
+                if len(self._targets) >= MAX_CACHED_TARGETS:
                     self._targets.clear()
                 self._targets[key] = found
             return found
@@ -394,7 +398,7 @@ class OtlpProtoDecoder(DecoderCore):
         """``names``, or the equal tuple a template already holds."""
         found = self._names.get(names)
         if found is None:
-            if len(self._names) >= MAX_CACHED_SERIES:
+            if len(self._names) >= MAX_CACHED_NAMES:
                 self._names.clear()
             found = self._names[names] = names
         return found
