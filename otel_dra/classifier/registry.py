@@ -25,15 +25,25 @@ ReleaseHook = Callable[[np.ndarray], None]
 
 def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: np.ndarray | None = None) -> np.ndarray:
     """``array`` extended along ``axis`` to ``capacity``, new entries set to ``fill``; with ``keep``, only
-    those entries (in that order, renumbered from 0) are kept before it is extended."""
+    those entries (in that order, renumbered from 0) are kept before it is extended.
+
+    The new entries of a zero ``fill`` are not written: a large array comes zeroed from the system (calloc,
+    mapped pages), so rows past the devices' cost no resident memory until a device is given them."""
     if keep is not None:
         array = np.take(array, keep, axis=axis)
-    shape = list(array.shape)
-    extra = capacity - shape[axis]
-    if extra <= 0:
+    old = array.shape[axis]
+    if capacity <= old:
         return array
-    shape[axis] = extra
-    return np.concatenate([array, np.full(shape, fill, dtype=array.dtype)], axis=axis)
+    shape = list(array.shape)
+    shape[axis] = capacity
+    out = np.zeros(shape, dtype=array.dtype)
+    at: list[slice] = [slice(None)] * array.ndim
+    at[axis] = slice(0, old)
+    out[tuple(at)] = array
+    if fill != 0:  # (NaN too)
+        at[axis] = slice(old, None)
+        out[tuple(at)] = fill
+    return out
 
 
 class DeviceRegistry:

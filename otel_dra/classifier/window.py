@@ -40,8 +40,11 @@ class WindowStore:
         self.features = features
         self.window = window
         self.window_s = window_s
-        self.ring = np.full((window, features, capacity), np.nan, dtype=np.float32)
-        self.times = np.full((window, capacity), np.nan)  # sample time (unix s) of each slot
+        # The ring's and times' slots a row has not written are never read (the sums leave only written
+        # slots, :meth:`samples` masks the rest): they start as zeros, so rows past the devices' (capacity
+        # grown ahead) hold no resident pages of the largest arrays until a device is given them.
+        self.ring = np.zeros((window, features, capacity), dtype=np.float32)
+        self.times = np.zeros((window, capacity))  # sample time (unix s) of each slot
         self.written = np.zeros(capacity, dtype=np.int64)  # samples ever written per row
         self.tail = np.zeros(capacity, dtype=np.int64)  # the oldest sample still in the window
         self.sums = np.zeros((features, capacity))  # over the window, NaN counted as absent
@@ -54,8 +57,8 @@ class WindowStore:
         return int(self.written.shape[0])
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.ring = grown(self.ring, capacity, np.nan, axis=2, keep=keep)
-        self.times = grown(self.times, capacity, np.nan, axis=1, keep=keep)
+        self.ring = grown(self.ring, capacity, 0.0, axis=2, keep=keep)  # (unwritten slots are never read)
+        self.times = grown(self.times, capacity, 0.0, axis=1, keep=keep)
         self.written = grown(self.written, capacity, 0, keep=keep)
         self.tail = grown(self.tail, capacity, 0, keep=keep)
         self.sums = grown(self.sums, capacity, 0.0, axis=1, keep=keep)
