@@ -26,7 +26,7 @@ from otel_dra.classifier import Classifier, Verdict
 from otel_dra.component import Components
 from otel_dra.config import ClusterWriterConfig, FleetConfig
 from otel_dra.frame import Frame, Schema
-from otel_dra.heap import HeapTrimmer
+from otel_dra.heap import HeapTrimmer, numpy_small_pages
 from otel_dra.policy import Policy
 from otel_dra.receivers.tls import describe
 from otel_dra.sinks import provider
@@ -58,6 +58,8 @@ class Fleet:
         self.config = config
         self.policy = policy
         self.schema = Schema()
+        if config.heap.enabled:
+            numpy_small_pages()  # (before the classifier's arrays: rows grown ahead stay unresident)
         self.classifier = Classifier(policy, self.schema, interval_s=config.sample_interval_s, capacity=1024)
         self.board = VerdictBoard()
         self._pending: list[Frame] = []

@@ -1,4 +1,4 @@
-"""Giving the heap's free memory back to the system after a tick.
+"""The fleet process's memory: the heap's free memory given back after a tick, numpy's arrays on small pages.
 
 A fleet's receivers and ticks allocate and free temporaries of every size on several threads (request bodies,
 decoded frames, a tick's arrays). glibc keeps what is freed inside its heaps (the main one, and an arena for
@@ -11,6 +11,13 @@ of its throughput (every large request buffer mapped and faulted in afresh: BENC
 :class:`HeapTrimmer` asks glibc how much it holds free (``mallinfo2``, a walk of its free lists) after each
 tick and trims when that is worth it, and never spends more than a small share of the time on it. Only
 glibc has these calls: elsewhere (musl, macOS) it does nothing, and says so once.
+
+numpy asks the kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on every array of 4 MB or more;
+where the kernel grants them on request (THP ``madvise``, a common default) one byte written makes 2 MB
+resident. A classifier's arrays hold devices as their last axis, so the rows grown ahead of the devices are a
+tail in every slab of the ring: on huge pages they were resident from the first write of any row
+(``tests/unit/classifier/test_window_store.py``). :func:`numpy_small_pages` turns numpy's request off; the 100,000
+device evaluation ran as fast either way (BENCHMARKS.md's notes on #32).
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from otel_dra.component import ConfigError
@@ -141,3 +149,17 @@ class HeapTrimmer:
             self.trims += 1
             log.debug("heap trimmed in %.3fs (%d MiB free in glibc's heaps)", spent, held.free >> 20)
         return trimming
+
+
+def numpy_small_pages(environ: Mapping[str, str] = os.environ) -> bool:
+    """Stop numpy asking for huge pages for the arrays it allocates from now on, unless the user chose with
+    numpy's own ``NUMPY_MADVISE_HUGEPAGE``; True when it was turned off here."""
+    if "NUMPY_MADVISE_HUGEPAGE" in environ:
+        return False
+    from numpy._core import multiarray  # (numpy 2: the setter numpy's own environment variable drives)
+
+    setter = getattr(multiarray, "_set_madvise_hugepage", None)
+    if setter is None:
+        return False
+    setter(False)
+    return True

@@ -11,7 +11,7 @@ from otel_dra import policy
 from otel_dra.component import ConfigError
 from otel_dra.config import FleetConfig
 from otel_dra.fleet import Fleet
-from otel_dra.heap import HeapTrimConfig, HeapTrimmer, HeapUse, _glibc
+from otel_dra.heap import HeapTrimConfig, HeapTrimmer, HeapUse, _glibc, numpy_small_pages
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
 
@@ -112,3 +112,17 @@ def test_the_running_fleet_trims_after_its_ticks():
         fleet.stop()
         runner.join(10)
     assert fleet.heap.trims >= 2
+
+
+def test_numpy_is_kept_off_huge_pages_unless_its_own_variable_says():
+    from numpy._core import multiarray
+
+    before = multiarray._get_madvise_hugepage()
+    try:
+        multiarray._set_madvise_hugepage(True)
+        assert not numpy_small_pages({"NUMPY_MADVISE_HUGEPAGE": "1"})
+        assert multiarray._get_madvise_hugepage()
+        assert numpy_small_pages({})
+        assert not multiarray._get_madvise_hugepage()
+    finally:
+        multiarray._set_madvise_hugepage(before)
