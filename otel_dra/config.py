@@ -146,7 +146,8 @@ class FleetConfig:
     max_queued_points: int = 4_000_000
     #: --state-dir: where the verdict engine's memory is kept across restarts (fleet.json); None: not kept.
     state_dir: str | None = None
-    #: --no-heap-trim: keep glibc's free heap resident instead of handing it back after ticks.
+    #: --no-heap-trim: keep glibc's free heap resident instead of handing it back after ticks (and numpy's
+    #: arrays on the huge pages it asks for).
     heap: HeapTrimConfig = field(default_factory=HeapTrimConfig)
 
     def __post_init__(self) -> None:
