@@ -9,8 +9,8 @@ checked by a test that parses both). Devices whose attributes have the same keys
 version) share one :class:`_Shape`: their label text as ``%`` templates over the label values (sorted by label name,
 cut where ``hw_state`` and the health labels go) and their lines as joins of that text with literal pieces, so a
 device's labels are formatted once a render for its six lines (the health labels' text is shared by every device
-with the same verdict). Nothing is kept per
-device: the first scrape of a fleet costs what every other does, and a fleet nobody scrapes holds no label text.
+with the same verdict). Nothing is kept per device: the first scrape of a fleet costs what every other does, and a
+fleet nobody scrapes holds no label text.
 
 ``k8s_node_name`` here is the device's node (the fleet has many), where the agent's comes
 from its resource.
