@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -61,3 +62,9 @@ def collect(
                 for p in m.data.data_points:
                     points.append(Point(m.name, m.unit, kind_of(m.data), dict(p.attributes), p.value))
     return points, resource
+
+
+def resident_bytes() -> int:
+    """This process's resident set (``/proc/self/statm``), in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -14,15 +14,10 @@ from otel_dra.fleet import Fleet
 from otel_dra.heap import HeapTrimConfig, HeapTrimmer, HeapUse, _glibc, numpy_small_pages
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
+from tests.conftest import wait_for
+from tests.support.helpers import resident_bytes
 
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="the C library has no mallinfo2/malloc_trim (not glibc)")
-
-PAGE = 4096
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
 
 
 def freed_inside_the_heap(total: int = 192 << 20, piece: int = 96 << 10) -> list[bytearray]:
@@ -104,10 +99,7 @@ def test_the_running_fleet_trims_after_its_ticks():
     runner = threading.Thread(target=fleet.run)
     runner.start()
     try:
-        for _ in range(200):
-            if fleet.heap.trims >= 2 and fleet.ticks >= 2:
-                break
-            threading.Event().wait(0.05)
+        wait_for(lambda: fleet.heap.trims >= 2 and fleet.ticks >= 2, 10, "two ticks, each followed by a trim", 0.05)
     finally:
         fleet.stop()
         runner.join(10)

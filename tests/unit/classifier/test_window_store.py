@@ -9,13 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_dra.classifier.window import WindowStore
-
-PAGE = 4096
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
+from tests.support.helpers import resident_bytes
 
 
 @pytest.fixture
