@@ -8,6 +8,9 @@ vectorised comparison.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 
 from otel_dra.classifier.registry import grown
@@ -16,24 +19,63 @@ from otel_dra.policy import EVENT_LOG_DEPTH
 
 class EventLog:
     """Times and amounts of the last ``depth`` events of one counter, per device row (the
-    policy refuses thresholds above EVENT_LOG_DEPTH, the depth kept by default)."""
+    policy refuses thresholds above EVENT_LOG_DEPTH, the depth kept by default).
+
+    Most devices never have such an event, so a row's times and amounts live in a pool that
+    grows only as rows log their first event: a row costs two int32s (``next``, ``slot``) until
+    then, where ``depth`` times and amounts for every row cost 96 bytes each for each log."""
 
     def __init__(self, capacity: int, depth: int = EVENT_LOG_DEPTH) -> None:
         self.depth = depth
-        self.times = np.full((capacity, depth), -np.inf)
-        # Counts of rare events (resets, OOM kills, driver errors) a sample: exact in float32 up to 2**24 each.
-        self.amounts = np.zeros((capacity, depth), dtype=np.float32)
         self.next = np.zeros(capacity, dtype=np.int32)  # events ever logged per row (the slot: next % depth)
+        self.slot = np.zeros(capacity, dtype=np.int32)  # each row's place in the pool; 0: none yet
+        # The pool. Place 0 is no row's: no event (-inf, 0), what a row without a place reads.
+        self._times = np.full((1, depth), -np.inf)
+        # Counts of rare events (resets, OOM kills, driver errors) a sample: exact in float32 up to 2**24 each.
+        self._amounts = np.zeros((1, depth), dtype=np.float32)
+        self._used = 1  # places given out, place 0 included
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.times = grown(self.times, capacity, -np.inf, keep=keep)
-        self.amounts = grown(self.amounts, capacity, 0.0, keep=keep)
         self.next = grown(self.next, capacity, 0, keep=keep)
+        self.slot = grown(self.slot, capacity, 0, keep=keep)
+        if keep is not None:  # rows renumbered, some dropped: the pool keeps only the places still held
+            held = np.flatnonzero(self.slot)
+            self._times = np.concatenate([self._times[:1], self._times[self.slot[held]]])
+            self._amounts = np.concatenate([self._amounts[:1], self._amounts[self.slot[held]]])
+            self.slot[held] = np.arange(1, held.size + 1, dtype=np.int32)
+            self._used = held.size + 1
 
     def clear(self, rows: np.ndarray) -> None:
-        self.times[rows] = -np.inf
-        self.amounts[rows] = 0.0
+        places = self.slot[rows]
+        places = places[places > 0]
+        self._times[places] = -np.inf
+        self._amounts[places] = 0.0
         self.next[rows] = 0
+
+    def times(self, rows: np.ndarray) -> np.ndarray:
+        """``(rows, depth)``: the times of each row's logged events (-inf: an empty slot)."""
+        return self._times[self.slot[rows]]
+
+    def amounts(self, rows: np.ndarray) -> np.ndarray:
+        """``(rows, depth)``: the amounts of each row's logged events (0: an empty slot)."""
+        return self._amounts[self.slot[rows]]
+
+    def _places(self, rows: np.ndarray) -> np.ndarray:
+        """The pool places of ``rows`` (unique), given out to those without one: the pool grows by an eighth at
+        least, as the registry's rows do."""
+        places = self.slot[rows]
+        new = places == 0
+        if new.any():
+            n = int(new.sum())
+            need = self._used + n
+            if need > len(self._times):
+                size = max(need, len(self._times) + len(self._times) // 8)
+                self._times = grown(self._times, size, -np.inf)
+                self._amounts = grown(self._amounts, size, 0.0)
+            places[new] = np.arange(self._used, need, dtype=np.int32)
+            self.slot[rows[new]] = places[new]
+            self._used = need
+        return places
 
     def record(self, rows: np.ndarray, time_s: np.ndarray, amounts: np.ndarray) -> None:
         """Log the rows whose ``amounts`` (counter increases) are positive."""
@@ -41,9 +83,10 @@ class EventLog:
         if not hit.any():
             return
         r = rows[hit]
+        p = self._places(r)
         slot = self.next[r] % self.depth
-        self.times[r, slot] = np.broadcast_to(time_s, rows.shape)[hit]
-        self.amounts[r, slot] = amounts[hit]
+        self._times[p, slot] = np.broadcast_to(time_s, rows.shape)[hit]
+        self._amounts[p, slot] = amounts[hit]
         self.next[r] += 1
 
     def move(self, rows: np.ndarray, cutoff_s: np.ndarray, into: EventLog) -> None:
@@ -51,12 +94,12 @@ class EventLog:
         events found, after the fact, to belong to another log (a job's crash, see workload.py)."""
         if rows.size == 0:
             return
-        hit = (self.times[rows] >= cutoff_s[:, None]) & (self.amounts[rows] > 0)
+        hit = (self.times(rows) >= cutoff_s[:, None]) & (self.amounts(rows) > 0)
         if not hit.any():
             return
         some = np.flatnonzero(hit.any(axis=1))
         r, h = rows[some], hit[some]
-        times, amounts = self.times[r], self.amounts[r]
+        times, amounts = self.times(r), self.amounts(r)
         order = np.argsort(np.where(h, times, np.inf), axis=1, kind="stable")  # oldest first, as they came
         for k in range(self.depth):  # a slot a round: at most ``depth``, never a loop over devices
             j = order[:, k]
@@ -64,7 +107,7 @@ class EventLog:
             if not take.any():
                 break
             into.record(r[take], times[take, j[take]], amounts[take, j[take]].astype(np.float64))
-        self.amounts[r] = np.where(h, 0.0, amounts)
+        self._amounts[self.slot[r]] = np.where(h, 0.0, amounts)  # (rows with events: each has a place)
 
     def since(self, cutoff_s: np.ndarray | float, rows: np.ndarray) -> np.ndarray:
         """Events of each of ``rows`` at or after ``cutoff_s`` (scalar, or one per row)."""
@@ -74,6 +117,23 @@ class EventLog:
         if some.size:
             cutoff = np.asarray(cutoff_s, dtype=np.float64)
             cutoff = cutoff[some, None] if cutoff.ndim else cutoff
-            hit = rows[some]
-            out[some] = (self.amounts[hit] * (self.times[hit] >= cutoff)).sum(axis=1)
+            p = self.slot[rows[some]]
+            out[some] = (self._amounts[p] * (self._times[p] >= cutoff)).sum(axis=1)
         return out
+
+    def history(self, row: int) -> tuple[tuple[float, float], ...]:
+        """One row's logged events, oldest first: (time, amount) each (what a restart keeps: recall.py)."""
+        place = int(self.slot[row])
+        times, amounts = self._times[place], self._amounts[place]
+        order = np.argsort(times, kind="stable")
+        return tuple((float(times[j]), float(amounts[j])) for j in order if math.isfinite(times[j]))
+
+    def restore(self, row: int, events: Sequence[tuple[float, float]]) -> None:
+        """Log one row's ``events`` (oldest first; the last ``depth`` kept) in place of what it had."""
+        kept = events[-self.depth :]
+        self.clear(np.asarray([row]))
+        if kept:
+            place = int(self._places(np.asarray([row]))[0])
+            for j, (t, amount) in enumerate(kept):  # (at most ``depth``, one device recalled)
+                self._times[place, j], self._amounts[place, j] = t, amount
+        self.next[row] = len(kept)

@@ -128,9 +128,7 @@ class RestartMemory:
             said = {r: replace(m, said=self.writer.said.get((row, REASONS[r]), "")) for r, m in held.items()}
             events: dict[int, tuple[tuple[float, float], ...]] = {}
             for feature, log in logged.get(row, []):
-                times, amounts = log.times[row], log.amounts[row]
-                order = np.argsort(times, kind="stable")
-                events[feature] = tuple((float(times[j]), float(amounts[j])) for j in order if math.isfinite(times[j]))
+                events[feature] = log.history(row)
             # A Healthy, ok device has nothing to keep: after a restart its first verdict is a first verdict.
             verdict = VerdictMemory.of_key(keys[i], since[i]) if keys[i] >= 0 and keys[i] != _HEALTHY_OK else None
             if verdict is not None or said or events:
@@ -219,10 +217,7 @@ class RestartMemory:
                 log = self.events.get(F(f))
                 if log is None:
                     continue
-                kept = events[-log.depth :]
-                for j, (t, amount) in enumerate(kept):
-                    log.times[row, j], log.amounts[row, j] = t, amount
-                log.next[row] = len(kept)
+                log.restore(row, events)
             if m.verdict is not None:
                 self._recalled.add(row)
 
