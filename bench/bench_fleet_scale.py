@@ -18,12 +18,16 @@ freshness by when a device was heard. ``window + 2`` rounds fill every device's 
 - **Memory** (each of ``--devices-list``): a fresh fleet, warmed by one extra node (its code loaded, a tick
   run), its RSS (``/proc/<pid>/status``) read then and again two ticks after the last round; the growth per
   device, less the arrays a device needs by design (the window store's and the horizon's, as
-  ``bench_memory.window_arrays`` counts them, per device). No scrape comes before the reading: the exposition
-  renders nothing for nobody. Where the growth went: a probe loaded in the fleet (``sitecustomize``, answering
-  SIGUSR1/SIGUSR2 only, signalled after each reading) tells glibc's ``mallinfo2`` (in use, free held, mmapped),
-  the classifier's rows (its capacity) and what ``gc.collect()`` + ``malloc_trim(0)`` give back;
-  ``/proc/<pid>/smaps`` splits RSS by mapping (main heap, thread arenas, other anonymous, files); and a smaller
-  fleet under ``tracemalloc`` (``--trace-devices``) names the lines that allocated it.
+  ``bench_memory.window_arrays`` counts them, per device). A fleet of up to ``SMALL_FLEET`` devices is measured
+  ``--repeats`` times (a fresh fleet each) and judged by the median: how many rows its devices end up in depends on
+  how the pushes fall across its ticks (they grow to fit each tick's newcomers, and by an eighth at least), and at
+  8,000 devices the rows past them moved a reading by up to a kilobyte a device between runs. No scrape comes
+  before the reading: the exposition renders nothing for nobody. Where the growth went: a probe loaded in the
+  fleet (``sitecustomize``, answering SIGUSR1/SIGUSR2 only, signalled after each reading) tells glibc's
+  ``mallinfo2`` (in use, free held, mmapped), the classifier's rows (its capacity) and what ``gc.collect()`` +
+  ``malloc_trim(0)`` give back; ``/proc/<pid>/smaps`` splits RSS by mapping (main heap, thread arenas, other
+  anonymous, files); and a smaller fleet under ``tracemalloc`` (``--trace-devices``) names the lines that
+  allocated it.
 - **Idle** (``--idle-devices``): a fresh fleet fed full windows, then nothing: nobody pushes, nobody scrapes.
   Its CPU over ``--idle-seconds`` after the last round was ingested, per thread (``/proc/<pid>/task``): the main
   thread runs the evaluation ticks (every 5 s, every device judged), the others serve, render and write state.
@@ -48,6 +52,7 @@ import pickle
 import re
 import signal
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -77,6 +82,8 @@ from bench.bench_http import framed, read_response  # noqa: E402
 START, END = "<!-- bench_fleet_scale:start -->", "<!-- bench_fleet_scale:end -->"
 TITLE = "## The fleet at scale: memory, idle CPU and scrape time of the real process (bench/bench_fleet_scale.py)"
 TARGET_BYTES = 5_000  # per device, beyond the arrays it needs
+#: Fleets up to this many devices are measured ``--repeats`` times (under a minute each), larger ones once.
+SMALL_FLEET = 20_000
 TARGET_IDLE = 0.02  # of one core
 TARGET_SCRAPE_S = 1.0
 INTERVAL_S = 10.0  # the agents' push interval, the fleet's --sample-interval (its default)
@@ -385,8 +392,8 @@ class Memory:
 
     @property
     def arrays(self) -> float:
-        """Bytes a device of window arrays the fleet added since the floor: its rows grow by half again when
-        full (the empty fleet's rows are in the floor)."""
+        """Bytes a device of window arrays the fleet added since the floor: its rows grow to fit a tick's
+        newcomers, and by an eighth at least (the empty fleet's rows are in the floor)."""
         return (self.capacity - _capacity(self.floor_probe)) * self.window_bytes / self.devices
 
     @property
@@ -573,6 +580,12 @@ def verdict(met: bool) -> str:
     return "✅ met" if met else "❌ missed"
 
 
+def _run_label(m: Memory, memory: list[Memory]) -> str:
+    """A run's column: its size, and which run of that size when there are several."""
+    same = [r for r in memory if r.devices == m.devices]
+    return f"{m.devices:,} devices" + (f" (run {same.index(m) + 1})" if len(same) > 1 else "")
+
+
 def memory_rows(m: Memory) -> list[str]:
     kinds = sorted(set(m.floor_smaps) | set(m.after_smaps), key=lambda k: -(m.after_smaps.get(k, 0)
                                                                           - m.floor_smaps.get(k, 0)))  # fmt: skip
@@ -618,11 +631,18 @@ def section(
         "| target | measured | verdict |",
         "|---|---|---|",
     ]
-    for m in memory:
+    for devices in sorted({m.devices for m in memory}):
+        runs = [m for m in memory if m.devices == devices]
+        mid = statistics.median(m.beyond for m in runs)
+        if len(runs) == 1:
+            m = runs[0]
+            measured = f"{_kb(m.beyond)} ({_kb(m.growth)} growth - {_kb(m.window_bytes)} window arrays)"
+        else:
+            each = ", ".join(f"{_kb(m.beyond)} ({m.capacity:,} rows)" for m in runs)
+            measured = f"median {_kb(mid)} of {len(runs)} fresh fleets: {each}"
         lines.append(
-            f"| Memory at {m.devices:,} devices: RSS growth per device beyond the arrays it needs <= "
-            f"{_kb(TARGET_BYTES)} | {_kb(m.beyond)} ({_kb(m.growth)} growth - {_kb(m.window_bytes)} window "
-            f"arrays) | {verdict(m.beyond <= TARGET_BYTES)} |"
+            f"| Memory at {devices:,} devices: RSS growth per device beyond the arrays it needs <= "
+            f"{_kb(TARGET_BYTES)} | {measured} | {verdict(mid <= TARGET_BYTES)} |"
         )
     if idle is not None:
         lines.append(
@@ -661,13 +681,13 @@ def section(
             f"{p.wall_s:.0f} s | {p.retries:,} | {len(p.errors)} |"
         )
     lines += ["", "Where a device's growth went (glibc's `mallinfo2` at the floor and with windows full; a device's "
-              "share):", "", "| part | " + " | ".join(f"{m.devices:,} devices" for m in memory) + " |",
+              "share):", "", "| part | " + " | ".join(_run_label(m, memory) for m in memory) + " |",
               "|---|" + "---|" * len(memory)]  # fmt: skip
     parts: list[tuple[str, Callable[[Memory], float]]] = [
         ("window arrays its devices need (the baseline)", lambda m: m.window_bytes),
         (
-            "window arrays of the rows added beyond its devices' (rows grow by half again when full; the empty "
-            "fleet's 1,024 rows are in the floor)",
+            "window arrays of the rows added beyond its devices' (rows grow to fit a tick's newcomers, and by an "
+            "eighth at least; the empty fleet's 1,024 rows are in the floor)",
             lambda m: m.arrays - m.window_bytes,
         ),
         (
@@ -790,6 +810,7 @@ def main() -> int:
     ap.add_argument("--in-process-devices", type=int, default=8_000, help="bench_memory's in-process child (0: none)")
     ap.add_argument("--trace-devices", type=int, default=2_000, help="a fleet under tracemalloc (0: none)")
     ap.add_argument("--lanes", type=int, default=8, help="keep-alive connections the pushes share")
+    ap.add_argument("--repeats", type=int, default=3, help=f"fresh fleets per size up to {SMALL_FLEET:,} devices")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--workdir", type=Path, help="keep the fleets' logs here (default: a temporary folder)")
     args = ap.parse_args()
@@ -812,17 +833,18 @@ def main() -> int:
             inproc = in_process(args.in_process_devices, workdir)
             print(f"  {inproc['beyond']:,.0f} B a device beyond the window arrays", flush=True)
         wanted = sorted(set(sizes) | ({args.scrape_devices} if args.scrape_devices else set()))
-        for devices in wanted:
-            print(f"memory: {devices:,} devices, {rounds} rounds ...", flush=True)
-            where = workdir / f"fleet-{devices}"
+        runs = [(d, k) for d in wanted for k in range(args.repeats if d in sizes and d <= SMALL_FLEET else 1)]
+        for devices, k in runs:
+            print(f"memory: {devices:,} devices, {rounds} rounds (run {k + 1}) ...", flush=True)
+            where = workdir / f"fleet-{devices}-{k + 1}"
             fleet, floor = fed_fleet(where, traffic, devices, args.lanes)
             try:
                 if devices in sizes:
                     memory.append(measure_memory(fleet, floor, devices, window_bytes, where))
                     m = memory[-1]
-                    print(f"  growth {m.growth:,.0f} B a device, {m.beyond:,.0f} beyond the window arrays; "
-                          f"pushed {m.pushed}", flush=True)  # fmt: skip
-                if devices == args.scrape_devices:
+                    print(f"  growth {m.growth:,.0f} B a device, {m.beyond:,.0f} beyond the window arrays "
+                          f"({m.capacity:,} rows); pushed {m.pushed}", flush=True)  # fmt: skip
+                if devices == args.scrape_devices and k == 0:
                     print("scrapes ...", flush=True)
                     scrapes = measure_scrapes(fleet, devices, where)
                     print(f"  {scrapes.scrapes}", flush=True)
