@@ -20,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-from bench import _report  # noqa: E402
-
 sys.path.insert(0, str(ROOT))
 
+from bench import _report  # noqa: E402
 from otel_dra.sources.nvml import NvmlSource  # noqa: E402
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig  # noqa: E402
 from otel_dra.sources.sysfs import SysfsSource  # noqa: E402
