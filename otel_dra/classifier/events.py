@@ -22,8 +22,9 @@ class EventLog:
     policy refuses thresholds above EVENT_LOG_DEPTH, the depth kept by default).
 
     Most devices never have such an event, so a row's times and amounts live in a pool that
-    grows only as rows log their first event: a row costs two int32s (``next``, ``slot``) until
-    then, where ``depth`` times and amounts for every row cost 96 bytes each for each log."""
+    grows only as rows log their first event: until then a row costs two int32s (``next``,
+    ``slot``), zeros never written, where every row's own ``depth`` times (written -inf, so
+    resident) and amounts took 96 bytes in each of the five logs."""
 
     def __init__(self, capacity: int, depth: int = EVENT_LOG_DEPTH) -> None:
         self.depth = depth
