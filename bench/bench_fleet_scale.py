@@ -588,7 +588,8 @@ def verdict(met: bool) -> str:
 def _run_label(m: Memory, memory: list[Memory]) -> str:
     """A run's column: its size, and which run of that size when there are several."""
     same = [r for r in memory if r.devices == m.devices]
-    return f"{m.devices:,} devices" + (f" (run {same.index(m) + 1})" if len(same) > 1 else "")
+    run = next(i for i, r in enumerate(same) if r is m) + 1
+    return f"{m.devices:,} devices" + (f" (run {run})" if len(same) > 1 else "")
 
 
 def memory_rows(m: Memory) -> list[str]:

@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted((ROOT / "bench").glob("bench_*.py"))
 
-# Each script loaded as ``python bench/<name>.py`` loads it (its folder first on the path, the working directory
-# elsewhere), but under another name than __main__: its imports run, its benchmark does not. One process for all
-# of them, each from the path it starts with and without the ``bench`` package another one imported.
+# Each script is loaded as ``python bench/<name>.py`` would load it (its folder first on the path, the working
+# directory elsewhere), but under another name than __main__: its imports run, its benchmark does not. One process
+# for all of them, each from the path it starts with and without the ``bench`` package another one imported.
 LOAD = """
 import runpy, sys
 sys.path[0] = sys.argv[1]
