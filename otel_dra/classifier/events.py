@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown, next_capacity
 from otel_dra.policy import EVENT_LOG_DEPTH
 
 
@@ -62,15 +62,15 @@ class EventLog:
         return self._amounts[self.slot[rows]]
 
     def _places(self, rows: np.ndarray) -> np.ndarray:
-        """The pool places of ``rows`` (unique), given out to those without one: the pool grows by an eighth at
-        least, as the registry's rows do."""
+        """The pool places of ``rows`` (unique), given out to those without one: the pool grows as the registry's
+        rows do (:func:`~otel_dra.classifier.registry.next_capacity`)."""
         places = self.slot[rows]
         new = places == 0
         if new.any():
             n = int(new.sum())
             need = self._used + n
             if need > len(self._times):
-                size = max(need, len(self._times) + len(self._times) // 8)
+                size = next_capacity(len(self._times), need)
                 self._times = grown(self._times, size, -np.inf)
                 self._amounts = grown(self._amounts, size, 0.0)
             places[new] = np.arange(self._used, need, dtype=np.int32)

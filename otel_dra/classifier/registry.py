@@ -46,6 +46,13 @@ def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: n
     return out
 
 
+def next_capacity(capacity: int, needed: int) -> int:
+    """Rows to grow ``capacity`` to when ``needed`` rows in all must fit: what fits them, and an eighth more at
+    least (rows that come a few at a time cost a copy of every array per eighth, not per row; growing by half
+    again left a fleet that came in two ticks a quarter too large)."""
+    return max(needed, capacity + capacity // 8)
+
+
 class DeviceRegistry:
     """Rows for devices; per-row node index, attributes, first/last sample time."""
 
@@ -85,10 +92,9 @@ class DeviceRegistry:
         return index
 
     def _grow(self, needed: int) -> None:
-        """Make room for ``needed`` more devices: to fit them, and by an eighth at least (devices that come a few
-        at a time cost a resize per eighth, each a copy of every array; rows past the devices are memory each
-        device's arrays' worth: growing by half again left a fleet that came in two ticks a quarter too large)."""
-        capacity = max(len(self._rows) + needed, self.capacity + self.capacity // 8)
+        """Make room for ``needed`` more devices (:func:`next_capacity`): rows past the devices are memory each
+        device's arrays' worth."""
+        capacity = next_capacity(self.capacity, len(self._rows) + needed)
         old = self.capacity
         self._free = list(range(capacity - 1, old - 1, -1)) + self._free
         self.keys += [None] * (capacity - old)
