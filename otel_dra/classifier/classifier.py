@@ -123,7 +123,7 @@ class Classifier:
         ]
         for part in parts + list(self.events.values()):
             self.registry.on_resize(part.resize)
-            self.registry.on_release(part.clear)
+            self.registry.on_clear(part.clear)
         self.last_now_ns = 0
         self.ingested_samples = 0
         # Collaborators: freshness and pacing, each sample's device row, verdicts in words, memory across restarts.

@@ -22,7 +22,7 @@ from otel_dra.classifier.features import STATE_OF_CODE
 from otel_dra.classifier.group_memory import LinkEpisodes
 from otel_dra.classifier.layout import SCOPE, R
 from otel_dra.classifier.memory import ReasonMemory, VerdictMemory, pack_key
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rules import Evidence
 from otel_dra.classifier.topology import GroupNames
 from otel_dra.vocabulary import REASONS, REMEDIATIONS, SCOPES
@@ -101,20 +101,20 @@ class VerdictEngine:
         self.need = np.zeros((capacity, r), dtype=np.int8)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.on = grown(self.on, capacity, False, keep=keep)
-        self.evidence_at = grown(self.evidence_at, capacity, -np.inf, keep=keep)
-        self.state = grown(self.state, capacity, 0, keep=keep)
-        self.state_at = grown(self.state_at, capacity, -np.inf, keep=keep)
-        self.floor = grown(self.floor, capacity, 0, keep=keep)
-        self.scope = grown(self.scope, capacity, 0, keep=keep)
-        self.group = grown(self.group, capacity, 0, keep=keep)
-        self.verdict_group = grown(self.verdict_group, capacity, 0, keep=keep)
-        self.episodes = grown(self.episodes, capacity, 0, keep=keep)
-        self.first_episode_at = grown(self.first_episode_at, capacity, -np.inf, keep=keep)
-        self.key = grown(self.key, capacity, -1, keep=keep)
-        self.transition_ns = grown(self.transition_ns, capacity, 0, keep=keep)
-        self.repaired_at = grown(self.repaired_at, capacity, -np.inf, keep=keep)
-        self.need = grown(self.need, capacity, 0, keep=keep)
+        self.on = grown_rows(self.on, capacity, keep=keep)
+        self.evidence_at = grown_rows(self.evidence_at, capacity, keep=keep)
+        self.state = grown_rows(self.state, capacity, keep=keep)
+        self.state_at = grown_rows(self.state_at, capacity, keep=keep)
+        self.floor = grown_rows(self.floor, capacity, keep=keep)
+        self.scope = grown_rows(self.scope, capacity, keep=keep)
+        self.group = grown_rows(self.group, capacity, keep=keep)
+        self.verdict_group = grown_rows(self.verdict_group, capacity, keep=keep)
+        self.episodes = grown_rows(self.episodes, capacity, keep=keep)
+        self.first_episode_at = grown_rows(self.first_episode_at, capacity, keep=keep)
+        self.key = grown_rows(self.key, capacity, keep=keep)
+        self.transition_ns = grown_rows(self.transition_ns, capacity, keep=keep)
+        self.repaired_at = grown_rows(self.repaired_at, capacity, keep=keep)
+        self.need = grown_rows(self.need, capacity, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.on[rows] = False

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from otel_dra.classifier.registry import grown, next_capacity
+from otel_dra.classifier.registry import grown, grown_rows, next_capacity
 from otel_dra.policy import EVENT_LOG_DEPTH
 
 
@@ -37,8 +37,8 @@ class EventLog:
         self._used = 1  # places given out, place 0 included
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.next = grown(self.next, capacity, 0, keep=keep)
-        self.slot = grown(self.slot, capacity, 0, keep=keep)
+        self.next = grown_rows(self.next, capacity, keep=keep)
+        self.slot = grown_rows(self.slot, capacity, keep=keep)
         if keep is not None:  # rows renumbered, some dropped: the pool keeps only the places still held
             held = np.flatnonzero(self.slot)
             self._times = np.concatenate([self._times[:1], self._times[self.slot[held]]])

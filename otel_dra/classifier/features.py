@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from otel_dra import conventions as cv
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown, grown_rows
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
 
@@ -309,8 +309,8 @@ class FeatureExtractor:
         self.prev_time = np.full(capacity, np.nan)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.prev = grown(self.prev, capacity, np.nan, keep=keep)
-        self.prev_time = grown(self.prev_time, capacity, np.nan, keep=keep)
+        self.prev = grown_rows(self.prev, capacity, keep=keep)
+        self.prev_time = grown_rows(self.prev_time, capacity, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.prev[rows] = np.nan

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from otel_dra.classifier.layout import DEVICE, FAILED, R
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.topology import GroupNames
 from otel_dra.policy import FirmwareScope
 from otel_dra.words import human_duration
@@ -96,10 +96,10 @@ class FirmwareRates:
         self.tested_at = -math.inf
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.was_fatal = grown(self.was_fatal, capacity, False, keep=keep)
-        self.settling_since = grown(self.settling_since, capacity, np.inf, keep=keep)
-        self.shared = grown(self.shared, capacity, False, keep=keep)
-        self.struck_at = grown(self.struck_at, capacity, -np.inf, keep=keep)
+        self.was_fatal = grown_rows(self.was_fatal, capacity, keep=keep)
+        self.settling_since = grown_rows(self.settling_since, capacity, keep=keep)
+        self.shared = grown_rows(self.shared, capacity, keep=keep)
+        self.struck_at = grown_rows(self.struck_at, capacity, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.was_fatal[rows] = False

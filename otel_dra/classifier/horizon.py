@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rows import RowIndex
 
 _NONE = np.iinfo(np.int64).min  # "no bucket yet"
@@ -55,16 +55,16 @@ class HorizonStore:
         return int(self.head.shape[0])
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.sums = grown(self.sums, capacity, 0.0, axis=2, keep=keep)
-        self.counts = grown(self.counts, capacity, 0, axis=2, keep=keep)
-        self.ids = grown(self.ids, capacity, _NONE, axis=1, keep=keep)
-        self.head = grown(self.head, capacity, _NONE, keep=keep)
-        self.total_sums = [grown(t, capacity, 0.0, axis=1, keep=keep) for t in self.total_sums]
-        self.total_counts = [grown(t, capacity, 0, axis=1, keep=keep) for t in self.total_counts]
+        self.sums = grown_rows(self.sums, capacity, axis=2, keep=keep)
+        self.counts = grown_rows(self.counts, capacity, axis=2, keep=keep)
+        self.ids = grown_rows(self.ids, capacity, axis=1, keep=keep)
+        self.head = grown_rows(self.head, capacity, keep=keep)
+        self.total_sums = [grown_rows(t, capacity, axis=1, keep=keep) for t in self.total_sums]
+        self.total_counts = [grown_rows(t, capacity, axis=1, keep=keep) for t in self.total_counts]
 
     def clear(self, rows: np.ndarray) -> None:
-        self.sums[:, :, rows] = 0.0
-        self.counts[:, :, rows] = 0
+        """A row's start state. Its bucket slots' sums and counts are left: a slot is read only while its id is
+        the bucket it holds, and zeroed when a bucket enters it."""
         self.ids[:, rows] = _NONE
         self.head[rows] = _NONE
         for s, c in zip(self.total_sums, self.total_counts, strict=True):

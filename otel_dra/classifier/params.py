@@ -18,7 +18,7 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import DeviceParams
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.thresholds import RowParams, RuleParams, at_group, compile_rules
 from otel_dra.policy import Policy
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
@@ -83,10 +83,10 @@ class PolicyGroups:
         self._device_params: tuple[RuleParams, np.ndarray, DeviceParams] | None = None
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.group = grown(self.group, capacity, 0, keep=keep)
-        self.cohort = grown(self.cohort, capacity, 0, keep=keep)
-        self.slot = grown(self.slot, capacity, 0, keep=keep)
-        self.firmware_bad = grown(self.firmware_bad, capacity, False, keep=keep)
+        self.group = grown_rows(self.group, capacity, keep=keep)
+        self.cohort = grown_rows(self.cohort, capacity, keep=keep)
+        self.slot = grown_rows(self.slot, capacity, keep=keep)
+        self.firmware_bad = grown_rows(self.firmware_bad, capacity, keep=keep)
         kept = self.firmware_text if keep is None else [self.firmware_text[row] for row in keep.tolist()]
         self.firmware_text = kept + [""] * (capacity - len(kept))
 

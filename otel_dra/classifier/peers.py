@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 
 #: 1 / Φ⁻¹(3/4): a MAD times this estimates a normal spread's standard deviation.
 MAD_SCALE = 1.4826
@@ -255,10 +255,10 @@ class PeerHistory:
         self.judged_at = np.full(capacity, np.nan)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.hot_since = grown(self.hot_since, capacity, np.nan, keep=keep)
-        self.baseline = grown(self.baseline, capacity, np.nan, keep=keep)
-        self.history_s = grown(self.history_s, capacity, 0.0, keep=keep)
-        self.judged_at = grown(self.judged_at, capacity, np.nan, keep=keep)
+        self.hot_since = grown_rows(self.hot_since, capacity, keep=keep)
+        self.baseline = grown_rows(self.baseline, capacity, keep=keep)
+        self.history_s = grown_rows(self.history_s, capacity, keep=keep)
+        self.judged_at = grown_rows(self.judged_at, capacity, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.hot_since[rows] = np.nan

@@ -1,9 +1,11 @@
 """Device identity → rows of every per-device array.
 
 Devices are keyed by (``k8s.node.name``, ``hw.id``) (contract §1). Rows are handed out
-from a free list; when none is free, every registered array grows by half at once (so a
-new device costs amortised O(1), not a copy of the world), and rows of devices gone
-longer than the TTL go back on the free list. When the devices left fill under a quarter of
+from a free list; when none is free, every registered array grows by an eighth at least, at once
+(:func:`next_capacity`: a new device costs amortised O(1), not a copy of the world), and rows of
+devices gone longer than the TTL go back on the free list. Grown rows stay unwritten zeros until a
+device is first given one: then every part writes the row's start state (its ``clear``), so the
+rows grown ahead of the devices hold no resident memory. When the devices left fill under a quarter of
 the rows, every array is compacted to twice their number (the live rows renumbered in
 order), so a fleet that once held 100,000 devices and now holds 1,000 holds arrays for 2,000.
 """
@@ -19,8 +21,14 @@ from otel_dra.frame import FrozenAttrs
 #: Called with the new capacity when the registry grows, and with the rows kept (in their new order) when it
 #: compacts: every per-device array resizes then (:func:`grown` does both).
 ResizeHook = Callable[[int, np.ndarray | None], None]
-#: Called with the rows being released (a device expired): clear their state.
+#: Called with the rows being released (a device expired, or another one took its slot).
 ReleaseHook = Callable[[np.ndarray], None]
+#: Called with rows whose per-device state must start over: rows released, and rows about to be given to a
+#: device for the first time since the arrays grew (:func:`grown_rows` leaves them as zeros).
+ClearHook = Callable[[np.ndarray], None]
+#: Rows given their start state at once, ahead of the devices: a fleet's first tick brings its devices a node
+#: at a time, and each part's ``clear`` per node would cost more than the rows written ahead (about a kB each).
+START_AHEAD = 256
 
 
 def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: np.ndarray | None = None) -> np.ndarray:
@@ -44,6 +52,15 @@ def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: n
         at[axis] = slice(old, None)
         out[tuple(at)] = fill
     return out
+
+
+def grown_rows(array: np.ndarray, capacity: int, axis: int = 0, keep: np.ndarray | None = None) -> np.ndarray:
+    """A per-device array extended along its rows' ``axis`` to ``capacity``: :func:`grown`, its new rows left
+    as unwritten zeros whatever the row's start state is. The registry has each part write a row's start
+    state (its ``clear``) before the row is first given to a device, so the rows grown ahead of the devices
+    (an eighth of the fleet) cost no resident memory, where a -inf or NaN written into them cost about a kB
+    a row."""
+    return grown(array, capacity, 0, axis, keep)
 
 
 def next_capacity(capacity: int, needed: int) -> int:
@@ -74,12 +91,37 @@ class DeviceRegistry:
         self.attrs_version = np.zeros(self.capacity, dtype=np.int32)  # bumps when attrs change
         self._resize_hooks: list[ResizeHook] = []
         self._release_hooks: list[ReleaseHook] = []
+        self._clear_hooks: list[ClearHook] = []
+        #: Rows at and past this one are as :func:`grown_rows` left them (zeros): never given their start state.
+        self._started = 0
 
     def on_resize(self, hook: ResizeHook) -> None:
         self._resize_hooks.append(hook)
 
     def on_release(self, hook: ReleaseHook) -> None:
         self._release_hooks.append(hook)
+
+    def on_clear(self, hook: ClearHook) -> None:
+        """``hook(rows)`` sets those rows' start state: when released, and before they are first given out."""
+        self._clear_hooks.append(hook)
+
+    def _start(self, upto: int) -> None:
+        """Rows below ``upto`` are about to be given out: have every part write the start state of those not
+        started yet (and :data:`START_AHEAD` more, so a fleet arriving a node at a time clears in blocks)."""
+        if upto <= self._started:
+            return
+        end = min(self.capacity, max(upto, self._started + START_AHEAD))
+        rows = np.arange(self._started, end, dtype=np.intp)
+        for hook in self._clear_hooks:
+            hook(rows)
+        self._started = end
+
+    def _cleared(self, rows: np.ndarray) -> None:
+        """Rows that lose their device: every part's state for them starts over, then the release hooks."""
+        for hook in self._clear_hooks:
+            hook(rows)
+        for hook in self._release_hooks:
+            hook(rows)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -126,6 +168,8 @@ class DeviceRegistry:
         if len(missing) > len(self._free):
             self._grow(len(missing))
         node_ix = self.node_index(node) if missing else -1
+        if missing:
+            self._start(max(self._free[-len(missing) :]) + 1)
         for i in missing:
             row = self._free.pop()
             key = (node, ids[i])
@@ -155,8 +199,7 @@ class DeviceRegistry:
     def renew(self, rows: np.ndarray) -> None:
         """Another device now sits in ``rows``' slots (a new serial number under the same id): every part
         forgets what it kept for them, as for a device released, while the rows stay registered."""
-        for hook in self._release_hooks:
-            hook(rows)
+        self._cleared(rows)
         self.last_seen[rows] = np.nan
         self.first_seen[rows] = np.nan
 
@@ -166,8 +209,7 @@ class DeviceRegistry:
         gone = np.flatnonzero(self.active & (now_s - self.last_heard > ttl_s))
         if gone.size:
             self.generation += 1
-            for hook in self._release_hooks:
-                hook(gone)
+            self._cleared(gone)
             for row in gone.tolist():
                 key = self.keys[row]
                 if key is not None:
@@ -207,6 +249,7 @@ class DeviceRegistry:
         self.first_seen = grown(self.first_seen, capacity, np.nan, keep=live)
         self.attrs_version = grown(self.attrs_version, capacity, 0, keep=live)
         self.capacity = capacity
+        self._started = live.size  # the rows past the devices kept are new, as grown
         self.generation += 1
         for hook in self._resize_hooks:
             hook(capacity, live)

@@ -17,7 +17,7 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.layout import DEVICE, LINK, R
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 from otel_dra.policy import LinkScope
 from otel_dra.vocabulary import fabric_group, firmware_group, pcie_group
 
@@ -107,9 +107,9 @@ class Topology:
         self.firmware = np.zeros(capacity, dtype=np.int32)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.pcie = grown(self.pcie, capacity, 0, keep=keep)
-        self.fabric = grown(self.fabric, capacity, 0, keep=keep)
-        self.firmware = grown(self.firmware, capacity, 0, keep=keep)
+        self.pcie = grown_rows(self.pcie, capacity, keep=keep)
+        self.fabric = grown_rows(self.fabric, capacity, keep=keep)
+        self.firmware = grown_rows(self.firmware, capacity, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.pcie[rows] = 0

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rows import RowIndex
 
 
@@ -57,17 +57,16 @@ class WindowStore:
         return int(self.written.shape[0])
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.ring = grown(self.ring, capacity, 0.0, axis=2, keep=keep)  # (unwritten slots are never read)
-        self.times = grown(self.times, capacity, 0.0, axis=1, keep=keep)
-        self.written = grown(self.written, capacity, 0, keep=keep)
-        self.tail = grown(self.tail, capacity, 0, keep=keep)
-        self.sums = grown(self.sums, capacity, 0.0, axis=1, keep=keep)
-        self.counts = grown(self.counts, capacity, 0, axis=1, keep=keep)
-        self.last = grown(self.last, capacity, np.nan, axis=1, keep=keep)
+        self.ring = grown_rows(self.ring, capacity, axis=2, keep=keep)
+        self.times = grown_rows(self.times, capacity, axis=1, keep=keep)
+        self.written = grown_rows(self.written, capacity, keep=keep)
+        self.tail = grown_rows(self.tail, capacity, keep=keep)
+        self.sums = grown_rows(self.sums, capacity, axis=1, keep=keep)
+        self.counts = grown_rows(self.counts, capacity, axis=1, keep=keep)
+        self.last = grown_rows(self.last, capacity, axis=1, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
-        self.ring[:, :, rows] = np.nan
-        self.times[:, rows] = np.nan
+        """A row's start state (its ring's and times' slots are left: a row reads only what it wrote since)."""
         self.written[rows] = 0
         self.tail[rows] = 0
         self.sums[:, rows] = 0.0

@@ -21,7 +21,7 @@ import numpy as np
 
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import F
-from otel_dra.classifier.registry import grown
+from otel_dra.classifier.registry import grown_rows
 
 #: Device features split into the workload's, and where each goes.
 SPLIT: tuple[tuple[F, F], ...] = (
@@ -39,7 +39,7 @@ class WorkloadSplit:
         self.crash_at = np.full(capacity, -np.inf)
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
-        self.crash_at = grown(self.crash_at, capacity, -np.inf, keep=keep)
+        self.crash_at = grown_rows(self.crash_at, capacity, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         self.crash_at[rows] = -np.inf

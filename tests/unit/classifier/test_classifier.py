@@ -313,6 +313,46 @@ def test_the_arrays_shrink_when_most_devices_are_gone_and_the_rest_keep_their_st
     assert now["gpu-0"].health == "Healthy", now["gpu-0"]  # a new baseline, not an increase from old state
 
 
+def test_rows_grown_ahead_stay_zeros_until_given_out_and_are_judged_as_in_a_classifier_made_that_large(tmp_path):
+    """Devices arriving over ticks, most leaving past the TTL (the arrays compact) and more coming back, into a
+    classifier made with 2 rows and one made with 4,096: the same verdicts, tick by tick. In the one that grew,
+    the rows past those given out are zeros in every part: a row's start state (-inf, NaN, -1: about a kB) is
+    written when the registry first gives it out, so rows grown ahead of the devices cost no resident memory."""
+    policy = load_policy(tmp_path, "device_ttl: 5m\n")
+    sizes = [3, 40, 41, 300, 300, 10, 10, 10, 10, 10, 10, 10, 3000, 3000, 3001, 3001]
+    runs = []
+    for capacity in (2, 4096):
+        schema = Schema()
+        classifier = Classifier(policy, schema, interval_s=60, capacity=capacity)
+        temp, ecc = schema.index(TEMP), schema.index(UNCORRECTED)
+        seen = []
+        for k, n in enumerate(sizes):
+            ids = tuple(f"gpu-{i}" for i in range(n))
+            values = np.full((n, len(schema)), np.nan)
+            values[:, temp] = 60.0 + np.arange(n) % 7
+            values[:, ecc] = 0.0
+            values[5::97, ecc] = float(k)  # every 97th device counts uncorrected errors
+            classifier.ingest(Frame(T0 + k * 60 * S, DeviceTable("n1", ids, tuple(dict(GPU) for _ in ids)), values))
+            seen += sorted((k, v.hw_id, v.health, v.state, v.reasons) for v in classifier.evaluate(T0 + k * 60 * S))
+        runs.append(seen)
+        reg = classifier.registry
+        if capacity == 2:
+            assert reg._started < reg.capacity, (reg._started, reg.capacity)  # (rows to check)
+            ahead = slice(reg._started, None)
+            parts = [
+                classifier.store.last[:, ahead],
+                classifier.horizon.ids[:, ahead],
+                classifier.engine.evidence_at[ahead],
+                classifier.engine.key[ahead],
+                classifier.extractor.prev[ahead],
+                classifier.peers.hot_since[ahead],
+                classifier.firmware_rates.settling_since[ahead],
+                classifier.workload.crash_at[ahead],
+            ]
+            assert not any(part.any() for part in parts)
+    assert any(v[2] == "Unhealthy" for v in runs[0]) and runs[0] == runs[1]
+
+
 def test_a_first_batch_larger_than_the_initial_capacity_is_registered():
     schema = Schema()
     classifier = Classifier(policy_mod.load(), schema, interval_s=10)  # default capacity 64
