@@ -105,7 +105,7 @@ def above(count: np.ndarray, minutes: np.ndarray, bar: np.ndarray, z: np.ndarray
     approximation's 4 deviations) are not taken for more than the luck they often are."""
     expected = np.maximum(bar * minutes, 0.0)
     with np.errstate(invalid="ignore"):
-        return 2.0 * (np.sqrt(np.maximum(np.nan_to_num(count), 0.0)) - np.sqrt(expected)) > z
+        return 2.0 * (np.sqrt(np.fmax(count, 0.0)) - np.sqrt(expected)) > z  # (fmax: a NaN count is 0)
 
 
 @dataclass
