@@ -23,6 +23,11 @@ def write_section(start: str, end: str, section: str, path: Path = BENCHMARKS_MD
     path.write_text(text)
 
 
+def kb(nbytes: float, places: int = 1) -> str:
+    """Bytes as kB; ``places=2`` for a figure judged against its target (5.02 is over 5.0, 5.0 would not say so)."""
+    return f"{nbytes / 1000:,.{places}f} kB"
+
+
 def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo), or what platform knows."""
     try:

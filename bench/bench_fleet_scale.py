@@ -79,6 +79,8 @@ from bench.bench_fleet_process import (  # noqa: E402
 )
 from bench.bench_http import framed, read_response  # noqa: E402
 
+kb = _report.kb
+
 START, END = "<!-- bench_fleet_scale:start -->", "<!-- bench_fleet_scale:end -->"
 TITLE = "## The fleet at scale: memory, idle CPU and scrape time of the real process (bench/bench_fleet_scale.py)"
 TARGET_BYTES = 5_000  # per device, beyond the arrays it needs
@@ -572,15 +574,6 @@ def in_process(devices: int, workdir: Path) -> dict[str, Any]:
 
 
 # -- the report ------------------------------------------------------------------------------------------------------
-def _kb(nbytes: float) -> str:
-    return f"{nbytes / 1000:,.1f} kB"
-
-
-def _kb2(nbytes: float) -> str:
-    """Bytes as kB to two places: a figure judged against its target (5.02 is over 5.0, 5.0 would not say so)."""
-    return f"{nbytes / 1000:,.2f} kB"
-
-
 def verdict(met: bool) -> str:
     return "✅ met" if met else "❌ missed"
 
@@ -600,7 +593,7 @@ def memory_rows(m: Memory) -> list[str]:
         grew = (m.after_smaps.get(kind, 0.0) - m.floor_smaps.get(kind, 0.0)) * 2**20 / m.devices
         if abs(grew) >= 50:
             rows.append(f"| {m.devices:,} | {kind} | {m.floor_smaps.get(kind, 0):,.0f} MiB | "
-                        f"{m.after_smaps.get(kind, 0):,.0f} MiB | {_kb(grew)} |")  # fmt: skip
+                        f"{m.after_smaps.get(kind, 0):,.0f} MiB | {kb(grew)} |")  # fmt: skip
     return rows
 
 
@@ -643,14 +636,14 @@ def section(
         if len(runs) == 1:
             m = runs[0]
             measured = (
-                f"{_kb2(m.beyond)} ({_kb(m.growth)} growth - {_kb(m.window_bytes)} window arrays; {m.capacity:,} rows)"
+                f"{kb(m.beyond, 2)} ({kb(m.growth)} growth - {kb(m.window_bytes)} window arrays; {m.capacity:,} rows)"
             )
         else:
-            each = ", ".join(f"{_kb2(m.beyond)} ({m.capacity:,} rows)" for m in runs)
-            measured = f"median {_kb2(mid)} of {len(runs)} fresh fleets: {each}"
+            each = ", ".join(f"{kb(m.beyond, 2)} ({m.capacity:,} rows)" for m in runs)
+            measured = f"median {kb(mid, 2)} of {len(runs)} fresh fleets: {each}"
         lines.append(
             f"| Memory at {devices:,} devices: RSS growth per device beyond the arrays it needs <= "
-            f"{_kb(TARGET_BYTES)} | {measured} | {verdict(mid <= TARGET_BYTES)} |"
+            f"{kb(TARGET_BYTES)} | {measured} | {verdict(mid <= TARGET_BYTES)} |"
         )
     if idle is not None:
         lines.append(
@@ -670,7 +663,7 @@ def section(
     lines.append(
         "Growth = VmRSS two ticks after the last round - VmRSS of the fleet warmed up (one extra node pushed, a "
         "tick run: its code loaded). The arrays a device needs: the window store's ring, times and sums and the "
-        f"horizon's buckets (`bench_memory.window_arrays`, {_kb(memory[0].window_bytes if memory else 0)} a row of "
+        f"horizon's buckets (`bench_memory.window_arrays`, {kb(memory[0].window_bytes if memory else 0)} a row of "
         "a classifier built as the fleet's). The fleet runs as it ships: it hands glibc's free heap back after a "
         "tick when there is enough of it (`--heap-trim`, on by default: `otel_dra/heap.py`), and nothing else is "
         "collected or trimmed before the reading (unlike the in-process figure); a probe loaded in it "
@@ -683,8 +676,8 @@ def section(
     for m in memory:
         p = m.pushed
         lines.append(
-            f"| {m.devices:,} | {m.floor_mb:,.0f} MiB | {m.after_mb:,.0f} MiB | {_kb(m.growth)} | "
-            f"{_kb(m.beyond)} | {_kb(m.beyond - m.trimmed)} | {m.capacity:,} | "
+            f"| {m.devices:,} | {m.floor_mb:,.0f} MiB | {m.after_mb:,.0f} MiB | {kb(m.growth)} | "
+            f"{kb(m.beyond)} | {kb(m.beyond - m.trimmed)} | {m.capacity:,} | "
             f"{m.push_cpu_s / max(p.points, 1) * 1e6:.2f} µs | {p.requests:,} requests, {p.points:,} points in "
             f"{p.wall_s:.0f} s | {p.retries:,} | {len(p.errors)} |"
         )
@@ -714,7 +707,7 @@ def section(
         ),
     ]
     for label, part in parts:
-        lines.append(f"| {label} | " + " | ".join(_kb(part(m)) for m in memory) + " |")
+        lines.append(f"| {label} | " + " | ".join(kb(part(m)) for m in memory) + " |")
     lines += ["", "By kind of mapping (`/proc/<pid>/smaps`, Rss):", "",
               "| devices | mapping | floor | windows full | growth per device |", "|---|---|---|---|---|"]  # fmt: skip
     for m in memory:
@@ -725,25 +718,25 @@ def section(
             f"Where Python allocated it: a fleet of {traced.devices:,} devices run the same way under `tracemalloc` "
             f"({TRACE_FRAMES} frames; slower, so its figures are its own), snapshots at the floor and with windows "
             f"full compared; each site's growth a device (small fleet: fixed costs weigh more). `tracemalloc` saw "
-            f"{_kb(traced.traced)} a device grow (numpy's buffers included; its own tables make RSS no measure "
+            f"{kb(traced.traced)} a device grow (numpy's buffers included; its own tables make RSS no measure "
             "there): what the fleet's RSS grew beyond that is the allocator's (free memory held, fragmentation) "
             "and memory Python does not trace.",
             "",
             "| site | per device |",
             "|---|---|",
         ]
-        lines += [f"| `{site}` | {_kb(nbytes)} |" for site, nbytes in traced.sites[:12]]
+        lines += [f"| `{site}` | {kb(nbytes)} |" for site, nbytes in traced.sites[:12]]
     if inproc is not None:
         lines += [
             "",
             f"In-process figure, same run (`bench_memory.py`'s fleet child at {inproc['devices']:,} devices: decode, "
             f"`Fleet.tick` and the exposition in one process, no sockets, {bm.ROUNDS} rounds, `gc.collect()` and "
-            f"`malloc_trim` before reading, the window arrays made resident): **{_kb(inproc['beyond'])} a device "
-            f"beyond the window arrays** of its capacity ({inproc['capacity']:,} rows, {_kb(inproc['window_bytes'])} "
+            f"`malloc_trim` before reading, the window arrays made resident): **{kb(inproc['beyond'])} a device "
+            f"beyond the window arrays** of its capacity ({inproc['capacity']:,} rows, {kb(inproc['window_bytes'])} "
             "a device, subtracted whole). Its deep sizes:",
             "",
         ]
-        lines += [f"- {label}: {_kb(nbytes)}" for label, nbytes in inproc["parts"] if nbytes >= 50]
+        lines += [f"- {label}: {kb(nbytes)}" for label, nbytes in inproc["parts"] if nbytes >= 50]
     if idle is not None:
         lines += [
             "",

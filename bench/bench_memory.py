@@ -77,6 +77,7 @@ def log(message: str) -> None:
 
 
 proc_status_mb, trim = _report.proc_status_mb, _report.trim
+kb = _report.kb
 
 
 def code_fingerprint() -> str:
@@ -455,10 +456,6 @@ def per_device(child: dict[str, Any], floor: dict[str, Any]) -> float:
     return ((child["rss_mb"] - floor["rss_mb"]) * 2**20 - child["window_bytes"]) / child["devices"]
 
 
-def _kb(nbytes: float) -> str:
-    return f"{nbytes / 1000:,.1f} kB"
-
-
 def section(
     fleet: dict[str, Any],
     fleet_floor: dict[str, Any],
@@ -476,8 +473,8 @@ def section(
     def row(what: str, child: dict[str, Any], floor: dict[str, Any], figure: float) -> str:
         beyond = (child["rss_mb"] - floor["rss_mb"]) * 2**20
         return (
-            f"| {what} | {_kb(figure)} a device | <= {_kb(TARGET_BYTES)} | floor {floor['rss_mb']:,.0f} MiB; window "
-            f"arrays {child['window_bytes'] / 2**20:,.0f} MiB ({_kb(child['window_bytes'] / child['devices'])} a "
+            f"| {what} | {kb(figure)} a device | <= {kb(TARGET_BYTES)} | floor {floor['rss_mb']:,.0f} MiB; window "
+            f"arrays {child['window_bytes'] / 2**20:,.0f} MiB ({kb(child['window_bytes'] / child['devices'])} a "
             f"device); RSS {child['rss_mb']:,.0f} MiB, {beyond / 2**20:,.0f} MiB over the floor | "
             f"{ok(figure <= TARGET_BYTES)} |"
         )
@@ -488,7 +485,7 @@ def section(
         child, floor = before[kind]["child"], before[kind]["floor"]
         then = per_device(child, floor)
         return [
-            f"| ... {what} with {args.before_label} (code {child['fingerprint']}, same script) | {_kb(then)} a "
+            f"| ... {what} with {args.before_label} (code {child['fingerprint']}, same script) | {kb(then)} a "
             f"device | — | RSS {child['rss_mb']:,.0f} MiB, floor {floor['rss_mb']:,.0f} MiB | "
             f"x{then / (f_dev if kind == 'fleet' else r_dev):.1f} of it now |"
         ]
@@ -500,12 +497,12 @@ def section(
         rows = sorted(listed[1:], key=lambda lb: -lb[1])
         out = ["| consumer | per device | share of the figure |", "|---|---|---|"]
         figure = per_device(child, floor)
-        out.append(f"| {listed[0][0]} | {_kb(listed[0][1])} | (not counted) |")
+        out.append(f"| {listed[0][0]} | {kb(listed[0][1])} | (not counted) |")
         for label, b in rows:
-            out.append(f"| {label} | {_kb(b)} | {b / figure:.0%} |")
+            out.append(f"| {label} | {kb(b)} | {b / figure:.0%} |")
         rest = beyond - counted
         out.append(
-            f"| the rest: allocator fragmentation, free lists, what no object above reaches | {_kb(rest)} | "
+            f"| the rest: allocator fragmentation, free lists, what no object above reaches | {kb(rest)} | "
             f"{rest / figure:.0%} |"
         )
         return out
@@ -541,15 +538,15 @@ def section(
         ),
         *before_row("replay", "the replay"),
         f"| ... replay's peak (VmHWM) over the floor, less the window arrays | "
-        f"{_kb(((rep['hwm_mb'] - rep_floor['rss_mb']) * 2**20 - rep['window_bytes']) / rep['devices'])} a device | — | "
+        f"{kb(((rep['hwm_mb'] - rep_floor['rss_mb']) * 2**20 - rep['window_bytes']) / rep['devices'])} a device | — | "
         f"VmHWM {rep['hwm_mb']:,.0f} MiB | — |",
         "",
-        f"Fleet: where a device's {_kb(f_dev)} goes (deep sizes, each object counted once, in the order "
+        f"Fleet: where a device's {kb(f_dev)} goes (deep sizes, each object counted once, in the order "
         "listed in `bench_memory.py`):",
         "",
         *parts_table(fleet, fleet_floor),
         "",
-        f"Replay: where a device's {_kb(r_dev)} goes:",
+        f"Replay: where a device's {kb(r_dev)} goes:",
         "",
         *parts_table(rep, rep_floor),
         "",
