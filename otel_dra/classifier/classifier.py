@@ -297,7 +297,8 @@ class Classifier:
         # Learnt from: judged now, neither hotter than its bar nor held hot (a fault is not its normal).
         learn = peers.judged & ~peers.hot & ~w.on[:, R["thermal"]]
         tau = w.params.thermal.peers.baseline_tau
-        self.peers.update(rows, w.now_s, peers.hot, peers.judged, peers.residuals.residual, learn, tau)
+        excess = peers.residuals.residual + peers.residuals.offset  # over its node's devices (PeerHistory)
+        self.peers.update(rows, w.now_s, peers.hot, peers.judged, excess, learn, tau)
         if self._ladders is None:
             self._ladders = self.groups.ladders()
         health, state, bits, remediation, scope, changed = self.engine.step(

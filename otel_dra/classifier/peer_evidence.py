@@ -5,7 +5,7 @@ node's devices (:func:`thermal_peers`) and power-cap time against the cohort at 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -23,6 +23,10 @@ from otel_dra.classifier.peers import (
 if TYPE_CHECKING:
     from otel_dra.classifier.reader import Window
 
+#: Reasons whose evidence is the device's own heat or its cause (slowed, throttled, braked, a fan out): while one
+#: is on, the device runs hot or cool for itself and does not stand for its slot (:func:`thermal_residuals`).
+HEAT_REASONS: Final = np.array([R[r] for r in ("thermal", "cooling", "power_delivery", "power_throttling")])
+
 
 @dataclass
 class ThermalPeers:
@@ -33,7 +37,7 @@ class ThermalPeers:
     judged: np.ndarray  # bool: had peers to be judged against now
     residuals: ThermalResiduals
     bar: np.ndarray  # Cel above the expectation that flags (lowered while the reason is on)
-    baseline: np.ndarray  # Cel it usually runs above its peers, where that set the bar (NaN elsewhere)
+    baseline: np.ndarray  # Cel it usually runs above its peers (as residuals are now), where that set the bar
 
 
 @dataclass
@@ -72,15 +76,20 @@ def thermal_peers(w: Window) -> ThermalPeers:
         p.slope,
         p.min_node_devices,
         p.min_slot_nodes,
+        ~np.any(w.on[:, HEAT_REASONS], axis=1),
     )
     on = w.on[:, R["thermal"]]
     hold = np.where(on, p.hold_ratio, 1.0)
     bar = hold * np.fmax(p.margin, p.mad_k * res.sigma)
     # Or hotter than it usually runs against the same peers (`change_margin` over its baseline, and at least
     # `change_floor` over them), once it has `history` of being judged: a device that always ran 3 Cel over
-    # its peers is that device; one that now runs 6 Cel over them where it ran 1 Cel has changed.
+    # its peers is that device; one that now runs 6 Cel over them where it ran 1 Cel has changed. The baseline
+    # is its usual excess over its node's devices (residual + offset): what its slot on other nodes says moves
+    # as those nodes come, go and change load, and a device is not changed by that; it is judged here less
+    # what the slot and the polish take out now.
     known = (w.history_s >= p.history) & ~np.isnan(w.baseline)
-    own = np.fmax(w.baseline + hold * p.change_margin, hold * p.change_floor)
+    usual = w.baseline - res.offset
+    own = np.fmax(w.baseline + hold * p.change_margin, hold * p.change_floor) - res.offset
     with np.errstate(invalid="ignore"):
         changed = known & (own < bar)
     bar = np.where(changed, own, bar)
@@ -107,7 +116,7 @@ def thermal_peers(w: Window) -> ThermalPeers:
     since = np.where(np.isnan(w.hot_since), w.now_s, w.hot_since)
     sustained = w.now_s - since >= p.sustain
     held = (flagged & (sustained | on)) | (on & ~judged & ~np.isnan(w.hot_since))
-    return ThermalPeers(held, hot, judged, res, bar, np.where(changed, w.baseline, np.nan))
+    return ThermalPeers(held, hot, judged, res, bar, np.where(changed, usual, np.nan))
 
 
 def cap_peers(w: Window) -> CapPeers:

@@ -32,6 +32,8 @@ SPREAD_MIN_DEVICES = 8
 SAME_LOAD = 0.1
 #: Devices with such a difference a cohort needs before its own slope replaces the policy's.
 SLOPE_MIN_DEVICES = 4
+#: Devices that stand for a slot (``reference``) its effect is taken from: the median of one is that device.
+SLOT_MIN_REFERENCES = 2
 
 
 def _order(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -120,6 +122,9 @@ class ThermalResiduals:
     slope: np.ndarray
     node_temp: np.ndarray  # the peers' median window temperature (for the message)
     node_util: np.ndarray  # ... and utilization
+    # Cel: what its slot elsewhere and its peers' median residual took out (the slot effect and the polish):
+    # residual + offset is its excess over its node's devices at its load, which no other node's load moves.
+    offset: np.ndarray
 
 
 def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -153,22 +158,28 @@ def thermal_residuals(
     default_slope: np.ndarray,
     min_node_devices: np.ndarray,
     min_slot_nodes: np.ndarray,
+    reference: np.ndarray,
 ) -> ThermalResiduals:
     """How much hotter each ``judged`` row runs than its peers at its load (per row: window means ``temp``
-    and ``util``, its ``node``, ``cohort`` and ``slot`` group; the rest are per-row policy values).
+    and ``util``, its ``node``, ``cohort`` and ``slot`` group, whether it may stand for its slot
+    (``reference``); the rest are per-row policy values).
 
     1. Peers are the devices of its node and cohort in its utilization bin (``edges``, :func:`load_bins`):
        the same inlet air and, usually, the same job; only groups of ``min_node_devices`` are judged.
     2. A utilization difference within the bin is worth the cohort's slope: the median of its devices'
        temperature-over-utilization differences from their node's median where they differ enough (at
        least ``SLOPE_MIN_DEVICES`` of them), else ``default_slope``.
-    3. The slot's effect: the median residual of the same slot on other nodes of the cohort (``min_slot_nodes``
-       of them), taken out; then the peers' median residual, taken out again (one round of median polish).
+    3. The slot's effect: the median residual of the same slot on the nodes of the cohort (where it is on
+       ``min_slot_nodes`` of them), over its ``reference`` rows (at least ``SLOT_MIN_REFERENCES``), taken
+       out; then the peers' median residual, taken out again (one round of median polish). A device already
+       found running hot or cool for a cause of its own (slowed, throttled, braked, a fan out) says nothing of
+       its slot's airflow: with three nodes of a model, one slowed GPU running 17 Cel under its node would
+       otherwise make its slot look cool everywhere, and the healthy GPU in that slot of another node look hot.
     4. The spread: 1.4826 x the MAD of the residuals of its cohort's devices in its utilization bin (of its
        whole cohort while that bin holds fewer than ``SPREAD_MIN_DEVICES``).
     """
     n = temp.shape[0]
-    out = ThermalResiduals(*(np.full(n, np.nan) for _ in range(7)))
+    out = ThermalResiduals(*(np.full(n, np.nan) for _ in range(8)))
     out.peers[:] = 0.0
     rows = np.flatnonzero(judged & ~np.isnan(temp))
     if rows.size == 0:
@@ -199,8 +210,11 @@ def thermal_residuals(
     slope = np.where(np.isnan(u) | np.isnan(med_u[peer]), 0.0, slope)
     r = t - med_t[peer] - slope * (np.nan_to_num(u) - centre_u)
     sl = slot[rows]
-    slot_med, slot_size = grouped_median(r, sl, n_slots)
-    effect = np.where(slot_size[sl] >= min_slot_nodes[rows], slot_med[sl], 0.0)
+    ref = reference[rows]
+    slot_size = np.bincount(sl, minlength=n_slots)
+    slot_med, refs = grouped_median(r[ref], sl[ref], n_slots)
+    known = (slot_size[sl] >= min_slot_nodes[rows]) & (refs[sl] >= SLOT_MIN_REFERENCES)
+    effect = np.where(known, slot_med[sl], 0.0)
     r = r - effect
     again, _ = grouped_median(r, peer, n_peers)
     r = r - again[peer]
@@ -220,6 +234,7 @@ def thermal_residuals(
     # expectation(u) = med_t + slope (u - med_u) + effect + again = base + slope u
     out.base[rows] = med_t[peer] - slope * centre_u + effect + again[peer]
     out.slope[rows] = slope
+    out.offset[rows] = effect + again[peer]
     out.node_temp[rows] = med_t[peer]
     out.node_util[rows] = med_u[peer]
     return out
@@ -242,11 +257,12 @@ def load_bins(util: np.ndarray, edges: np.ndarray) -> np.ndarray:
 class PeerHistory:
     """What earlier evaluations said of each device against its peers (its own clock): since when it has run
     hotter than them, at every evaluation that could judge it (NaN: it does not, or was judged not to since),
-    and how much hotter it usually runs (``baseline``, Cel: a moving average of its residual, over
-    ``history_s`` seconds of being judged). Devices of one model differ by a few degrees for good (paste,
-    the die, the heatsink's seat); a device that turns several degrees hotter than it was, at the same load,
-    has changed. A rule's input, updated after each evaluation by :meth:`update`; not kept across a restart
-    (the baseline is learnt again)."""
+    and how much hotter it usually runs (``baseline``, Cel: a moving average of its excess over its node's
+    devices at its load, :attr:`ThermalResiduals.offset` not taken out, over ``history_s`` seconds of being
+    judged). Devices of one model differ by a few degrees for good (paste, the die, the heatsink's seat); a
+    device that turns several degrees hotter than it was, at the same load, has changed. A rule's input,
+    updated after each evaluation by :meth:`update`; not kept across a restart (the baseline is learnt
+    again)."""
 
     def __init__(self, capacity: int) -> None:
         self.hot_since = np.full(capacity, np.nan)

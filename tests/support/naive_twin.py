@@ -79,6 +79,8 @@ REPAIR_OF = {"reset_device": 1, "update_firmware": 1, "reboot_node": 2, "replace
 #: Among reasons of the same state, whose scope a verdict takes (the device's own first).
 SCOPE_RANK = {"workload": 0, "firmware": 1, "node": 2, "link": 3, "device": 4}
 MAD_SCALE = 1.4826
+#: Reasons that mean a device runs hot or cool for itself: it does not stand for its slot (thermal peers).
+HEAT_REASONS = ("thermal", "cooling", "power_delivery", "power_throttling")
 ERROR_FEATURE = {
     "corrected": "ecc_corrected",
     "uncorrected": "ecc_uncorrected",
@@ -754,7 +756,7 @@ class NaiveClassifier:
                 tau = float(dev.rules["thermal"]["peers"]["baseline_tau"])
                 now = stats[id(dev)].now_s
                 step = 0.0 if dev.judged_at is None else min(max(now - dev.judged_at, 0.0), tau)
-                r = float(t["residual"])
+                r = float(t["excess"])
                 dev.baseline = (
                     r if dev.baseline is None else dev.baseline + (1 - math.exp(-step / tau)) * (r - dev.baseline)
                 )
@@ -781,7 +783,7 @@ class NaiveClassifier:
         """Per device: its window temperature against its node's devices of its cohort in its utilization bin
         (README and the classifier's rules.thermal.peers), and whether that holds as evidence."""
         out: dict[int, dict[str, Any]] = {
-            id(d): {"hot": False, "judged": False, "held": False, "residual": None, "was_on": False} for d in devices
+            id(d): {"hot": False, "judged": False, "held": False, "excess": None, "was_on": False} for d in devices
         }
         judged: list[Device] = []
         temp: dict[int, float] = {}
@@ -848,9 +850,11 @@ class NaiveClassifier:
             slots.setdefault((d.cohort, d.slot), []).append(d)
         effect: dict[int, float] = {}
         for members in slots.values():
-            slot_med = statistics.median([r[id(d)] for d in members])
+            # Only devices without a heat reason on stand for their slot (a slowed GPU running cool is not its slot).
+            refs = [r[id(d)] for d in members if not any(d.reasons[x].on for x in HEAT_REASONS)]
             for d in members:
-                effect[id(d)] = slot_med if len(members) >= d.rules["thermal"]["peers"]["min_slot_nodes"] else 0.0
+                enough = len(members) >= d.rules["thermal"]["peers"]["min_slot_nodes"] and len(refs) >= 2
+                effect[id(d)] = statistics.median(refs) if enough else 0.0
                 r[id(d)] = r[id(d)] - effect[id(d)]
         again: dict[tuple[Any, ...], float] = {}
         for key in {group_of[id(d)] for d in kept}:
@@ -876,9 +880,11 @@ class NaiveClassifier:
             hold = float(peers["hold_ratio"]) if on else 1.0
             bar = hold * max(float(peers["margin"]), float(peers["mad_k"]) * sigma)
             # Or hotter than its own usual over its peers, once learnt for `history`.
+            # (Its usual is its excess over its node's devices: what its slot and the polish take out now, less.)
+            offset = effect[id(d)] + again[group_of[id(d)]]
             if d.baseline is not None and d.history_s >= float(peers["history"]):
                 own = max(d.baseline + hold * float(peers["change_margin"]), hold * float(peers["change_floor"]))
-                bar = min(bar, own)
+                bar = min(bar, own - offset)
             if med_u is not None and med_u < float(peers["min_utilization"]):
                 continue  # its peers at light load: not judged (no news)
             base = med_t - slope[id(d)] * centre[id(d)] + effect[id(d)] + again[group_of[id(d)]]
@@ -896,7 +902,7 @@ class NaiveClassifier:
             since = w.now_s if d.hot_since is None else d.hot_since
             sustained = w.now_s - since >= float(peers["sustain"])
             held = flagged and (sustained or on)
-            out[id(d)] = {"hot": hot, "judged": True, "held": held, "residual": r[id(d)], "was_on": on}
+            out[id(d)] = {"hot": hot, "judged": True, "held": held, "excess": r[id(d)] + offset, "was_on": on}
         for dev in devices:  # no peers to judge it now: a thermal finding it had holds (no news is not a repair)
             if not out[id(dev)]["judged"] and dev.reasons["thermal"].on and dev.hot_since is not None:
                 out[id(dev)]["held"] = True
