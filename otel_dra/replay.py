@@ -1,12 +1,13 @@
 """Replay: recorded OTLP JSON telemetry → the classifier → verdict lines (README, "Replay recorded telemetry").
 
 Files are streamed: each line is decoded into frames (bad lines and points are skipped and
-counted, never fatal) and queued; every few seconds of the recording's own clock (read off
-the nodes' clocks with their offsets taken out, :class:`TraceClock`), the queue is ingested
-as one batch and the classifier evaluates, as a fleet would have live. A verdict line is
-written whenever a device's verdict changes, and not kept: what a replay holds is the
-classifier's state, each device's last outcome for the summary (one shared tuple per
-distinct outcome), and the timeline of every change only when a plot asks for it.
+counted, never fatal; in a child process where a second core is there, :mod:`otel_dra.decode.stage`)
+and queued; every few seconds of the recording's own clock (read off the nodes' clocks with their
+offsets taken out, :class:`TraceClock`), the queue is ingested as one batch and the classifier
+evaluates, as a fleet would have live. A verdict line is written whenever a device's verdict
+changes, and not kept: what a replay holds is the classifier's state, each device's last outcome
+for the summary (one shared tuple per distinct outcome), and the timeline of every change only
+when a plot asks for it.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ import numpy as np
 
 from otel_dra.classifier import Classifier
 from otel_dra.config import FleetConfig
-from otel_dra.decode.files import read_lines
 from otel_dra.decode.limits import DecodeLimits
-from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.result import DecodeError
+from otel_dra.decode.stage import DecodeStage
 from otel_dra.frame import Frame, Schema
 from otel_dra.policy import Policy
 from otel_dra.words import plural
@@ -130,6 +130,7 @@ def replay(
     evaluate_every_s: float = FleetConfig.evaluate_every_s,
     limits: DecodeLimits | None = None,
     timeline: bool = False,
+    decode_process: bool | None = None,
 ) -> ReplayResult:
     """Stream ``paths`` through the classifier, evaluating every ``evaluate_every_s`` of the
     recording's clock (:class:`TraceClock`); write changed verdicts to ``out``.
@@ -138,10 +139,12 @@ def replay(
     O(samples), and holds the classifier's state, not the recording, nor the verdicts it wrote
     (``timeline``: keep every change, for :func:`~otel_dra.replay_plot.plot_timeline`). Verdict times are each
     device's own node's time (the input's time base), so they line up with its samples. ``limits``:
-    the caps on what the input may create, as the fleet's receiver has them (skipped and counted)."""
+    the caps on what the input may create, as the fleet's receiver has them (skipped and counted).
+    ``decode_process``: decode in a child process, beside the judging (None: where a second core is there
+    and the input is large enough to pay for it; :class:`~otel_dra.decode.stage.DecodeStage`)."""
     result = ReplayResult()
     schema = Schema()
-    decoder = OtlpJsonDecoder(schema, limits=limits or DecodeLimits())
+    stage = DecodeStage(paths, schema, limits or DecodeLimits(), process=decode_process)
     classifier = Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True)
     clock = TraceClock()
     pending: list[Frame] = []
@@ -166,8 +169,7 @@ def replay(
             result.first_time_ns = min(result.first_time_ns or verdict.time_unix_nano, verdict.time_unix_nano)
         result.evaluations += 1
 
-    for _path, lineno, raw in read_lines(paths):
-        decoded = decoder.decode(raw, lineno)
+    for decoded in stage.lines():
         frames, errors = decoded.frames, decoded.errors
         if decoded.limited:
             result.limited.update(decoded.limited)
@@ -187,19 +189,18 @@ def replay(
                 judge(now)
                 next_eval += every_ns * ((now - next_eval) // every_ns + 1)
         if progress is not None:
-            progress(len(raw) + 1)
+            progress(decoded.size)
         # Nothing of this line is held while the next is read and decoded (only its frames, in ``pending``).
-        del raw, decoded, frames, errors
+        del decoded, frames, errors
     if result.frames:
         judge(clock.now_ns)
         result.last_time_ns = clock.now_ns
         intervals = classifier.intervals(np.flatnonzero(classifier.registry.active))
         intervals = intervals[~np.isnan(intervals)]
         result.interval_s = float(np.median(intervals)) if intervals.size else evaluate_every_s
-    result.lines = decoder.lines
-    result.lines_skipped = decoder.lines_skipped
-    result.points = decoder.points
-    result.points_skipped = decoder.points_skipped
+    totals = stage.totals
+    result.lines, result.lines_skipped = totals.lines, totals.lines_skipped
+    result.points, result.points_skipped = totals.points, totals.points_skipped
     return result
 
 

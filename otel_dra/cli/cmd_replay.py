@@ -38,6 +38,12 @@ if TYPE_CHECKING:
     show_default=True,
     help="Judge the fleet every this much of the recording's time (as 'otel-dra fleet' does live).",
 )
+@click.option(
+    "--one-process",
+    is_flag=True,
+    help="Decode and judge in this one process (one core). By default, where a second core is there and the input "
+    "is 4 MB or more, decoding runs in a second process beside the judging: the same verdicts, sooner.",
+)
 @limit_options
 def replay(
     files: tuple[Path, ...],
@@ -46,6 +52,7 @@ def replay(
     strict: bool,
     plot: Path | None,
     evaluate_every: float,
+    one_process: bool,
     max_nodes: int,
     max_devices: int,
     max_devices_per_node: int,
@@ -97,6 +104,7 @@ def replay(
                 evaluate_every,
                 limits,
                 timeline=plot is not None,
+                decode_process=False if one_process else None,
             )
     except InputFileError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,222 @@
+"""Replay's decode stage: recorded lines into frames, in this process or, with a second core, in a child.
+
+A replay is two stages in a row, each about half its time: decode (inflate, parse, frames) and judge
+(ingest, evaluate). Where a second core is there, the decode stage runs in a child process a few line
+batches ahead of the judge, so a replay takes the longer stage's time rather than their sum (the
+receivers → processors split of an OpenTelemetry Collector's pipeline, with a pipe between).
+
+What crosses the pipe is each line's frames as (time, table number, values), its errors and refusals and
+its size: a device table crosses once, when first used, so the judge's side holds one table object per table
+the decoder made, as it would in one process (the classifier finds a node's rows by its table's identity);
+the schema's new columns cross before the first frame that uses them. The pipe holds at most a batch or two,
+so the child stays only that far ahead: memory stays bounded whatever the recording's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from otel_dra.decode.files import InputFileError, read_lines
+from otel_dra.decode.limits import DecodeLimits
+from otel_dra.decode.otlp_json import OtlpJsonDecoder
+from otel_dra.decode.result import DecodeError
+from otel_dra.frame import DeviceTable, Frame, Schema
+
+#: Lines sent to the judge's side at a time (a pipe write each: few enough to keep it busy, small enough
+#: to keep the child near it).
+BATCH_LINES: Final = 32
+#: Input below this many bytes (on disk) is decoded in-process: a child's start (~0.3 s) would outweigh it
+#: (``otel-dra replay --help`` says "4 MB").
+MIN_PROCESS_BYTES: Final = 4 << 20
+#: Device tables the child numbers at most (:attr:`DecodeStage.max_tables`): more than the decoder keeps.
+MAX_TABLES: Final = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedLine:
+    """One input line, decoded: its frames, what was wrong with it, and its size for a progress bar."""
+
+    lineno: int
+    frames: list[Frame]
+    errors: tuple[DecodeError, ...]
+    limited: dict[str, int]
+    size: int  # bytes, its newline included
+
+
+@dataclass
+class DecodeTotals:
+    """The decoder's counts over the whole input (set once every line was read)."""
+
+    lines: int = 0
+    lines_skipped: int = 0
+    points: int = 0
+    points_skipped: int = 0
+
+
+@dataclass
+class DecodeStage:
+    """The lines of ``paths`` decoded into ``schema``'s columns under ``limits``: :meth:`lines` yields
+    them in order, then :attr:`totals` holds the decoder's counts. ``process``: decode in a child
+    process (None: when a second core is there and the input is ``MIN_PROCESS_BYTES`` or more).
+    A file that can't be read raises :class:`~otel_dra.decode.files.InputFileError` after the lines
+    before the damage, in either mode."""
+
+    paths: Sequence[Path]
+    schema: Schema
+    limits: DecodeLimits = field(default_factory=DecodeLimits)
+    process: bool | None = None
+    #: Device tables the child numbers before it starts over (both sides forget them; the next use re-sends one).
+    max_tables: int = MAX_TABLES
+    totals: DecodeTotals = field(default_factory=DecodeTotals)
+
+    def lines(self) -> Iterator[DecodedLine]:
+        if self.process if self.process is not None else _worth_a_process(self.paths):
+            yield from self._in_child()
+        else:
+            yield from self._here()
+
+    def _here(self) -> Iterator[DecodedLine]:
+        decoder = OtlpJsonDecoder(self.schema, limits=self.limits)
+        try:
+            for _path, lineno, raw in read_lines(self.paths):
+                decoded = decoder.decode(raw, lineno)
+                yield DecodedLine(lineno, decoded.frames, decoded.errors, decoded.limited, len(raw) + 1)
+                del raw, decoded  # nothing of this line held while the next is read
+        finally:
+            _count(decoder, self.totals)
+
+    def _in_child(self) -> Iterator[DecodedLine]:
+        if len(self.schema):
+            raise ValueError("DecodeStage: a child process decodes into a new schema (this one has columns)")
+        context = multiprocessing.get_context("spawn")  # nothing of this process (threads, locks) is inherited
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(
+            target=_decode_in_child,
+            args=(send, list(map(Path, self.paths)), self.limits, self.max_tables),
+            daemon=True,
+        )
+        child.start()
+        send.close()  # the child's end: EOF here once the child is gone
+        tables: dict[int, DeviceTable] = {}
+        try:
+            while True:
+                try:
+                    message = receive.recv()
+                except EOFError:
+                    child.join(5.0)
+                    code = child.exitcode
+                    raise RuntimeError(f"the replay's decode process ended unexpectedly (exit code {code})") from None
+                kind = message[0]
+                if kind == "lines":
+                    _, columns, new_tables, reset, items = message
+                    for column in columns:
+                        self.schema.index(column)
+                    if reset:
+                        tables.clear()
+                    tables.update(new_tables)
+                    for lineno, frames, errors, limited, size in items:
+                        made = [Frame(t, tables[number], values) for t, number, values in frames]
+                        yield DecodedLine(lineno, made, errors, limited, size)
+                elif kind == "end":
+                    self.totals = message[1]
+                    return
+                elif kind == "unreadable":
+                    self.totals = message[2]
+                    raise InputFileError(message[1])
+                else:  # "failed": a bug, with the child's traceback
+                    raise RuntimeError(f"the replay's decode process failed:\n{message[1]}")
+        finally:
+            receive.close()
+            child.join(1.0)
+            if child.is_alive():  # the judge stopped early (an error, Ctrl-C): the child is not waited for
+                child.terminate()
+                child.join()
+
+
+def _worth_a_process(paths: Sequence[Path]) -> bool:
+    # (A daemonic process, a multiprocessing.Pool's worker, may not start one.)
+    if _usable_cpus() < 2 or multiprocessing.current_process().daemon:
+        return False
+    size = 0
+    for path in paths:
+        try:
+            size += Path(path).stat().st_size
+        except OSError:  # read_lines says what is wrong with it, in either mode
+            return False
+    return size >= MIN_PROCESS_BYTES
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the platform says, as a container's cpuset sets it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def _count(decoder: OtlpJsonDecoder, totals: DecodeTotals) -> DecodeTotals:
+    totals.lines, totals.lines_skipped = decoder.lines, decoder.lines_skipped
+    totals.points, totals.points_skipped = decoder.points, decoder.points_skipped
+    return totals
+
+
+def _decode_in_child(send: Connection, paths: list[Path], limits: DecodeLimits, max_tables: int) -> None:
+    """The child's side: decode every line, sending batches of ``BATCH_LINES`` (see the module's doc)."""
+    schema = Schema()
+    decoder = OtlpJsonDecoder(schema, limits=limits)
+    numbers: dict[int, tuple[int, DeviceTable]] = {}  # id(table) -> (its number, the table: kept, so ids stay)
+    sent_columns = 0
+    new_tables: dict[int, DeviceTable] = {}
+    reset = False
+    items: list[tuple[int, list[tuple[int, int, np.ndarray]], tuple[DecodeError, ...], dict[str, int], int]] = []
+
+    def flush() -> None:
+        nonlocal sent_columns, reset
+        columns = schema.columns[sent_columns:]
+        sent_columns += len(columns)
+        send.send(("lines", columns, dict(new_tables), reset, list(items)))
+        new_tables.clear()
+        items.clear()
+        reset = False
+
+    try:
+        try:
+            for _path, lineno, raw in read_lines(paths):
+                decoded = decoder.decode(raw, lineno)
+                frames = []
+                for frame in decoded.frames:
+                    known = numbers.get(id(frame.devices))
+                    if known is None:
+                        if len(numbers) >= max_tables:  # start over, after what used the old numbers
+                            flush()
+                            numbers.clear()
+                            reset = True
+                        known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
+                        new_tables[known[0]] = frame.devices
+                    frames.append((frame.time_unix_nano, known[0], frame.values))
+                items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1))
+                del raw, decoded
+                if len(items) >= BATCH_LINES:
+                    flush()
+        except InputFileError as exc:
+            flush()
+            send.send(("unreadable", str(exc), _count(decoder, DecodeTotals())))
+            return
+        flush()
+        send.send(("end", _count(decoder, DecodeTotals())))
+    except (BrokenPipeError, KeyboardInterrupt):  # the judge's side is gone, or Ctrl-C reached both
+        pass
+    except Exception:  # a bug: the judge's side raises it with this traceback
+        message: Any = ("failed", traceback.format_exc())
+        with contextlib.suppress(OSError):
+            send.send(message)
+    finally:
+        send.close()
