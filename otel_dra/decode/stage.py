@@ -15,12 +15,13 @@ so the child stays only that far ahead: memory stays bounded whatever the record
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,6 +39,10 @@ BATCH_LINES: Final = 32
 #: Input below this many bytes (on disk) is decoded in-process: a child's start (~0.3 s) would outweigh it
 #: (``otel-dra replay --help`` says "4 MB").
 MIN_PROCESS_BYTES: Final = 4 << 20
+#: What the child process runs (its classes pickle under this module's name, not ``__main__``).
+_CHILD: Final = "import sys; from otel_dra.decode.stage import child_main; sys.exit(child_main())"
+#: Where the ``otel_dra`` package this process runs lies (put on the child's path).
+_PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
 #: Device tables the child numbers at most (:attr:`DecodeStage.max_tables`): more than the decoder keeps.
 MAX_TABLES: Final = 100_000
 
@@ -98,23 +103,22 @@ class DecodeStage:
     def _in_child(self) -> Iterator[DecodedLine]:
         if len(self.schema):
             raise ValueError("DecodeStage: a child process decodes into a new schema (this one has columns)")
-        context = multiprocessing.get_context("spawn")  # nothing of this process (threads, locks) is inherited
-        receive, send = context.Pipe(duplex=False)
-        child = context.Process(
-            target=_decode_in_child,
-            args=(send, list(map(Path, self.paths)), self.limits, self.max_tables),
-            daemon=True,
-        )
-        child.start()
-        send.close()  # the child's end: EOF here once the child is gone
+        # A new interpreter running this module's child_main (not multiprocessing's spawn, which imports the
+        # caller's __main__ again: a script without a __name__ guard would run twice), on the otel_dra this one
+        # imported.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(_PACKAGE_ROOT), env.get("PYTHONPATH"))))
+        child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        assert child.stdin is not None and child.stdout is not None
         tables: dict[int, DeviceTable] = {}
         try:
+            with child.stdin:
+                pickle.dump((list(map(Path, self.paths)), self.limits, self.max_tables), child.stdin)
             while True:
                 try:
-                    message = receive.recv()
+                    message = pickle.load(child.stdout)
                 except EOFError:
-                    child.join(5.0)
-                    code = child.exitcode
+                    code = child.wait(5.0)
                     raise RuntimeError(f"the replay's decode process ended unexpectedly (exit code {code})") from None
                 kind = message[0]
                 if kind == "lines":
@@ -136,16 +140,14 @@ class DecodeStage:
                 else:  # "failed": a bug, with the child's traceback
                     raise RuntimeError(f"the replay's decode process failed:\n{message[1]}")
         finally:
-            receive.close()
-            child.join(1.0)
-            if child.is_alive():  # the judge stopped early (an error, Ctrl-C): the child is not waited for
+            child.stdout.close()
+            if child.poll() is None:  # the judge stopped early (an error, Ctrl-C): the child is not waited for
                 child.terminate()
-                child.join()
+            child.wait()
 
 
 def _worth_a_process(paths: Sequence[Path]) -> bool:
-    # (A daemonic process, a multiprocessing.Pool's worker, may not start one.)
-    if _usable_cpus() < 2 or multiprocessing.current_process().daemon:
+    if _usable_cpus() < 2:
         return False
     size = 0
     for path in paths:
@@ -168,7 +170,7 @@ def _count(decoder: OtlpJsonDecoder, totals: DecodeTotals) -> DecodeTotals:
     return totals
 
 
-def _decode_in_child(send: Connection, paths: list[Path], limits: DecodeLimits, max_tables: int) -> None:
+def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: DecodeLimits, max_tables: int) -> None:
     """The child's side: decode every line, sending batches of ``BATCH_LINES`` (see the module's doc)."""
     schema = Schema()
     decoder = OtlpJsonDecoder(schema, limits=limits)
@@ -182,41 +184,54 @@ def _decode_in_child(send: Connection, paths: list[Path], limits: DecodeLimits, 
         nonlocal sent_columns, reset
         columns = schema.columns[sent_columns:]
         sent_columns += len(columns)
-        send.send(("lines", columns, dict(new_tables), reset, list(items)))
+        send(("lines", columns, dict(new_tables), reset, list(items)))
         new_tables.clear()
         items.clear()
         reset = False
 
     try:
-        try:
-            for _path, lineno, raw in read_lines(paths):
-                decoded = decoder.decode(raw, lineno)
-                frames = []
-                for frame in decoded.frames:
-                    known = numbers.get(id(frame.devices))
-                    if known is None:
-                        if len(numbers) >= max_tables:  # start over, after what used the old numbers
-                            flush()
-                            numbers.clear()
-                            reset = True
-                        known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
-                        new_tables[known[0]] = frame.devices
-                    frames.append((frame.time_unix_nano, known[0], frame.values))
-                items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1))
-                del raw, decoded
-                if len(items) >= BATCH_LINES:
-                    flush()
-        except InputFileError as exc:
-            flush()
-            send.send(("unreadable", str(exc), _count(decoder, DecodeTotals())))
-            return
+        for _path, lineno, raw in read_lines(paths):
+            decoded = decoder.decode(raw, lineno)
+            frames = []
+            for frame in decoded.frames:
+                known = numbers.get(id(frame.devices))
+                if known is None:
+                    if len(numbers) >= max_tables:  # start over, after what used the old numbers
+                        flush()
+                        numbers.clear()
+                        reset = True
+                    known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
+                    new_tables[known[0]] = frame.devices
+                frames.append((frame.time_unix_nano, known[0], frame.values))
+            items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1))
+            del raw, decoded
+            if len(items) >= BATCH_LINES:
+                flush()
+    except InputFileError as exc:
         flush()
-        send.send(("end", _count(decoder, DecodeTotals())))
+        send(("unreadable", str(exc), _count(decoder, DecodeTotals())))
+        return
+    flush()
+    send(("end", _count(decoder, DecodeTotals())))
+
+
+def child_main() -> int:
+    """The child process (``_CHILD``): (paths, limits, max_tables) pickled on stdin; messages pickled to
+    stdout, which nothing else writes to (anything printed goes to stderr)."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr
+
+    def send(message: Any) -> None:
+        pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
+        out.flush()
+
+    try:
+        paths, limits, max_tables = pickle.load(sys.stdin.buffer)
+        _decode_in_child(send, paths, limits, max_tables)
     except (BrokenPipeError, KeyboardInterrupt):  # the judge's side is gone, or Ctrl-C reached both
-        pass
+        return 1
     except Exception:  # a bug: the judge's side raises it with this traceback
-        message: Any = ("failed", traceback.format_exc())
         with contextlib.suppress(OSError):
-            send.send(message)
-    finally:
-        send.close()
+            send(("failed", traceback.format_exc()))
+        return 1
+    return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +128,18 @@ def test_a_schema_with_columns_is_refused_for_a_child(recordings):
     DecodeStage(recordings, schema, process=False).lines().__next__()
     with pytest.raises(ValueError, match="new schema"):
         next(DecodeStage(recordings, schema, process=True).lines())
+
+
+def test_a_script_without_a_main_guard_replays_once(recordings, tmp_path):
+    # (multiprocessing's spawn would import the script again in the child and run it twice, or refuse.)
+    script = tmp_path / "backtest.py"
+    script.write_text(
+        "import io, sys\n"
+        "from otel_dra.policy import load\n"
+        "from otel_dra.replay import replay\n"
+        f"result = replay([{str(recordings[0])!r}], load(), io.StringIO(), decode_process=True)\n"
+        "print('replayed', result.lines)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["replayed 123"], done.stdout
