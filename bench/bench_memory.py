@@ -24,9 +24,10 @@ label strings, caches of the decoders, the rendered ``/metrics``, the replay's r
    ``malloc_trim``, and ``VmRSS``.
 2. **Replay**: :func:`otel_dra.replay.replay` of an OTLP JSON lines recording (gzip) of ``M`` devices
    (the same agent's requests in the protobuf JSON mapping, cloned the same way), verdict lines to
-   ``/dev/null``. The replay's classifier, decoder and result are kept alive past the call (subclassed in
-   that child only to keep a reference); ``VmRSS`` after ``gc.collect()`` and ``malloc_trim``, and the
-   peak (``VmHWM``).
+   ``/dev/null``, decoding in the same process (``otel-dra replay --one-process``: with a decode process,
+   the decoder's state would be in that process's RSS, not this one's). The replay's classifier, decoder and
+   result are kept alive past the call (subclassed in that child only to keep a reference); ``VmRSS`` after
+   ``gc.collect()`` and ``malloc_trim``, and the peak (``VmHWM``).
 3. **Breakdown**: after the measurement, in the same child, every large object's deep size
    (``sys.getsizeof`` over its referents, each object counted once, in the order of the table), so the
    figure is accounted for; "the rest" is what RSS holds beyond that (the interpreter's free lists, the
@@ -377,8 +378,9 @@ def child_fleet(templates: Path, nodes: int) -> dict[str, Any]:
 def _replay_imports() -> dict[str, Any]:
     from otel_dra import policy
     from otel_dra import replay as replay_mod
+    from otel_dra.decode import stage as stage_mod
 
-    return {"policy": policy, "replay_mod": replay_mod}
+    return {"policy": policy, "replay_mod": replay_mod, "stage_mod": stage_mod}
 
 
 def child_replay(path: Path) -> dict[str, Any]:
@@ -391,16 +393,18 @@ def child_replay(path: Path) -> dict[str, Any]:
             super().__init__(*args, **kwargs)
             kept["classifier"] = self
 
-    class KeptDecoder(replay_mod.OtlpJsonDecoder):  # type: ignore[name-defined]
+    stage_mod = m["stage_mod"]
+
+    class KeptDecoder(stage_mod.OtlpJsonDecoder):  # type: ignore[name-defined]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             kept["decoder"] = self
 
     replay_mod.Classifier = KeptClassifier
-    replay_mod.OtlpJsonDecoder = KeptDecoder
+    stage_mod.OtlpJsonDecoder = KeptDecoder
     t0 = time.perf_counter()
-    with open(os.devnull, "w") as out:
-        result = replay_mod.replay([path], m["policy"].load(), out)
+    with open(os.devnull, "w") as out:  # one process (--one-process): the decoder's state beside the classifier's
+        result = replay_mod.replay([path], m["policy"].load(), out, decode_process=False)
     wall = time.perf_counter() - t0
     classifier, decoder = kept["classifier"], kept["decoder"]
     make_resident(classifier)

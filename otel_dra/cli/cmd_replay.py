@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 @click.option(
     "--one-process",
     is_flag=True,
-    help="Decode and judge in this one process (one core). By default, where a second core is there and the input "
-    "is 4 MB or more, decoding runs in a second process beside the judging: the same verdicts, sooner.",
+    help="Decode and judge in this one process (one core). By default, where a second core is there (affinity and "
+    "a container's CPU quota allowing) and the input is 4 MB or more, decoding runs in a second process beside the "
+    "judging: the same verdicts, sooner.",
 )
 @limit_options
 def replay(

@@ -159,9 +159,24 @@ def _worth_a_process(paths: Sequence[Path]) -> bool:
 
 
 def _usable_cpus() -> int:
-    """CPUs this process may run on (its affinity where the platform says, as a container's cpuset sets it)."""
+    """CPUs this process may use: its affinity (a cpuset), and a container's CPU quota (cgroup v2 ``cpu.max``,
+    v1 ``cpu.cfs_quota_us``) where one is set: a pod limited to one CPU gains nothing from a second process."""
     affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    quota = _cgroup_quota()
+    return min(cpus, max(1, int(quota))) if quota is not None else cpus
+
+
+def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (quota / period), None where none is set or readable."""
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # v2: "max 100000" or "150000 100000"
+        return None if quota == "max" else int(quota) / int(period)
+    with contextlib.suppress(OSError, ValueError):
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())  # v1: -1 for none
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    return None
 
 
 def _count(decoder: OtlpJsonDecoder, totals: DecodeTotals) -> DecodeTotals:

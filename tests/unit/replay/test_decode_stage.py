@@ -143,3 +143,23 @@ def test_a_script_without_a_main_guard_replays_once(recordings, tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["replayed 123"], done.stdout
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.0),
+        ({}, None),
+    ],
+    ids=["v2-none", "v2-1.5", "v1-none", "v1-1", "no-cgroup"],
+)
+def test_a_containers_cpu_quota_is_read_so_one_cpu_gets_one_process(tmp_path, files, quota):
+    from otel_dra.decode.stage import _cgroup_quota
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _cgroup_quota(tmp_path) == quota
