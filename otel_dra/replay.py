@@ -96,7 +96,8 @@ class TraceClock:
     def __init__(self) -> None:
         self._index: dict[str, int] = {}
         self._offset = np.zeros(0)  # seconds each node's clock is ahead of this one
-        self._latest = np.zeros(0)  # each node's newest stamp, offset taken out
+        self._latest = np.zeros(0)  # each node's newest stamp, offset taken out (never goes down)
+        self._front = -np.inf  # the newest any node has said: _latest's max, kept as it moves
         self.now_ns = 0
 
     def heard(self, frames: list[Frame]) -> int:
@@ -109,14 +110,15 @@ class TraceClock:
                 self._offset = np.append(self._offset, stamp - self.now_ns / 1e9 if self.now_ns else 0.0)
                 self._latest = np.append(self._latest, -np.inf)
             corrected = stamp - self._offset[i]
-            front = float(self._latest.max())  # the newest any node has said (the clock may lag it)
+            front = self._front  # the newest any node has said (the clock may lag it)
             if np.isfinite(front) and abs(corrected - front) > CLOCK_JUMP_S:  # this node's clock was stepped
                 self._offset[i] = stamp - front
                 self._latest[i] = corrected = front
-            self._latest[i] = max(self._latest[i], corrected)
+            newest = self._latest[i] = max(self._latest[i], corrected)
+            self._front = max(front, float(newest))
         if frames:
             latest = self._latest
-            recent = latest[latest >= latest.max() - CLOCK_QUORUM_S]
+            recent = latest[latest >= self._front - CLOCK_QUORUM_S]
             k = int(CLOCK_QUANTILE * (recent.size - 1))  # one partition, not a sort
             self.now_ns = max(self.now_ns, round(float(np.partition(recent, k)[k]) * 1e9))
         return self.now_ns
