@@ -182,7 +182,9 @@ def thermal_residuals(
     out = ThermalResiduals(*(np.full(n, np.nan) for _ in range(8)))
     out.peers[:] = 0.0
     rows = np.flatnonzero(judged & ~np.isnan(temp))
-    if rows.size == 0:
+    # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, and a
+    # group is one node's, so this says so before any of the work below.
+    if rows.size == 0 or int(np.bincount(node[rows]).max()) < int(min_node_devices[rows].min()):
         return out
     t, u, co = temp[rows], util[rows], cohort[rows]
     known_u = ~np.isnan(u)

@@ -39,10 +39,14 @@ BATCH_LINES: Final = 32
 #: Input below this many bytes (on disk) is decoded in-process: a child's start (~0.3 s) would outweigh it
 #: (``otel-dra replay --help`` says "4 MB").
 MIN_PROCESS_BYTES: Final = 4 << 20
-#: What the child process runs (its classes pickle under this module's name, not ``__main__``).
-_CHILD: Final = "import sys; from otel_dra.decode.stage import child_main; sys.exit(child_main())"
-#: Where the ``otel_dra`` package this process runs lies (put on the child's path).
-_PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
+#: What the child process runs (its classes pickle under this module's name, not ``__main__``), on the
+#: ``otel_dra`` package this process imported (its folder first on the path unless already on it: a source
+#: checkout; an installed package's site-packages stays where it is, after the standard library).
+_CHILD: Final = (
+    "import sys; root = {root!r}; sys.path[:0] = [] if root in sys.path else [root]; "
+    "from otel_dra.decode.stage import child_main; sys.exit(child_main())"
+)
+_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 #: Device tables the child numbers at most (:attr:`DecodeStage.max_tables`): more than the decoder keeps.
 MAX_TABLES: Final = 100_000
 
@@ -104,11 +108,9 @@ class DecodeStage:
         if len(self.schema):
             raise ValueError("DecodeStage: a child process decodes into a new schema (this one has columns)")
         # A new interpreter running this module's child_main (not multiprocessing's spawn, which imports the
-        # caller's __main__ again: a script without a __name__ guard would run twice), on the otel_dra this one
-        # imported.
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(_PACKAGE_ROOT), env.get("PYTHONPATH"))))
-        child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        # caller's __main__ again: a script without a __name__ guard would run twice).
+        command = [sys.executable, "-c", _CHILD.format(root=_PACKAGE_ROOT)]
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert child.stdin is not None and child.stdout is not None
         tables: dict[int, DeviceTable] = {}
         try:
