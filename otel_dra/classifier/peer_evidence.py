@@ -62,7 +62,9 @@ def thermal_peers(w: Window) -> ThermalPeers:
     ``min_utilization``."""
     g, rows = w.groups, w.rows
     p = w.params.thermal.peers
-    judged = p.enabled & w.fresh & (w.counts[F.TEMP_MAX] >= w.min_samples)
+    # Judged only with its utilization known: without it, a GPU running a heavier job than its neighbours (each GPU
+    # its own job, no utilization series) is hotter than them for its load, and nothing says which.
+    judged = p.enabled & w.fresh & (w.counts[F.TEMP_MAX] >= w.min_samples) & (w.counts[F.UTIL] >= w.min_samples)
     res = thermal_residuals(
         w.mean(F.TEMP_MAX),
         w.mean(F.UTIL),

@@ -791,7 +791,12 @@ class NaiveClassifier:
         for dev in devices:
             w = stats[id(dev)]
             peers = dev.rules["thermal"]["peers"]
-            if peers["enabled"] and fresh[id(dev)] and len(w.known("temp_max")) >= self.min_samples:
+            if (
+                peers["enabled"]
+                and fresh[id(dev)]
+                and len(w.known("temp_max")) >= self.min_samples
+                and len(w.known("util")) >= self.min_samples  # its load known: else nothing says it is the same
+            ):
                 judged.append(dev)
                 temp[id(dev)] = w.mean("temp_max")  # type: ignore[assignment]
                 util[id(dev)] = w.mean("util")

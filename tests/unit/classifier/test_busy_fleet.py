@@ -64,6 +64,7 @@ class Busy:
     #: proportion to the power drawn (airflow carries heat; an idle GPU has little to carry), else always.
     slot_scale: float = 1.0
     slot_by_power: bool = False
+    report_util: bool = True  # False: no utilization series (an exporter without it)
     schema: Schema = field(default_factory=Schema)
     verdicts: dict[tuple[str, str], list[Verdict]] = field(default_factory=dict)
 
@@ -117,7 +118,7 @@ class Busy:
         c = self.cols
         values[:, c["temp"]] = temp
         values[:, c["limit"]] = 85.0
-        values[:, c["util"]] = util
+        values[:, c["util"]] = util if self.report_util else np.nan
         values[:, c["mem"]] = np.clip(0.97 + rng.normal(0, 0.005, n), 0, 0.999)
         values[:, c["power"]] = power
         values[:, c["cap"]] = self.limits
@@ -365,6 +366,16 @@ def test_a_gpu_is_not_changed_by_the_other_nodes_of_its_slot_going_idle(seed: in
         f.idle[GPUS:] = t >= 3600  # every node but the first, after an hour (the baselines are learnt)
 
     fleet.run(3600 + 1800, jobs_end)
+    assert fleet.episodes(None) == []
+
+
+def test_without_utilization_a_gpu_hotter_than_its_neighbours_is_not_judged_against_them():
+    # Each GPU its own job and no utilization series (bench_prometheus' exporter writes none): one GPU's job turns
+    # heavier than its neighbours' and it runs 12 Cel hotter than its usual over them. Nothing says its load is
+    # theirs: the peers do not judge it (its limits still would).
+    fleet = Busy(seed=31, report_util=False)
+    heavier = fleet.row(1, 3)
+    fleet.run(3600 + 1200, lambda t, f: f.extra_heat.__setitem__(heavier, 12.0 if t >= 3600 else 0.0))
     assert fleet.episodes(None) == []
 
 
