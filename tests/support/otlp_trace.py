@@ -81,3 +81,19 @@ def write_trace(
 
 def read_verdicts(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def power_line(node: str, devices: int, time_unix_nano: str = "1") -> str:
+    """One OTLP JSON line of ``devices`` hw.power points for ``node`` (a name the caps may refuse, or more devices
+    than a node may have)."""
+    pts = [
+        {
+            "attributes": [{"key": "hw.id", "value": {"stringValue": f"gpu-{i}"}}],
+            "timeUnixNano": time_unix_nano,
+            "asDouble": 1.0,
+        }
+        for i in range(devices)
+    ]
+    res = {"attributes": [{"key": "k8s.node.name", "value": {"stringValue": node}}]}
+    metric = {"name": "hw.power", "gauge": {"dataPoints": pts}}
+    return json.dumps({"resourceMetrics": [{"resource": res, "scopeMetrics": [{"metrics": [metric]}]}]})

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,22 +17,7 @@ from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.stage import DecodedLine, DecodeStage
 from otel_dra.faults import Fault
 from otel_dra.frame import Schema
-from tests.support.otlp_trace import write_trace
-
-
-def node_line(node: str, devices: int) -> str:
-    """One line of ``devices`` power points for ``node`` (a name the caps may refuse, or too many devices)."""
-    pts = [
-        {
-            "attributes": [{"key": "hw.id", "value": {"stringValue": f"gpu-{i}"}}],
-            "timeUnixNano": "1800000100000000000",
-            "asDouble": 300.0,
-        }
-        for i in range(devices)
-    ]
-    res = {"attributes": [{"key": "k8s.node.name", "value": {"stringValue": node}}]}
-    metric = {"name": "hw.power", "gauge": {"dataPoints": pts}}
-    return json.dumps({"resourceMetrics": [{"resource": res, "scopeMetrics": [{"metrics": [metric]}]}]})
+from tests.support.otlp_trace import power_line, write_trace
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +29,7 @@ def recordings(tmp_path_factory) -> list[Path]:
         {"node-a": (4, [Fault("gpu-1", "memory_ecc", 120)]), "node-b": (2, []), "node-c": (3, [])},
         400,
     )
-    extra = ["{not json", node_line("Bad_Node", 3), node_line("big", 300), '{"resourceMetrics": 5}']
+    extra = ["{not json", power_line("Bad_Node", 3), power_line("big", 300), '{"resourceMetrics": 5}']
     second = write_trace(folder / "b.jsonl", {"node-d": (2, [])}, 100, extra_lines=extra)
     return [first, second]
 

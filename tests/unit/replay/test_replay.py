@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from otel_dra.faults import Fault
-from tests.support.otlp_trace import T0, S, read_verdicts, write_trace
+from tests.support.otlp_trace import T0, S, power_line, read_verdicts, write_trace
 
 CONTRACT_KEYS = {"time_unix_nano", "k8s.node.name", "hw.id", "health", "hw.state", "reasons", "remediation", "message"}
 NON_OK = {"degraded", "predicted_failure", "failed"}
@@ -170,20 +170,8 @@ def test_points_refused_by_the_caps_are_skipped_and_counted_by_reason(tmp_path):
     from otel_dra.policy import load
     from otel_dra.replay import replay, skip_summary
 
-    def line(node: str, n: int) -> str:
-        pts = [
-            {
-                "attributes": [{"key": "hw.id", "value": {"stringValue": f"gpu-{i}"}}],
-                "timeUnixNano": "1",
-                "asDouble": 1.0,
-            }
-            for i in range(n)
-        ]
-        res = {"attributes": [{"key": "k8s.node.name", "value": {"stringValue": node}}]}
-        metric = {"name": "hw.power", "gauge": {"dataPoints": pts}}
-        return json.dumps({"resourceMetrics": [{"resource": res, "scopeMetrics": [{"metrics": [metric]}]}]})
-
-    trace = write_trace(tmp_path / "t.jsonl", {"n": (2, [])}, 30, extra_lines=[line("Bad_Node", 3), line("big", 300)])
+    lines = [power_line("Bad_Node", 3), power_line("big", 300)]
+    trace = write_trace(tmp_path / "t.jsonl", {"n": (2, [])}, 30, extra_lines=lines)
     result = replay([trace], load(), io.StringIO())
     assert dict(result.limited) == {NODE_NAME: 3, DEVICES_PER_NODE: 300 - 256}
     assert result.points_skipped >= 3 + 44 and result.lines_skipped == 0
