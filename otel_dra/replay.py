@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -171,29 +172,30 @@ def replay(
             result.first_time_ns = min(result.first_time_ns or verdict.time_unix_nano, verdict.time_unix_nano)
         result.evaluations += 1
 
-    for decoded in stage.lines():
-        frames, errors = decoded.frames, decoded.errors
-        if decoded.limited:
-            result.limited.update(decoded.limited)
-        if errors:
-            result.error_count += len(errors)
-            room = SHOWN_ERRORS - len(result.errors)
-            if room > 0:
-                result.errors.extend(errors[:room])
-        if frames:
-            now = clock.heard(frames)
-            pending.extend(frames)
-            heard.extend([now] * len(frames))
-            result.frames += len(frames)
-            if next_eval is None:
-                next_eval = now
-            if now >= next_eval:  # on a grid of the clock: one evaluation per step it moved past
-                judge(now)
-                next_eval += every_ns * ((now - next_eval) // every_ns + 1)
-        if progress is not None:
-            progress(decoded.size)
-        # Nothing of this line is held while the next is read and decoded (only its frames, in ``pending``).
-        del decoded, frames, errors
+    with closing(stage.lines()) as decoded_lines:  # (a decode process is stopped however the loop ends)
+        for decoded in decoded_lines:
+            frames, errors = decoded.frames, decoded.errors
+            if decoded.limited:
+                result.limited.update(decoded.limited)
+            if errors:
+                result.error_count += len(errors)
+                room = SHOWN_ERRORS - len(result.errors)
+                if room > 0:
+                    result.errors.extend(errors[:room])
+            if frames:
+                now = clock.heard(frames)
+                pending.extend(frames)
+                heard.extend([now] * len(frames))
+                result.frames += len(frames)
+                if next_eval is None:
+                    next_eval = now
+                if now >= next_eval:  # on a grid of the clock: one evaluation per step it moved past
+                    judge(now)
+                    next_eval += every_ns * ((now - next_eval) // every_ns + 1)
+            if progress is not None:
+                progress(decoded.size)
+            # Nothing of this line is held while the next is read and decoded (only its frames, in ``pending``).
+            del decoded, frames, errors
     if result.frames:
         judge(clock.now_ns)
         result.last_time_ns = clock.now_ns

@@ -114,8 +114,11 @@ class DecodeStage:
         assert child.stdin is not None and child.stdout is not None
         tables: dict[int, DeviceTable] = {}
         try:
-            with child.stdin:
-                pickle.dump((list(map(Path, self.paths)), self.limits, self.max_tables), child.stdin)
+            try:
+                with child.stdin:
+                    pickle.dump((list(map(Path, self.paths)), self.limits, self.max_tables), child.stdin)
+            except BrokenPipeError:  # it is gone already: what it said, or its exit code, is read below
+                pass
             while True:
                 try:
                     message = pickle.load(child.stdout)

@@ -147,3 +147,16 @@ def test_a_containers_cpu_quota_is_read_so_one_cpu_gets_one_process(tmp_path, fi
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert _cgroup_quota(tmp_path) == quota
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads this process's children from /proc")
+def test_a_judge_that_stops_early_leaves_no_decode_process_behind(recordings):
+    def children() -> set[str]:
+        return {pid for task in Path("/proc/self/task").iterdir() for pid in (task / "children").read_text().split()}
+
+    before = children()
+    lines = DecodeStage(recordings, Schema(), process=True).lines()
+    assert next(lines).frames
+    assert children() - before  # the decode process is running, a batch or two ahead
+    lines.close()
+    assert children() == before
