@@ -20,7 +20,7 @@ import pickle
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -88,7 +88,7 @@ class DecodeStage:
     max_tables: int = MAX_TABLES
     totals: DecodeTotals = field(default_factory=DecodeTotals)
 
-    def lines(self) -> Iterator[DecodedLine]:
+    def lines(self) -> Generator[DecodedLine, None, None]:
         if self.process if self.process is not None else _worth_a_process(self.paths):
             yield from self._in_child()
         else:
