@@ -84,7 +84,8 @@ class DecodeStage:
     schema: Schema
     limits: DecodeLimits = field(default_factory=DecodeLimits)
     process: bool | None = None
-    #: Device tables the child numbers before it starts over (both sides forget them; the next use re-sends one).
+    #: Device tables the child numbers before it starts over, between lines (both sides forget them; the next use
+    #: re-sends one; a single line holding more nodes than this is numbered whole).
     max_tables: int = MAX_TABLES
     totals: DecodeTotals = field(default_factory=DecodeTotals)
 
@@ -212,14 +213,17 @@ def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: Dec
     try:
         for _path, lineno, raw in read_lines(paths):
             decoded = decoder.decode(raw, lineno)
+            unseen = {id(f.devices) for f in decoded.frames} - numbers.keys()
+            if numbers and len(numbers) + len(unseen) > max_tables:
+                # Start over before this line (a Collector's line holds many nodes: none of its frames may keep a
+                # number the other side is about to forget), after sending what used the old numbers.
+                flush()
+                numbers.clear()
+                reset = True
             frames = []
             for frame in decoded.frames:
                 known = numbers.get(id(frame.devices))
                 if known is None:
-                    if len(numbers) >= max_tables:  # start over, after what used the old numbers
-                        flush()
-                        numbers.clear()
-                        reset = True
                     known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
                     new_tables[known[0]] = frame.devices
                 frames.append((frame.time_unix_nano, known[0], frame.values))

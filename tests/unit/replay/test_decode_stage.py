@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,19 @@ def test_a_judge_that_stops_early_leaves_no_decode_process_behind(recordings):
     assert children() - before  # the decode process is running, a batch or two ahead
     lines.close()
     assert children() == before
+
+
+def test_tables_start_over_between_lines_even_when_a_line_holds_several_nodes(recordings, tmp_path):
+    # A Collector batches many nodes into one line: each line here holds the three nodes of one tick, so the child's
+    # table cap (2) is reached in the middle of a line; the line's frames keep the tables they were numbered with.
+    lines = gzip.decompress(recordings[0].read_bytes()).decode().splitlines()
+    batched = []
+    for i in range(0, len(lines) - 2, 3):
+        docs = [json.loads(line) for line in lines[i : i + 3]]
+        batched.append(json.dumps({"resourceMetrics": [rm for d in docs for rm in d["resourceMetrics"]]}))
+    path = tmp_path / "batched.jsonl"
+    path.write_text("\n".join(batched) + "\n")
+    here, _, _ = decoded([path], process=False)
+    there, _, _ = decoded([path], process=True, max_tables=2)
+    assert max(len(line.frames) for line in here) == 3
+    same_lines(here, there)
