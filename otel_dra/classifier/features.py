@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.numeric import nan_to_num
 from otel_dra.classifier.registry import grown, grown_rows
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
@@ -102,6 +103,31 @@ _DRIVER_FEATURES: dict[str, F | None] = {
 }
 
 
+class DriverClasses:
+    """Each driver error code's class in each policy group (by its vendor's table; unknown codes: application), as
+    the features it counts toward: worked out once a code, and again only when a group was added, so that a
+    batch's rows (each batch its own :class:`DeviceParams`) look no table up."""
+
+    def __init__(self, code_tables: list[dict[str, str]]) -> None:
+        self.code_tables = code_tables  # per group: driver error code -> class (the groups' owner appends)
+        self._by_code: dict[str, tuple[int, list[tuple[F, np.ndarray | None]]]] = {}
+
+    def features(self, code: str) -> list[tuple[F, np.ndarray | None]]:
+        """(feature, which groups class ``code`` so: None for all of them) for each feature some group counts
+        ``code`` toward."""
+        groups = len(self.code_tables)
+        kept = self._by_code.get(code)
+        if kept is None or kept[0] != groups:
+            classes = [table.get(code, "application") for table in self.code_tables]
+            out: list[tuple[F, np.ndarray | None]] = []
+            for name, feat in _DRIVER_FEATURES.items():
+                mine = np.asarray([klass == name for klass in classes], dtype=bool)
+                if feat is not None and mine.any():
+                    out.append((feat, None if mine.all() else mine))
+            kept = self._by_code[code] = (groups, out)
+        return kept[1]
+
+
 @dataclass
 class DeviceParams:
     """Per-row thresholds the sample stage needs, resolved from the policy per device model."""
@@ -118,27 +144,23 @@ class DeviceParams:
     default_gen: np.ndarray
     default_width: np.ndarray
     groups: np.ndarray  # policy group of each row
-    code_tables: list[dict[str, str]]  # per group: driver error code -> class
+    driver: DriverClasses  # each driver error code's class in each group
     per_lane_rate: dict[int, float] = field(default_factory=dict)  # gen -> replays/lane/min (fleet-wide)
     #: Per driver error code, what :meth:`driver_features` gave (these params serve batch after batch).
     _driver: dict[str, list[tuple[F, np.ndarray | None]]] = field(default_factory=dict, repr=False, compare=False)
-
-    def driver_class(self, code: str) -> np.ndarray:
-        """Class of driver error ``code`` for each row (by its vendor's table; unknown codes: application)."""
-        per_group = np.asarray([table.get(code, "application") for table in self.code_tables])
-        return per_group[self.groups]
 
     def driver_features(self, code: str) -> list[tuple[F, np.ndarray | None]]:
         """The features driver error ``code`` counts toward, each with the rows whose class it is (None: every
         row's); a class no row gives it is left out (it would add nothing)."""
         kept = self._driver.get(code)
         if kept is None:
-            klass = self.driver_class(code)
             kept = []
-            for name, feat in _DRIVER_FEATURES.items():
-                mine = klass == name
-                if feat is not None and mine.any():
-                    kept.append((feat, None if mine.all() else mine))
+            for feat, per_group in self.driver.features(code):
+                mine = None if per_group is None else per_group[self.groups]
+                if mine is None or mine.all():
+                    kept.append((feat, None))
+                elif mine.any():
+                    kept.append((feat, mine))
             self._driver[code] = kept
         return kept
 
@@ -169,6 +191,7 @@ class _Plan:
     single_features: np.ndarray = field(init=False)  # features fed by one counter column ...
     single_positions: np.ndarray = field(init=False)  # ... and that column's place among counter_cols
     summed: list[tuple[int, np.ndarray]] = field(init=False)  # (feature, places) fed by several
+    driver_positions: np.ndarray = field(init=False)  # each driver column's place among counter_cols
 
     def __post_init__(self) -> None:
         # A feature fed by one counter column (the usual case) is that column's increase: one gather
@@ -179,6 +202,8 @@ class _Plan:
         self.single_features = single.astype(np.intp)
         self.single_positions = np.asarray([int(np.flatnonzero(fed == f)[0]) for f in single], dtype=np.intp)
         self.summed = [(int(f), np.flatnonzero(fed == f)) for f in features[counts > 1]]
+        place = {int(c): j for j, c in enumerate(self.counter_cols.tolist())}
+        self.driver_positions = np.asarray([place[col] for col, _ in self.driver_cols], dtype=np.intp)
 
 
 def _attr(column: Column, key: str) -> str | None:
@@ -373,11 +398,11 @@ class FeatureExtractor:
                 block = inc[:, positions]
                 out[:, f] = np.where(np.isnan(block).all(axis=1), np.nan, np.nansum(block, axis=1))
             if plan.driver_cols:
-                col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
                 for f in (F.DRIVER_APPLICATION, F.DRIVER_RESET, F.DRIVER_REBOOT, F.DRIVER_MECHANICAL):
                     out[:, f] = 0.0
-                for col, code in plan.driver_cols:
-                    d = np.nan_to_num(inc[:, col_pos[col]])
+                driver = nan_to_num(inc[:, plan.driver_positions])  # (one call: its fixed cost is many a column's)
+                for j, (_, code) in enumerate(plan.driver_cols):
+                    d = driver[:, j]
                     for feat, mine in params.driver_features(code):
                         out[:, feat] += d if mine is None else np.where(mine, d, 0.0)
         if plan.retired_cols.size:
@@ -445,7 +470,7 @@ class FeatureExtractor:
             loaded = np.where(np.isnan(util), True, util >= p.gen_min_util)
             out[:, F.GEN_DOWN] = _indicator((gen < gen_max) & loaded, ~np.isnan(gen) & ~np.isnan(gen_max))
         lanes = np.where(np.isnan(width), p.default_width, width)
-        generation = np.clip(np.where(np.isnan(gen), p.default_gen, gen), 1, 16).astype(int)
+        generation = np.minimum(np.maximum(np.where(np.isnan(gen), p.default_gen, gen), 1), 16).astype(int)
         rate_of_gen = np.zeros(17)
         for g, rate in p.per_lane_rate.items():
             rate_of_gen[g] = rate

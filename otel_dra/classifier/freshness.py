@@ -33,7 +33,7 @@ def monotonic_s() -> float:
 
 def _runs(groups: np.ndarray) -> np.ndarray:
     """Where each run of equal neighbours in ``groups`` starts."""
-    return np.r_[0, np.flatnonzero(groups[1:] != groups[:-1]) + 1] if groups.size else np.zeros(0, np.intp)
+    return np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1)) if groups.size else np.zeros(0, np.intp)
 
 
 def _max_into(out: np.ndarray, groups: np.ndarray, values: np.ndarray, starts: np.ndarray) -> None:

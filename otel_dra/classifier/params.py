@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from otel_dra import conventions as cv
-from otel_dra.classifier.features import DeviceParams
+from otel_dra.classifier.features import DeviceParams, DriverClasses
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.thresholds import RowParams, RuleParams, at_group, compile_rules
 from otel_dra.policy import Policy
@@ -62,6 +62,7 @@ class PolicyGroups:
         self.base: RuleParams = compile_rules([policy.rules])
         self.firmware: list[FirmwareLimits] = []
         self.code_tables: list[dict[str, str]] = []  # per group: driver error code -> class
+        self._driver = DriverClasses(self.code_tables)
         link = policy.rules["link"]["replays_per_lane_per_minute"]
         self._per_lane_rate = {int(g): float(r) for g, r in link.items()}
         self.group = np.zeros(capacity, dtype=np.intp)
@@ -202,7 +203,7 @@ class PolicyGroups:
             default_gen=at(link.default_generation),
             default_width=at(link.default_width),
             groups=group,
-            code_tables=self.code_tables,
+            driver=self._driver,
             per_lane_rate=dict(self._per_lane_rate),
         )
         for values in vars(out).values():

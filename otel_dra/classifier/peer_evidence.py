@@ -11,6 +11,7 @@ import numpy as np
 
 from otel_dra.classifier.features import F
 from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, R
+from otel_dra.classifier.numeric import nan_to_num
 from otel_dra.classifier.peers import (
     ThermalResiduals,
     dense,
@@ -107,7 +108,7 @@ def thermal_peers(w: Window) -> ThermalPeers:
         temps = w.store.samples(r, F.TEMP_MAX)
         utils = w.store.samples(r, F.UTIL)
         utils = np.where(np.isnan(utils), res.node_util[some], utils)
-        expected = res.base[some] + res.slope[some] * np.nan_to_num(utils)
+        expected = res.base[some] + res.slope[some] * nan_to_num(utils)
         with np.errstate(invalid="ignore"):
             typical = np.nanmedian(temps - expected, axis=0)
         flagged[some] = typical >= bar[some]
@@ -150,12 +151,12 @@ def cap_peers(w: Window) -> CapPeers:
     # all of them gives what one pass a span (and a bin) would, at one call's fixed cost, not fifteen.
     n_spans = len(spans)
     share = np.concatenate(shares)
-    b = np.concatenate([load_bins(util, edges) for util in utils])
+    b = load_bins(np.concatenate(utils), edges)
     eligible = np.flatnonzero(np.concatenate(spans) & (b >= 0))
     span = eligible // n
     row = eligible - span * n
     group = span * len(g.cohort_names) + cohort[row]  # (span, cohort)
-    peers = np.tile(least, n_spans)
+    peers = np.concatenate((least,) * n_spans)
     # Its node's devices of its cohort (the same job, usually): a training node at its cap beside a fleet of
     # inference replicas at the same utilization is not four devices capped far more than their peers.
     host, n_hosts = dense(group, w.nodes[row])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from otel_dra.classifier.numeric import nan_to_num
 from otel_dra.classifier.registry import grown_rows
 
 #: 1 / Φ⁻¹(3/4): a MAD times this estimates a normal spread's standard deviation.
@@ -139,7 +140,7 @@ def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
         combined = combined * (int(k.max()) - lo + 1) + (k - lo)
     order = np.argsort(combined, kind="stable")
     ordered = combined[order]
-    starts = np.r_[True, ordered[1:] != ordered[:-1]]
+    starts = np.concatenate(([True], ordered[1:] != ordered[:-1]))
     ids = np.empty(combined.shape, dtype=np.intp)
     ids[order] = np.cumsum(starts) - 1
     return ids, int(starts.sum())
@@ -210,7 +211,7 @@ def thermal_residuals(
     rows, t, u, co, peer, slope, bins = rows[keep], t[keep], u[keep], co[keep], peer[keep], slope[keep], bins[keep]
     centre_u = np.where(np.isnan(med_u[peer]), 0.0, med_u[peer])
     slope = np.where(np.isnan(u) | np.isnan(med_u[peer]), 0.0, slope)
-    r = t - med_t[peer] - slope * (np.nan_to_num(u) - centre_u)
+    r = t - med_t[peer] - slope * (nan_to_num(u) - centre_u)
     sl = slot[rows]
     ref = reference[rows]
     slot_size = np.bincount(sl, minlength=n_slots)
@@ -253,7 +254,7 @@ def _medians_of_two(
 
 def load_bins(util: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Each row's utilization bin (0 .. len(edges)); -1 where its utilization is unknown."""
-    return np.where(np.isnan(util), -1, np.searchsorted(edges, np.nan_to_num(util), side="right"))
+    return np.where(np.isnan(util), -1, np.searchsorted(edges, nan_to_num(util), side="right"))
 
 
 class PeerHistory:

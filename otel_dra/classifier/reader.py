@@ -29,6 +29,7 @@ from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import F
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, H, R
+from otel_dra.classifier.numeric import nan_to_num
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.peer_evidence import CapPeers, ThermalPeers, cap_peers, thermal_peers
 from otel_dra.classifier.rates import FROM_COHORT, FROM_NONE, RATE_MIN_SPAN_S, RateVerdict, above, centre
@@ -172,9 +173,9 @@ class Window:
             time_in, _ = self.horizon.bucket_sums(span, rows, H[f])
             util, util_n = self.horizon.bucket_sums(span, rows, H[F.UTIL])
             with np.errstate(invalid="ignore", divide="ignore"):
-                on = np.nan_to_num(time_in / seconds) >= bar
+                on = nan_to_num(time_in / seconds) >= bar
                 out.runs[some] = on[0].astype(np.int64) + (on[1:] & ~on[:-1]).sum(axis=0)
-                util = np.nan_to_num(util)
+                util = nan_to_num(util)
                 out.util_on[some] = (util * on).sum(axis=0) / (util_n * on).sum(axis=0)
                 out.util_off[some] = (util * ~on).sum(axis=0) / (util_n * ~on).sum(axis=0)
         return out
@@ -224,7 +225,7 @@ class Window:
         window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
         fast = ok & above(self.increase(f), window_minutes, window_bar, z)
         spread = c.median + bars.mad_k * 1.4826 * c.mad
-        far = np.nan_to_num(span_rate) >= np.maximum(ratio * c.median, spread)
+        far = nan_to_num(span_rate) >= np.maximum(ratio * c.median, spread)
         healthy = self.groups.policy.cohorts.healthy_ratio
         norm = np.maximum(healthy * c.median, bars.floor_per_minute)
         span_z = np.full(rows.shape, self.groups.policy.cohorts.span_significance)

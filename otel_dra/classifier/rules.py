@@ -28,6 +28,7 @@ from otel_dra.classifier.layout import (
     WORKLOAD,
     R,
 )
+from otel_dra.classifier.numeric import nan_to_num
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.rates import RateVerdict
 from otel_dra.classifier.reader import Window
@@ -109,7 +110,7 @@ def memory_ecc(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarra
     failure."""
     m = w.params.memory_ecc
     uncorrected = w.increase(F.ECC_UNCORRECTED) >= m.uncorrected
-    retired = np.nan_to_num(w.latest[F.RETIRED_TOTAL])
+    retired = nan_to_num(w.latest[F.RETIRED_TOTAL])
     retired_failed = retired >= m.retired_pages_failed
     retired_warn = retired >= m.retired_pages_predicted
     storm = corrected_rate(w).flagged
@@ -208,7 +209,7 @@ def link(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.
 
 def link_rate(w: Window) -> RateVerdict:
     """The link error rate against DCGM's expected replays and the device's cohort."""
-    expected = np.nan_to_num(w.mean(F.LINK_EXPECTED))
+    expected = nan_to_num(w.mean(F.LINK_EXPECTED))
     return w.rate(F.LINK_ERRORS, w.params.link.errors, expected)
 
 
@@ -246,7 +247,7 @@ def device_reset(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndar
 
 def vendor_status(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The device or its vendor library reports a state other than ok."""
-    reported = np.nan_to_num(w.latest[F.VENDOR_STATE]).astype(np.int8)
+    reported = nan_to_num(w.latest[F.VENDOR_STATE]).astype(np.int8)
     return reported > OK, reported
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import F
+from otel_dra.classifier.numeric import nan_to_num
 from otel_dra.classifier.registry import grown_rows
 
 #: Device features split into the workload's, and where each goes.
@@ -71,7 +72,7 @@ class WorkloadSplit:
         died = kinds[0] & kinds[1]
         moved = together | near | died
         for device_f, workload_f in SPLIT:
-            amount = np.nan_to_num(feats[device_f])
+            amount = nan_to_num(feats[device_f])
             feats[workload_f] = np.where(moved, amount, 0.0)
             feats[device_f] = np.where(moved & ~np.isnan(feats[device_f]), 0.0, feats[device_f])
         if not together.any():
