@@ -82,6 +82,10 @@ class Line:
     lo: list[int] = field(default_factory=list)
     hi: list[int] = field(default_factory=list)
     resources: dict[int, dict[str, str] | str] = field(default_factory=dict)
+    # Each metric read (its points taken, or some): its resource (by index), whether a counter, its points; what a
+    # template of the line is made of (json_templates).
+    spans: list[tuple[int, bool, int]] = field(default_factory=list)
+    resource: int = 0  # the resource being read
 
     def attrs_at(self, raw: Any) -> dict[str, str] | str:
         """The attributes of a resource or point: from its list's position in a tokenized line (read once

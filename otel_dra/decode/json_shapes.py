@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Container
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -18,6 +18,7 @@ import xxhash
 
 from otel_dra.decode.assembly import SharedArrays
 from otel_dra.decode.caps import Refusal
+from otel_dra.decode.json_templates import Template
 from otel_dra.frame import DeviceTable
 
 if TYPE_CHECKING:
@@ -124,6 +125,9 @@ class Shape:
     resources: dict[int, dict[str, str] | str]  # position -> a resource's attributes
     admitted: tuple[tuple[str, int], ...]  # each node it names and that node's admission (NodeFloors.generation)
     base: int = -1  # what ``entries`` are offsets from (-1: they are the entries themselves)
+    #: Lines of this shape read whole, by the digest of all but their times and values (json_templates), the
+    #: last few: a node's next line like one of them is read off it.
+    templates: dict[bytes, Template] = field(default_factory=dict)
 
     def positions(self) -> list[int]:
         """Each position's entry (error, UNKNOWN_ENTRY), as the walk reads them."""
@@ -153,9 +157,9 @@ class Shapes:
     def find(self, texts: list[bytes]) -> Shape | None:
         return self._shapes.get(self.key(texts))
 
-    def learn(self, line: Line, nodes: list[str], generation: dict[str, int]) -> None:
+    def learn(self, line: Line, nodes: list[str], generation: dict[str, int]) -> Shape:
         """Keep the shape of a line read without one (each node keeps its last few; ``generation``: each
-        admitted node's admission, which the shape stands by)."""
+        admitted node's admission, which the shape stands by); returns it."""
         assert line.texts is not None and line.learned is not None
         key = self.key(line.texts)
         admitted = tuple((node, generation.get(node, -1)) for node in dict.fromkeys(nodes))
@@ -181,6 +185,7 @@ class Shapes:
                 self._drop(kept.pop(0))
         while self._shapes and (self._positions > MAX_SHAPE_POSITIONS or len(self._shapes) > MAX_SHAPES):
             self._drop(next(iter(self._shapes)))
+        return shape
 
     def _drop(self, key: bytes) -> None:
         shape = self._shapes.pop(key, None)

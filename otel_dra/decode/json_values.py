@@ -12,7 +12,7 @@ from otel_dra.decode.text import name, short
 
 #: The ``aggregationTemporality`` of a delta sum, as a number or the enum's name.
 DELTA: Final = frozenset({1, "AGGREGATION_TEMPORALITY_DELTA"})
-_MAX_TIME: Final = 1 << 64
+MAX_TIME: Final = 1 << 64  # a timeUnixNano is a fixed64: below this
 #: A metric's data fields, in the order they are looked for.
 KINDS: Final = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
 
@@ -89,7 +89,7 @@ def to_time(ts: Any) -> int:
         raise Malformed("has no timeUnixNano")
     else:
         raise Malformed(f"has timeUnixNano {short(ts)}, not an integer")
-    if not 0 < t < _MAX_TIME:
+    if not 0 < t < MAX_TIME:
         raise Malformed(f"has timeUnixNano {short(t)}, out of range")
     return t
 

@@ -12,9 +12,12 @@ attribute list's text is swapped for its position in the line (one C-level regex
 ``orjson`` then parses a line a sixth of the size. A node's next line has the same lists
 in the same order (its *shape*, one digest of them all), so the walk reads each point's
 (device, column) entry off the shape by position; a line of a new shape reads each list once
-and becomes a shape. Nothing is kept per attribute list but numbers: no text, no dict per
-series (what a device costs in a replay: a few hundred bytes, not a copy of its lists). Each
-frame's matrix is filled with one numpy scatter. Anything unusual about a line (a
+and becomes a shape. A line whose walk took every point becomes a *template* of its shape
+(:mod:`~otel_dra.decode.json_templates`): a next line that differs from it only in its points'
+times and values is read off it, its numbers split out by one more regex, nothing parsed.
+Nothing is kept per attribute list but numbers: no text, no dict per series (what a device
+costs in a replay: a few hundred bytes, not a copy of its lists). Each frame's matrix is
+filled with one numpy scatter. Anything unusual about a line (a
 ``\\u`` escape that could spell a key, a list the regex can't delimit, UTF-16) sends it
 down the plain path: parse the whole text and read each attribute list, slower but
 the same result.
@@ -53,7 +56,17 @@ from otel_dra.decode.json_shapes import (
     Shapes,
     tokenize,
 )
-from otel_dra.decode.json_values import DELTA, KINDS, Malformed, attrs_of_list, point_count, to_time, to_value
+from otel_dra.decode.json_templates import MAX_TEMPLATES_PER_SHAPE, Points, Template, make_template, points_of
+from otel_dra.decode.json_values import (
+    DELTA,
+    KINDS,
+    MAX_TIME,
+    Malformed,
+    attrs_of_list,
+    point_count,
+    to_time,
+    to_value,
+)
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
 from otel_dra.decode.result import DecodeError, DecodeResult
 from otel_dra.decode.text import JSON_DIALECT, name, one_line
@@ -77,7 +90,9 @@ class OtlpJsonDecoder(DecoderCore):
     ahead of ``clock``, and forgets the series' times of nodes not seen for NODE_IDLE_NS; with
     ``clock_jump_ns``, a point that far behind its series is a clock jump, taken. What input may create is capped by
     ``limits`` (nodes, devices, series kinds, attribute lengths): past a cap points are refused and
-    counted by reason (``DecodeResult.limited``).
+    counted by reason (``DecodeResult.limited``). ``templates``: read a line like one read before (a node's next
+    export) off that line's template (:mod:`~otel_dra.decode.json_templates`; the same result, for tests to
+    compare).
 
     What a line's shape costs is a few bytes per attribute list (its entry), and what an entry costs is
     11 bytes: a replay of 10,000 devices holds no text of their attribute lists, no dict of them per
@@ -92,6 +107,7 @@ class OtlpJsonDecoder(DecoderCore):
         clock: Callable[[], int] = time.time_ns,
         limits: DecodeLimits = DEFAULT_LIMITS,
         clock_jump_ns: int | None = None,
+        templates: bool = True,
     ) -> None:
         super().__init__(schema, max_future_ns, clock, limits, clock_jump_ns)
         self.lines = 0
@@ -99,6 +115,9 @@ class OtlpJsonDecoder(DecoderCore):
         self.points = 0
         self.points_skipped = 0
         self.points_ignored = 0  # otel-dra's own telemetry, set aside
+        #: Read lines like one read before off its template (json_templates); ``lines_templated`` of them were.
+        self.templates = templates
+        self.lines_templated = 0
         self._texts: list[bytes] | None = None  # the line being decoded: its attribute lists (_tokenize) ...
         self._shape: Shape | None = None  # ... and its shape, when one was read before
         self._items: list[Any] | None = None  # ... or, without one, its lists parsed
@@ -165,30 +184,45 @@ class OtlpJsonDecoder(DecoderCore):
         elif len(self._entries) > MAX_ENTRIES:
             self._reset_entries()
         log = LineLog(lineno)
-        doc, tokenized, problem = self._parse(text)
         line = Line(log, [], [], [], [], [], {}, {}, {}, Tally())
-        if tokenized:
-            texts, shape = self._texts, self._shape
-            assert texts is not None  # (what _tokenize read)
-            line.texts, line.items = texts, self._items
-            if shape is not None and Shapes.valid(shape, self._floors.generation):
-                line.shape, line.ents = shape, shape.positions()
-            else:
-                line.ents = [UNKNOWN_ENTRY] * len(texts)
-                line.learned = list(line.ents)
-        self._texts, self._shape, self._items = None, None, None
-        nodes: list[str] = []
-        if problem is None:
-            try:
-                problem = self._walk(doc, line, nodes)
-            except RecursionError:  # pragma: no cover - the parser refuses deeper nesting first
-                problem = "is nested too deeply"
-        if problem is not None:
-            self.lines_skipped += 1
-            error = DecodeError(lineno, one_line(f"{problem}; line skipped"))
-            return DecodeResult([], errors=(error,), invalid=error.message)
-        if line.learned is not None:
-            self._shapes.learn(line, nodes, self._floors.generation)
+        raw = _utf8(text)
+        reduced = None if raw is None else self._tokenize(raw)
+        shape = self._shape if reduced is not None else None
+        if shape is not None and not Shapes.valid(shape, self._floors.generation):
+            shape = None
+        # A line like one read before (its shape's template): its points read off it, nothing parsed.
+        points, template = None, None
+        if shape is not None and shape.templates and reduced is not None:
+            points = points_of(reduced)
+            template = None if points is None else shape.templates.get(points.key)
+        if points is not None and template is not None and self._templated(points, template, line):
+            self._texts, self._shape, self._items = None, None, None
+            self.lines_templated += 1
+        else:
+            doc, tokenized, problem = self._parse(text, raw, reduced)
+            if tokenized:
+                texts = self._texts
+                assert texts is not None  # (what _tokenize read)
+                line.texts, line.items = texts, self._items
+                if shape is not None:
+                    line.shape, line.ents = shape, shape.positions()
+                else:
+                    line.ents = [UNKNOWN_ENTRY] * len(texts)
+                    line.learned = list(line.ents)
+            self._texts, self._shape, self._items = None, None, None
+            nodes: list[str] = []
+            if problem is None:
+                try:
+                    problem = self._walk(doc, line, nodes)
+                except RecursionError:  # pragma: no cover - the parser refuses deeper nesting first
+                    problem = "is nested too deeply"
+            if problem is not None:
+                self.lines_skipped += 1
+                error = DecodeError(lineno, one_line(f"{problem}; line skipped"))
+                return DecodeResult([], errors=(error,), invalid=error.message)
+            read = line.shape if line.learned is None else self._shapes.learn(line, nodes, self._floors.generation)
+            if read is not None and reduced is not None and self.templates:
+                self._learn_template(reduced, read, line, nodes, points)
         frames = self._frames(line)  # (first: it judges time order per series, as arrays)
         self._advance_series()
         self.points += line.points
@@ -196,17 +230,9 @@ class OtlpJsonDecoder(DecoderCore):
         self.points_ignored += line.ignored
         return line.result(frames, self.limits, self._clock_jumps())
 
-    def _parse(self, text: str | bytes) -> tuple[Any, bool, str | None]:
-        """The parsed request and whether its attribute lists are tokens; or why it can't be read."""
-        raw: bytes | None
-        if isinstance(text, str):
-            try:
-                raw = text.encode()
-            except UnicodeEncodeError:
-                raw = None
-        else:
-            raw = bytes(text)
-        reduced = None if raw is None else self._tokenize(raw)
+    def _parse(self, text: str | bytes, raw: bytes | None, reduced: bytes | None) -> tuple[Any, bool, str | None]:
+        """The parsed request (``raw``: its text as UTF-8, None where a str can't be; ``reduced``: tokenized, None
+        where it could not be) and whether its attribute lists are tokens; or why it can't be read."""
         if reduced is not None:
             # orjson reads what json reads, as the same values, ~2.5x faster; what it refuses (JSON's
             # extensions json reads: NaN, Infinity, a lone surrogate; an integer past 64 bits) json reads.
@@ -226,6 +252,73 @@ class OtlpJsonDecoder(DecoderCore):
             return None, False, f"is not JSON ({exc.msg} at column {exc.colno})"
         except (ValueError, RecursionError) as exc:
             return None, False, f"is not JSON ({exc})"
+
+    # -- templates (json_templates): a line like one read before -----------------------------------------------
+    def _templated(self, points: Points, template: Template, line: Line) -> bool:
+        """Read a line off its template into ``line`` (True); or nothing done that the walk would not do alike
+        (False: the walk reads it, and says what is wrong with it). Each node must be known and its client's to
+        report for; each point's value finite, and not negative on a counter; the first point of each (node, time)
+        checked as the walk's slow path checks it: its time in range and within the receiver's bound, its device
+        admitted to its node."""
+        floors = self._floors
+        known = [floors.devices.get(node) for node in template.nodes]
+        if any(devices is None for devices in known) or not all(map(self._may_speak, template.nodes)):
+            return False
+        values = points.values()
+        if values is None:
+            return False
+        v = np.asarray(values, np.float64)
+        if not np.isfinite(v).all() or (v[template.counter] < 0.0).any():
+            return False
+        times = points.times
+        if template.single and times and times.count(times[0]) == len(times):
+            first: dict[tuple[int, bytes], int] = {(0, times[0]): 0}  # (one node, one time: the usual line)
+        else:
+            first = {}
+            for i, key in enumerate(zip(template.node.tolist(), times, strict=True)):
+                first.setdefault(key, i)
+        slot_of = line.slot_of
+        slot_for: dict[tuple[int, bytes], int] = {}
+        dev_names, entry_dev = self._series.dev_names, self._entries.dev
+        for (resource, ts), i in first.items():
+            node, t = template.nodes[resource], int(ts)
+            if not 0 < t < MAX_TIME or time_problem(node, t, 0, self._ceiling, self.max_future_ns or 0) is not None:
+                return False
+            devices = known[resource]
+            assert devices is not None  # (checked above)
+            if self._admit_device(devices, dev_names[int(entry_dev[template.entries[i]])]) is not None:
+                return False
+            slot = slot_of.get((node, t))
+            if slot is None:
+                slot = slot_of[(node, t)] = len(line.slot_time)
+                line.slot_node.append(node)
+                line.slot_time.append(t)
+            slot_for[(resource, ts)] = slot
+        for node in template.nodes:
+            self._admit_node(node)  # (known: only touched, as the walk does)
+        if len(slot_for) <= 1:
+            slots: Any = np.zeros(len(values), np.intp)
+        else:
+            slots = [slot_for[key] for key in zip(template.node.tolist(), times, strict=True)]
+        line.entries, line.slots, line.values = template.entries, slots, v  # type: ignore[assignment]
+        line.points = len(values)
+        return True
+
+    def _learn_template(
+        self, reduced: bytes, shape: Shape, line: Line, nodes: list[str], points: Points | None
+    ) -> None:
+        """Keep the template of a line read through its shape whose walk took every point, saying nothing."""
+        if line.skipped or line.ignored or line.unknown or line.log.errors() or len(line.entries) != line.points:
+            return
+        points = points or points_of(reduced)
+        if points is None or points.key in shape.templates:
+            return
+        template = make_template(points, line.entries, line.spans, nodes)
+        if template is None:
+            return
+        while len(shape.templates) >= MAX_TEMPLATES_PER_SHAPE:
+            del shape.templates[next(iter(shape.templates))]
+        shape.templates[points.key] = template
 
     def _walk(self, doc: Any, line: Line, nodes: list[str]) -> str | None:
         """Read the request into ``line`` (its nodes into ``nodes``); a string says why the whole line is
@@ -247,7 +340,8 @@ class OtlpJsonDecoder(DecoderCore):
                 return f"resource {i} has no {NODE}"
             nodes.append(node)
         learning = line.learned is not None
-        for rm, node in zip(resources, nodes, strict=True):
+        for r, (rm, node) in enumerate(zip(resources, nodes, strict=True)):
+            line.resource = r
             devices, refused = self._admit_node(node)
             scopes = rm.get("scopeMetrics", [])
             if type(scopes) is not list:
@@ -326,6 +420,7 @@ class OtlpJsonDecoder(DecoderCore):
             return
         assert type(points) is list and type(metric_name) is str  # what metric_problem checked
         counter = sum_body and body.get("isMonotonic") is True
+        line.spans.append((line.resource, counter, n))
         times = line.times.get(node)
         if times is None:
             times = line.times[node] = {}
@@ -457,7 +552,7 @@ class OtlpJsonDecoder(DecoderCore):
     # -- frames -------------------------------------------------------------------------------
     def _frames(self, line: Line) -> list[Frame]:
         """The line's points as frames, one per (node, time), in time order."""
-        if not line.values:
+        if not len(line.values):
             return []
         known = self._entries
         entry_dev, entry_col = known.dev, known.col
@@ -519,3 +614,13 @@ class OtlpJsonDecoder(DecoderCore):
             metric = columns[int(self._entries.col[entry])].metric
             line.log.point(f"a point of {metric} ({device}) {time_problem(node, t, int(floor), None, 0)}")
         line.log.hidden += len(entries) - shown
+
+
+def _utf8(text: str | bytes) -> bytes | None:
+    """A request's text as UTF-8 bytes (None: a str that can't be, such as one holding a lone surrogate)."""
+    if isinstance(text, str):
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            return None
+    return bytes(text)

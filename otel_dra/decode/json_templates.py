@@ -1,0 +1,95 @@
+"""The JSON decoder's templates: a line already read, by everything in it but its points' times and values, so that
+a node's next line like it (the same series in the same order: only the times and values moved) is read off the
+template, with no parse and no walk: one regex split of the tokenized line
+(:func:`~otel_dra.decode.json_shapes.tokenize`) gives its points' time and value texts, and the pieces between them,
+whose digest must be the template's.
+
+Sound because the pieces between the texts are the template's exact bytes, and the texts are a JSON number, or a
+string of digits where the template had one: the line is then valid JSON whenever the template's was, with the same
+objects, keys and arrays in the same places, so its walk would meet the same points, in the same order, with the
+same entries, and read them as the template's walk did (the fast path). What the walk does besides is done here
+alike: each node admitted, and the first point of each (node, time) checked as the walk's slow path checks it (its
+device admitted, its time within the receiver's bound). Anything the walk would say something about (a value not
+finite, a negative counter, a time out of range or past the bound, a device refused) sends the line down the walk,
+which says it. A template is made only of a line whose walk found nothing to say: every point taken, none skipped
+or set aside.
+
+A value reads as the walk reads it: an ``asInt`` string's text by ``float``; an ``asDouble`` number's text by
+``float`` too, which is the parser's value (both round correctly), but for ``-0``, which the parser reads as the
+integer 0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import xxhash
+
+#: A point's time and value, in the order the Collector's file exporter writes a point's fields (``timeUnixNano``
+#: then ``asInt``/``asDouble``): its time's digits (group 1), then an ``asInt`` string's digits (2) or an
+#: ``asDouble`` number (3, JSON's grammar for one).
+_POINT: Final = re.compile(
+    rb'"timeUnixNano":"([0-9]{1,20})","as(?:Int":"(-?[0-9]{1,20})"|Double":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))'
+)
+#: Templates kept per shape (a node's counters restarting changes its lines' start times: a new template).
+MAX_TEMPLATES_PER_SHAPE: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """What a line's walk read, point by point in the line's order: each point's entry, whether its metric is a
+    counter, and its resource's node (an index into ``nodes``)."""
+
+    entries: np.ndarray  # int32
+    counter: np.ndarray  # bool
+    node: np.ndarray  # int16: the index of the point's node in ``nodes``
+    nodes: tuple[str, ...]  # each resource's node, in the line's order
+    single: bool  # one resource (a node's own export): every point is ``nodes[0]``'s
+
+
+@dataclass(slots=True)
+class Points:
+    """A tokenized line split at its points' times and values: the digest of the pieces between them, and the
+    texts (a value's ``asInt`` text or, where it has none, its ``asDouble`` text)."""
+
+    key: bytes
+    times: list[bytes]
+    ints: list[bytes | None]
+    doubles: list[bytes | None]
+
+    def values(self) -> list[float] | None:
+        """Each point's value as the walk reads it (None: a value the walk must read: ``-0`` as a number)."""
+        if b"-0" in self.doubles:
+            return None
+        return [float(i if i is not None else d) for i, d in zip(self.ints, self.doubles, strict=True)]  # type: ignore[arg-type]
+
+
+def points_of(reduced: bytes) -> Points | None:
+    """The line's points' times and values, and the digest of the rest (None: a NUL byte, which would make the
+    digest of the pieces ambiguous; no JSON text holds one)."""
+    if b"\0" in reduced:
+        return None
+    parts = _POINT.split(reduced)
+    return Points(xxhash.xxh3_128_digest(b"\0".join(parts[0::4])), parts[1::4], parts[2::4], parts[3::4])
+
+
+def make_template(
+    points: Points, entries: list[int], spans: list[tuple[int, bool, int]], nodes: list[str]
+) -> Template | None:
+    """The template of a line whose walk took every point (``entries``, in the line's order), read metric by metric
+    (``spans``: each metric's resource, whether it is a counter, and its points); None when the split did not find
+    exactly those points (a point's fields in another order, an exemplar's time)."""
+    n = len(entries)
+    if len(points.times) != n or sum(count for _, _, count in spans) != n or len(nodes) > np.iinfo(np.int16).max:
+        return None
+    counts = [count for _, _, count in spans]
+    return Template(
+        np.asarray(entries, np.int32),
+        np.repeat(np.asarray([counter for _, counter, _ in spans], bool), counts),
+        np.repeat(np.asarray([resource for resource, _, _ in spans], np.int16), counts),
+        tuple(nodes),
+        len(nodes) == 1,
+    )

@@ -1,0 +1,186 @@
+"""A line like one read before is read off its template (:mod:`otel_dra.decode.json_templates`), with the result the
+walk gives: the same frames, errors and counts as a decoder without templates and as the plain parse, whatever the
+times and values (numbers of every JSON form, ``-0``, non-finite, negative counters, times out of order, out of
+range or ahead of the receiver's bound) and however many nodes a line holds."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_dra.decode import OtlpJsonDecoder
+from otel_dra.decode.json_templates import points_of
+from otel_dra.frame import Schema
+
+S = 10**9
+T0 = 1_795_000_000 * S
+
+
+def _attrs(attrs: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]
+
+
+def _point(device: str, time: str, value: tuple[str, str], extra: dict[str, str] | None = None) -> dict[str, Any]:
+    kind, text = value
+    point: dict[str, Any] = {
+        "attributes": _attrs({"hw.id": device, "hw.type": "gpu", **(extra or {})}),
+        "startTimeUnixNano": str(T0),
+        "timeUnixNano": time,
+    }
+    # asInt is a string (text as it is); asDouble a bare JSON number, put in below as its exact text.
+    point["asInt" if kind == "int" else "asDouble"] = text if kind == "int" else f"@@{text}@@"
+    return point
+
+
+def _line(nodes: list[tuple[str, list[str], list[tuple[str, str]], list[tuple[str, str]]]]) -> bytes:
+    """One request: per node (name, each device's time, its power gauge's value, its energy counter's value)."""
+    resources = []
+    for node, times, power, energy in nodes:
+        devices = [f"gpu-{i}" for i in range(len(times))]
+        resources.append(
+            {
+                "resource": {"attributes": _attrs({"k8s.node.name": node})},
+                "scopeMetrics": [
+                    {
+                        "scope": {"name": "test"},
+                        "metrics": [
+                            {
+                                "name": "hw.power",
+                                "unit": "W",
+                                "gauge": {
+                                    "dataPoints": [
+                                        _point(d, t, v) for d, t, v in zip(devices, times, power, strict=True)
+                                    ]
+                                },
+                            },
+                            {
+                                "name": "hw.energy",
+                                "unit": "J",
+                                "sum": {
+                                    "aggregationTemporality": 2,
+                                    "isMonotonic": True,
+                                    "dataPoints": [
+                                        _point(d, t, v) for d, t, v in zip(devices, times, energy, strict=True)
+                                    ],
+                                },
+                            },
+                        ],
+                    }
+                ],
+            }
+        )
+    text = json.dumps({"resourceMetrics": resources}, separators=(",", ":"))
+    return text.replace('"@@', "").replace('@@"', "").encode()
+
+
+def _decoders(**kwargs: Any) -> list[OtlpJsonDecoder]:
+    class Plain(OtlpJsonDecoder):
+        def _tokenize(self, line: bytes) -> bytes | None:
+            return None
+
+    return [
+        OtlpJsonDecoder(Schema(), **kwargs),
+        OtlpJsonDecoder(Schema(), templates=False, **kwargs),
+        Plain(Schema(), **kwargs),
+    ]
+
+
+def _seen(decoder: OtlpJsonDecoder, line: bytes, n: int) -> tuple[Any, ...]:
+    result = decoder.decode(line, n)
+    frames = []
+    for f in result.frames:
+        cells = {}
+        for r, device in enumerate(f.devices.ids):
+            for c in range(f.values.shape[1]):
+                v = float(f.values[r, c])
+                if not np.isnan(v):
+                    cells[(device, decoder.schema.columns[c])] = (v, bool(np.signbit(v)))
+        frames.append((f.time_unix_nano, f.devices.node, f.devices.ids, cells))
+    kept = (result.errors, result.limited, result.points, result.rejected, result.problems, result.invalid)
+    return frames, kept, result.stray, result.ignored, result.clock_jumps
+
+
+def _agree(lines: list[bytes], **kwargs: Any) -> OtlpJsonDecoder:
+    """Decode ``lines`` with templates, without, and by the plain parse: every line's result the same."""
+    decoders = _decoders(**kwargs)
+    for n, line in enumerate(lines, 1):
+        ours, *theirs = (_seen(d, line, n) for d in decoders)
+        for other in theirs:
+            assert ours == other
+    counts = ("lines", "lines_skipped", "points", "points_skipped")
+    assert len({tuple(getattr(d, c) for c in counts) for d in decoders}) == 1
+    return decoders[0]
+
+
+def test_a_nodes_next_lines_are_read_off_its_template() -> None:
+    lines = [
+        _line([("node-1", [str(T0 + k * S)] * 2, [("double", f"{100 + k}.5"), ("int", "7")], [("int", str(k))] * 2)])
+        for k in range(5)
+    ]
+    decoder = _agree(lines)
+    assert decoder.lines_templated == 4  # every line after the first
+
+
+def test_a_changed_layout_is_read_by_the_walk_and_becomes_a_template_too() -> None:
+    one = [("node-1", [str(T0)], [("double", "1")], [("int", "1")])]
+    two = [("node-1", [str(T0 + S)] * 2, [("double", "1")] * 2, [("int", "1")] * 2)]
+    lines = [_line(one), _line(two), _line([(*two[0][:1], [str(T0 + 2 * S)] * 2, *two[0][2:])])]
+    decoder = _agree(lines)
+    assert decoder.lines_templated == 1  # the third (the second is a new shape, walked)
+
+
+def test_points_of_splits_times_and_values_and_digests_the_rest() -> None:
+    a = points_of(b'{"x":[{"timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}')
+    b = points_of(b'{"x":[{"timeUnixNano":"7","asInt":"4"},{"timeUnixNano":"8","asDouble":-2}]}')
+    assert a is not None and b is not None
+    assert a.key == b.key and a.times == [b"5", b"6"] and a.values() == [-3.0, 1500.0]
+    assert b.values() == [4.0, -2.0]
+    assert points_of(b'{"x":"\0"}') is None
+    minus_zero = points_of(b'{"x":[{"timeUnixNano":"5","asDouble":-0}]}')
+    assert minus_zero is not None and minus_zero.values() is None  # (the parser's 0, not float's -0.0: the walk's)
+    other = points_of(b'{"y":[{"timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}')
+    assert other is not None and other.key != a.key
+
+
+NUMBERS = st.one_of(
+    st.tuples(st.just("int"), st.sampled_from(["0", "-0", "7", "-5", "9007199254740993", "99999999999999999999"])),
+    st.tuples(st.just("int"), st.integers(-(10**6), 10**12).map(str)),
+    st.tuples(
+        st.just("double"),
+        st.sampled_from(["0", "-0", "-0.0", "1e400", "-1e400", "2.5E-3", "12345678901234567890123", "1e-320"]),
+    ),
+    st.tuples(st.just("double"), st.floats(allow_nan=False, allow_infinity=False).map(repr)),
+    st.tuples(st.just("double"), st.integers(-(10**9), 10**9).map(str)),
+    st.tuples(st.just("int"), st.sampled_from(['NaN", "x": "1', "1.5", " 3"])),  # strings the walk judges
+)
+
+
+@settings(
+    max_examples=200, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(data=st.data(), live=st.booleans())
+def test_templates_read_every_line_as_the_walk_does(data: st.DataObject, live: bool) -> None:
+    n_lines = data.draw(st.integers(2, 6))
+    devices = data.draw(st.integers(1, 3))
+    names = ["node-a", "node-b"]
+    lines = []
+    clock = T0 + 3 * S
+    for k in range(n_lines):
+        nodes = []
+        for node in names[: data.draw(st.integers(1, 2))]:
+            base = T0 + k * S + data.draw(st.sampled_from([0, 0, 0, -2 * S, 30 * S]))  # in order, back, ahead
+            times = [str(base)] * devices
+            if data.draw(st.integers(0, 4)) == 0:  # a device at its own time, or out of range
+                times[data.draw(st.integers(0, devices - 1))] = data.draw(
+                    st.sampled_from([str(base + 1), "0", str(1 << 64), str(T0 - S)])
+                )
+            power = [data.draw(NUMBERS) if data.draw(st.integers(0, 3)) == 0 else ("double", "300.5") for _ in times]
+            energy = [data.draw(NUMBERS) if data.draw(st.integers(0, 3)) == 0 else ("int", str(k)) for _ in times]
+            nodes.append((node, times, power, energy))
+        lines.append(_line(nodes))
+    kwargs: dict[str, Any] = {"max_future_ns": 10 * S, "clock": lambda: clock} if live else {}
+    _agree(lines, **kwargs)
