@@ -21,7 +21,9 @@ Terms, per device over its window (the last ``window`` of samples):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -35,6 +37,10 @@ from otel_dra.classifier.peer_evidence import CapPeers, ThermalPeers, cap_peers,
 from otel_dra.classifier.rates import FROM_COHORT, FROM_NONE, RATE_MIN_SPAN_S, RateVerdict, above, centre
 from otel_dra.classifier.thresholds import RateParams
 from otel_dra.classifier.window import WindowStore
+
+#: Up to this many rows an evaluation reads a window quantity (a fraction, a share, a mean) for every feature at
+#: once and indexes it: for a small fleet one call's fixed cost is the whole cost of reading a feature.
+SMALL_WINDOW_ROWS: Final = 1024
 
 
 @dataclass
@@ -95,6 +101,7 @@ class Window:
             (counts[dt] >= self.min_samples) & (sums[dt] >= 0.5 * span_s)
             for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
         ]
+        self._every: dict[str, np.ndarray] = {}  # a small fleet's reads of every feature at once (_read)
         self._rates: dict[F, RateVerdict] = {}
         self._fractions: dict[F, np.ndarray] = {}
         self._span_fractions: dict[tuple[int, F], np.ndarray] = {}
@@ -103,29 +110,50 @@ class Window:
         #: The rules' thresholds for these rows (``w.params.thermal.min_fraction``: one per row).
         self.params = self.groups.at(self.rows)
 
+    def _read(self, name: str, f: int | slice, read: Callable[[int | slice], np.ndarray]) -> np.ndarray:
+        """``read(f)``: one feature's values (a row of the feature-major sums) or, for a small fleet, every feature's
+        at once, read once per evaluation and then indexed (the same values, elementwise: an evaluation of a few
+        dozen devices pays each numpy call's fixed cost, not its work)."""
+        if self.rows.shape[0] > SMALL_WINDOW_ROWS:
+            return read(f)
+        every = self._every.get(name)
+        if every is None:
+            every = self._every[name] = read(slice(None))
+        return every[f]
+
     def fraction(self, f: F) -> np.ndarray:
         share = self._fractions.get(f)
         if share is None:  # once per feature a rule reads (a contiguous row of the feature-major sums)
-            counts = self.counts[f]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                share = self._fractions[f] = np.where(counts >= self.min_samples, self.sums[f] / counts, 0.0)
+
+            def read(f: int | slice) -> np.ndarray:
+                counts = self.counts[f]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    return np.where(counts >= self.min_samples, self.sums[f] / counts, 0.0)
+
+            share = self._fractions[f] = self._read("fraction", f, read)
         return share
 
     def increase(self, f: F) -> np.ndarray:
         return self.sums[f]
 
     def share(self, f: F) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.timed, self.sums[f] / self.seconds, 0.0)
+        def read(f: int | slice) -> np.ndarray:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(self.timed, self.sums[f] / self.seconds, 0.0)
+
+        return self._read("share", f, read)
 
     def per_minute(self, f: F) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.timed, 60.0 * self.sums[f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
 
     def mean(self, f: F) -> np.ndarray:
-        n = self.counts[f]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(n > 0, self.sums[f] / n, np.nan)
+        def read(f: int | slice) -> np.ndarray:
+            n = self.counts[f]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(n > 0, self.sums[f] / n, np.nan)
+
+        return self._read("mean", f, read)
 
     def events_since(self, f: F, window_s: np.ndarray) -> np.ndarray:
         return self.events[f].since(self.now_s - window_s, self.rows)
@@ -139,24 +167,36 @@ class Window:
         """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
         share = self._span_fractions.get((span, f))
         if share is None:  # once per (span, feature) a rule reads
-            sums, counts = self.span[span][0][H[f]], self.span[span][1][H[f]]
-            judged = self.covered(span) & (counts >= self.min_samples)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                share = self._span_fractions[span, f] = np.where(judged, sums / counts, 0.0)
+
+            def read(h: int | slice) -> np.ndarray:
+                sums, counts = self.span[span][0][h], self.span[span][1][h]
+                judged = self.covered(span) & (counts >= self.min_samples)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    return np.where(judged, sums / counts, 0.0)
+
+            share = self._span_fractions[span, f] = self._read(f"span_fraction {span}", H[f], read)
         return share
 
     def span_mean(self, f: F, span: int) -> np.ndarray:
         """A gauge's mean over the span (NaN where it has none)."""
-        sums, counts = self.span[span][0][H[f]], self.span[span][1][H[f]]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(counts > 0, sums / counts, np.nan)
+
+        def read(h: int | slice) -> np.ndarray:
+            sums, counts = self.span[span][0][h], self.span[span][1][h]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(counts > 0, sums / counts, np.nan)
+
+        return self._read(f"span_mean {span}", H[f], read)
 
     def span_share(self, f: F, span: int) -> np.ndarray:
         """A time counter's increase over the span's time (0 while the span is not covered)."""
-        sums, _ = self.span[span]
-        seconds = sums[H[F.DT]]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.covered(span) & (seconds > 0), sums[H[f]] / seconds, 0.0)
+
+        def read(h: int | slice) -> np.ndarray:
+            sums, _ = self.span[span]
+            seconds = sums[H[F.DT]]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(self.covered(span) & (seconds > 0), sums[h] / seconds, 0.0)
+
+        return self._read(f"span_share {span}", H[f], read)
 
     def span_runs(self, f: F, span: int, pick: np.ndarray, bar: float = 0.5) -> SpanRuns:
         """The shape of a time counter ``f`` over a span, for the rows ``pick`` (a mask): how many separate runs of
