@@ -125,9 +125,9 @@ class Shape:
     resources: dict[int, dict[str, str] | str]  # position -> a resource's attributes
     admitted: tuple[tuple[str, int], ...]  # each node it names and that node's admission (NodeFloors.generation)
     base: int = -1  # what ``entries`` are offsets from (-1: they are the entries themselves)
-    #: Lines of this shape read whole, by the digest of all but their times and values (json_templates), the
-    #: last few: a node's next line like one of them is read off it.
-    templates: dict[bytes, Template] = field(default_factory=dict)
+    #: Lines of this shape read whole, by the digest of all but their times and values (json_templates), the last
+    #: few: a node's next line like one of them is read off it. None: the split does not find this shape's points.
+    templates: dict[bytes, Template] | None = field(default_factory=dict)
 
     def positions(self) -> list[int]:
         """Each position's entry (error, UNKNOWN_ENTRY), as the walk reads them."""

@@ -2,21 +2,23 @@
 a node's next line like it (the same series in the same order: only the times and values moved) is read off the
 template, with no parse and no walk: one regex split of the tokenized line
 (:func:`~otel_dra.decode.json_shapes.tokenize`) gives its points' time and value texts, and the pieces between them,
-whose digest must be the template's.
+whose digest must be the template's. A point's fields are read in the orders writers put them: ``timeUnixNano``
+then ``asInt``/``asDouble`` (protobuf's field order, which the Collector's file exporter keeps), with
+``startTimeUnixNano`` before them or between (a time the decoder does not read; between, it is left out of the
+digest). A line whose points' fields come in another order is walked.
 
 Sound because the pieces between the texts are the template's exact bytes, and the texts are a JSON number, or a
 string of digits where the template had one: the line is then valid JSON whenever the template's was, with the same
 objects, keys and arrays in the same places, so its walk would meet the same points, in the same order, with the
-same entries, and read them as the template's walk did (the fast path). What the walk does besides is done here
-alike: each node admitted, and the first point of each (node, time) checked as the walk's slow path checks it (its
-device admitted, its time within the receiver's bound). Anything the walk would say something about (a value not
-finite, a negative counter, a time out of range or past the bound, a device refused) sends the line down the walk,
-which says it. A template is made only of a line whose walk found nothing to say: every point taken, none skipped
-or set aside.
+same entries, and read them as the template's walk did (the fast path). What the walk does besides is done by the
+decoder alike: each node admitted, and the first point of each (node, time) checked as the walk's slow path checks
+it. Anything the walk would say something about (a value not finite, a negative counter, a time out of range or past
+the receiver's bound, a device refused) sends the line down the walk, which says it. A template is made only of a
+line whose walk found nothing to say: every point taken, none skipped or set aside.
 
-A value reads as the walk reads it: an ``asInt`` string's text by ``float``; an ``asDouble`` number's text by
-``float`` too, which is the parser's value (both round correctly), but for ``-0``, which the parser reads as the
-integer 0.
+A value reads as the walk reads it, whichever of ``asInt`` and ``asDouble`` holds it: an ``asInt`` string's text by
+``float``; an ``asDouble`` number's text by ``float`` too, which is the parser's value (both round correctly), but
+for ``-0``, which the parser reads as the integer 0.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from typing import Final
 import numpy as np
 import xxhash
 
-#: A point's time and value, in the order the Collector's file exporter writes a point's fields (``timeUnixNano``
-#: then ``asInt``/``asDouble``): its time's digits (group 1), then an ``asInt`` string's digits (2) or an
-#: ``asDouble`` number (3, JSON's grammar for one).
+#: A point's time and value: its time's digits (group 1), then (past a start time, whose digits are not kept) an
+#: ``asInt`` string's digits (2) or an ``asDouble`` number (3, JSON's grammar for one).
 _POINT: Final = re.compile(
-    rb'"timeUnixNano":"([0-9]{1,20})","as(?:Int":"(-?[0-9]{1,20})"|Double":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))'
+    rb'"timeUnixNano":"([0-9]{1,20})",(?:"startTimeUnixNano":"[0-9]{1,20}",)?'
+    rb'"as(?:Int":"(-?[0-9]{1,20})"|Double":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))'
 )
 #: Templates kept per shape (a node's counters restarting changes its lines' start times: a new template).
 MAX_TEMPLATES_PER_SHAPE: Final = 2
@@ -61,10 +63,11 @@ class Points:
     doubles: list[bytes | None]
 
     def values(self) -> list[float] | None:
-        """Each point's value as the walk reads it (None: a value the walk must read: ``-0`` as a number)."""
+        """Each point's value as the walk reads it (None: a value the walk must read: ``-0`` as a number, the
+        parser's integer 0)."""
         if b"-0" in self.doubles:
             return None
-        return [float(i if i is not None else d) for i, d in zip(self.ints, self.doubles, strict=True)]  # type: ignore[arg-type]
+        return [float(i or d) for i, d in zip(self.ints, self.doubles, strict=True)]  # type: ignore[arg-type]
 
 
 def points_of(reduced: bytes) -> Points | None:
@@ -83,9 +86,9 @@ def make_template(
     (``spans``: each metric's resource, whether it is a counter, and its points); None when the split did not find
     exactly those points (a point's fields in another order, an exemplar's time)."""
     n = len(entries)
-    if len(points.times) != n or sum(count for _, _, count in spans) != n or len(nodes) > np.iinfo(np.int16).max:
-        return None
     counts = [count for _, _, count in spans]
+    if len(points.times) != n or sum(counts) != n or len(nodes) > np.iinfo(np.int16).max:
+        return None
     return Template(
         np.asarray(entries, np.int32),
         np.repeat(np.asarray([counter for _, counter, _ in spans], bool), counts),

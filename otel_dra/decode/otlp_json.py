@@ -267,10 +267,10 @@ class OtlpJsonDecoder(DecoderCore):
         values = points.values()
         if values is None:
             return False
+        times = points.times
         v = np.asarray(values, np.float64)
         if not np.isfinite(v).all() or (v[template.counter] < 0.0).any():
             return False
-        times = points.times
         if template.single and times and times.count(times[0]) == len(times):
             first: dict[tuple[int, bytes], int] = {(0, times[0]): 0}  # (one node, one time: the usual line)
         else:
@@ -307,7 +307,11 @@ class OtlpJsonDecoder(DecoderCore):
     def _learn_template(
         self, reduced: bytes, shape: Shape, line: Line, nodes: list[str], points: Points | None
     ) -> None:
-        """Keep the template of a line read through its shape whose walk took every point, saying nothing."""
+        """Keep the template of a line read through its shape whose walk took every point, saying nothing. A shape
+        whose line's points the split does not find (their fields in another order, an exemplar's time) is marked:
+        its lines are not split again."""
+        if shape.templates is None:
+            return
         if line.skipped or line.ignored or line.unknown or line.log.errors() or len(line.entries) != line.points:
             return
         points = points or points_of(reduced)
@@ -315,6 +319,7 @@ class OtlpJsonDecoder(DecoderCore):
             return
         template = make_template(points, line.entries, line.spans, nodes)
         if template is None:
+            shape.templates = None
             return
         while len(shape.templates) >= MAX_TEMPLATES_PER_SHAPE:
             del shape.templates[next(iter(shape.templates))]

@@ -9,11 +9,12 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_dra.decode import OtlpJsonDecoder
-from otel_dra.decode.json_templates import points_of
+from otel_dra.decode.json_templates import make_template, points_of
 from otel_dra.frame import Schema
 
 S = 10**9
@@ -24,19 +25,27 @@ def _attrs(attrs: dict[str, str]) -> list[dict[str, Any]]:
     return [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]
 
 
-def _point(device: str, time: str, value: tuple[str, str], extra: dict[str, str] | None = None) -> dict[str, Any]:
+#: A point's fields in the order a writer puts them: the scenario's (and protobuf's field order), the shared example's,
+#: and the value first.
+ORDERS = (("start", "time", "value"), ("time", "start", "value"), ("value", "time", "start"))
+
+
+def _point(device: str, time: str, value: tuple[str, str], order: tuple[str, ...] = ORDERS[0]) -> dict[str, Any]:
     kind, text = value
-    point: dict[str, Any] = {
-        "attributes": _attrs({"hw.id": device, "hw.type": "gpu", **(extra or {})}),
-        "startTimeUnixNano": str(T0),
-        "timeUnixNano": time,
+    fields: dict[str, tuple[str, Any]] = {
+        "start": ("startTimeUnixNano", str(T0)),
+        "time": ("timeUnixNano", time),
+        # asInt is a string (text as it is); asDouble a bare JSON number, put in below as its exact text.
+        "value": ("asInt", text) if kind == "int" else ("asDouble", f"@@{text}@@"),
     }
-    # asInt is a string (text as it is); asDouble a bare JSON number, put in below as its exact text.
-    point["asInt" if kind == "int" else "asDouble"] = text if kind == "int" else f"@@{text}@@"
+    point: dict[str, Any] = {"attributes": _attrs({"hw.id": device, "hw.type": "gpu"})}
+    point.update(fields[name] for name in order)
     return point
 
 
-def _line(nodes: list[tuple[str, list[str], list[tuple[str, str]], list[tuple[str, str]]]]) -> bytes:
+def _line(
+    nodes: list[tuple[str, list[str], list[tuple[str, str]], list[tuple[str, str]]]], order: tuple[str, ...] = ORDERS[0]
+) -> bytes:
     """One request: per node (name, each device's time, its power gauge's value, its energy counter's value)."""
     resources = []
     for node, times, power, energy in nodes:
@@ -53,7 +62,7 @@ def _line(nodes: list[tuple[str, list[str], list[tuple[str, str]], list[tuple[st
                                 "unit": "W",
                                 "gauge": {
                                     "dataPoints": [
-                                        _point(d, t, v) for d, t, v in zip(devices, times, power, strict=True)
+                                        _point(d, t, v, order) for d, t, v in zip(devices, times, power, strict=True)
                                     ]
                                 },
                             },
@@ -64,7 +73,7 @@ def _line(nodes: list[tuple[str, list[str], list[tuple[str, str]], list[tuple[st
                                     "aggregationTemporality": 2,
                                     "isMonotonic": True,
                                     "dataPoints": [
-                                        _point(d, t, v) for d, t, v in zip(devices, times, energy, strict=True)
+                                        _point(d, t, v, order) for d, t, v in zip(devices, times, energy, strict=True)
                                     ],
                                 },
                             },
@@ -116,13 +125,18 @@ def _agree(lines: list[bytes], **kwargs: Any) -> OtlpJsonDecoder:
     return decoders[0]
 
 
-def test_a_nodes_next_lines_are_read_off_its_template() -> None:
+@pytest.mark.parametrize(("order", "templated"), [(ORDERS[0], 4), (ORDERS[1], 4), (ORDERS[2], 0)])
+def test_a_nodes_next_lines_are_read_off_its_template(order: tuple[str, ...], templated: int) -> None:
+    """Every line after a node's first, in the orders writers put a point's fields (a value first: walked)."""
     lines = [
-        _line([("node-1", [str(T0 + k * S)] * 2, [("double", f"{100 + k}.5"), ("int", "7")], [("int", str(k))] * 2)])
+        _line(
+            [("node-1", [str(T0 + k * S)] * 2, [("double", f"{100 + k}.5"), ("int", "7")], [("int", str(k))] * 2)],
+            order,
+        )
         for k in range(5)
     ]
     decoder = _agree(lines)
-    assert decoder.lines_templated == 4  # every line after the first
+    assert decoder.lines_templated == templated
 
 
 def test_a_changed_layout_is_read_by_the_walk_and_becomes_a_template_too() -> None:
@@ -133,17 +147,46 @@ def test_a_changed_layout_is_read_by_the_walk_and_becomes_a_template_too() -> No
     assert decoder.lines_templated == 1  # the third (the second is a new shape, walked)
 
 
+def test_a_line_whose_numbers_no_template_places_is_walked_and_its_shape_not_split_again() -> None:
+    """An exemplar's time and value beside a point's: the walk reads the line (and ignores the exemplar); its shape
+    is marked, so its next lines are not split for a template they can't have."""
+
+    def with_exemplar(k: int) -> bytes:
+        doc = json.loads(_line([("node-1", [str(T0 + k * S)], [("double", "1.5")], [("int", str(k))])]))
+        point = doc["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]["gauge"]["dataPoints"][0]
+        point["exemplars"] = [{"timeUnixNano": str(T0 + k * S), "asDouble": 2.5}]
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    decoder = _agree([with_exemplar(k) for k in range(4)])
+    assert decoder.lines_templated == 0
+    assert all(shape.templates is None for shape in decoder._shapes._shapes.values())
+
+
 def test_points_of_splits_times_and_values_and_digests_the_rest() -> None:
-    a = points_of(b'{"x":[{"timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}')
-    b = points_of(b'{"x":[{"timeUnixNano":"7","asInt":"4"},{"timeUnixNano":"8","asDouble":-2}]}')
+    a = points_of(
+        b'{"x":[{"startTimeUnixNano":"1","timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}'
+    )
+    b = points_of(
+        b'{"x":[{"startTimeUnixNano":"1","timeUnixNano":"7","asInt":"4"},{"timeUnixNano":"8","asDouble":-2}]}'
+    )
     assert a is not None and b is not None
     assert a.key == b.key and a.times == [b"5", b"6"] and a.values() == [-3.0, 1500.0]
     assert b.values() == [4.0, -2.0]
-    assert points_of(b'{"x":"\0"}') is None
+    # A start time between a point's time and its value is left out of the digest; before them, it is a piece.
+    between = points_of(b'{"x":[{"timeUnixNano":"5","startTimeUnixNano":"1","asInt":"-3"}]}')
+    moved = points_of(b'{"x":[{"timeUnixNano":"9","startTimeUnixNano":"2","asInt":"0"}]}')
+    assert between is not None and moved is not None and between.key == moved.key and moved.times == [b"9"]
+    restarted = points_of(
+        b'{"x":[{"startTimeUnixNano":"2","timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}'
+    )
+    assert restarted is not None and restarted.key != a.key
+    assert points_of(b'{"x":"\\u0000"}') is not None and points_of(b'{"x":"\x00"}') is None
     minus_zero = points_of(b'{"x":[{"timeUnixNano":"5","asDouble":-0}]}')
     assert minus_zero is not None and minus_zero.values() is None  # (the parser's 0, not float's -0.0: the walk's)
-    other = points_of(b'{"y":[{"timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}')
-    assert other is not None and other.key != a.key
+    # A time that is no point's (an exemplar's, another field's) makes no template.
+    assert make_template(a, [0], [(0, False, 1)], ["node-1"]) is None
+    template = make_template(a, [0, 1], [(0, False, 2)], ["node-1"])
+    assert template is not None and template.single and template.counter.tolist() == [False, False]
 
 
 NUMBERS = st.one_of(
@@ -165,6 +208,7 @@ NUMBERS = st.one_of(
 @given(data=st.data(), live=st.booleans())
 def test_templates_read_every_line_as_the_walk_does(data: st.DataObject, live: bool) -> None:
     n_lines = data.draw(st.integers(2, 6))
+    order = data.draw(st.sampled_from(ORDERS))
     devices = data.draw(st.integers(1, 3))
     names = ["node-a", "node-b"]
     lines = []
@@ -181,6 +225,6 @@ def test_templates_read_every_line_as_the_walk_does(data: st.DataObject, live: b
             power = [data.draw(NUMBERS) if data.draw(st.integers(0, 3)) == 0 else ("double", "300.5") for _ in times]
             energy = [data.draw(NUMBERS) if data.draw(st.integers(0, 3)) == 0 else ("int", str(k)) for _ in times]
             nodes.append((node, times, power, energy))
-        lines.append(_line(nodes))
+        lines.append(_line(nodes, order))
     kwargs: dict[str, Any] = {"max_future_ns": 10 * S, "clock": lambda: clock} if live else {}
     _agree(lines, **kwargs)
