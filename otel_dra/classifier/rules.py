@@ -168,16 +168,19 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     # holds it.
     idle_capped = peers.shares[1] - w.span_fraction(F.BUSY, DUTY_SPAN) >= margin
     with np.errstate(invalid="ignore"):
-        # Peers never capped over the duty span: capped for ``duty`` of the rate span too, or in more than one run
-        # of minutes (one traffic burst that a leaky GPU alone rode at its cap fills a duty span in one run; a
-        # lowered limit holds it down every time its job asks, and a limit that comes and goes does so again).
+        # Peers never capped over the duty span: capped for ``duty`` of the rate span too while its peers were never
+        # capped over that span either (peers capped over the half hour, if not the last quarter, make its half
+        # hour no outlier: the load moved), or in more than one run of minutes (one traffic burst that a leaky GPU
+        # alone rode at its cap fills a duty span in one run; a lowered limit holds it down every time its job
+        # asks, and a limit that comes and goes does so again).
         quiet = found[1] & (peers.references[1] < QUIET_PEERS)
+        confirmed = (peers.shares[2] >= duty) & ~(peers.references[2] >= QUIET_PEERS)
     # A cap reached only in its busiest minutes follows its load (a leaky GPU at each burst of traffic): its capped
     # minutes' mean utilization more than `load_coupling` above its other minutes'.
-    shape = w.span_runs(F.THROTTLE_POWER, DUTY_SPAN, quiet & (peers.shares[2] < duty))
+    shape = w.span_runs(F.THROTTLE_POWER, DUTY_SPAN, quiet & ~confirmed)
     with np.errstate(invalid="ignore"):
         follows_load = shape.util_on - shape.util_off > t.load_coupling
-    quiet_peers = quiet & ((peers.shares[2] >= duty) | ((shape.runs >= 2) & ~follows_load))
+    quiet_peers = quiet & (confirmed | ((shape.runs >= 2) & ~follows_load))
     out = (found[1] & (found[2] | idle_capped | quiet_peers)) | (held & (found[0] | found[1]))
     # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
     # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.

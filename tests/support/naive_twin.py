@@ -1136,10 +1136,12 @@ class NaiveClassifier:
         # In on the duty span, confirmed over the rate span or by being capped while not busy; once on, the window
         # or the duty span holds it.
         idle_capped = cap_peers[1][0] - w.span_fraction("busy", "duty") >= margin
-        # Peers at its load never capped over the duty span, and it capped for `duty` of the rate span too, or in
-        # more than one run of minutes of the duty span.
+        # Peers at its load never capped over the duty span, and it capped for `duty` of the rate span too while
+        # they were never capped over it either, or in more than one run of minutes of the duty span.
         quiet_peers = found[1] and cap_peers[1][1] is not None and cap_peers[1][1] < 0.01
-        if quiet_peers and cap_peers[2][0] < float(pt["duty"]):  # in runs that do not follow its load
+        rate_ref = cap_peers[2][1]
+        confirmed = cap_peers[2][0] >= float(pt["duty"]) and (rate_ref is None or rate_ref < 0.01)
+        if quiet_peers and not confirmed:  # in runs that do not follow its load
             runs, on_u, off_u = w.span_runs("throttle_power", "duty")
             follows = on_u is not None and off_u is not None and on_u - off_u > float(pt["load_coupling"])
             quiet_peers = runs >= 2 and not follows
