@@ -119,6 +119,7 @@ class Window:
         every = self._every.get(name)
         if every is None:
             every = self._every[name] = read(slice(None))
+            every.flags.writeable = False  # (every caller reads its rows of it: none may write them)
         return every[f]
 
     def fraction(self, f: F) -> np.ndarray:
