@@ -15,6 +15,7 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_dra import __version__
+from otel_dra.decode import OtlpJsonDecoder
 from otel_dra.faults import Fault
 from otel_dra.frame import Frame, Schema
 from otel_dra.sinks import provider
@@ -97,3 +98,11 @@ def power_line(node: str, devices: int, time_unix_nano: str = "1") -> str:
     res = {"attributes": [{"key": "k8s.node.name", "value": {"stringValue": node}}]}
     metric = {"name": "hw.power", "gauge": {"dataPoints": pts}}
     return json.dumps({"resourceMetrics": [{"resource": res, "scopeMetrics": [{"metrics": [metric]}]}]})
+
+
+class PlainDecoder(OtlpJsonDecoder):
+    """The JSON decoder without its tokenizing fast path (so without shapes and templates either): the reference the
+    fast paths must match."""
+
+    def _tokenize(self, line: bytes) -> bytes | None:
+        return None

@@ -29,6 +29,7 @@ from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
 from otel_dra.sources.simulated import SimulatedSource, SimulatorConfig
 from otel_dra.state import FrameStore
+from tests.support.otlp_trace import PlainDecoder
 
 S = 10**9
 T0 = 1_795_000_000 * S
@@ -628,13 +629,6 @@ def check_consistent(decoder: OtlpJsonDecoder, calls: int, kept: int) -> None:
     assert 0 <= decoder.lines_skipped <= decoder.lines
     assert 0 <= decoder.points_skipped <= decoder.points
     assert kept <= decoder.points - decoder.points_skipped
-
-
-class PlainDecoder(OtlpJsonDecoder):
-    """The decoder without its tokenizing fast path: the reference the fast path must match."""
-
-    def _tokenize(self, line: bytes) -> bytes | None:
-        return None
 
 
 def assert_paths_agree(lines: list[bytes | str]) -> None:

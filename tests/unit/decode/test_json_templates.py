@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from otel_dra.decode import OtlpJsonDecoder
 from otel_dra.decode.json_templates import make_template, points_of
 from otel_dra.frame import Schema
+from tests.support.otlp_trace import PlainDecoder
 
 S = 10**9
 T0 = 1_795_000_000 * S
@@ -87,14 +88,10 @@ def _line(
 
 
 def _decoders(**kwargs: Any) -> list[OtlpJsonDecoder]:
-    class Plain(OtlpJsonDecoder):
-        def _tokenize(self, line: bytes) -> bytes | None:
-            return None
-
     return [
         OtlpJsonDecoder(Schema(), **kwargs),
         OtlpJsonDecoder(Schema(), templates=False, **kwargs),
-        Plain(Schema(), **kwargs),
+        PlainDecoder(Schema(), **kwargs),
     ]
 
 
