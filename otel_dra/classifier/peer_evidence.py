@@ -79,11 +79,15 @@ def thermal_peers(w: Window) -> ThermalPeers:
         p.slope,
         p.min_node_devices,
         p.min_slot_nodes,
+        p.min_utilization,
         ~np.any(w.on[:, HEAT_REASONS], axis=1),
     )
     on = w.on[:, R["thermal"]]
     hold = np.where(on, p.hold_ratio, 1.0)
-    bar = hold * np.fmax(p.margin, p.mad_k * res.sigma)
+    # Where its slot's effect is not known (too few nodes of its model), its residual holds it: a rear slot runs
+    # several Cel over its node's front row at full load, so the bar is wider there.
+    margin = np.where(res.slot_known, p.margin, p.unknown_slot_margin)
+    bar = hold * np.fmax(margin, p.mad_k * res.sigma)
     # Or hotter than it usually runs against the same peers (`change_margin` over its baseline, and at least
     # `change_floor` over them), once it has `history` of being judged: a device that always ran 3 Cel over
     # its peers is that device; one that now runs 6 Cel over them where it ran 1 Cel has changed. The baseline

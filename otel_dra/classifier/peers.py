@@ -126,6 +126,9 @@ class ThermalResiduals:
     # Cel: what its slot elsewhere and its peers' median residual took out (the slot effect and the polish):
     # residual + offset is its excess over its node's devices at its load, which no other node's load moves.
     offset: np.ndarray
+    # Whether its slot's effect was known (its slot on ``min_slot_nodes`` loaded nodes of its cohort): where not,
+    # its residual still holds it, and the bar is the wider ``unknown_slot_margin``.
+    slot_known: np.ndarray
 
 
 def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -159,6 +162,7 @@ def thermal_residuals(
     default_slope: np.ndarray,
     min_node_devices: np.ndarray,
     min_slot_nodes: np.ndarray,
+    min_utilization: np.ndarray,
     reference: np.ndarray,
 ) -> ThermalResiduals:
     """How much hotter each ``judged`` row runs than its peers at its load (per row: window means ``temp``
@@ -170,9 +174,11 @@ def thermal_residuals(
     2. A utilization difference within the bin is worth the cohort's slope: the median of its devices'
        temperature-over-utilization differences from their node's median where they differ enough (at
        least ``SLOPE_MIN_DEVICES`` of them), else ``default_slope``.
-    3. The slot's effect: the median residual of the same slot on the nodes of the cohort (where it is on
-       ``min_slot_nodes`` of them), over its ``reference`` rows (at least ``SLOT_MIN_REFERENCES``), taken
-       out; then the peers' median residual, taken out again (one round of median polish). A device already
+    3. The slot's effect: the median residual of the same slot on the nodes of the cohort under load (their
+       peers' utilization at ``min_utilization`` or more: a slot adds heat the GPUs upstream make, and an idle
+       node's slot says nothing of it at full load), where it is on ``min_slot_nodes`` of them, over its
+       ``reference`` rows (at least ``SLOT_MIN_REFERENCES``), taken out; then the peers' median residual, taken out
+       again (one round of median polish). A device already
        found running hot or cool for a cause of its own (slowed, throttled, braked, a fan out) says nothing of
        its slot's airflow: with three nodes of a model, one slowed GPU running 17 Cel under its node would
        otherwise make its slot look cool everywhere, and the healthy GPU in that slot of another node look hot.
@@ -180,7 +186,8 @@ def thermal_residuals(
        whole cohort while that bin holds fewer than ``SPREAD_MIN_DEVICES``).
     """
     n = temp.shape[0]
-    out = ThermalResiduals(*(np.full(n, np.nan) for _ in range(8)))
+    fields = ("residual", "sigma", "peers", "base", "slope", "node_temp", "node_util", "offset")
+    out = ThermalResiduals(**{k: np.full(n, np.nan) for k in fields}, slot_known=np.zeros(n, dtype=bool))
     out.peers[:] = 0.0
     rows = np.flatnonzero(judged & ~np.isnan(temp))
     # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, and a
@@ -213,10 +220,12 @@ def thermal_residuals(
     slope = np.where(np.isnan(u) | np.isnan(med_u[peer]), 0.0, slope)
     r = t - med_t[peer] - slope * (nan_to_num(u) - centre_u)
     sl = slot[rows]
-    ref = reference[rows]
-    slot_size = np.bincount(sl, minlength=n_slots)
+    with np.errstate(invalid="ignore"):
+        loaded = med_u[peer] >= min_utilization[rows]
+    ref = reference[rows] & loaded
+    slot_size = np.bincount(sl[loaded], minlength=n_slots)
     slot_med, refs = grouped_median(r[ref], sl[ref], n_slots)
-    known = (slot_size[sl] >= min_slot_nodes[rows]) & (refs[sl] >= SLOT_MIN_REFERENCES)
+    known = loaded & (slot_size[sl] >= min_slot_nodes[rows]) & (refs[sl] >= SLOT_MIN_REFERENCES)
     effect = np.where(known, slot_med[sl], 0.0)
     r = r - effect
     again, _ = grouped_median(r, peer, n_peers)
@@ -238,6 +247,7 @@ def thermal_residuals(
     out.base[rows] = med_t[peer] - slope * centre_u + effect + again[peer]
     out.slope[rows] = slope
     out.offset[rows] = effect + again[peer]
+    out.slot_known[rows] = known
     out.node_temp[rows] = med_t[peer]
     out.node_util[rows] = med_u[peer]
     return out

@@ -81,6 +81,7 @@ class ThermalPeerParams:
     enabled: np.ndarray = flag()
     state: np.ndarray = hw_state()
     margin: np.ndarray = number()
+    unknown_slot_margin: np.ndarray = number()
     mad_k: np.ndarray = number()
     hold_ratio: np.ndarray = number()
     sustain: np.ndarray = number()

@@ -69,6 +69,7 @@ RULES = struct(
                         "enabled": boolean,
                         "state": STATE,
                         "margin": POSITIVE,
+                        "unknown_slot_margin": POSITIVE,
                         "mad_k": POSITIVE,
                         "hold_ratio": FRACTION,
                         "sustain": duration,

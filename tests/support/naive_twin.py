@@ -850,16 +850,22 @@ class NaiveClassifier:
             if u is None or med_u is None:
                 slope[id(d)] = 0.0
             r[id(d)] = temp[id(d)] - med_t - slope[id(d)] * ((0.0 if u is None else u) - centre[id(d)])
+        # Its slot on the nodes under load (its peers' median utilization at min_utilization or more) says what
+        # the slot adds at load; an idle node's says nothing of it.
         slots: dict[tuple[Any, ...], list[Device]] = {}
         for d in kept:
-            slots.setdefault((d.cohort, d.slot), []).append(d)
-        effect: dict[int, float] = {}
+            med_u = med[group_of[id(d)]][1]
+            if med_u is not None and med_u >= float(d.rules["thermal"]["peers"]["min_utilization"]):
+                slots.setdefault((d.cohort, d.slot), []).append(d)
+        effect: dict[int, float] = {id(d): 0.0 for d in kept}
+        slot_known: dict[int, bool] = {id(d): False for d in kept}
         for members in slots.values():
             # Only devices without a heat reason on stand for their slot (a slowed GPU running cool is not its slot).
             refs = [r[id(d)] for d in members if not any(d.reasons[x].on for x in HEAT_REASONS)]
             for d in members:
                 enough = len(members) >= d.rules["thermal"]["peers"]["min_slot_nodes"] and len(refs) >= 2
                 effect[id(d)] = statistics.median(refs) if enough else 0.0
+                slot_known[id(d)] = enough
                 r[id(d)] = r[id(d)] - effect[id(d)]
         again: dict[tuple[Any, ...], float] = {}
         for key in {group_of[id(d)] for d in kept}:
@@ -883,7 +889,9 @@ class NaiveClassifier:
             sigma = MAD_SCALE * mads.get((d.cohort, group_of[id(d)][2]), mads[d.cohort])
             on = d.reasons["thermal"].on
             hold = float(peers["hold_ratio"]) if on else 1.0
-            bar = hold * max(float(peers["margin"]), float(peers["mad_k"]) * sigma)
+            # Its slot's effect not known: its residual holds it, and the bar is wider.
+            margin = float(peers["margin"] if slot_known[id(d)] else peers["unknown_slot_margin"])
+            bar = hold * max(margin, float(peers["mad_k"]) * sigma)
             # Or hotter than its own usual over its peers, once learnt for `history`.
             # (Its usual is its excess over its node's devices: what its slot and the polish take out now, less.)
             offset = effect[id(d)] + again[group_of[id(d)]]

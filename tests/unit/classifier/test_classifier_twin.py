@@ -61,8 +61,8 @@ rules:
   device_reset: {{events_window: 2m, resets: 2}}
   link: {{mad_k: 3, cohort_ratio: 2, storm_ratio: 3, floor_per_minute: 1}}
   thermal: {{duty: 0.3, slowdown_share: 0.1,
-            peers: {{min_node_devices: 2, min_slot_nodes: 2, sustain: 20s, margin: 3, mad_k: 2, hold_ratio: 0.5,
-                     history: 30s, baseline_tau: 1m, change_margin: 1.5, change_floor: 1}}}}
+            peers: {{min_node_devices: 2, min_slot_nodes: 2, sustain: 20s, margin: 3, unknown_slot_margin: 3.5,
+                     mad_k: 2, hold_ratio: 0.5, history: 30s, baseline_tau: 1m, change_margin: 1.5, change_floor: 1}}}}
   cooling: {{duty: 0.3}}
   power_delivery: {{brake_share: 0.05}}
   power_throttling: {{min_peers: 2, peer_quantile: 0.5, peer_margin: 0.1}}
@@ -92,8 +92,8 @@ cohorts: {{by: [hw.vendor], min_devices: 2, significance: 0, span_significance: 
 stale_intervals: 3
 rules:
   thermal: {{min_fraction: 0.6, throttle_share: 0.2,
-            peers: {{min_node_devices: 2, min_slot_nodes: 3, sustain: 0s, margin: 4, mad_k: 3, slope: 10,
-                     history: 0s, baseline_tau: 2m, change_margin: 2, change_floor: 0}}}}
+            peers: {{min_node_devices: 2, min_slot_nodes: 3, sustain: 0s, margin: 4, unknown_slot_margin: 5, mad_k: 3,
+                     slope: 10, history: 0s, baseline_tau: 2m, change_margin: 2, change_floor: 0}}}}
   memory_ecc: {{corrected_per_minute: 3, corrected_mad_k: 5}}
   # more out-of-memory events than the event log keeps (8) can matter here
   memory_pressure: {{events_window: 3m, out_of_memory: 8, min_fraction: 0.5, duty: 0.3, full_is_evidence: true}}
@@ -783,6 +783,30 @@ def test_a_gpu_hotter_than_its_peers_and_not_a_spike(policies: dict[str, policy_
     state = pair.current()
     assert state[("n", "gpu-2")] == ("Healthy", "predicted_failure", ("thermal",), "reduce_load")
     assert state[("n", "gpu-3")] == ("Healthy", "ok", (), "none")  # one sample 15 Cel up: its median is not
+
+
+def test_where_its_slot_is_not_known_a_gpu_needs_the_wider_margin(policies: dict[str, policy_mod.Policy]) -> None:
+    """3.2 Cel over its node's others (policy A: margin 3, unknown_slot_margin 3.5). On its model's one node nothing
+    says it is not its slot (rear slots run hotter): under the bar. With the same slot level on two more nodes, the
+    slot is known and it is the device."""
+    node = {"gpu-0": (60.0, 0.9), "gpu-1": (60.0, 0.9), "gpu-2": (63.2, 0.9), "gpu-3": (60.0, 0.9)}
+    alone = Pair(policies["A"])
+    run_peers(alone, 12, {"n": node})
+    assert alone.current()[("n", "gpu-2")] == ("Healthy", "ok", (), "none")
+    known = Pair(policies["A"])
+    level = dict.fromkeys(node, (60.0, 0.9))
+    run_peers(known, 12, {"n": node, "m": level, "o": level})
+    assert known.current()[("n", "gpu-2")] == ("Healthy", "predicted_failure", ("thermal",), "reduce_load")
+
+
+def test_an_idle_node_does_not_say_what_a_slot_adds_at_load(policies: dict[str, policy_mod.Policy]) -> None:
+    """The same 3.2 Cel with its slot on two idle nodes besides (policy A: min_slot_nodes 2, min_utilization 0.8):
+    idle GPUs make no heat for a slot to add, so its slot is as unknown as on its model's one node."""
+    node = {"gpu-0": (60.0, 0.9), "gpu-1": (60.0, 0.9), "gpu-2": (63.2, 0.9), "gpu-3": (60.0, 0.9)}
+    idle = dict.fromkeys(node, (35.0, 0.05))
+    pair = Pair(policies["A"])
+    run_peers(pair, 12, {"n": node, "m": idle, "o": idle})
+    assert pair.current()[("n", "gpu-2")] == ("Healthy", "ok", (), "none")
 
 
 def test_a_slot_that_runs_hot_on_every_node_is_not_a_fault(policies: dict[str, policy_mod.Policy]) -> None:
