@@ -121,12 +121,15 @@ def firmware_version(pl: Planner, kind: FaultKind, pool: set[int], taken: set[in
     """One firmware version of one NVIDIA model is bad: its GPUs fall off the bus (XID 79) or time out their
     GSP (XID 119, NVIDIA XID catalogue), each followed within a minute by a device reset, then run on; the
     model's other versions do so RATE_RATIO times less often per GPU. One label, on the GPU of the first
-    event, listing every GPU of the version (a lost GPU reports nothing to name: left out)."""
+    event, listing every GPU of the version (a GPU lost on its own reports nothing to name once lost: listed
+    apart, as one that may be named firmware but need not be)."""
     lost = {f.row for f in pl.faults if f.kind.name in LOST_KINDS}
     by_version: dict[tuple[str, str], list[int]] = defaultdict(list)
+    lost_by_version: dict[tuple[str, str], list[int]] = defaultdict(list)
     for d in pl.devices_:
-        if d.model is not None and d.model.vendor == "NVIDIA" and d.row not in lost:
-            by_version[(d.model.model, d.attrs[cv.HW_FIRMWARE_VERSION])].append(d.row)
+        if d.model is not None and d.model.vendor == "NVIDIA":
+            key = (d.model.model, d.attrs[cv.HW_FIRMWARE_VERSION])
+            (lost_by_version if d.row in lost else by_version)[key].append(d.row)
     free = {k: [r for r in rows if r in pool and r not in taken] for k, rows in by_version.items()}
     counts = {k: len(rows) for k, rows in by_version.items()}
 
@@ -176,6 +179,7 @@ def firmware_version(pl: Planner, kind: FaultKind, pool: set[int], taken: set[in
             detail=detail,
             group=firmware_group(model, version),
             rows=sorted(by_version[(model, version)]),
+            lost_rows=sorted(lost_by_version[(model, version)]),
             events=events,
         )
     )

@@ -19,8 +19,9 @@ LABELS_VERSION: Final = 1
 
 
 def _firmware(plan: Plan, f: PlannedFault) -> dict[str, Any]:
-    """A firmware fault's own keys: its remediation, every GPU of the version, and the model's fatal events
-    (the bad version's and the others', each in its node's clock)."""
+    """A firmware fault's own keys: its remediation, every GPU of the version (those lost on their own apart, in
+    ``lost_devices``: named firmware rightly while they still report, not required to be), and the model's fatal
+    events (the bad version's and the others', each in its node's clock)."""
     nodes, devices = plan.nodes, plan.devices
 
     def where(row: int) -> dict[str, str]:
@@ -29,6 +30,7 @@ def _firmware(plan: Plan, f: PlannedFault) -> dict[str, Any]:
     return {
         "remediation": "update_firmware",
         "devices": [where(r) for r in f.rows],
+        "lost_devices": [where(r) for r in f.lost_rows],
         "events": [
             {
                 **where(e.row),

@@ -94,6 +94,9 @@ class PlannedFault:
     #: A firmware fault's: every row of its version (the label lists them), and its fatal events
     #: (row, true second, XID, on the bad version or another).
     rows: list[int] = field(default_factory=list)
+    #: ... and the version's rows lost on their own (device_lost, fell_off_bus): on the version until then, so
+    #: named firmware rightly while they still report, but not required to be.
+    lost_rows: list[int] = field(default_factory=list)
     events: list[FirmwareEvent] = field(default_factory=list)
 
 

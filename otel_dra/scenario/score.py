@@ -266,13 +266,20 @@ def _listed(f: dict[str, Any]) -> list[tuple[str, str]]:
     return listed + ([own] if own not in listed else [])
 
 
+def _on_version(f: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every GPU of a firmware fault's version: those it lists, and those lost on their own (``lost_devices``)."""
+    return _listed(f) + [(d["k8s.node.name"], d["hw.id"]) for d in f.get("lost_devices") or []]
+
+
 def _firmware(sc: _Scoring, out: Score) -> None:
     """Bad firmware: every GPU of the version named firmware (scope and group) by the deadline; and no GPU
-    outside every bad version named firmware."""
+    outside every bad version named firmware (a GPU of the version lost on its own, ``lost_devices``, may be named
+    while it still reports, and need not be)."""
     bad: set[tuple[str, str]] = set()
     for f in sc.labels["faults"]:
         if f.get("scope") != "firmware":
             continue
+        bad.update(_on_version(f))
         onset = int(f["onset_unix_nano"])
         lo, hi = onset - sc.step, onset + round(float(f["deadline_s"]) * 1e9)
         for key in _listed(f):
@@ -320,15 +327,15 @@ def _replacements(sc: _Scoring, out: Score) -> None:
 
 
 def _firmware_excuses(sc: _Scoring) -> dict[tuple[str, str], list[tuple[int, frozenset[str]]]]:
-    """Each GPU's firmware excuses (from, the reasons excused): a bad version's GPUs from the fault's onset
-    for its reasons and its events'; a GPU with an event of another version from that event, for the
-    event's."""
+    """Each GPU's firmware excuses (from, the reasons excused): a bad version's GPUs (lost ones too) from the
+    fault's onset for its reasons and its events'; a GPU with an event of another version from that event, for
+    the event's."""
     out: dict[tuple[str, str], list[tuple[int, frozenset[str]]]] = defaultdict(list)
     for f in sc.labels["faults"]:
         if f.get("scope") != "firmware":
             continue
         allowed = FIRMWARE_EVENT_REASONS | frozenset(f["reasons"])
-        for key in _listed(f):
+        for key in _on_version(f):
             out[key].append((int(f["onset_unix_nano"]) - sc.step, allowed))
         for e in f.get("events") or []:
             out[(e["k8s.node.name"], e["hw.id"])].append((int(e["at_unix_nano"]) - sc.step, FIRMWARE_EVENT_REASONS))

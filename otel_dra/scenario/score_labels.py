@@ -102,8 +102,9 @@ def check_labels(labels: Any) -> None:
 
 
 def _check_devices(f: Mapping[str, Any], where: str) -> None:
-    """A firmware fault's ``devices`` (each a node and hw.id) and ``events`` (each also a time), when there."""
-    for key in ("devices", "events"):
+    """A firmware fault's ``devices`` and ``lost_devices`` (each a node and hw.id) and ``events`` (each also a time),
+    when there."""
+    for key in ("devices", "lost_devices", "events"):
         items = f.get(key)
         if items is None:
             continue

@@ -492,6 +492,21 @@ def test_firmware_named_outside_the_bad_version_is_wrong_and_a_false_positive():
     assert s.fp_episodes == 1
 
 
+def test_a_gpu_of_the_version_lost_on_its_own_may_be_named_firmware_and_need_not_be():
+    """n2/gpu-3 runs the bad version and is lost later (its own device_lost): named firmware while it still reports
+    is right, not a wrong device nor a false episode; and the version's detection does not wait for it."""
+    labels = shared_labels()
+    firmware = next(f for f in labels["faults"] if f["kind"] == "firmware_version")
+    firmware["lost_devices"] = [{"k8s.node.name": "n2", "hw.id": "gpu-3"}]
+    named = line(2500, "n2", "gpu-3", state="degraded", reasons=["firmware"], scope="firmware", group=FIRMWARE)
+    for verdicts in (right_verdicts(), [*right_verdicts(), named]):
+        s = score(labels, verdicts)
+        assert s.firmware_wrong_devices == 0 and s.fp_episodes == 0
+        assert (s.firmware_devices_detected, s.firmware_devices_total) == (3, 3)
+    s = score(shared_labels(), [*right_verdicts(), named])  # without the label's word, it is outside the version
+    assert s.firmware_wrong_devices == 1 and s.fp_episodes == 1
+
+
 def test_labels_without_shared_parts_show_no_such_target():
     plain = {**shared_labels(), "faults": []}
     names = [t.name for t in score(plain, []).targets()]
