@@ -174,11 +174,11 @@ def thermal_residuals(
     2. A utilization difference within the bin is worth the cohort's slope: the median of its devices'
        temperature-over-utilization differences from their node's median where they differ enough (at
        least ``SLOPE_MIN_DEVICES`` of them), else ``default_slope``.
-    3. The slot's effect: the median residual of the same slot on the nodes of the cohort under load (their
-       peers' utilization at ``min_utilization`` or more: a slot adds heat the GPUs upstream make, and an idle
-       node's slot says nothing of it at full load), where it is on ``min_slot_nodes`` of them, over its
-       ``reference`` rows (at least ``SLOT_MIN_REFERENCES``), taken out; then the peers' median residual, taken out
-       again (one round of median polish). A device already
+    3. The slot's effect: the median residual of the same slot on the nodes of the cohort, over its ``reference``
+       rows (at least ``SLOT_MIN_REFERENCES``), where the slot is on ``min_slot_nodes`` nodes under load (their
+       peers' utilization at ``min_utilization`` or more: a slot adds the heat of the GPUs upstream, which an idle
+       node has not, so idle nodes alone do not make it known), taken out; then the peers' median residual, taken
+       out again (one round of median polish). A device already
        found running hot or cool for a cause of its own (slowed, throttled, braked, a fan out) says nothing of
        its slot's airflow: with three nodes of a model, one slowed GPU running 17 Cel under its node would
        otherwise make its slot look cool everywhere, and the healthy GPU in that slot of another node look hot.
@@ -222,10 +222,10 @@ def thermal_residuals(
     sl = slot[rows]
     with np.errstate(invalid="ignore"):
         loaded = med_u[peer] >= min_utilization[rows]
-    ref = reference[rows] & loaded
+    ref = reference[rows]
     slot_size = np.bincount(sl[loaded], minlength=n_slots)
     slot_med, refs = grouped_median(r[ref], sl[ref], n_slots)
-    known = loaded & (slot_size[sl] >= min_slot_nodes[rows]) & (refs[sl] >= SLOT_MIN_REFERENCES)
+    known = (slot_size[sl] >= min_slot_nodes[rows]) & (refs[sl] >= SLOT_MIN_REFERENCES)
     effect = np.where(known, slot_med[sl], 0.0)
     r = r - effect
     again, _ = grouped_median(r, peer, n_peers)

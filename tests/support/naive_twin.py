@@ -850,20 +850,24 @@ class NaiveClassifier:
             if u is None or med_u is None:
                 slope[id(d)] = 0.0
             r[id(d)] = temp[id(d)] - med_t - slope[id(d)] * ((0.0 if u is None else u) - centre[id(d)])
-        # Its slot on the nodes under load (its peers' median utilization at min_utilization or more) says what
-        # the slot adds at load; an idle node's says nothing of it.
         slots: dict[tuple[Any, ...], list[Device]] = {}
         for d in kept:
-            med_u = med[group_of[id(d)]][1]
-            if med_u is not None and med_u >= float(d.rules["thermal"]["peers"]["min_utilization"]):
-                slots.setdefault((d.cohort, d.slot), []).append(d)
-        effect: dict[int, float] = {id(d): 0.0 for d in kept}
-        slot_known: dict[int, bool] = {id(d): False for d in kept}
+            slots.setdefault((d.cohort, d.slot), []).append(d)
+        effect: dict[int, float] = {}
+        slot_known: dict[int, bool] = {}
         for members in slots.values():
             # Only devices without a heat reason on stand for their slot (a slowed GPU running cool is not its slot).
             refs = [r[id(d)] for d in members if not any(d.reasons[x].on for x in HEAT_REASONS)]
+            # Known where the slot is on enough nodes under load (its peers' median utilization at min_utilization
+            # or more): an idle node's slot says nothing of what the slot adds at load.
+            loaded = [
+                d
+                for d in members
+                if (m := med[group_of[id(d)]][1]) is not None
+                and m >= float(d.rules["thermal"]["peers"]["min_utilization"])
+            ]
             for d in members:
-                enough = len(members) >= d.rules["thermal"]["peers"]["min_slot_nodes"] and len(refs) >= 2
+                enough = len(loaded) >= d.rules["thermal"]["peers"]["min_slot_nodes"] and len(refs) >= 2
                 effect[id(d)] = statistics.median(refs) if enough else 0.0
                 slot_known[id(d)] = enough
                 r[id(d)] = r[id(d)] - effect[id(d)]
