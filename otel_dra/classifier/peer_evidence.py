@@ -84,7 +84,7 @@ def thermal_peers(w: Window) -> ThermalPeers:
     )
     on = w.on[:, R["thermal"]]
     hold = np.where(on, p.hold_ratio, 1.0)
-    # Where its slot's effect is not known (too few nodes of its model), its residual holds it: a rear slot runs
+    # Where its slot's effect is not known (too few loaded nodes of its model), its residual holds it: a rear slot runs
     # several Cel over its node's front row at full load, so the bar is wider there.
     margin = np.where(res.slot_known, p.margin, p.unknown_slot_margin)
     bar = hold * np.fmax(margin, p.mad_k * res.sigma)

@@ -178,10 +178,10 @@ def thermal_residuals(
        rows (at least ``SLOT_MIN_REFERENCES``), where the slot is on ``min_slot_nodes`` nodes under load (their
        peers' utilization at ``min_utilization`` or more: a slot adds the heat of the GPUs upstream, which an idle
        node has not, so idle nodes alone do not make it known), taken out; then the peers' median residual, taken
-       out again (one round of median polish). A device already
-       found running hot or cool for a cause of its own (slowed, throttled, braked, a fan out) says nothing of
-       its slot's airflow: with three nodes of a model, one slowed GPU running 17 Cel under its node would
-       otherwise make its slot look cool everywhere, and the healthy GPU in that slot of another node look hot.
+       out again (one round of median polish). A device already found running hot or cool for a cause of its own
+       (slowed, throttled, braked, a fan out) says nothing of its slot's airflow: with three nodes of a model, one
+       slowed GPU running 17 Cel under its node would otherwise make its slot look cool everywhere, and the healthy
+       GPU in that slot of another node look hot.
     4. The spread: 1.4826 x the MAD of the residuals of its cohort's devices in its utilization bin (of its
        whole cohort while that bin holds fewer than ``SPREAD_MIN_DEVICES``).
     """
