@@ -101,38 +101,41 @@ class Window:
             (counts[dt] >= self.min_samples) & (sums[dt] >= 0.5 * span_s)
             for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
         ]
-        self._every: dict[str, np.ndarray] = {}  # a small fleet's reads of every feature at once (_read)
+        # Window quantities read this evaluation (_read): by (quantity, span) and feature, and for a small fleet,
+        # every feature's at once by (quantity, span).
+        self._reads: dict[tuple[tuple[str, int], int], np.ndarray] = {}
+        self._every: dict[tuple[str, int], np.ndarray] = {}
         self._rates: dict[F, RateVerdict] = {}
-        self._fractions: dict[F, np.ndarray] = {}
-        self._span_fractions: dict[tuple[int, F], np.ndarray] = {}
         self._thermal: ThermalPeers | None = None
         self._capped: CapPeers | None = None
         #: The rules' thresholds for these rows (``w.params.thermal.min_fraction``: one per row).
         self.params = self.groups.at(self.rows)
 
-    def _read(self, name: str, f: int | slice, read: Callable[[int | slice], np.ndarray]) -> np.ndarray:
-        """``read(f)``: one feature's values (a row of the feature-major sums) or, for a small fleet, every feature's
-        at once, read once per evaluation and then indexed (the same values, elementwise: an evaluation of a few
-        dozen devices pays each numpy call's fixed cost, not its work)."""
-        if self.rows.shape[0] > SMALL_WINDOW_ROWS:
-            return read(f)
-        every = self._every.get(name)
-        if every is None:
-            every = self._every[name] = read(slice(None))
-            every.flags.writeable = False  # (every caller reads its rows of it: none may write them)
-        return every[f]
+    def _read(self, name: tuple[str, int], f: int, read: Callable[[int | slice], np.ndarray]) -> np.ndarray:
+        """``read(f)``: one feature's values of a window quantity (``name``: which, and over which span), read once
+        per evaluation however many rules ask (a contiguous row of the feature-major sums); for a small fleet, every
+        feature's at once, then indexed (the same values, elementwise: an evaluation of a few dozen devices pays each
+        numpy call's fixed cost, not its work). Read-only: every caller gets the same array."""
+        got = self._reads.get((name, f))
+        if got is None:
+            if self.rows.shape[0] > SMALL_WINDOW_ROWS:
+                got = read(f)
+            else:
+                every = self._every.get(name)
+                if every is None:
+                    every = self._every[name] = read(slice(None))
+                got = every[f]
+            got.flags.writeable = False
+            self._reads[name, f] = got
+        return got
 
     def fraction(self, f: F) -> np.ndarray:
-        share = self._fractions.get(f)
-        if share is None:  # once per feature a rule reads (a contiguous row of the feature-major sums)
+        def read(f: int | slice) -> np.ndarray:
+            counts = self.counts[f]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(counts >= self.min_samples, self.sums[f] / counts, 0.0)
 
-            def read(f: int | slice) -> np.ndarray:
-                counts = self.counts[f]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    return np.where(counts >= self.min_samples, self.sums[f] / counts, 0.0)
-
-            share = self._fractions[f] = self._read("fraction", f, read)
-        return share
+        return self._read(("fraction", 0), f, read)
 
     def increase(self, f: F) -> np.ndarray:
         return self.sums[f]
@@ -142,7 +145,7 @@ class Window:
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(self.timed, self.sums[f] / self.seconds, 0.0)
 
-        return self._read("share", f, read)
+        return self._read(("share", 0), f, read)
 
     def per_minute(self, f: F) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -154,7 +157,7 @@ class Window:
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(n > 0, self.sums[f] / n, np.nan)
 
-        return self._read("mean", f, read)
+        return self._read(("mean", 0), f, read)
 
     def events_since(self, f: F, window_s: np.ndarray) -> np.ndarray:
         return self.events[f].since(self.now_s - window_s, self.rows)
@@ -166,17 +169,14 @@ class Window:
 
     def span_fraction(self, f: F, span: int) -> np.ndarray:
         """Share of the span's samples whose indicator ``f`` is 1 (0 while the span is not covered)."""
-        share = self._span_fractions.get((span, f))
-        if share is None:  # once per (span, feature) a rule reads
 
-            def read(h: int | slice) -> np.ndarray:
-                sums, counts = self.span[span][0][h], self.span[span][1][h]
-                judged = self.covered(span) & (counts >= self.min_samples)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    return np.where(judged, sums / counts, 0.0)
+        def read(h: int | slice) -> np.ndarray:
+            sums, counts = self.span[span][0][h], self.span[span][1][h]
+            judged = self.covered(span) & (counts >= self.min_samples)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(judged, sums / counts, 0.0)
 
-            share = self._span_fractions[span, f] = self._read(f"span_fraction {span}", H[f], read)
-        return share
+        return self._read(("span_fraction", span), H[f], read)
 
     def span_mean(self, f: F, span: int) -> np.ndarray:
         """A gauge's mean over the span (NaN where it has none)."""
@@ -186,7 +186,7 @@ class Window:
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(counts > 0, sums / counts, np.nan)
 
-        return self._read(f"span_mean {span}", H[f], read)
+        return self._read(("span_mean", span), H[f], read)
 
     def span_share(self, f: F, span: int) -> np.ndarray:
         """A time counter's increase over the span's time (0 while the span is not covered)."""
@@ -197,7 +197,7 @@ class Window:
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(self.covered(span) & (seconds > 0), sums[h] / seconds, 0.0)
 
-        return self._read(f"span_share {span}", H[f], read)
+        return self._read(("span_share", span), H[f], read)
 
     def span_runs(self, f: F, span: int, pick: np.ndarray, bar: float = 0.5) -> SpanRuns:
         """The shape of a time counter ``f`` over a span, for the rows ``pick`` (a mask): how many separate runs of
