@@ -44,7 +44,10 @@ class Pusher:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def add_node(self, node: str, faults: tuple[Fault, ...] = (), shared: bool = False) -> None:
-        config = SimulatorConfig(node, devices=2, faults=faults, seed=len(self.sources), start_unix_nano=time.time_ns())
+        # Fault times count from the node's first push, not from now: a device's first sample is a baseline
+        # (the contract, section 2), so an error pushed in it would be history, not news. (From now, a push
+        # loop slowed by a busy machine made a memory_ecc fault at 1 s part of n2's first sample.)
+        config = SimulatorConfig(node, devices=2, faults=faults, seed=len(self.sources))
         with self._lock:
             self.sources[node] = SimulatedSource(config, Schema())
             if shared:
