@@ -180,7 +180,10 @@ def _power_throttling(s: _Said) -> None:
     s.say(s.fraction(F.POWER_PINNED), f"power at its cap in {s.fraction(F.POWER_PINNED):.0%} of samples")
     limit, usual = capped.limit[i], capped.limit_median[i]
     if not np.isnan(limit) and not np.isnan(usual) and limit < usual:
-        s.items.append(f"power limit {limit:.0f} W, its cohort's {usual:.0f} W")
+        if capped.limit_seen[i]:
+            s.items.append(f"capped at {limit:.0f} W, its node's devices of its model {usual:.0f} W (no limit series)")
+        else:
+            s.items.append(f"power limit {limit:.0f} W, its cohort's {usual:.0f} W")
 
 
 def _memory_pressure(s: _Said) -> None:

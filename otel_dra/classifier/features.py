@@ -66,7 +66,9 @@ class F(IntEnum):
     # job's crash (the classifier moves them here from DRIVER_APPLICATION / OUT_OF_MEMORY, see workload.py).
     WORKLOAD_APPLICATION = 28
     WORKLOAD_OOM = 29
-    POWER_LIMIT = 30  # the device's power cap (hw.power.limit{max}), W
+    # The device's power cap (hw.power.limit{max}), W; where it reports none, the power it drew in a sample capped
+    # for the policy's capped_share of its interval (NaN in other samples).
+    POWER_LIMIT = 30
     BUSY = 31  # 1: utilization at or above the policy's busy_utilization (its demand may reach the cap)
     RESTARTS = 32  # counter series that went down this sample: they started over (a reset, a driver or agent restart)
 
@@ -138,6 +140,7 @@ class DeviceParams:
     fan_min_ratio: np.ndarray
     warm: np.ndarray
     pinned_ratio: np.ndarray
+    capped_share: np.ndarray  # a sample's share of its interval at the power cap that shows the cap in its power
     mem_full: np.ndarray
     gen_min_util: np.ndarray
     busy_util: np.ndarray
@@ -451,9 +454,12 @@ class FeatureExtractor:
             out[:, F.VOLT_BAD] = _indicator(bad, known)
         power = _reduce(values, plan.power, np.fmax)
         cap = _reduce(values, plan.power_limit, np.fmin)
-        out[:, F.POWER_LIMIT] = cap
         with np.errstate(invalid="ignore"):
             out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
+            # No limit reported: a sample at the power cap for most of its interval draws the limit it is held to.
+            dt = out[:, F.DT]
+            capped = (out[:, F.THROTTLE_POWER] >= p.capped_share * dt) & (dt > 0)
+        out[:, F.POWER_LIMIT] = np.where(np.isnan(cap), np.where(capped, power, np.nan), cap)
         mem = _reduce(values, plan.mem_util, np.fmax)
         with np.errstate(invalid="ignore", divide="ignore"):
             usage = _reduce(values, plan.mem_usage, np.fmax) / _reduce(values, plan.mem_limit, np.fmax)

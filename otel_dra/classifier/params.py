@@ -197,6 +197,7 @@ class PolicyGroups:
             fan_min_ratio=at(cooling.min_ratio),
             warm=at(cooling.warm),
             pinned_ratio=at(throttling.pinned_ratio),
+            capped_share=at(throttling.capped_share),
             mem_full=at(p.memory_pressure.utilization),
             gen_min_util=at(link.generation_min_utilization),
             busy_util=at(throttling.busy_utilization),

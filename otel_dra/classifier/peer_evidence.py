@@ -51,8 +51,9 @@ class CapPeers:
     references: list[np.ndarray]  # the peer_quantile of its peers' shares, itself left out (NaN: too few)
     node_medians: list[np.ndarray]  # the median share of its node's devices of its cohort (NaN: too few)
     util: np.ndarray  # the window's mean utilization
-    limit: np.ndarray  # its power limit over the window, W
-    limit_median: np.ndarray  # its cohort's median power limit (NaN: too few devices report one)
+    limit: np.ndarray  # its power limit over the window, W (reported, or seen: the power it drew while capped)
+    limit_median: np.ndarray  # its cohort's median reported limit; a seen one's, its node's devices' of its cohort
+    limit_seen: np.ndarray  # whether its limit is seen, not reported (no limit series)
 
 
 def thermal_peers(w: Window) -> ThermalPeers:
@@ -191,8 +192,24 @@ def cap_peers(w: Window) -> CapPeers:
     reference[eligible[up_ok]] = up[at[up_ok]]
     references = list(reference.reshape(n_spans, n))
     node_medians = list(at_node.reshape(n_spans, n))
+    # A reported limit against its cohort's; a seen one (no limit series: POWER_PINNED is judged only against one),
+    # from enough capped samples, against its node's devices' of its cohort: the same job holds them at their caps.
+    # Capped samples read low in a job's communication phases, so a seen limit under the bar by its mean is the
+    # highest power it drew while capped: a lowered limit bounds every sample, a healthy GPU reaches its cap.
     limit = w.mean(F.POWER_LIMIT)
-    known = w.fresh & ~np.isnan(limit)
-    limit_median, size = grouped_median(limit[known], cohort[known], len(g.cohort_names))
-    limit_median = np.where(size[cohort] >= least, limit_median[cohort], np.nan)
-    return CapPeers(shares, references, node_medians, utils[0], limit, limit_median)
+    seen = w.counts[F.POWER_PINNED] == 0
+    known = w.fresh & ~np.isnan(limit) & (~seen | (w.counts[F.POWER_LIMIT] >= w.min_samples))
+    reported = np.flatnonzero(known & ~seen)
+    by_cohort, size = grouped_median(limit[reported], cohort[reported], len(g.cohort_names))
+    limit_median = np.where(size[cohort] >= least, by_cohort[cohort], np.nan)
+    observed = np.flatnonzero(known & seen)
+    host, n_hosts = dense(cohort[observed], w.nodes[observed])
+    by_node, size = grouped_median(limit[observed], host, n_hosts)
+    limit_median[observed] = np.where(size[host] >= least[observed], by_node[host], np.nan)
+    limit = np.where(seen & ~known, np.nan, limit)
+    ratio = w.params.power_throttling.limit_ratio
+    with np.errstate(invalid="ignore"):
+        low = np.flatnonzero(seen & (limit < ratio * limit_median))
+    if low.size:
+        limit[low] = np.nanmax(w.store.samples(rows[low], F.POWER_LIMIT), axis=0)
+    return CapPeers(shares, references, node_medians, utils[0], limit, limit_median, seen)

@@ -147,6 +147,7 @@ class PowerThrottlingParams:
     busy_utilization: np.ndarray = number()
     load_coupling: np.ndarray = number()
     limit_ratio: np.ndarray = number()
+    capped_share: np.ndarray = number()
 
 
 @dataclass(frozen=True)

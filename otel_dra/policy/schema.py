@@ -132,6 +132,7 @@ RULES = struct(
                 "busy_utilization": FRACTION,
                 "load_coupling": FRACTION,
                 "limit_ratio": FRACTION,
+                "capped_share": FRACTION,
                 "remediation": LADDER,
             }
         ),

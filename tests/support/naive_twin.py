@@ -567,7 +567,11 @@ class NaiveClassifier:
 
         g = {name: [values[c] for c in cs] for name, cs in cols.gauges.items()}
         power, cap = _max(g["power"]), _min(g["power_limit"])
-        s["power_limit"] = cap
+        # No limit reported: the power drawn in a sample at the cap for ``capped_share`` of its interval or more.
+        throttle, dt = s["throttle_power"], s["dt"]
+        capped_share = float(rules["power_throttling"]["capped_share"])
+        capped = throttle is not None and dt is not None and dt > 0 and throttle >= capped_share * dt
+        s["power_limit"] = cap if cap is not None else (power if capped else None)
         pinned_ratio = float(rules["power_throttling"]["pinned_ratio"])
         s["power_pinned"] = _flag(
             power is not None and cap is not None and power >= pinned_ratio * cap, power is not None and cap is not None
@@ -692,18 +696,35 @@ class NaiveClassifier:
 
         thermal = self._thermal_peers(devices, stats, fresh)
         capped = self._cap_peers(devices, stats, fresh)
-        # Each device's power limit over its window, and its cohort's median (from ``min_peers`` devices).
+        # Each device's power limit over its window, and the median of its cohort's reported ones (from
+        # ``min_peers`` devices); a device that reports none: the power it drew while capped (from ``min_samples``
+        # such samples), against its node's devices' of its cohort, and under the bar by its mean, its highest.
         limits = {id(d): stats[id(d)].mean("power_limit") for d in devices}
+        seen = {id(d): not stats[id(d)].known("power_pinned") for d in devices}
         by_cohort: dict[tuple[str, ...], list[float]] = {}
+        by_node: dict[tuple[str, tuple[str, ...]], list[float]] = {}
         for d in devices:
-            value = limits[id(d)]
-            if fresh[id(d)] and value is not None:
+            value, st_ = limits[id(d)], stats[id(d)]
+            if not fresh[id(d)] or value is None:
+                continue
+            if not seen[id(d)]:
                 by_cohort.setdefault(d.cohort, []).append(value)
+            elif len(st_.known("power_limit")) >= st_.min_samples:
+                by_node.setdefault((d.node, d.cohort), []).append(value)
         cap_limits = {}
         for d in devices:
-            pool = by_cohort.get(d.cohort, [])
-            enough = len(pool) >= d.rules["power_throttling"]["min_peers"]
-            cap_limits[id(d)] = (limits[id(d)], statistics.median(pool) if enough else None)
+            least = d.rules["power_throttling"]["min_peers"]
+            limit, st_ = limits[id(d)], stats[id(d)]
+            enough = len(st_.known("power_limit")) >= st_.min_samples
+            if seen[id(d)] and not (fresh[id(d)] and limit is not None and enough):
+                cap_limits[id(d)] = (None, None)
+                continue
+            pool = by_node.get((d.node, d.cohort), []) if seen[id(d)] else by_cohort.get(d.cohort, [])
+            median = statistics.median(pool) if len(pool) >= least else None
+            ratio = float(d.rules["power_throttling"]["limit_ratio"])
+            if seen[id(d)] and limit is not None and median is not None and limit < ratio * median:
+                limit = max(st_.known("power_limit"))
+            cap_limits[id(d)] = (limit, median)
         evidence: dict[int, dict[str, list[Any]]] = {}
         for dev in devices:
             is_fresh, is_node_fresh = fresh[id(dev)], node_fresh[id(dev)]

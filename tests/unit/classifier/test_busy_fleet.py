@@ -65,6 +65,10 @@ class Busy:
     slot_scale: float = 1.0
     slot_by_power: bool = False
     report_util: bool = True  # False: no utilization series (an exporter without it)
+    report_limit: bool = True  # False: no power limit series (dcgm-exporter's default counters leave it out)
+    #: The share of samples whose power is read in a communication phase, 75-85% of the limit, while the interval's
+    #: capped time stays (a sample's power is read at one moment, its capped time over the interval).
+    dips: float = 0.0
     schema: Schema = field(default_factory=Schema)
     verdicts: dict[tuple[str, str], list[Verdict]] = field(default_factory=dict)
 
@@ -105,6 +109,7 @@ class Busy:
         n, rng, iv = self.nodes * GPUS, self.rng, self.interval
         util = np.where(self.idle, 0.02, np.clip(self.util + rng.normal(0, 0.01, n), 0, 1))
         power = np.where(self.brake, 350.0, self.limits - rng.uniform(0, 3, n))
+        power = np.where(rng.random(n) < self.dips, self.limits * rng.uniform(0.75, 0.85, n), power)
         power = np.where(self.idle, 60.0 + rng.uniform(0, 3, n), power)
         slots = self.slot_scale * np.tile(SLOT_OFFSET, self.nodes) * (power / self.limits if self.slot_by_power else 1)
         temp = self.ambient + slots + 0.066 * power * self.resist + self.extra_heat
@@ -121,7 +126,7 @@ class Busy:
         values[:, c["util"]] = util if self.report_util else np.nan
         values[:, c["mem"]] = np.clip(0.97 + rng.normal(0, 0.005, n), 0, 0.999)
         values[:, c["power"]] = power
-        values[:, c["cap"]] = self.limits
+        values[:, c["cap"]] = self.limits if self.report_limit else np.nan
         for key, counts in self.counters.items():
             values[:, c[key]] = counts
         now = (T0 + t) * S
@@ -421,6 +426,34 @@ def test_a_lowered_power_limit_is_power_throttling():
     hits = fleet.episodes(None)
     assert {key for key, _ in hits} == {("train-002", "gpu-4")}
     assert hits[0][1].reasons == ("power_throttling",)
+
+
+@pytest.mark.parametrize("seed", [13, 14])
+def test_a_lowered_power_limit_no_series_reports_is_seen_in_the_power_drawn_at_the_cap(seed: int):
+    """No power limit series: a GPU held to 450 W sits at its cap as often as its node's job holds its peers at 700 W;
+    the power it draws while capped says its limit. Its peers' capped samples that read low (communication phases)
+    are not a lowered limit: every GPU reaches its own cap now and then."""
+    fleet = Busy(seed=seed, report_limit=False, dips=0.3)
+    low = fleet.row(2, 4)
+    limits = np.full(3 * GPUS, 700.0)
+
+    def lower(t: int, f: Busy) -> None:
+        limits[low] = 450.0 if t >= 1200 else 700.0
+        f.limits = limits
+        f.cap_share[low] = 0.95 if t >= 1200 else f.cap_share[low - 1]
+
+    fleet.run(2400, lower)
+    hits = fleet.episodes(None)
+    assert {key for key, _ in hits} == {("train-002", "gpu-4")}
+    first = hits[0][1]
+    assert first.reasons == ("power_throttling",) and "(no limit series)" in first.message
+    assert first.time_unix_nano <= (T0 + 1200 + 600) * S  # within 10 minutes of the change
+
+
+def test_gpus_whose_capped_samples_read_low_now_and_then_are_not_a_lowered_limit():
+    fleet = Busy(seed=15, report_limit=False, dips=0.5)
+    fleet.run(3600)
+    assert fleet.episodes(None) == []
 
 
 def test_a_crash_whose_events_straddle_two_samples_is_still_the_jobs():

@@ -867,3 +867,28 @@ def test_cap_time_is_compared_at_the_load_of_its_own_span(tmp_path: Path) -> Non
     assert {key: value[1] for key, value in pair.current().items()} == dict.fromkeys(
         [(n, f"gpu-{g}") for n in "ab" for g in range(3)], "ok"
     )
+
+
+def test_a_limit_no_series_reports_is_seen_in_the_power_drawn_at_the_cap(
+    policies: dict[str, policy_mod.Policy],
+) -> None:
+    """No power.limit series: gpu-3 sits at its cap all the time at 450 W while the job holds its node's others at
+    700 W (read at 560 W in every third sample, a communication phase); its peers' capped samples that read low are not
+    a lowered limit (their highest is their cap). Both classifiers say the same at every tick."""
+    pair = Pair(policy_mod.load())
+    for tick in range(14):
+        frame = {
+            f"gpu-{g}": {
+                "util": 0.95,
+                "power": 450.0 if g == 3 else (560.0 if (tick + g) % 3 == 0 else 699.0),
+                "throttle.power_cap": (10.0 if g == 3 else 7.0) * tick,
+            }
+            for g in range(4)
+        }
+        pair.feed(tick, "a", frame)
+        pair.evaluate(tick)
+    states = {key: value[1:3] for key, value in pair.current().items()}
+    assert states == {
+        **{("a", f"gpu-{g}"): ("ok", ()) for g in range(3)},
+        ("a", "gpu-3"): ("degraded", ("power_throttling",)),
+    }
