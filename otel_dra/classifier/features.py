@@ -456,7 +456,8 @@ class FeatureExtractor:
         cap = _reduce(values, plan.power_limit, np.fmin)
         with np.errstate(invalid="ignore"):
             out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
-            # No limit reported: a sample at the power cap for most of its interval draws the limit it is held to.
+            # No limit reported: a sample at the power cap for capped_share of its interval or more reached the limit
+            # it is held to, and its power (read at one moment) is at most that limit.
             dt = out[:, F.DT]
             capped = (out[:, F.THROTTLE_POWER] >= p.capped_share * dt) & (dt > 0)
         out[:, F.POWER_LIMIT] = np.where(np.isnan(cap), np.where(capped, power, np.nan), cap)

@@ -3,6 +3,8 @@ classes worked out per group give what a look-up per row did (:class:`~otel_dra.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,9 +31,11 @@ def test_nan_to_num_other_dtypes_go_to_numpy() -> None:
 
 
 def _params(groups: list[int], driver: DriverClasses) -> DeviceParams:
-    n = len(groups)
-    one = np.ones(n)
-    return DeviceParams(*([one] * 11), groups=np.asarray(groups, dtype=np.intp), driver=driver)  # type: ignore[arg-type]
+    one = np.ones(len(groups))
+    thresholds = {
+        f.name: one for f in fields(DeviceParams) if f.name not in ("groups", "driver", "per_lane_rate", "_driver")
+    }
+    return DeviceParams(**thresholds, groups=np.asarray(groups, dtype=np.intp), driver=driver)  # type: ignore[arg-type]
 
 
 def test_driver_features_per_row_follow_each_groups_table() -> None:
