@@ -869,9 +869,7 @@ def test_cap_time_is_compared_at_the_load_of_its_own_span(tmp_path: Path) -> Non
     )
 
 
-def test_a_limit_no_series_reports_is_seen_in_the_power_drawn_at_the_cap(
-    policies: dict[str, policy_mod.Policy],
-) -> None:
+def test_a_limit_no_series_reports_is_seen_in_the_power_drawn_at_the_cap() -> None:
     """No power.limit series: gpu-3 sits at its cap all the time at 450 W while the job holds its node's others at
     700 W (read at 560 W in every third sample, a communication phase); its peers' capped samples that read low are not
     a lowered limit (their highest is their cap). Both classifiers say the same at every tick."""
