@@ -203,9 +203,10 @@ def cap_peers(w: Window) -> CapPeers:
     by_cohort, size = grouped_median(limit[reported], cohort[reported], len(g.cohort_names))
     limit_median = np.where(size[cohort] >= least, by_cohort[cohort], np.nan)
     observed = np.flatnonzero(known & seen)
-    host, n_hosts = dense(cohort[observed], w.nodes[observed])
-    by_node, size = grouped_median(limit[observed], host, n_hosts)
-    limit_median[observed] = np.where(size[host] >= least[observed], by_node[host], np.nan)
+    if observed.size:  # (none where every device reports its limit: no grouping an evaluation for nothing)
+        host, n_hosts = dense(cohort[observed], w.nodes[observed])
+        by_node, size = grouped_median(limit[observed], host, n_hosts)
+        limit_median[observed] = np.where(size[host] >= least[observed], by_node[host], np.nan)
     limit = np.where(seen & ~known, np.nan, limit)
     ratio = w.params.power_throttling.limit_ratio
     with np.errstate(invalid="ignore"):
