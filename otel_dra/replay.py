@@ -13,6 +13,7 @@ when a plot asks for it.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from contextlib import closing
@@ -96,30 +97,32 @@ class TraceClock:
 
     def __init__(self) -> None:
         self._index: dict[str, int] = {}
-        self._offset = np.zeros(0)  # seconds each node's clock is ahead of this one
-        self._latest = np.zeros(0)  # each node's newest stamp, offset taken out (never goes down)
-        self._front = -np.inf  # the newest any node has said: _latest's max, kept as it moves
+        # Per node, as Python floats (a line's few frames are noted one by one: numpy's scalars would cost more).
+        self._offset: list[float] = []  # seconds each node's clock is ahead of this one
+        self._latest: list[float] = []  # each node's newest stamp, offset taken out (never goes down)
+        self._front = -math.inf  # the newest any node has said: _latest's max, kept as it moves
         self.now_ns = 0
 
     def heard(self, frames: list[Frame]) -> int:
         """Note the frames of one line; returns the clock (unix ns) after them."""
+        offset, latest = self._offset, self._latest
         for frame in frames:
             stamp = frame.time_unix_nano / 1e9
             i = self._index.get(frame.devices.node)
             if i is None:
                 i = self._index[frame.devices.node] = len(self._index)
-                self._offset = np.append(self._offset, stamp - self.now_ns / 1e9 if self.now_ns else 0.0)
-                self._latest = np.append(self._latest, -np.inf)
-            corrected = stamp - self._offset[i]
+                offset.append(stamp - self.now_ns / 1e9 if self.now_ns else 0.0)
+                latest.append(-math.inf)
+            corrected = stamp - offset[i]
             front = self._front  # the newest any node has said (the clock may lag it)
-            if np.isfinite(front) and abs(corrected - front) > CLOCK_JUMP_S:  # this node's clock was stepped
-                self._offset[i] = stamp - front
-                self._latest[i] = corrected = front
-            newest = self._latest[i] = max(self._latest[i], corrected)
-            self._front = max(front, float(newest))
+            if math.isfinite(front) and abs(corrected - front) > CLOCK_JUMP_S:  # this node's clock was stepped
+                offset[i] = stamp - front
+                latest[i] = corrected = front
+            newest = latest[i] = max(latest[i], corrected)
+            self._front = max(front, newest)
         if frames:
-            latest = self._latest
-            recent = latest[latest >= self._front - CLOCK_QUORUM_S]
+            stamps = np.asarray(latest)
+            recent = stamps[stamps >= self._front - CLOCK_QUORUM_S]
             k = int(CLOCK_QUANTILE * (recent.size - 1))  # one partition, not a sort
             self.now_ns = max(self.now_ns, round(float(np.partition(recent, k)[k]) * 1e9))
         return self.now_ns

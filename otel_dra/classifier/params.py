@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -24,6 +24,8 @@ from otel_dra.policy import Policy
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
 _SEGMENT = re.compile(r"[.\-_]")
+#: Arrays of groups whose sample-stage thresholds are kept (:meth:`PolicyGroups.device_params`).
+MAX_KEPT_PARAMS: Final = 256
 
 
 def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
@@ -80,8 +82,8 @@ class PolicyGroups:
         self._slot_for(0, "")
         #: The last :meth:`at`: (the thresholds it read, its rows, their groups, what it gave).
         self._row_params: tuple[RuleParams, np.ndarray, np.ndarray, RowParams] | None = None
-        #: The last :meth:`device_params`: (the thresholds it read, the rows' groups, what it gave).
-        self._device_params: tuple[RuleParams, np.ndarray, DeviceParams] | None = None
+        #: What :meth:`device_params` gave, by the rows' groups (their bytes), for the thresholds it read.
+        self._device_params: tuple[RuleParams, dict[bytes, DeviceParams]] | None = None
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.group = grown_rows(self.group, capacity, keep=keep)
@@ -177,12 +179,16 @@ class PolicyGroups:
 
     def device_params(self, rows: np.ndarray) -> DeviceParams:
         """What the sample stage needs for these rows (only its thresholds read: a batch is often a node's). Kept
-        while the rows' groups and the compiled thresholds stay the same (a replay's batches are the fleet's,
-        batch after batch), read-only."""
+        by the rows' groups while the compiled thresholds stay the same (batches of a fleet of few groups are
+        few arrays of groups, whatever their rows), read-only."""
         group = self.group[rows]
         kept = self._device_params
-        if kept is not None and kept[0] is self.params and np.array_equal(kept[1], group):
-            return kept[2]
+        if kept is None or kept[0] is not self.params:
+            kept = self._device_params = (self.params, {})
+        key = group.tobytes()
+        found = kept[1].get(key)
+        if found is not None:
+            return found
         shape = np.shape(rows)
 
         def at(values: np.ndarray) -> np.ndarray:
@@ -210,7 +216,9 @@ class PolicyGroups:
         for values in vars(out).values():
             if isinstance(values, np.ndarray):
                 values.flags.writeable = False
-        self._device_params = (self.params, group, out)
+        if len(kept[1]) >= MAX_KEPT_PARAMS:
+            kept[1].clear()
+        kept[1][key] = out
         return out
 
     def ladders(self) -> np.ndarray:

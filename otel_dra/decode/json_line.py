@@ -10,6 +10,7 @@ from typing import Any, Final
 from otel_dra.decode.caps import Tally
 from otel_dra.decode.checks import unknown_problem
 from otel_dra.decode.json_shapes import Shape
+from otel_dra.decode.json_templates import Template
 from otel_dra.decode.json_values import attrs_of_list
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.result import MAX_PROBLEMS_PER_REQUEST, ClockJump, DecodeError, DecodeResult
@@ -86,6 +87,7 @@ class Line:
     # template of the line is made of (json_templates).
     spans: list[tuple[int, bool, int]] = field(default_factory=list)
     resource: int = 0  # the resource being read
+    template: Template | None = None  # the template it was read off, if it was
 
     def attrs_at(self, raw: Any) -> dict[str, str] | str:
         """The attributes of a resource or point: from its list's position in a tokenized line (read once

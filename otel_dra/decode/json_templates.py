@@ -1,11 +1,10 @@
 """The JSON decoder's templates: a line already read, by everything in it but its points' times and values, so that
 a node's next line like it (the same series in the same order: only the times and values moved) is read off the
-template, with no parse and no walk: one regex split of the tokenized line
-(:func:`~otel_dra.decode.json_shapes.tokenize`) gives its points' time and value texts, and the pieces between them,
-whose digest must be the template's. A point's fields are read in the orders writers put them: ``timeUnixNano``
-then ``asInt``/``asDouble`` (protobuf's field order, which the Collector's file exporter keeps), with
-``startTimeUnixNano`` before them or between (a time the decoder does not read; between, it is left out of the
-digest). A line whose points' fields come in another order is walked.
+template, with no tokenizing, no parse and no walk: one regex split of the line gives its points' time and value
+texts, and the pieces between them (its attribute lists among them), whose digest must be the template's. A point's
+fields are read in the orders writers put them: ``timeUnixNano`` then ``asInt``/``asDouble`` (protobuf's field order,
+which the Collector's file exporter keeps), with ``startTimeUnixNano`` before them or between (a time the decoder
+does not read; between, it is left out of the digest). A line whose points' fields come in another order is walked.
 
 Sound because the pieces between the texts are the template's exact bytes, and the texts are a JSON number, or a
 string of digits where the template had one: the line is then valid JSON whenever the template's was, with the same
@@ -14,7 +13,9 @@ same entries, and read them as the template's walk did (the fast path). What the
 decoder alike: each node admitted, and the first point of each (node, time) checked as the walk's slow path checks
 it. Anything the walk would say something about (a value not finite, a negative counter, a time out of range or past
 the receiver's bound, a device refused) sends the line down the walk, which says it. A template is made only of a
-line whose walk found nothing to say: every point taken, none skipped or set aside.
+line whose walk found nothing to say: every point taken, none skipped or set aside, and each time and value the split
+found the walk's point's, in the walk's order (no text that only looks like a point's fields, in a key of an
+attribute list or beside a point, is taken for one).
 
 A value reads as the walk reads it, whichever of ``asInt`` and ``asDouble`` holds it: an ``asInt`` string's text by
 ``float``; an ``asDouble`` number's text by ``float`` too, which is the parser's value (both round correctly), but
@@ -24,11 +25,14 @@ for ``-0``, which the parser reads as the integer 0.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import xxhash
+
+if TYPE_CHECKING:
+    from otel_dra.decode.json_shapes import FrameTable
 
 #: A point's time and value: its time's digits (group 1), then (past a start time, whose digits are not kept) an
 #: ``asInt`` string's digits (2) or an ``asDouble`` number (3, JSON's grammar for one).
@@ -41,6 +45,22 @@ MAX_TEMPLATES_PER_SHAPE: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
+class Layout:
+    """What a frame's entries alone decide (the lines of one template share it: only their values and times
+    move): the entries (intp, in the line's order), how many carry attributes not read, their series' keys in the
+    node's floors, the frame's table, a digest of the entries, each point's cell in the frame's matrix, and the
+    points kept where a later one names the same cell (None: all)."""
+
+    entries: np.ndarray
+    stray: int
+    keys: np.ndarray
+    found: FrameTable
+    mark: bytes
+    flat: np.ndarray
+    keep: np.ndarray | None
+
+
+@dataclass(frozen=True, slots=True)
 class Template:
     """What a line's walk read, point by point in the line's order: each point's entry, whether its metric is a
     counter, and its resource's node (an index into ``nodes``)."""
@@ -50,6 +70,8 @@ class Template:
     node: np.ndarray  # int16: the index of the point's node in ``nodes``
     nodes: tuple[str, ...]  # each resource's node, in the line's order
     single: bool  # one resource (a node's own export): every point is ``nodes[0]``'s
+    #: Its lines' frame layout by the schema's width (the decoder's memo: the same for every line of it).
+    layouts: dict[int, Layout] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

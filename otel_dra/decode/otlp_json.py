@@ -14,7 +14,7 @@ in the same order (its *shape*, one digest of them all), so the walk reads each 
 (device, column) entry off the shape by position; a line of a new shape reads each list once
 and becomes a shape. A line whose walk took every point becomes a *template* of its shape
 (:mod:`~otel_dra.decode.json_templates`): a next line that differs from it only in its points'
-times and values is read off it, its numbers split out by one more regex, nothing parsed.
+times and values is read off it, its numbers split out by one regex, nothing tokenized or parsed.
 Nothing is kept per attribute list but numbers: no text, no dict per series (what a device
 costs in a replay: a few hundred bytes, not a copy of its lists). Each frame's matrix is
 filled with one numpy scatter. Anything unusual about a line (a
@@ -56,7 +56,13 @@ from otel_dra.decode.json_shapes import (
     Shapes,
     tokenize,
 )
-from otel_dra.decode.json_templates import MAX_TEMPLATES_PER_SHAPE, Points, Template, make_template, points_of
+from otel_dra.decode.json_templates import (
+    Layout,
+    Points,
+    Template,
+    make_template,
+    points_of,
+)
 from otel_dra.decode.json_values import (
     DELTA,
     KINDS,
@@ -75,6 +81,9 @@ from otel_dra.frame import Frame, Schema
 #: Devices and descriptive attribute sets indexed before everything is dropped and relearned (bounds memory on
 #: garbage: the series index, the entries, the shapes and the time floors that refer to them).
 MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
+#: Lines in a row read off no template after which a line is split for one only one in PROBE_EVERY times.
+MISSES_BEFORE_PROBING: Final = 8
+PROBE_EVERY: Final = 16
 #: Entries (a (metric, attribute list) each, 11 bytes) kept before they and the shapes naming them are dropped
 #: and relearned (a cache only: lines of new shapes make new entries).
 MAX_ENTRIES: Final = 4_000_000
@@ -121,6 +130,7 @@ class OtlpJsonDecoder(DecoderCore):
         self._texts: list[bytes] | None = None  # the line being decoded: its attribute lists (_tokenize) ...
         self._shape: Shape | None = None  # ... and its shape, when one was read before
         self._items: list[Any] | None = None  # ... or, without one, its lists parsed
+        self._missed = 0  # lines in a row not read off a template
         self._reset_caches()
 
     def _reset_caches(self) -> None:
@@ -186,18 +196,35 @@ class OtlpJsonDecoder(DecoderCore):
         log = LineLog(lineno)
         line = Line(log, [], [], [], [], [], {}, {}, {}, Tally())
         raw = _utf8(text)
+        # A line like one read before (a template: the same bytes but its points' times and values) is read off it:
+        # one split of the line, nothing tokenized, nothing parsed.
+        points = points_of(raw) if raw is not None and self.templates and self._probe() else None
+        template = None if points is None else self._shapes.template(points.key, self._floors.generation)
+        tried = template
+        if points is not None and template is not None and self._templated(points, template, line):
+            self._missed = 0
+            self.lines_templated += 1
+            return self._result(line)
+        self._missed += 1
         reduced = None if raw is None else self._tokenize(raw)
         shape = self._shape if reduced is not None else None
         if shape is not None and not Shapes.valid(shape, self._floors.generation):
             shape = None
-        # A line like one read before (its shape's template): its points read off it, nothing parsed.
-        points, template = None, None
-        if shape is not None and shape.templates and reduced is not None:
-            points = points_of(reduced)
+        # Its shape's template, where the split was not tried (or its key no longer indexed).
+        if tried is None and shape is not None and shape.templates and raw is not None and self.templates:
+            points = points or points_of(raw)
             template = None if points is None else shape.templates.get(points.key)
-        if points is not None and template is not None and self._templated(points, template, line):
+        if (
+            template is not None
+            and template is not tried
+            and points is not None
+            and self._templated(points, template, line)
+        ):
             self._texts, self._shape, self._items = None, None, None
+            self._missed = 0
             self.lines_templated += 1
+            assert shape is not None  # (the template is its)
+            self._shapes.keep_template(shape, points.key, template)
         else:
             doc, tokenized, problem = self._parse(text, raw, reduced)
             if tokenized:
@@ -220,9 +247,22 @@ class OtlpJsonDecoder(DecoderCore):
                 self.lines_skipped += 1
                 error = DecodeError(lineno, one_line(f"{problem}; line skipped"))
                 return DecodeResult([], errors=(error,), invalid=error.message)
-            read = line.shape if line.learned is None else self._shapes.learn(line, nodes, self._floors.generation)
-            if read is not None and reduced is not None and self.templates:
-                self._learn_template(reduced, read, line, nodes, points)
+            if line.learned is not None:
+                self._shapes.learn(line, nodes, self._floors.generation)
+            elif line.shape is not None and raw is not None and reduced is not None and self.templates:
+                # A template of a shape read before (a node's second line like it): a line of a shape never seen
+                # again (a Collector's batch of changing nodes) costs no split for a template never used.
+                self._learn_template(raw, line.shape, line, nodes, points)
+        return self._result(line)
+
+    def _probe(self) -> bool:
+        """Whether to split this line for a template: always while lines find theirs; past MISSES_BEFORE_PROBING
+        lines in a row that did not, one line in PROBE_EVERY (a stream whose lines repeat none, such as a
+        Collector's batches of changing nodes, does not pay for a split a line)."""
+        return self._missed < MISSES_BEFORE_PROBING or self._missed % PROBE_EVERY == 0
+
+    def _result(self, line: Line) -> DecodeResult:
+        """The line read: its frames, and the decoder's counts moved on."""
         frames = self._frames(line)  # (first: it judges time order per series, as arrays)
         self._advance_series()
         self.points += line.points
@@ -301,29 +341,35 @@ class OtlpJsonDecoder(DecoderCore):
         else:
             slots = [slot_for[key] for key in zip(template.node.tolist(), times, strict=True)]
         line.entries, line.slots, line.values = template.entries, slots, v  # type: ignore[assignment]
+        line.template = template
         line.points = len(values)
         return True
 
-    def _learn_template(
-        self, reduced: bytes, shape: Shape, line: Line, nodes: list[str], points: Points | None
-    ) -> None:
+    def _learn_template(self, raw: bytes, shape: Shape, line: Line, nodes: list[str], points: Points | None) -> None:
         """Keep the template of a line read through its shape whose walk took every point, saying nothing. A shape
-        whose line's points the split does not find (their fields in another order, an exemplar's time) is marked:
-        its lines are not split again."""
+        whose line's points the split does not find as the walk read them (their fields in another order, an
+        exemplar's time) is marked: its lines are not split again."""
         if shape.templates is None:
             return
         if line.skipped or line.ignored or line.unknown or line.log.errors() or len(line.entries) != line.points:
             return
-        points = points or points_of(reduced)
+        points = points or points_of(raw)
         if points is None or points.key in shape.templates:
             return
+        values = points.values()
+        if values is None:  # (a -0 the walk read as the parser's 0: a next line may have none)
+            return
         template = make_template(points, line.entries, line.spans, nodes)
-        if template is None:
+        # Each time and value the split found is the walk's point's, in its order: the split's texts are the points.
+        slot_time = line.slot_time
+        if (
+            template is None
+            or values != line.values
+            or list(map(int, points.times)) != [slot_time[s] for s in line.slots]
+        ):
             shape.templates = None
             return
-        while len(shape.templates) >= MAX_TEMPLATES_PER_SHAPE:
-            del shape.templates[next(iter(shape.templates))]
-        shape.templates[points.key] = template
+        self._shapes.keep_template(shape, points.key, template)
 
     def _walk(self, doc: Any, line: Line, nodes: list[str]) -> str | None:
         """Read the request into ``line`` (its nodes into ``nodes``); a string says why the whole line is
@@ -560,12 +606,23 @@ class OtlpJsonDecoder(DecoderCore):
         if not len(line.values):
             return []
         known = self._entries
-        entry_dev, entry_col = known.dev, known.col
-        entries = np.asarray(line.entries, np.intp)
-        line.stray = int(np.count_nonzero(known.stray[entries]))
-        values = np.asarray(line.values, np.float64)
-        slots = np.asarray(line.slots, np.intp) if len(line.slot_time) > 1 else None
         ncols = len(self.schema)
+        single = len(line.slot_time) == 1
+        template = line.template if single else None
+        # A template's lines differ only in their values and times: what their entries decide is worked out once.
+        layout = None if template is None else template.layouts.get(ncols)
+        if layout is None:
+            entries = np.asarray(line.entries, np.intp)
+            if single:
+                layout = self._layout(line.slot_node[0], entries, ncols)
+                if template is not None:
+                    template.layouts.clear()  # (one schema width at a time: it only grows)
+                    template.layouts[ncols] = layout
+        else:
+            entries = layout.entries
+        line.stray = layout.stray if layout is not None else int(np.count_nonzero(known.stray[entries]))
+        values = np.asarray(line.values, np.float64)
+        slots = None if single else np.asarray(line.slots, np.intp)
         frames: list[Frame] = []
         for s in sorted(range(len(line.slot_time)), key=line.slot_time.__getitem__):
             if slots is None:
@@ -576,21 +633,20 @@ class OtlpJsonDecoder(DecoderCore):
                     continue
                 e, v = entries[mask], values[mask]
             node, t = line.slot_node[s], line.slot_time[s]
-            keys = series_keys(entry_dev[e], entry_col[e])
+            lay = layout if slots is None and layout is not None else self._layout(node, e, ncols)
+            keys = lay.keys
             times = uniform_times(t, len(e))  # (one number, however many points wait on it)
             # Where these series are in the node's floors, found once for a node sending the same points (the
             # frame's table keeps them): what waits for the node is then their places, not a copy of their keys
             # (int16 while the node has fewer series than that holds: two bytes a series).
             series = self._floors.of(node)
-            unique = np.unique(e)
-            table, devs, distinct, memo = self._frame_tables.get(node, unique, self._entries, self._device_table)
-            mark = xxhash.xxh3_128_digest(e.tobytes())
-            places = memo[1] if memo[0] == mark and memo[2] is series and memo[3] == series.version else None
+            memo = lay.found[3]
+            places = memo[1] if memo[0] == lay.mark and memo[2] is series and memo[3] == series.version else None
             if places is None and t >= series.newest:
                 _, found = series.floors(keys)
                 if (found >= 0).all():
                     places = found.astype(np.int16 if len(series.keys) <= COL_MAX else np.int32)
-                    memo[:] = [mark, places, series, series.version]
+                    memo[:] = [lay.mark, places, series, series.version]
             ok, floors, places = self._order(node, keys, times, places=places, earliest=t)
             if ok is not None:
                 self._older(line, node, t, e[~ok], floors[~ok])
@@ -598,16 +654,34 @@ class OtlpJsonDecoder(DecoderCore):
                 e, v, keys, times, places = e[ok], v[ok], keys[ok], times[ok], places[ok]
                 if not len(e):
                     continue
-                unique = np.unique(e)
-                table, devs, distinct, _ = self._frame_tables.get(node, unique, self._entries, self._device_table)
+                lay = self._layout(node, e, ncols)
             self._take(node, keys, times, places, t)
-            rows = np.searchsorted(devs, entry_dev[e])
-            flat = rows * ncols + entry_col[e]
-            keep = None if distinct and len(unique) == len(e) else last_wins(flat)
-            if keep is not None:
-                flat, v = flat[keep], v[keep]
-            frames.append(self._frame(node, t, table, scatter(len(devs), ncols, flat, v)))
+            flat = lay.flat if lay.keep is None else lay.flat[lay.keep]
+            if lay.keep is not None:
+                v = v[lay.keep]
+            frames.append(self._frame(node, t, lay.found[0], scatter(len(lay.found[1]), ncols, flat, v)))
         return frames
+
+    def _layout(self, node: str, entries: np.ndarray, ncols: int) -> Layout:
+        """What a frame of ``node`` holding these entries (intp, in the line's order) is laid out by: its series'
+        keys, its device table, each point's cell in its matrix and which points a later one for the same cell
+        overrides."""
+        known = self._entries
+        dev, col = known.dev[entries], known.col[entries]
+        unique = np.unique(entries)
+        found = self._frame_tables.get(node, unique, known, self._device_table)
+        _, devs, distinct, _ = found
+        flat = np.searchsorted(devs, dev) * ncols + col
+        keep = None if distinct and len(unique) == len(entries) else last_wins(flat)
+        return Layout(
+            entries,
+            int(np.count_nonzero(known.stray[entries])),
+            series_keys(dev, col),
+            found,
+            xxhash.xxh3_128_digest(entries.tobytes()),
+            flat,
+            keep,
+        )
 
     def _older(self, line: Line, node: str, t: int, entries: np.ndarray, floors: np.ndarray) -> None:
         """Points older than what was read for their series: skipped, the first few in the line's log."""
