@@ -321,7 +321,7 @@ def _reduce(values: np.ndarray, cols: np.ndarray, op: np.ufunc) -> np.ndarray:
 
 def _indicator(condition: npt.NDArray[np.bool_] | np.bool_, known: np.ndarray) -> np.ndarray:
     """1.0 / 0.0 where the inputs were known, NaN where they were not (absent from the window)."""
-    return np.where(known, condition.astype(np.float64), np.nan)
+    return np.where(known, condition, np.nan)
 
 
 class FeatureExtractor:
@@ -370,8 +370,10 @@ class FeatureExtractor:
         prev_t = ix.take(self.prev_time)
         out[:, F.DT] = np.where(np.isnan(prev_t), 0.0, np.maximum(time_s - prev_t, 0.0))
         ix.put(self.prev_time, time_s)
-        self._counters(plan, ix, new, values, out, params)
-        self._gauges(plan, values, out, params)
+        # NaN is "not read" throughout: comparisons and sums over it are expected (one context for both stages).
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self._counters(plan, ix, new, values, out, params)
+            self._gauges(plan, values, out, params)
         return major
 
     # -- counters ------------------------------------------------------------------------------
@@ -388,8 +390,7 @@ class FeatureExtractor:
             # New series on a known device: all of it is new. A device's first sample: a baseline.
             # Gone down: reset, the new value is the new baseline. Otherwise the difference.
             inc = v - prev  # NaN where the series was not read
-            with np.errstate(invalid="ignore"):
-                down = v < prev
+            down = v < prev
             np.copyto(inc, 0.0, where=down)
             out[:, F.RESTARTS] = down.sum(axis=1)
             first = np.isnan(prev) & have
@@ -399,7 +400,8 @@ class FeatureExtractor:
             out[:, plan.single_features] = inc[:, plan.single_positions]
             for f, positions in plan.summed:
                 block = inc[:, positions]
-                out[:, f] = np.where(np.isnan(block).all(axis=1), np.nan, np.nansum(block, axis=1))
+                absent = np.isnan(block)
+                out[:, f] = np.where(absent.all(axis=1), np.nan, np.where(absent, 0.0, block).sum(axis=1))
             if plan.driver_cols:
                 for f in (F.DRIVER_APPLICATION, F.DRIVER_RESET, F.DRIVER_REBOOT, F.DRIVER_MECHANICAL):
                     out[:, f] = 0.0
@@ -409,8 +411,9 @@ class FeatureExtractor:
                     for feat, mine in params.driver_features(code):
                         out[:, feat] += d if mine is None else np.where(mine, d, 0.0)
         if plan.retired_cols.size:
-            out[:, F.RETIRED_TOTAL] = np.nansum(values[:, plan.retired_cols], axis=1)
-            out[np.isnan(values[:, plan.retired_cols]).all(axis=1), F.RETIRED_TOTAL] = np.nan
+            retired = values[:, plan.retired_cols]
+            absent = np.isnan(retired)
+            out[:, F.RETIRED_TOTAL] = np.where(absent.all(axis=1), np.nan, np.where(absent, 0.0, retired).sum(axis=1))
 
     # -- gauges --------------------------------------------------------------------------------
     def _gauges(self, plan: _Plan, values: np.ndarray, out: np.ndarray, p: DeviceParams) -> None:
@@ -422,9 +425,8 @@ class FeatureExtractor:
             crit = self._limits(values, [c for _, _, c in plan.temp], p.temp_critical)
             known = ~np.isnan(temps).all(axis=1)
             out[:, F.TEMP_MAX] = np.fmax.reduce(temps, axis=1)
-            with np.errstate(invalid="ignore"):
-                out[:, F.TEMP_HOT] = _indicator((temps > deg).any(axis=1), known)
-                out[:, F.TEMP_CRIT] = _indicator((temps > crit).any(axis=1), known)
+            out[:, F.TEMP_HOT] = _indicator((temps > deg).any(axis=1), known)
+            out[:, F.TEMP_CRIT] = _indicator((temps > crit).any(axis=1), known)
         if plan.fans:
             low = np.zeros(n, dtype=bool)
             known = np.zeros(n, dtype=bool)
@@ -445,37 +447,32 @@ class FeatureExtractor:
             known = np.zeros(n, dtype=bool)
             for volt, lo, hi in plan.volts:
                 v = values[:, volt]
-                with np.errstate(invalid="ignore"):
-                    if lo >= 0:
-                        bad |= v < values[:, lo]
-                    if hi >= 0:
-                        bad |= v > values[:, hi]
+                if lo >= 0:
+                    bad |= v < values[:, lo]
+                if hi >= 0:
+                    bad |= v > values[:, hi]
                 known |= ~np.isnan(v) & ((lo >= 0) | (hi >= 0))
             out[:, F.VOLT_BAD] = _indicator(bad, known)
         power = _reduce(values, plan.power, np.fmax)
         cap = _reduce(values, plan.power_limit, np.fmin)
-        with np.errstate(invalid="ignore"):
-            out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
-            # No limit reported: a sample at the power cap for capped_share of its interval or more reached the limit
-            # it is held to, and its power (read at one moment) is at most that limit.
-            dt = out[:, F.DT]
-            capped = (out[:, F.THROTTLE_POWER] >= p.capped_share * dt) & (dt > 0)
+        out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
+        # No limit reported: a sample at the power cap for capped_share of its interval or more reached the limit
+        # it is held to, and its power (read at one moment) is at most that limit.
+        dt = out[:, F.DT]
+        capped = (out[:, F.THROTTLE_POWER] >= p.capped_share * dt) & (dt > 0)
         out[:, F.POWER_LIMIT] = np.where(np.isnan(cap), np.where(capped, power, np.nan), cap)
         mem = _reduce(values, plan.mem_util, np.fmax)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            usage = _reduce(values, plan.mem_usage, np.fmax) / _reduce(values, plan.mem_limit, np.fmax)
-            mem = np.where(np.isnan(mem), usage, mem)
-            out[:, F.MEM_FULL] = _indicator(mem >= p.mem_full, ~np.isnan(mem))
+        usage = _reduce(values, plan.mem_usage, np.fmax) / _reduce(values, plan.mem_limit, np.fmax)
+        mem = np.where(np.isnan(mem), usage, mem)
+        out[:, F.MEM_FULL] = _indicator(mem >= p.mem_full, ~np.isnan(mem))
         width, width_max = _reduce(values, plan.width_cols, np.fmin), _reduce(values, plan.width_max, np.fmax)
         gen, gen_max = _reduce(values, plan.gen_cols, np.fmin), _reduce(values, plan.gen_max, np.fmax)
         util = _reduce(values, plan.util, np.fmax)
         out[:, F.UTIL] = util
-        with np.errstate(invalid="ignore"):
-            out[:, F.BUSY] = _indicator(util >= p.busy_util, ~np.isnan(util))
-        with np.errstate(invalid="ignore"):
-            out[:, F.WIDTH_DOWN] = _indicator(width < width_max, ~np.isnan(width) & ~np.isnan(width_max))
-            loaded = np.where(np.isnan(util), True, util >= p.gen_min_util)
-            out[:, F.GEN_DOWN] = _indicator((gen < gen_max) & loaded, ~np.isnan(gen) & ~np.isnan(gen_max))
+        out[:, F.BUSY] = _indicator(util >= p.busy_util, ~np.isnan(util))
+        out[:, F.WIDTH_DOWN] = _indicator(width < width_max, ~np.isnan(width) & ~np.isnan(width_max))
+        loaded = np.where(np.isnan(util), True, util >= p.gen_min_util)
+        out[:, F.GEN_DOWN] = _indicator((gen < gen_max) & loaded, ~np.isnan(gen) & ~np.isnan(gen_max))
         lanes = np.where(np.isnan(width), p.default_width, width)
         generation = np.minimum(np.maximum(np.where(np.isnan(gen), p.default_gen, gen), 1), 16).astype(int)
         rate_of_gen = np.zeros(17)

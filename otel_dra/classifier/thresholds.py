@@ -207,10 +207,18 @@ class RuleParams:
 
 
 def _shared(values: np.ndarray) -> np.ndarray:
-    """``values`` over groups; where every group has the same one, a broadcast view of it (stride 0)."""
+    """``values`` over groups; where every group has the same one, a broadcast view of it (stride 0, over a
+    one-value array: :func:`at_group` broadcasts that to any shape for less than ``np.broadcast_to`` costs)."""
     if values.size and bool((values == values[0]).all()):
-        return np.broadcast_to(values[0], values.shape)
+        return _broadcast(values[:1].copy(), values.shape)
     return values
+
+
+def _broadcast(one: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only view of ``shape`` whose every element is ``one``'s (a C-contiguous one-value array)."""
+    view = np.ndarray(shape, one.dtype, one, 0, (0,) * len(shape))
+    view.flags.writeable = False
+    return view
 
 
 def _compile(cls: type[S], groups: Sequence[Mapping[str, Any]], prefix: str = "") -> S:
@@ -239,6 +247,9 @@ def at_group(values: np.ndarray, group: np.ndarray | Callable[[], np.ndarray], s
     """One threshold (an array over groups) for rows of ``shape`` in groups ``group`` (or a function that
     gives them: asked for only when the value differs by group): a shared value broadcast, a view."""
     if values.strides == (0,):
+        one = values.base
+        if isinstance(one, np.ndarray) and one.size == 1 and one.flags.c_contiguous:  # (what _shared made)
+            return _broadcast(one, shape)
         return np.broadcast_to(values[0], shape)
     return values[group() if callable(group) else group]
 
