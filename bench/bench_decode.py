@@ -186,7 +186,8 @@ def main() -> int:
             "✅ met" if met else "❌ missed",
         ),
         (
-            "Ours, plain path only (tokenizing off: the fallback for a line it can't prove safe)",
+            "Ours, plain path only (tokenizing, so shapes and templates, off: the fallback for a line it can't "
+            "prove safe)",
             f"{plain_s:.3f} s",
             f"{points / plain_s:,.0f} points/s",
             "—",
@@ -213,13 +214,15 @@ def main() -> int:
             "",
             f"- Runs (s): ours {fmt(f'{t:.3f}' for t in ours_runs)}; plain path {fmt(f'{t:.3f}' for t in plain_runs)}; "
             f"baseline {fmt(f'{t:.3f}' for t in base_runs)}; read + gunzip {fmt(f'{t:.3f}' for t in read_runs)}.",
-            "- Why it is fast: attribute lists (most of a line's bytes) repeat verbatim on every line, so "
-            "each is swapped for an integer token by one regex split before parsing (orjson; json for what it "
-            "refuses: NaN, Infinity, lone surrogates), which then reads about a sixth of the bytes; the file is "
-            "inflated by zlib-ng in megabyte pieces; (metric, token) maps to a cached (device, column); "
-            "each frame's matrix is one numpy scatter. A line the tokenizer can't prove safe (a `\\u` "
-            "escape of a letter, a `]` inside an attribute value, UTF-16) is parsed whole instead: same frames, the "
-            "plain-path speed above.",
+            "- Why it is fast: a node's next line is its last one with other times and values, so a line like one "
+            "read before (its template: the digest of everything but its points' times and values) is read off it "
+            "by one regex split, nothing parsed, and frames laid out as the template's (its cells kept on it). A "
+            "line of a new layout: attribute lists (most of its bytes) repeat verbatim on every line, so each is "
+            "swapped for an integer token by one regex split before parsing (orjson; json for what it refuses: "
+            "NaN, Infinity, lone surrogates), which then reads about a sixth of the bytes; (metric, token) maps to "
+            "a cached (device, column). The file is inflated by zlib-ng in megabyte pieces; each frame's matrix is "
+            "one numpy scatter. A line the tokenizer can't prove safe (a `\\u` escape of a letter, a `]` inside "
+            "an attribute value, UTF-16) is parsed whole instead: same frames, the plain-path speed above.",
             "",
             "Reproduce: `.venv/bin/python bench/bench_decode.py` (about 80 s, mostly the baseline; "
             "`--file PATH` for another recording).",

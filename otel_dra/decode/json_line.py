@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+
 from otel_dra.decode.caps import Tally
 from otel_dra.decode.checks import unknown_problem
 from otel_dra.decode.json_shapes import Shape
@@ -87,7 +89,9 @@ class Line:
     # template of the line is made of (json_templates).
     spans: list[tuple[int, bool, int]] = field(default_factory=list)
     resource: int = 0  # the resource being read
-    template: Template | None = None  # the template it was read off, if it was
+    # Read off templates (json_templates): each resource's (or the whole line's) template, its points' slot (-1:
+    # several: in ``slots``) and their values.
+    parts: list[tuple[Template, int, Any, np.ndarray]] = field(default_factory=list)
 
     def attrs_at(self, raw: Any) -> dict[str, str] | str:
         """The attributes of a resource or point: from its list's position in a tokenized line (read once

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Container
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -18,7 +18,6 @@ import xxhash
 
 from otel_dra.decode.assembly import SharedArrays
 from otel_dra.decode.caps import Refusal
-from otel_dra.decode.json_templates import MAX_TEMPLATES_PER_SHAPE, Template
 from otel_dra.frame import DeviceTable
 
 if TYPE_CHECKING:
@@ -125,10 +124,9 @@ class Shape:
     resources: dict[int, dict[str, str] | str]  # position -> a resource's attributes
     admitted: tuple[tuple[str, int], ...]  # each node it names and that node's admission (NodeFloors.generation)
     base: int = -1  # what ``entries`` are offsets from (-1: they are the entries themselves)
-    key: bytes = b""  # its key among the shapes kept (:meth:`Shapes.key`)
-    #: Lines of this shape read whole, by the digest of all but their times and values (json_templates), the last
-    #: few: a node's next line like one of them is read off it. None: the split does not find this shape's points.
-    templates: dict[bytes, Template] | None = field(default_factory=dict)
+    #: Whether its lines' points are found by the split that templates are made by (json_templates): False once one
+    #: was not (a point's fields in another order, an exemplar's time), so its lines are not split again for one.
+    splits: bool = True
 
     def positions(self) -> list[int]:
         """Each position's entry (error, UNKNOWN_ENTRY), as the walk reads them."""
@@ -148,9 +146,6 @@ class Shapes:
         self._positions = 0
         self._shared = SharedArrays()
         self._names: dict[tuple[str | None, ...], tuple[str | None, ...]] = {}
-        #: Each template's shape by the template's key (json_templates: a digest of its line but for its points'
-        #: times and values), so that a line like one read before is found before anything of it is tokenized.
-        self._templated: dict[bytes, bytes] = {}
 
     @staticmethod
     def key(texts: list[bytes]) -> bytes:
@@ -174,7 +169,7 @@ class Shapes:
         entries, base = packed(line.learned)
         share = self._shared.share
         lo, hi = share(np.asarray(line.lo, np.int32)), share(np.asarray(line.hi, np.int32))
-        shape = Shape(entries, names, lo, hi, line.resources, admitted, base, key)
+        shape = Shape(entries, names, lo, hi, line.resources, admitted, base)
         old = self._shapes.pop(key, None)
         if old is not None:
             self._positions -= len(old.entries)
@@ -195,26 +190,6 @@ class Shapes:
         shape = self._shapes.pop(key, None)
         if shape is not None:
             self._positions -= len(shape.entries)
-
-    def template(self, key: bytes, generation: dict[str, int]) -> Template | None:
-        """The template of this key (:func:`~otel_dra.decode.json_templates.points_of`), while its shape is kept
-        and still stands."""
-        shape = self._shapes.get(self._templated.get(key, b""))
-        if shape is None or not shape.templates or not self.valid(shape, generation):
-            return None
-        return shape.templates.get(key)
-
-    def keep_template(self, shape: Shape, key: bytes, template: Template) -> None:
-        """Keep a template of ``shape`` (its last few), found by its key from then on."""
-        templates = shape.templates
-        assert templates is not None  # (a shape whose points the split finds)
-        if key not in templates:
-            while len(templates) >= MAX_TEMPLATES_PER_SHAPE:
-                del templates[next(iter(templates))]
-            templates[key] = template
-        if len(self._templated) >= MAX_SHAPES * MAX_TEMPLATES_PER_SHAPE:
-            self._templated.clear()  # (those of shapes dropped since: a shape's next line indexes its own again)
-        self._templated[key] = shape.key
 
     @staticmethod
     def valid(shape: Shape, generation: dict[str, int]) -> bool:

@@ -1,7 +1,11 @@
 """The JSON decoder's templates: a line already read, by everything in it but its points' times and values, so that
 a node's next line like it (the same series in the same order: only the times and values moved) is read off the
 template, with no tokenizing, no parse and no walk: one regex split of the line gives its points' time and value
-texts, and the pieces between them (its attribute lists among them), whose digest must be the template's. A point's
+texts, and the pieces between them (its attribute lists among them), whose digest must be the template's. A request
+of several nodes' resources (a Collector's batch, as its ``file`` exporter writes it: a different mix of nodes in
+each line) is cut where each resource starts (:func:`resources_of`), and each resource is read off its own template:
+the line holds them side by side, so it is read as the walk would read it when each one is (a template of a resource
+is made only of a piece that is a JSON object on its own, one of as many as the walk read resources). A point's
 fields are read in the orders writers put them: ``timeUnixNano`` then ``asInt``/``asDouble`` (protobuf's field order,
 which the Collector's file exporter keeps), with ``startTimeUnixNano`` before them or between (a time the decoder
 does not read; between, it is left out of the digest). A line whose points' fields come in another order is walked.
@@ -25,6 +29,7 @@ for ``-0``, which the parser reads as the integer 0.
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -40,8 +45,14 @@ _POINT: Final = re.compile(
     rb'"timeUnixNano":"([0-9]{1,20})",(?:"startTimeUnixNano":"[0-9]{1,20}",)?'
     rb'"as(?:Int":"(-?[0-9]{1,20})"|Double":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))'
 )
-#: Templates kept per shape (a node's counters restarting changes its lines' start times: a new template).
-MAX_TEMPLATES_PER_SHAPE: Final = 2
+#: Templates kept per node (a node's counters restarting changes its lines' start times: a new template), and in all.
+MAX_TEMPLATES_PER_NODE: Final = 2
+MAX_TEMPLATES: Final = 100_000
+#: A request as the Collector's ``file`` exporter writes it (compact JSON): its resources' objects between these,
+#: each but the first starting with ``{"resource":`` after a comma.
+_REQUEST_START: Final = b'{"resourceMetrics":['
+_REQUEST_END: Final = b"]}"
+_NEXT_RESOURCE: Final = b'},{"resource":'
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,7 @@ class Template:
     node: np.ndarray  # int16: the index of the point's node in ``nodes``
     nodes: tuple[str, ...]  # each resource's node, in the line's order
     single: bool  # one resource (a node's own export): every point is ``nodes[0]``'s
+    admitted: tuple[tuple[str, int], ...]  # each node it names and that node's admission (NodeFloors.generation)
     #: Its lines' frame layout by the schema's width (the decoder's memo: the same for every line of it).
     layouts: dict[int, Layout] = field(default_factory=dict)
 
@@ -102,19 +114,81 @@ def points_of(reduced: bytes) -> Points | None:
 
 
 def make_template(
-    points: Points, entries: list[int], spans: list[tuple[int, bool, int]], nodes: list[str]
+    points: Points,
+    entries: list[int],
+    spans: list[tuple[int, bool, int]],
+    nodes: list[str],
+    generation: dict[str, int] | None = None,
 ) -> Template | None:
-    """The template of a line whose walk took every point (``entries``, in the line's order), read metric by metric
-    (``spans``: each metric's resource, whether it is a counter, and its points); None when the split did not find
-    exactly those points (a point's fields in another order, an exemplar's time)."""
+    """The template of a line (or one resource of it) whose walk took every point (``entries``, in the line's
+    order), read metric by metric (``spans``: each metric's resource, whether it is a counter, and its points); None
+    when the split did not find exactly those points (a point's fields in another order, an exemplar's time).
+    ``generation``: each admitted node's admission, which the template stands by."""
     n = len(entries)
     counts = [count for _, _, count in spans]
     if len(points.times) != n or sum(counts) != n or len(nodes) > np.iinfo(np.int16).max:
         return None
+    known = generation or {}
     return Template(
         np.asarray(entries, np.int32),
         np.repeat(np.asarray([counter for _, counter, _ in spans], bool), counts),
         np.repeat(np.asarray([resource for resource, _, _ in spans], np.int16), counts),
         tuple(nodes),
         len(nodes) == 1,
+        tuple((node, known.get(node, -1)) for node in dict.fromkeys(nodes)),
     )
+
+
+def resources_of(line: bytes) -> list[bytes] | None:
+    """A request's resources' texts (each ``{"resource":...}`` object of its ``resourceMetrics``, in order), where
+    it is laid out as the Collector's ``file`` exporter writes one (compact); None otherwise. Cut where the text
+    says a resource starts: what a template is made of is checked to be one resource each (each a JSON object on its
+    own, as many as the walk read), and a line is read off templates only where every piece is one's."""
+    if not (line.startswith(_REQUEST_START) and line.endswith(_REQUEST_END)):
+        return None
+    pieces = line[len(_REQUEST_START) : -len(_REQUEST_END)].split(_NEXT_RESOURCE)
+    if len(pieces) == 1:
+        return pieces
+    last = len(pieces) - 1
+    return [(b'{"resource":' if i else b"") + piece + (b"}" if i < last else b"") for i, piece in enumerate(pieces)]
+
+
+class Templates:
+    """The templates kept, by key (:attr:`Points.key`): each node's last few (``MAX_TEMPLATES_PER_NODE``), at most
+    ``MAX_TEMPLATES`` in all, the least recently made dropped first; one stands while each of its nodes is
+    admitted as it was (not forgotten since)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[bytes, Template] = {}
+        self._node_keys: dict[str, list[bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, key: bytes, generation: dict[str, int]) -> Template | None:
+        template = self._kept.get(key)
+        if template is None or any(generation.get(node, -1) != at for node, at in template.admitted):
+            return None
+        return template
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._kept
+
+    def keep(self, key: bytes, template: Template) -> None:
+        self._kept.pop(key, None)
+        self._kept[key] = template
+        for node, _ in template.admitted:
+            keys = self._node_keys.setdefault(node, [])
+            if key in keys:
+                keys.remove(key)
+            keys.append(key)
+            while len(keys) > MAX_TEMPLATES_PER_NODE:
+                self._kept.pop(keys.pop(0), None)
+        while len(self._kept) > MAX_TEMPLATES:
+            del self._kept[next(iter(self._kept))]  # (a node's list may name it still: a key not kept is no harm)
+
+    def forget_nodes(self, known: Container[str]) -> None:
+        """Drop the templates of nodes no longer ``known`` (live input: forgotten, idle too long)."""
+        for node in [n for n in self._node_keys if n not in known]:
+            for key in self._node_keys.pop(node):
+                self._kept.pop(key, None)

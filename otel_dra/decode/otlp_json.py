@@ -14,7 +14,8 @@ in the same order (its *shape*, one digest of them all), so the walk reads each 
 (device, column) entry off the shape by position; a line of a new shape reads each list once
 and becomes a shape. A line whose walk took every point becomes a *template* of its shape
 (:mod:`~otel_dra.decode.json_templates`): a next line that differs from it only in its points'
-times and values is read off it, its numbers split out by one regex, nothing tokenized or parsed.
+times and values is read off it, its numbers split out by one regex, nothing tokenized or parsed (a Collector's
+batch of several nodes: each node's resource off its own template, whatever mix of nodes the batch holds).
 Nothing is kept per attribute list but numbers: no text, no dict per series (what a device
 costs in a replay: a few hundred bytes, not a copy of its lists). Each frame's matrix is
 filled with one numpy scatter. Anything unusual about a line (a
@@ -60,8 +61,10 @@ from otel_dra.decode.json_templates import (
     Layout,
     Points,
     Template,
+    Templates,
     make_template,
     points_of,
+    resources_of,
 )
 from otel_dra.decode.json_values import (
     DELTA,
@@ -131,6 +134,7 @@ class OtlpJsonDecoder(DecoderCore):
         self._shape: Shape | None = None  # ... and its shape, when one was read before
         self._items: list[Any] | None = None  # ... or, without one, its lists parsed
         self._missed = 0  # lines in a row not read off a template
+        self._batched = False  # whether the last line split held several resources (a Collector's batch)
         self._reset_caches()
 
     def _reset_caches(self) -> None:
@@ -142,6 +146,7 @@ class OtlpJsonDecoder(DecoderCore):
         """Drop the entries and what refers to them (shapes, frame tables): relearned from the next lines."""
         self._entries = Entries()
         self._shapes = Shapes()
+        self._templates = Templates()
         self._frame_tables = FrameTables()
 
     def _tokenize(self, line: bytes) -> bytes | None:
@@ -189,6 +194,7 @@ class OtlpJsonDecoder(DecoderCore):
         if self.max_future_ns is not None and self._floors.due(now):
             self._floors.forget_idle(now)
             self._shapes.forget_nodes(self._floors.devices)
+            self._templates.forget_nodes(self._floors.devices)
         if self._series.size > MAX_CACHED_ATTRIBUTE_SETS:
             self._reset_caches()
         elif len(self._entries) > MAX_ENTRIES:
@@ -196,63 +202,45 @@ class OtlpJsonDecoder(DecoderCore):
         log = LineLog(lineno)
         line = Line(log, [], [], [], [], [], {}, {}, {}, Tally())
         raw = _utf8(text)
-        # A line like one read before (a template: the same bytes but its points' times and values) is read off it:
-        # one split of the line, nothing tokenized, nothing parsed.
-        points = points_of(raw) if raw is not None and self.templates and self._probe() else None
-        template = None if points is None else self._shapes.template(points.key, self._floors.generation)
-        tried = template
-        if points is not None and template is not None and self._templated(points, template, line):
+        # A line like one read before is read off its templates (json_templates): each of its resources' (a node's
+        # export; a Collector's request holds several), the same bytes but its points' times and values. One split
+        # of the line, nothing tokenized, nothing parsed.
+        split = self._split(raw) if raw is not None and self.templates and self._probe() else None
+        if split is not None and self._read_off_templates(split, line):
             self._missed = 0
             self.lines_templated += 1
             return self._result(line)
         self._missed += 1
+        if line.parts or line.slot_of:  # (some resources were read off theirs: the walk starts over)
+            line = Line(log, [], [], [], [], [], {}, {}, {}, Tally())
         reduced = None if raw is None else self._tokenize(raw)
         shape = self._shape if reduced is not None else None
         if shape is not None and not Shapes.valid(shape, self._floors.generation):
             shape = None
-        # Its shape's template, where the split was not tried (or its key no longer indexed).
-        if tried is None and shape is not None and shape.templates and raw is not None and self.templates:
-            points = points or points_of(raw)
-            template = None if points is None else shape.templates.get(points.key)
-        if (
-            template is not None
-            and template is not tried
-            and points is not None
-            and self._templated(points, template, line)
-        ):
-            self._texts, self._shape, self._items = None, None, None
-            self._missed = 0
-            self.lines_templated += 1
-            assert shape is not None  # (the template is its)
-            self._shapes.keep_template(shape, points.key, template)
-        else:
-            doc, tokenized, problem = self._parse(text, raw, reduced)
-            if tokenized:
-                texts = self._texts
-                assert texts is not None  # (what _tokenize read)
-                line.texts, line.items = texts, self._items
-                if shape is not None:
-                    line.shape, line.ents = shape, shape.positions()
-                else:
-                    line.ents = [UNKNOWN_ENTRY] * len(texts)
-                    line.learned = list(line.ents)
-            self._texts, self._shape, self._items = None, None, None
-            nodes: list[str] = []
-            if problem is None:
-                try:
-                    problem = self._walk(doc, line, nodes)
-                except RecursionError:  # pragma: no cover - the parser refuses deeper nesting first
-                    problem = "is nested too deeply"
-            if problem is not None:
-                self.lines_skipped += 1
-                error = DecodeError(lineno, one_line(f"{problem}; line skipped"))
-                return DecodeResult([], errors=(error,), invalid=error.message)
-            if line.learned is not None:
-                self._shapes.learn(line, nodes, self._floors.generation)
-            elif line.shape is not None and raw is not None and reduced is not None and self.templates:
-                # A template of a shape read before (a node's second line like it): a line of a shape never seen
-                # again (a Collector's batch of changing nodes) costs no split for a template never used.
-                self._learn_template(raw, line.shape, line, nodes, points)
+        doc, tokenized, problem = self._parse(text, raw, reduced)
+        if tokenized:
+            texts = self._texts
+            assert texts is not None  # (what _tokenize read)
+            line.texts, line.items = texts, self._items
+            if shape is not None:
+                line.shape, line.ents = shape, shape.positions()
+            else:
+                line.ents = [UNKNOWN_ENTRY] * len(texts)
+                line.learned = list(line.ents)
+        self._texts, self._shape, self._items = None, None, None
+        nodes: list[str] = []
+        if problem is None:
+            try:
+                problem = self._walk(doc, line, nodes)
+            except RecursionError:  # pragma: no cover - the parser refuses deeper nesting first
+                problem = "is nested too deeply"
+        if problem is not None:
+            self.lines_skipped += 1
+            error = DecodeError(lineno, one_line(f"{problem}; line skipped"))
+            return DecodeResult([], errors=(error,), invalid=error.message)
+        read = line.shape if line.learned is None else self._shapes.learn(line, nodes, self._floors.generation)
+        if read is not None and read.splits and raw is not None and self.templates:
+            self._learn_templates(raw, read, line, nodes, split)
         return self._result(line)
 
     def _probe(self) -> bool:
@@ -336,40 +324,89 @@ class OtlpJsonDecoder(DecoderCore):
             slot_for[(resource, ts)] = slot
         for node in template.nodes:
             self._admit_node(node)  # (known: only touched, as the walk does)
-        if len(slot_for) <= 1:
-            slots: Any = np.zeros(len(values), np.intp)
-        else:
+        if len(slot_for) == 1:
+            line.parts.append((template, next(iter(slot_for.values())), None, v))
+        elif slot_for:
             slots = [slot_for[key] for key in zip(template.node.tolist(), times, strict=True)]
-        line.entries, line.slots, line.values = template.entries, slots, v  # type: ignore[assignment]
-        line.template = template
-        line.points = len(values)
+            line.parts.append((template, -1, slots, v))
+        line.points += len(values)
         return True
 
-    def _learn_template(self, raw: bytes, shape: Shape, line: Line, nodes: list[str], points: Points | None) -> None:
-        """Keep the template of a line read through its shape whose walk took every point, saying nothing. A shape
-        whose line's points the split does not find as the walk read them (their fields in another order, an
-        exemplar's time) is marked: its lines are not split again."""
-        if shape.templates is None:
-            return
+    def _split(self, raw: bytes) -> list[Points] | None:
+        """The line's points by template: the whole line's (a node's own export) or, for a request of several
+        resources laid out as the file exporter writes one (a Collector's batch of nodes,
+        :func:`~otel_dra.decode.json_templates.resources_of`), each resource's; None where one can't be split (a NUL
+        byte). The whole line's first while lines are a node's own: no look for where resources start."""
+        whole = None
+        if not self._batched:
+            whole = points_of(raw)
+            if whole is None or whole.key in self._templates:
+                return None if whole is None else [whole]
+        pieces = resources_of(raw)
+        self._batched = pieces is not None and len(pieces) > 1
+        if pieces is None or len(pieces) < 2:
+            whole = whole or points_of(raw)
+            return None if whole is None else [whole]
+        split = [points_of(piece) for piece in pieces]
+        return None if None in split else split  # type: ignore[return-value]
+
+    def _read_off_templates(self, split: list[Points], line: Line) -> bool:
+        """Read each piece of the line off its template into ``line`` (True), or False where one has none (or its
+        values or times need the walk): the walk reads the line."""
+        generation = self._floors.generation
+        for points in split:
+            template = self._templates.get(points.key, generation)
+            if template is None or not self._templated(points, template, line):
+                return False
+        return True
+
+    def _learn_templates(
+        self, raw: bytes, shape: Shape, line: Line, nodes: list[str], split: list[Points] | None
+    ) -> None:
+        """Keep the templates of a line whose walk took every point, saying nothing: one a resource where the line
+        is laid out as the file exporter writes one (each resource a JSON object on its own, as many as the walk
+        read), else one of the whole line. A shape whose line's points the split does not find as the walk read
+        them (their fields in another order, an exemplar's time) is marked: its lines are not split again."""
         if line.skipped or line.ignored or line.unknown or line.log.errors() or len(line.entries) != line.points:
             return
-        points = points or points_of(raw)
-        if points is None or points.key in shape.templates:
+        if not nodes:  # (no resource: nothing to read off a template)
             return
-        values = points.values()
-        if values is None:  # (a -0 the walk read as the parser's 0: a next line may have none)
-            return
-        template = make_template(points, line.entries, line.spans, nodes)
-        # Each time and value the split found is the walk's point's, in its order: the split's texts are the points.
-        slot_time = line.slot_time
-        if (
-            template is None
-            or values != line.values
-            or list(map(int, points.times)) != [slot_time[s] for s in line.slots]
-        ):
-            shape.templates = None
-            return
-        self._shapes.keep_template(shape, points.key, template)
+        pieces = resources_of(raw)
+        if pieces is None or len(pieces) < 2 or len(pieces) != len(nodes):  # (the whole line's: see _split)
+            pieces, by_piece = [raw], [list(range(len(nodes)))]
+        else:
+            by_piece = [[r] for r in range(len(nodes))]
+        if split is None or len(split) != len(pieces):
+            split = [points_of(piece) for piece in pieces]  # type: ignore[misc]
+        # Each resource's points, in the walk's order: its metrics' spans are contiguous, resource by resource.
+        first = [0] * (len(nodes) + 1)
+        for resource, _, count in line.spans:
+            first[resource + 1] += count
+        for r in range(len(nodes)):
+            first[r + 1] += first[r]
+        slot_time, generation = line.slot_time, self._floors.generation
+        for piece, points, resources in zip(pieces, split, by_piece, strict=True):
+            if points is None or self._templates.get(points.key, generation) is not None:
+                continue
+            lo, hi = first[resources[0]], first[resources[-1] + 1]
+            values = points.values()
+            if values is None:  # (a -0 the walk read as the parser's 0: a next line may have none)
+                continue
+            spans = [(r - resources[0], c, n) for r, c, n in line.spans if resources[0] <= r <= resources[-1]]
+            template = make_template(
+                points, line.entries[lo:hi], spans, nodes[resources[0] : resources[-1] + 1], generation
+            )
+            # Each time and value the split found is the walk's point's, in its order (the split's texts are the
+            # points), and a resource's piece is a JSON object on its own (the line is its resources side by side).
+            if (
+                template is None
+                or values != line.values[lo:hi]
+                or list(map(int, points.times)) != [slot_time[s] for s in line.slots[lo:hi]]
+                or (len(pieces) > 1 and not _an_object(piece))
+            ):
+                shape.splits = False
+                return
+            self._templates.keep(points.key, template)
 
     def _walk(self, doc: Any, line: Line, nodes: list[str]) -> str | None:
         """Read the request into ``line`` (its nodes into ``nodes``); a string says why the whole line is
@@ -603,27 +640,39 @@ class OtlpJsonDecoder(DecoderCore):
     # -- frames -------------------------------------------------------------------------------
     def _frames(self, line: Line) -> list[Frame]:
         """The line's points as frames, one per (node, time), in time order."""
+        ncols = len(self.schema)
+        parts = line.parts
+        slots_of_parts = [slot for _, slot, _, _ in parts]
+        if parts and min(slots_of_parts) >= 0 and len(set(slots_of_parts)) == len(parts):
+            # Each template read one (node, time): its frame, laid out as the template's lines' are (worked out
+            # once: only their values and times move).
+            frames: list[Frame] = []
+            stray = 0
+            for template, s, _, v in sorted(parts, key=lambda part: (line.slot_time[part[1]], part[1])):
+                lay = template.layouts.get(ncols)
+                if lay is None:
+                    lay = self._layout(line.slot_node[s], np.asarray(template.entries, np.intp), ncols)
+                    template.layouts.clear()  # (one schema width at a time: it only grows)
+                    template.layouts[ncols] = lay
+                stray += lay.stray
+                frame = self._slot_frame(line, line.slot_node[s], line.slot_time[s], lay, v, ncols)
+                if frame is not None:
+                    frames.append(frame)
+            line.stray = stray
+            return frames
+        if parts:  # (a node's points in two resources, or a template of several (node, time)s: as the walk's)
+            line.entries = np.concatenate([template.entries for template, _, _, _ in parts])  # type: ignore[assignment]
+            line.slots = np.concatenate(
+                [np.full(len(v), s, np.intp) if s >= 0 else np.asarray(slots, np.intp) for _, s, slots, v in parts]
+            )  # type: ignore[assignment]
+            line.values = np.concatenate([v for _, _, _, v in parts])  # type: ignore[assignment]
         if not len(line.values):
             return []
-        known = self._entries
-        ncols = len(self.schema)
-        single = len(line.slot_time) == 1
-        template = line.template if single else None
-        # A template's lines differ only in their values and times: what their entries decide is worked out once.
-        layout = None if template is None else template.layouts.get(ncols)
-        if layout is None:
-            entries = np.asarray(line.entries, np.intp)
-            if single:
-                layout = self._layout(line.slot_node[0], entries, ncols)
-                if template is not None:
-                    template.layouts.clear()  # (one schema width at a time: it only grows)
-                    template.layouts[ncols] = layout
-        else:
-            entries = layout.entries
-        line.stray = layout.stray if layout is not None else int(np.count_nonzero(known.stray[entries]))
+        entries = np.asarray(line.entries, np.intp)
+        line.stray = int(np.count_nonzero(self._entries.stray[entries]))
         values = np.asarray(line.values, np.float64)
-        slots = None if single else np.asarray(line.slots, np.intp)
-        frames: list[Frame] = []
+        slots = np.asarray(line.slots, np.intp) if len(line.slot_time) > 1 else None
+        frames = []
         for s in sorted(range(len(line.slot_time)), key=line.slot_time.__getitem__):
             if slots is None:
                 e, v = entries, values
@@ -632,35 +681,41 @@ class OtlpJsonDecoder(DecoderCore):
                 if not mask.any():
                     continue
                 e, v = entries[mask], values[mask]
-            node, t = line.slot_node[s], line.slot_time[s]
-            lay = layout if slots is None and layout is not None else self._layout(node, e, ncols)
-            keys = lay.keys
-            times = uniform_times(t, len(e))  # (one number, however many points wait on it)
-            # Where these series are in the node's floors, found once for a node sending the same points (the
-            # frame's table keeps them): what waits for the node is then their places, not a copy of their keys
-            # (int16 while the node has fewer series than that holds: two bytes a series).
-            series = self._floors.of(node)
-            memo = lay.found[3]
-            places = memo[1] if memo[0] == lay.mark and memo[2] is series and memo[3] == series.version else None
-            if places is None and t >= series.newest:
-                _, found = series.floors(keys)
-                if (found >= 0).all():
-                    places = found.astype(np.int16 if len(series.keys) <= COL_MAX else np.int32)
-                    memo[:] = [lay.mark, places, series, series.version]
-            ok, floors, places = self._order(node, keys, times, places=places, earliest=t)
-            if ok is not None:
-                self._older(line, node, t, e[~ok], floors[~ok])
-                assert places is not None  # (looked up: some point was older)
-                e, v, keys, times, places = e[ok], v[ok], keys[ok], times[ok], places[ok]
-                if not len(e):
-                    continue
-                lay = self._layout(node, e, ncols)
-            self._take(node, keys, times, places, t)
-            flat = lay.flat if lay.keep is None else lay.flat[lay.keep]
-            if lay.keep is not None:
-                v = v[lay.keep]
-            frames.append(self._frame(node, t, lay.found[0], scatter(len(lay.found[1]), ncols, flat, v)))
+            node = line.slot_node[s]
+            frame = self._slot_frame(line, node, line.slot_time[s], self._layout(node, e, ncols), v, ncols)
+            if frame is not None:
+                frames.append(frame)
         return frames
+
+    def _slot_frame(self, line: Line, node: str, t: int, lay: Layout, v: np.ndarray, ncols: int) -> Frame | None:
+        """The frame of ``node``'s points at ``t`` (laid out by ``lay``, their values ``v``): those not older than
+        what was read for their series (None: none is)."""
+        e, keys = lay.entries, lay.keys
+        times = uniform_times(t, len(e))  # (one number, however many points wait on it)
+        # Where these series are in the node's floors, found once for a node sending the same points (the
+        # frame's table keeps them): what waits for the node is then their places, not a copy of their keys
+        # (int16 while the node has fewer series than that holds: two bytes a series).
+        series = self._floors.of(node)
+        memo = lay.found[3]
+        places = memo[1] if memo[0] == lay.mark and memo[2] is series and memo[3] == series.version else None
+        if places is None and t >= series.newest:
+            _, found = series.floors(keys)
+            if (found >= 0).all():
+                places = found.astype(np.int16 if len(series.keys) <= COL_MAX else np.int32)
+                memo[:] = [lay.mark, places, series, series.version]
+        ok, floors, places = self._order(node, keys, times, places=places, earliest=t)
+        if ok is not None:
+            self._older(line, node, t, e[~ok], floors[~ok])
+            assert places is not None  # (looked up: some point was older)
+            e, v, keys, times, places = e[ok], v[ok], keys[ok], times[ok], places[ok]
+            if not len(e):
+                return None
+            lay = self._layout(node, e, ncols)
+        self._take(node, keys, times, places, t)
+        flat = lay.flat if lay.keep is None else lay.flat[lay.keep]
+        if lay.keep is not None:
+            v = v[lay.keep]
+        return self._frame(node, t, lay.found[0], scatter(len(lay.found[1]), ncols, flat, v))
 
     def _layout(self, node: str, entries: np.ndarray, ncols: int) -> Layout:
         """What a frame of ``node`` holding these entries (intp, in the line's order) is laid out by: its series'
@@ -693,6 +748,19 @@ class OtlpJsonDecoder(DecoderCore):
             metric = columns[int(self._entries.col[entry])].metric
             line.log.point(f"a point of {metric} ({device}) {time_problem(node, t, int(floor), None, 0)}")
         line.log.hidden += len(entries) - shown
+
+
+def _an_object(text: bytes) -> bool:
+    """Whether ``text`` is a JSON object on its own (a resource's piece of a request: orjson, or json for what
+    orjson refuses, as the line was parsed)."""
+    try:
+        return type(orjson.loads(text)) is dict
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return type(json.loads(text)) is dict
+    except (ValueError, RecursionError):
+        return False
 
 
 def _utf8(text: str | bytes) -> bytes | None:
