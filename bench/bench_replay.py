@@ -17,7 +17,10 @@ whatever the fleet's size weighs most.
    the other's heap or warm caches), alternating, best of ``--runs``; the clock is a
    ``perf_counter`` around the work alone (no interpreter start or imports).
 
-   Both fleets (the form's, and the small one) are timed so, each its own row and target.
+   Both fleets (the form's, and the small one) are timed so, each its own row and target; and again as a
+   Collector writes them (:func:`batched_like_collector`: its batch processor as ``collector-config.yaml``
+   sets it, 8,192 points or 2 s a request, behind its ``file`` exporter: each line a batch of several nodes'
+   resources, a different mix each line), ours and the baseline on the same batched file.
 
    - **Ours**: :func:`otel_dra.replay.replay` with the default policy (``otel_dra.policy.load()``), as
      ``otel-dra replay`` runs it: decoding in a second process where a second core is there
@@ -90,6 +93,9 @@ TIME_TARGET_RATIO = 0.35
 #: the hot-plugged and the shared device 32 devices.
 SMALL_FLEET: dict[str, Any] = {"nodes": 29, "devices_per_node": 1}
 RSS_TARGET_RATIO = 2.0
+#: The Collector's batch processor as collector-config.yaml sets it: a request is sent at this many points, or
+#: this long after its first.
+BATCH_POINTS, BATCH_TIMEOUT_S = 8192, 2.0
 PROGRESS_EVERY_S = 30.0
 T_START = time.perf_counter()
 #: The parent's start (wall clock), passed to the children so that every progress line counts from it.
@@ -476,6 +482,44 @@ def recording_for(name: str, seed: int, workdir: Path, **changes: Any) -> tuple[
     return recording, labels
 
 
+def batched_like_collector(recording: Path, duration_s: float) -> Path:
+    """``recording`` (one node's export a line, arriving in line order) as a Collector's ``file`` exporter writes
+    it behind its batch processor: the lines that arrive within ``BATCH_TIMEOUT_S`` of a batch's first (at the
+    recording's mean arrival rate) and hold at most ``BATCH_POINTS`` points, as one request a line (their
+    resources side by side, the compact JSON the exporter writes). Written next to it, reused when there."""
+    out = recording.with_name(recording.name.replace(".jsonl.gz", ".batched.jsonl.gz"))
+    if out.exists():
+        return out
+    with gzip.open(recording, "rb") as f:
+        lines = sum(1 for _ in f)
+    per_batch = max(1, round(BATCH_TIMEOUT_S * lines / duration_s))
+    start, end = b'{"resourceMetrics":[', b"]}"
+    partial = out.with_suffix(".partial")
+    with gzip.open(recording, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
+        batch: list[bytes] = []
+        points = 0
+
+        def flush() -> None:
+            nonlocal points
+            if batch:
+                dst.write(start + b",".join(batch) + end + b"\n")
+            batch.clear()
+            points = 0
+
+        for raw in src:
+            line = raw.rstrip(b"\r\n")
+            if not (line.startswith(start) and line.endswith(end)):  # (not compact: as it would be written)
+                line = json.dumps(json.loads(line), separators=(",", ":")).encode()
+            n = line.count(b'"timeUnixNano"')
+            if batch and (len(batch) >= per_batch or points + n > BATCH_POINTS):
+                flush()
+            batch.append(line[len(start) : -len(end)])
+            points += n
+        flush()
+    partial.rename(out)
+    return out
+
+
 def score_seed(labels: Path, verdicts: Path) -> Any:
     from otel_dra.scenario import score as score_mod
 
@@ -505,8 +549,11 @@ def ok(hit: bool) -> str:
     return "✅ met" if hit else "❌ missed"
 
 
-def score_rows(scores: dict[int, Any], example: dict[str, Any] | None) -> tuple[list[str], list[str]]:
-    """The score table's rows (per seed, pooled, the public example) and the list of what failed."""
+def score_rows(
+    scores: dict[int, Any], example: dict[str, Any] | None, extra: dict[str, Any] | None = None
+) -> tuple[list[str], list[str]]:
+    """The score table's rows (per seed, pooled, the public example; ``extra``: more runs by label, not pooled) and
+    the list of what failed."""
     from otel_dra.scenario import passes
     from otel_dra.scenario.figures import EXTRA_TARGET, FP_TARGET, SOFT_TARGET
 
@@ -529,7 +576,9 @@ def score_rows(scores: dict[int, Any], example: dict[str, Any] | None) -> tuple[
     pooled = {k: 0.0 for k in ("devices", "hard_detected", "hard_total", "soft_detected", "soft_total",
                                "fp_episodes", "device_hours", "extra_sum", "intermittent", "spurious",
                                "unknown_bad", "silent_unknown", "silent_devices", "silent_unhealthy")}  # fmt: skip
-    for seed, sc in scores.items():
+    runs = [(f"seed {seed}", sc, True) for seed, sc in scores.items()]
+    runs += [(label, sc, False) for label, sc in (extra or {}).items()]
+    for name, sc, pool in runs:
         s = {
             "devices": sc.devices_total,
             "hard_detected": sc.hard_detected,
@@ -547,8 +596,8 @@ def score_rows(scores: dict[int, Any], example: dict[str, Any] | None) -> tuple[
             "silent_unhealthy": sc.silent_node_unhealthy,
         }
         missed = passes(sc)
-        rows.append(row(f"seed {seed}", s, ok(not missed)))
-        for key in pooled:
+        rows.append(row(name, s, ok(not missed)))
+        for key in pooled if pool else ():
             if key == "extra_sum":
                 pooled[key] += round(sc.extra_episodes_per_intermittent * sc.intermittent_faults)
             elif key == "unknown_bad":  # the spurious-Unknown target: no episode, none at the end
@@ -556,21 +605,21 @@ def score_rows(scores: dict[int, Any], example: dict[str, Any] | None) -> tuple[
             else:
                 pooled[key] += s[key]
         for target in missed:
-            notes.append(f"- seed {seed}, target missed: {target}")
+            notes.append(f"- {name}, target missed: {target}")
         for m in sc.hard_missed:
-            notes.append(f"- seed {seed}, hard miss: `{m['kind']}` on {m['k8s.node.name']}/{m['hw.id']}: {m['why']}")
+            notes.append(f"- {name}, hard miss: `{m['kind']}` on {m['k8s.node.name']}/{m['hw.id']}: {m['why']}")
         for m in sc.soft_missed:
-            notes.append(f"- seed {seed}, soft miss: `{m['kind']}` on {m['k8s.node.name']}/{m['hw.id']}: {m['why']}")
+            notes.append(f"- {name}, soft miss: `{m['kind']}` on {m['k8s.node.name']}/{m['hw.id']}: {m['why']}")
         for fp in sc.fp_examples:
             notes.append(
-                f"- seed {seed}, false positive on {fp['k8s.node.name']}/{fp['hw.id']} (traps: "
+                f"- {name}, false positive on {fp['k8s.node.name']}/{fp['hw.id']} (traps: "
                 f"{', '.join(fp['traps'])}): {', '.join(fp['reasons']) or '-'} "
                 f"({', '.join(fp['states'])}) from {fp['from_s']:.0f} s"
             )
         for u in sc.spurious_unknown_examples:
             to = "the end" if u["to_s"] is None else f"{u['to_s']:.0f} s"
             notes.append(
-                f"- seed {seed}, spurious Unknown on {u['k8s.node.name']}/{u['hw.id']}: {u['from_s']:.0f} s to {to}"
+                f"- {name}, spurious Unknown on {u['k8s.node.name']}/{u['hw.id']}: {u['from_s']:.0f} s to {to}"
             )
     if len(scores) > 1:
         p = {k: int(v) if k != "device_hours" else v for k, v in pooled.items()}
@@ -626,27 +675,32 @@ def machine() -> str:
 
 
 def time_rows(
-    fleet: str, ours_runs: list[dict[str, Any]], one_runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]
+    fleet: str,
+    ours_runs: list[dict[str, Any]],
+    one_runs: list[dict[str, Any]] | None,
+    base_runs: list[dict[str, Any]],
 ) -> list[tuple[str, ...]]:
     """The time table's rows for one fleet: ours as the CLI runs it (its ratio and target), ours decoding in
-    its own process (one core), and the baseline's."""
+    its own process (one core; where measured), and the baseline's."""
     best = min(ours_runs, key=lambda r: r["wall_s"])
-    one = min(one_runs, key=lambda r: r["wall_s"])
     base = min(base_runs, key=lambda r: r["wall_s"])
-    ratio, one_ratio = best["wall_s"] / base["wall_s"], one["wall_s"] / base["wall_s"]
-    return [
+    ratio = best["wall_s"] / base["wall_s"]
+    rows: list[tuple[str, ...]] = [
         (f"Ours: `otel_dra.replay.replay`, default policy, as `otel-dra replay` runs it: decoding in a second "
          f"process ({fleet}, {best['devices']:,} devices)",
          f"{best['wall_s']:.1f} s", f"{best['cpu_s']:.1f} CPU-s ({best['decode_cpu_s']:.1f} decoding)",
          f"{best['points'] / best['wall_s']:,.0f} points/s", f"{best['verdict_lines']:,}",
          f"x{ratio:.3f} of the baseline's time", f"<= {TIME_TARGET_RATIO}x", ok(ratio <= TIME_TARGET_RATIO)),
-        (f"Ours, decoding in the same process: one core ({fleet})", f"{one['wall_s']:.1f} s",
-         f"{one['cpu_s']:.1f} CPU-s", f"{one['points'] / one['wall_s']:,.0f} points/s", f"{one['verdict_lines']:,}",
-         f"x{one_ratio:.3f}", "—", "—"),
         (f"Baseline: plain-Python per-sample rule set ({fleet})", f"{base['wall_s']:.1f} s",
          f"{base['cpu_s']:.1f} CPU-s", f"{base['points'] / base['wall_s']:,.0f} points/s",
          f"{base['verdict_lines']:,}", "—", "—", "—"),
     ]  # fmt: skip
+    if one_runs:
+        one = min(one_runs, key=lambda r: r["wall_s"])
+        rows.insert(1, (f"Ours, decoding in the same process: one core ({fleet})", f"{one['wall_s']:.1f} s",
+                        f"{one['cpu_s']:.1f} CPU-s", f"{one['points'] / one['wall_s']:,.0f} points/s",
+                        f"{one['verdict_lines']:,}", f"x{one['wall_s'] / base['wall_s']:.3f}", "—", "—"))  # fmt: skip
+    return rows
 
 
 def markdown(
@@ -664,6 +718,8 @@ def markdown(
     example: dict[str, Any] | None,
     base_score: Any,
     code: tuple[str, str, str],
+    batched: dict[str, tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]],
+    batched_score: dict[str, Any],
 ) -> str:
     best = min(ours_runs, key=lambda r: r["wall_s"])
     base = min(base_runs, key=lambda r: r["wall_s"])
@@ -689,6 +745,9 @@ def markdown(
     rows = time_rows(f"{form_name} form", ours_runs, one_runs, base_runs) + time_rows(
         "small fleet", small_ours, small_one, small_base
     )
+    batch_names = {"": f"{form_name} form", "small fleet ": "small fleet"}
+    for fleet, (_, b_ours, b_base) in batched.items():
+        rows += time_rows(f"{batch_names[fleet]}, Collector-batched", b_ours, None, b_base)
     mem_rows = [
         ("Ours: peak RSS of the replay (VmHWM)", f"{peak:,.0f} MB", f"x{peak_ratio:.2f} of the state",
          f"<= {RSS_TARGET_RATIO:g}x", ok(peak_ratio <= RSS_TARGET_RATIO)),
@@ -702,7 +761,7 @@ def markdown(
         ("Baseline's peak RSS (VmHWM)", f"{base['hwm_mb']:,.0f} MB", f"x{base['hwm_mb'] / peak:.2f} our peak",
          "—", "—"),
     ]  # fmt: skip
-    table_rows, notes = score_rows(scores, example)
+    table_rows, notes = score_rows(scores, example, batched_score)
     seed_times = "; ".join(
         f"seed {s}: {r['wall_s']:.0f} s, {r['points']:,} points, {r['verdict_lines']:,} verdict lines"
         for s, r in seed_replays.items()
@@ -740,10 +799,25 @@ def markdown(
         "",
         f"- Runs (s): ours {fmt(times(ours_runs))}; ours in one process {fmt(times(one_runs))}; baseline "
         f"{fmt(times(base_runs))}; small fleet: ours {fmt(times(small_ours))}; in one process "
-        f"{fmt(times(small_one))}; baseline {fmt(times(small_base))}. Each reads, gunzips and "
+        f"{fmt(times(small_one))}; baseline {fmt(times(small_base))}; "
+        + "; ".join(
+            f"{batch_names[fleet]}, Collector-batched: ours {fmt(times(b_ours))}; baseline {fmt(times(b_base))}"
+            for fleet, (_, b_ours, b_base) in batched.items()
+        )
+        + ". Each reads, gunzips and "
         "parses the same file and writes verdict lines to a file; the time is the work alone (no interpreter "
         "start, no imports; the decode process's start and imports are counted). CPU time: user + system of "
         "the replay's process and its decode process, read with `getrusage` around the work.",
+        "- Collector-batched: the same recordings as a Collector's `file` exporter writes them behind its batch "
+        f"processor (`collector-config.yaml`: {BATCH_POINTS:,} points or {BATCH_TIMEOUT_S:g} s a request), each line a "
+        "batch of several nodes' resources, a different mix each line ("
+        + "; ".join(
+            f"{batch_names[fleet]}: `{path.name}`, {min(b_ours, key=lambda r: r['wall_s'])['lines']:,} lines"
+            for fleet, (path, b_ours, _) in batched.items()
+        )
+        + "): the replay format the spec names (section 3). Each node's resource is read off its own template "
+        "whatever mix its line holds; its verdicts differ from the one-node-a-line file's only where batching "
+        "moved when a node's samples arrive.",
         "- Decoding in a second process (`otel_dra.decode.stage`, what `otel-dra replay` does where a second core "
         "is there): a replay takes its longer stage's time, decode or judge, not their sum; the CPU it spends is "
         "about the same plus the frames' pickling. Verdict files of the two modes: "
@@ -761,8 +835,10 @@ def markdown(
         f"{base_score.fp_per_100_device_hours:.1f} false-positive episodes per 100 device-hours, "
         f"{base_score.spurious_unknown_devices} devices spuriously Unknown. Its cost buys per-sample rules without "
         "a fleet's context (cohorts, horizons, hysteresis, per-device intervals).",
-        "- Where ours saves: gzip is inflated by zlib-ng in megabyte pieces, attribute lists are tokenized before "
-        "parsing (orjson) and each line becomes numpy frames (`bench_decode`), frames are ingested in batches every "
+        "- Where ours saves: gzip is inflated by zlib-ng in megabyte pieces, a node's export like one read before is "
+        "read off its template by one regex split, nothing parsed (a line of a new layout: its attribute lists "
+        "tokenized before parsing with orjson), and each becomes numpy frames (`bench_decode`), frames are ingested "
+        "in batches every "
         "5 s of trace time and the rules are evaluated for all devices at once on running window sums "
         "(`bench_classifier`), instead of per-sample Python per device.",
         f"- Decoding alone (child (c) below: read, gunzip, frames, no classifier) took {decoded['wall_s']:.1f} s, "
@@ -826,7 +902,9 @@ def markdown(
         *table_rows,
         "",
         f"- Replays: {seed_times}.",
-        "- The pooled row sums the seeds' counts (faults, episodes, device-hours) before dividing.",
+        "- The pooled row sums the seeds' counts (faults, episodes, device-hours) before dividing; the "
+        "Collector-batched row (the first seed's recording as a Collector writes it, scored against the same labels) "
+        "is not pooled.",
         "",
         "What failed (every miss, false positive and spurious Unknown):"
         if notes
@@ -888,6 +966,12 @@ def main() -> int:
         recording = files[first][0]
         verdicts = {seed: workdir / f"{form_name}-seed{seed}.verdicts.jsonl" for seed in args.seeds}
         small_recording = recording_for(form_name, first, workdir, **SMALL_FLEET)[0]
+        from otel_dra.scenario import form
+
+        duration_s = form(form_name, seed=first).duration_s
+        log("the recordings as a Collector's file exporter writes them (batches of nodes) …")
+        batched = {fleet: batched_like_collector(path, duration_s) for fleet, path in (("", recording),
+                   ("small fleet ", small_recording))}  # fmt: skip
         # Per fleet: its recording, where each side's verdicts go, and each side's runs.
         fleets = {
             "": (recording, verdicts[first], workdir / f"{form_name}-baseline.verdicts.jsonl"),
@@ -896,11 +980,22 @@ def main() -> int:
                 workdir / f"{form_name}-small-seed{first}.verdicts.jsonl",
                 workdir / f"{form_name}-small-baseline.verdicts.jsonl",
             ),
+            **{
+                f"{fleet}batched ": (
+                    path,
+                    workdir
+                    / f"{form_name}-{fleet.strip() or 'form'}-batched-seed{first}.verdicts.jsonl".replace(" ", "-"),
+                    workdir
+                    / f"{form_name}-{fleet.strip() or 'form'}-batched-baseline.verdicts.jsonl".replace(" ", "-"),
+                )
+                for fleet, path in batched.items()
+            },
         }
-        kinds = ("ours", "ours_one", "baseline")
-        runs: dict[tuple[str, str], list[dict[str, Any]]] = {(f, k): [] for f in fleets for k in kinds}
+        all_kinds = ("ours", "ours_one", "baseline")
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {(f, k): [] for f in fleets for k in all_kinds}
         for r in range(args.runs):
             for fleet, (path, ours_out, base_out) in fleets.items():
+                kinds = ("ours", "baseline") if "batched" in fleet else all_kinds  # (one mode: as the CLI runs)
                 for kind in kinds if r % 2 == 0 else kinds[::-1]:
                     log(f"run {r + 1}/{args.runs}: {fleet}{kind} …")
                     out = {"ours": ours_out, "ours_one": ours_out.with_suffix(".one.jsonl")}.get(kind, base_out)
@@ -911,7 +1006,15 @@ def main() -> int:
                         f"{got['verdict_lines']:,} lines"
                     )
         ours_runs, one_runs, base_runs = runs[("", "ours")], runs[("", "ours_one")], runs[("", "baseline")]
-        identical = all(out.read_bytes() == out.with_suffix(".one.jsonl").read_bytes() for _, out, _ in fleets.values())
+        identical = all(
+            out.read_bytes() == out.with_suffix(".one.jsonl").read_bytes()
+            for fleet, (_, out, _) in fleets.items()
+            if "batched" not in fleet
+        )
+        batched_runs = {
+            fleet: (batched[fleet], runs[(f"{fleet}batched ", "ours")], runs[(f"{fleet}batched ", "baseline")])
+            for fleet in batched
+        }
         log(f"verdicts of the two decode modes: {'identical' if identical else 'DIFFERENT'}")
         log("memory: the interpreter floor …")
         floor = run_child("floor")
@@ -939,15 +1042,18 @@ def main() -> int:
         scores = {seed: score_seed(files[seed][1], verdicts[seed]) for seed in args.seeds}
         example = score_example(workdir)
         base_score = score_seed(files[first][1], workdir / f"{form_name}-baseline.verdicts.jsonl")
+        batched_score = {f"seed {first}, Collector-batched": score_seed(files[first][1], fleets["batched "][1])}
         after = code_fingerprint()
         if after != before:
             log(f"warning: otel_dra/ changed during the run ({before} → {after}): the figures mix versions")
         section = markdown(
             args, recording, ours_runs, one_runs, base_runs, small_runs, identical, floor, decoded, seed_replays,
-            scores, example, base_score, (label, before, after),
+            scores, example, base_score, (label, before, after), batched_runs, batched_score,
         )  # fmt: skip
         raw = {"ours": ours_runs, "ours_one": one_runs, "baseline": base_runs, "small_ours": small_runs[1],
                "small_ours_one": small_runs[2], "small_baseline": small_runs[3], "small_decode_all": small_decoded,
+               "batched": {fleet.strip() or "form": {"ours": b[1], "baseline": b[2]} for fleet, b in
+                           batched_runs.items()},
                "identical": identical,
                "floor": floor, "decode_all": decoded, "seeds": seed_replays,
                "scores": {seed: sc.to_json() for seed, sc in scores.items()}, "example": example,
