@@ -74,7 +74,8 @@ class Line:
     stray: int = 0  # points with attributes not read (attributes.READ_ATTRIBUTES)
     # A tokenized line: its attribute lists' text by position, and what is known of each position.
     texts: list[bytes] | None = None
-    items: list[Any] | None = None  # ... parsed (a line of a new shape: each was checked to be a JSON array)
+    # ... parsed (a line of a new shape: each checked to be a JSON array; None where one was checked in a line before)
+    items: list[Any] | None = None
     shape: Shape | None = None  # the line's shape, when one was read before
     ents: list[int] = field(default_factory=list)  # each position's entry (the shape's; UNKNOWN_ENTRY without)
     attrs: dict[int, dict[str, str] | str] = field(default_factory=dict)  # positions' attributes, as read
@@ -99,7 +100,9 @@ class Line:
         if self.texts is not None and type(raw) is int:
             found = self.attrs.get(raw)
             if found is None:
-                items = self.items[raw] if self.items is not None else json.loads(self.texts[raw])
+                items = self.items[raw] if self.items is not None else None
+                if items is None:  # (not parsed: a list checked in a line before, or a line of a shape read before)
+                    items = json.loads(self.texts[raw])
                 found = self.attrs[raw] = attrs_of_list(items)
             return found
         if raw is None:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 #: Line shapes kept, in all, per node, and their attribute lists in all (4 bytes each); least recently used go.
 MAX_SHAPES: Final = 100_000
 MAX_SHAPES_PER_NODE: Final = 4
+#: Attribute lists' texts known to be JSON arrays kept (a digest each: ~100 bytes) before they are checked anew.
+MAX_ARRAYS: Final = 500_000
 MAX_SHAPE_POSITIONS: Final = 16_000_000
 #: Device tables kept by the entries they hold (one per node and shape, more while devices come and go).
 MAX_FRAME_TABLES: Final = 50_000
@@ -146,6 +148,9 @@ class Shapes:
         self._positions = 0
         self._shared = SharedArrays()
         self._names: dict[tuple[str | None, ...], tuple[str | None, ...]] = {}
+        #: Attribute lists' texts (their digests) found to be JSON arrays (a line of a new shape, such as a Collector's
+        #: batch of another mix of nodes, holds the same lists as lines before, each checked once).
+        self.arrays: set[bytes] = set()
 
     @staticmethod
     def key(texts: list[bytes]) -> bytes:
@@ -268,7 +273,12 @@ def tokenize(line: bytes, shapes: Shapes) -> tuple[bytes, list[bytes], Shape | N
     items: list[Any] | None = None
     if shape is None:
         items = []
+        arrays = shapes.arrays
         for text in texts:  # each list a JSON array, or the plain path says what is wrong
+            digest = xxhash.xxh3_128_digest(text)
+            if digest in arrays:  # (a list checked before, in a line of another shape: read when it is asked for)
+                items.append(None)
+                continue
             try:
                 parsed = json.loads(text)
             except (ValueError, RecursionError):
@@ -276,6 +286,9 @@ def tokenize(line: bytes, shapes: Shapes) -> tuple[bytes, list[bytes], Shape | N
             if type(parsed) is not list:
                 return None
             items.append(parsed)
+            if len(arrays) >= MAX_ARRAYS:
+                arrays.clear()
+            arrays.add(digest)
     if len(_POSITIONS) < len(texts):
         _POSITIONS.extend(_ATTRS_KEY + str(i).encode() + b" " for i in range(len(_POSITIONS), 2 * len(texts)))
     parts[1::2] = _POSITIONS[: len(texts)]

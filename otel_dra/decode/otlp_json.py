@@ -84,6 +84,8 @@ from otel_dra.frame import Frame, Schema
 #: Devices and descriptive attribute sets indexed before everything is dropped and relearned (bounds memory on
 #: garbage: the series index, the entries, the shapes and the time floors that refer to them).
 MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
+#: Entries found by their attribute list's text kept before they are dropped and found again (~120 bytes each).
+MAX_ENTRIES_BY_LIST: Final = 500_000
 #: Lines in a row read off no template after which a line is split for one only one in PROBE_EVERY times.
 MISSES_BEFORE_PROBING: Final = 8
 PROBE_EVERY: Final = 16
@@ -147,6 +149,8 @@ class OtlpJsonDecoder(DecoderCore):
         self._entries = Entries()
         self._shapes = Shapes()
         self._templates = Templates()
+        # (metric, digest of an attribute list) -> its entry's (device, column, descriptive set, stray)
+        self._entry_of_list: dict[tuple[str, bytes], tuple[int, int, int, bool]] = {}
         self._frame_tables = FrameTables()
 
     def _tokenize(self, line: bytes) -> bytes | None:
@@ -584,12 +588,30 @@ class OtlpJsonDecoder(DecoderCore):
             return "has attributes that are not a list"
         entry = line.ents[at] if cached and at >= 0 else UNKNOWN_ENTRY
         if entry == UNKNOWN_ENTRY:
-            attrs = line.attrs_at(raw) if at >= 0 else attrs_of_list(raw or [])
-            found = self._make_entry(metric, attrs, devices)
-            if isinstance(found, Refusal):
-                line.tally.add(found, node)
-                return found.reason
-            entry = found
+            # A list read before with this metric (another line's, of another shape: a Collector's batch of another
+            # mix of nodes) names the same series: a new entry as that one's (entries are made in the line's order,
+            # as reading it would make them: the newest descriptive set wins), its attributes not read again.
+            key = None if at < 0 or line.texts is None else (metric, xxhash.xxh3_128_digest(line.texts[at]))
+            known = None if key is None else self._entry_of_list.get(key)
+            if known is not None:
+                entry = self._entries.add(*known)
+            else:
+                attrs = line.attrs_at(raw) if at >= 0 else attrs_of_list(raw or [])
+                found = self._make_entry(metric, attrs, devices)
+                if isinstance(found, Refusal):
+                    line.tally.add(found, node)
+                    return found.reason
+                entry = found
+                if key is not None and entry >= 0:
+                    if len(self._entry_of_list) >= MAX_ENTRIES_BY_LIST:
+                        self._entry_of_list.clear()
+                    entries = self._entries
+                    self._entry_of_list[key] = (
+                        int(entries.dev[entry]),
+                        int(entries.col[entry]),
+                        int(entries.descr[entry]),
+                        bool(entries.stray[entry]),
+                    )
         learned = line.learned if at >= 0 else None
         if entry < 0:
             if learned is not None:
