@@ -129,7 +129,7 @@ class DictDecoder(OtlpJsonDecoder):
     """The replay decoder fed a dict already parsed (MessageToDict's output is the JSON mapping): its
     plain walk, without the text tokenizing that only applies to JSON text."""
 
-    def _parse(self, text: Any) -> tuple[Any, bool, str | None]:
+    def _parse(self, text: Any, raw: bytes | None, reduced: bytes | None) -> tuple[Any, bool, str | None]:
         return text, False, None
 
 

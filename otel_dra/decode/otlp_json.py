@@ -792,10 +792,11 @@ def _an_object(text: bytes) -> bool:
 
 
 def _utf8(text: str | bytes) -> bytes | None:
-    """A request's text as UTF-8 bytes (None: a str that can't be, such as one holding a lone surrogate)."""
+    """A request's text as UTF-8 bytes (None: a str that can't be, such as one holding a lone surrogate, or no text:
+    a document already parsed, which only a subclass's ``_parse`` reads, as bench_receiver's baseline does)."""
     if isinstance(text, str):
         try:
             return text.encode()
         except UnicodeEncodeError:
             return None
-    return bytes(text)
+    return bytes(text) if isinstance(text, bytes | bytearray | memoryview) else None
