@@ -58,7 +58,7 @@ _NEXT_RESOURCE: Final = b'},{"resource":'
 @dataclass(frozen=True, slots=True)
 class Layout:
     """What a frame's entries alone decide (the lines of one template share it: only their values and times
-    move): the entries (intp, in the line's order), how many carry attributes not read, their series' keys in the
+    move): the entries (in the line's order), how many carry attributes not read, their series' keys in the
     node's floors, the frame's table, a digest of the entries, each point's cell in the frame's matrix, and the
     points kept where a later one names the same cell (None: all)."""
 
@@ -104,12 +104,12 @@ class Points:
         return [float(i or d) for i, d in zip(self.ints, self.doubles, strict=True)]  # type: ignore[arg-type]
 
 
-def points_of(reduced: bytes) -> Points | None:
-    """The line's points' times and values, and the digest of the rest (None: a NUL byte, which would make the
-    digest of the pieces ambiguous; no JSON text holds one)."""
-    if b"\0" in reduced:
+def points_of(text: bytes) -> Points | None:
+    """A line's (or one resource's) points' times and values, and the digest of the rest (None: a NUL byte, which
+    would make the digest of the pieces ambiguous; no JSON text holds one)."""
+    if b"\0" in text:
         return None
-    parts = _POINT.split(reduced)
+    parts = _POINT.split(text)
     return Points(xxhash.xxh3_128_digest(b"\0".join(parts[0::4])), parts[1::4], parts[2::4], parts[3::4])
 
 
@@ -161,9 +161,6 @@ class Templates:
     def __init__(self) -> None:
         self._kept: dict[bytes, Template] = {}
         self._node_keys: dict[str, list[bytes]] = {}
-
-    def __len__(self) -> int:
-        return len(self._kept)
 
     def get(self, key: bytes, generation: dict[str, int]) -> Template | None:
         template = self._kept.get(key)

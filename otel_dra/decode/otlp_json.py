@@ -90,7 +90,7 @@ MAX_CACHED_ATTRIBUTE_SETS: Final = 200_000
 _LONG_NUMBER: Final = re.compile(rb"(?:^|[\[:,\s-])[0-9]{19}")
 #: Entries found by their attribute list's text kept before they are dropped and found again (~120 bytes each).
 MAX_ENTRIES_BY_LIST: Final = 500_000
-#: Lines in a row read off no template after which a line is split for one only one in PROBE_EVERY times.
+#: Lines in a row read off no template after which only one line in PROBE_EVERY is split to look for one.
 MISSES_BEFORE_PROBING: Final = 8
 PROBE_EVERY: Final = 16
 #: Entries (a (metric, attribute list) each, 11 bytes) kept before they and the shapes naming them are dropped
@@ -679,7 +679,7 @@ class OtlpJsonDecoder(DecoderCore):
             for template, s, _, v in sorted(parts, key=lambda part: (line.slot_time[part[1]], part[1])):
                 lay = template.layouts.get(ncols)
                 if lay is None:
-                    lay = self._layout(line.slot_node[s], np.asarray(template.entries, np.intp), ncols)
+                    lay = self._layout(line.slot_node[s], template.entries, ncols)
                     template.layouts.clear()  # (one schema width at a time: it only grows)
                     template.layouts[ncols] = lay
                 stray += lay.stray
@@ -746,15 +746,17 @@ class OtlpJsonDecoder(DecoderCore):
         return self._frame(node, t, lay.found[0], scatter(len(lay.found[1]), ncols, flat, v))
 
     def _layout(self, node: str, entries: np.ndarray, ncols: int) -> Layout:
-        """What a frame of ``node`` holding these entries (intp, in the line's order) is laid out by: its series'
-        keys, its device table, each point's cell in its matrix and which points a later one for the same cell
-        overrides."""
+        """What a frame of ``node`` holding these entries (in the line's order; a template's own array, not a copy)
+        is laid out by: its series' keys, its device table, each point's cell in its matrix (int32 where the matrix
+        fits: a template keeps its layout) and which points a later one for the same cell overrides."""
         known = self._entries
         dev, col = known.dev[entries], known.col[entries]
         unique = np.unique(entries)
         found = self._frame_tables.get(node, unique, known, self._device_table)
         _, devs, distinct, _ = found
         flat = np.searchsorted(devs, dev) * ncols + col
+        if len(devs) * ncols <= np.iinfo(np.int32).max:
+            flat = flat.astype(np.int32)
         keep = None if distinct and len(unique) == len(entries) else last_wins(flat)
         return Layout(
             entries,
