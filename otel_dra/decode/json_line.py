@@ -94,6 +94,11 @@ class Line:
     # several: in ``slots``) and their values.
     parts: list[tuple[Template, int, Any, np.ndarray]] = field(default_factory=list)
 
+    @classmethod
+    def new(cls, log: LineLog) -> Line:
+        """A line's scratch before anything of it is read."""
+        return cls(log, [], [], [], [], [], {}, {}, {}, Tally())
+
     def attrs_at(self, raw: Any) -> dict[str, str] | str:
         """The attributes of a resource or point: from its list's position in a tokenized line (read once
         per line), or read from its list."""

@@ -43,7 +43,7 @@ import xxhash
 from otel_dra import conventions as cv
 from otel_dra.decode.assembly import last_wins, scatter
 from otel_dra.decode.attributes import NODE, NOT_COLUMN_ATTRS, READ_ATTRIBUTES
-from otel_dra.decode.caps import DEVICE_REASONS, LIMITED, Refusal, Tally
+from otel_dra.decode.caps import DEVICE_REASONS, LIMITED, Refusal
 from otel_dra.decode.checks import UNKNOWN, metric_problem, self_telemetry, time_problem, value_problem
 from otel_dra.decode.core import DecoderCore
 from otel_dra.decode.floors import series_keys, uniform_times
@@ -208,7 +208,7 @@ class OtlpJsonDecoder(DecoderCore):
         elif len(self._entries) > MAX_ENTRIES:
             self._reset_entries()
         log = LineLog(lineno)
-        line = Line(log, [], [], [], [], [], {}, {}, {}, Tally())
+        line = Line.new(log)
         raw = _utf8(text)
         # A line like one read before is read off its templates (json_templates): each of its resources' (a node's
         # export; a Collector's request holds several), the same bytes but its points' times and values. One split
@@ -220,7 +220,7 @@ class OtlpJsonDecoder(DecoderCore):
             return self._result(line)
         self._missed += 1
         if line.parts or line.slot_of:  # (some resources were read off theirs: the walk starts over)
-            line = Line(log, [], [], [], [], [], {}, {}, {}, Tally())
+            line = Line.new(log)
         reduced = None if raw is None else self._tokenize(raw)
         shape = self._shape if reduced is not None else None
         if shape is not None and not Shapes.valid(shape, self._floors.generation):
