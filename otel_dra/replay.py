@@ -1,19 +1,17 @@
 """Replay: recorded OTLP JSON telemetry → the classifier → verdict lines (README, "Replay recorded telemetry").
 
-Files are streamed: each line is decoded into frames (bad lines and points are skipped and
-counted, never fatal; in a child process where a second core is there, :mod:`otel_dra.decode.stage`)
-and queued; every few seconds of the recording's own clock (read off the nodes' clocks with their
-offsets taken out, :class:`TraceClock`), the queue is ingested as one batch and the classifier
-evaluates, as a fleet would have live. A verdict line is written whenever a device's verdict
-changes, and not kept: what a replay holds is the classifier's state, each device's last outcome
-for the summary (one shared tuple per distinct outcome), and the timeline of every change only
-when a plot asks for it.
+Files are streamed: each line is decoded into frames (bad lines and points are skipped and counted, never
+fatal; in a child process where a second core is there, :mod:`otel_dra.decode.stage`) and queued; every few
+seconds of the recording's own clock (read off the nodes' clocks with their offsets taken out by the decode
+stage: :class:`~otel_dra.decode.clock.TraceClock`), the queue is ingested as one batch and the classifier
+evaluates, as a fleet would have live. A verdict line is written whenever a device's verdict changes, and not
+kept: what a replay holds is the classifier's state, each device's last outcome for the summary (one shared
+tuple per distinct outcome), and the timeline of every change only when a plot asks for it.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from contextlib import closing
@@ -73,59 +71,6 @@ class ReplayResult:
 #: The shortest sampling interval a replay judges over a whole window (it sizes the window's
 #: ring); a node sampled faster is judged over its last ``window / RING_INTERVAL_S`` samples.
 RING_INTERVAL_S = 5.0
-#: Nodes not heard for this long no longer move the replay's clock.
-CLOCK_QUORUM_S = 600.0
-#: A node whose clock, once its offset is taken out, is this far from the newest any node has
-#: said has had its clock stepped: its offset is learned again.
-CLOCK_JUMP_S = 600.0
-#: The replay's clock follows this quantile of the nodes' offset-corrected clocks: near the
-#: front (it moves with every few lines, not in lumps), yet a node or two whose clock jumps
-#: ahead move it by nothing.
-CLOCK_QUANTILE = 0.75
-
-
-class TraceClock:
-    """The replay's reference clock, read off the recording itself.
-
-    Lines come in arrival order (a Collector writes what it receives), each node's points
-    stamped by that node's clock, and clocks differ (±90 s is common). Each node's offset
-    from the replay's clock is learned when it is first heard (and again if its clock jumps),
-    and the clock is a high quantile of the nodes' newest stamps with their offsets taken out
-    (nodes heard within ``CLOCK_QUORUM_S``), never going back. A node is then judged by how much
-    of this clock has passed since it was last heard, not by how its stamps compare with
-    another node's; the clock's own time base is the first node's, which nothing depends on."""
-
-    def __init__(self) -> None:
-        self._index: dict[str, int] = {}
-        # Per node, as Python floats (a line's few frames are noted one by one: numpy's scalars would cost more).
-        self._offset: list[float] = []  # seconds each node's clock is ahead of this one
-        self._latest: list[float] = []  # each node's newest stamp, offset taken out (never goes down)
-        self._front = -math.inf  # the newest any node has said: _latest's max, kept as it moves
-        self.now_ns = 0
-
-    def heard(self, frames: list[Frame]) -> int:
-        """Note the frames of one line; returns the clock (unix ns) after them."""
-        offset, latest = self._offset, self._latest
-        for frame in frames:
-            stamp = frame.time_unix_nano / 1e9
-            i = self._index.get(frame.devices.node)
-            if i is None:
-                i = self._index[frame.devices.node] = len(self._index)
-                offset.append(stamp - self.now_ns / 1e9 if self.now_ns else 0.0)
-                latest.append(-math.inf)
-            corrected = stamp - offset[i]
-            front = self._front  # the newest any node has said (the clock may lag it)
-            if math.isfinite(front) and abs(corrected - front) > CLOCK_JUMP_S:  # this node's clock was stepped
-                offset[i] = stamp - front
-                latest[i] = corrected = front
-            newest = latest[i] = max(latest[i], corrected)
-            self._front = max(front, newest)
-        if frames:
-            stamps = np.asarray(latest)
-            recent = stamps[stamps >= self._front - CLOCK_QUORUM_S]
-            k = int(CLOCK_QUANTILE * (recent.size - 1))  # one partition, not a sort
-            self.now_ns = max(self.now_ns, round(float(np.partition(recent, k)[k]) * 1e9))
-        return self.now_ns
 
 
 def replay(
@@ -139,7 +84,7 @@ def replay(
     decode_process: bool | None = None,
 ) -> ReplayResult:
     """Stream ``paths`` through the classifier, evaluating every ``evaluate_every_s`` of the
-    recording's clock (:class:`TraceClock`); write changed verdicts to ``out``.
+    recording's clock (:class:`~otel_dra.decode.clock.TraceClock`); write changed verdicts to ``out``.
 
     Decoded frames are ingested in batches, once per evaluation, and dropped: a replay costs
     O(samples), and holds the classifier's state, not the recording, nor the verdicts it wrote
@@ -152,9 +97,9 @@ def replay(
     schema = Schema()
     stage = DecodeStage(paths, schema, limits or DecodeLimits(), process=decode_process)
     classifier = Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True)
-    clock = TraceClock()
     pending: list[Frame] = []
     heard: list[int] = []
+    now = 0  # the recording's clock after the last line read
     every_ns = round(evaluate_every_s * 1e9)
     next_eval: int | None = None
     outcomes: dict[Outcome, Outcome] = {}
@@ -186,7 +131,7 @@ def replay(
                 if room > 0:
                     result.errors.extend(errors[:room])
             if frames:
-                now = clock.heard(frames)
+                now = decoded.now_ns  # (the decode stage reads the recording's clock)
                 pending.extend(frames)
                 heard.extend([now] * len(frames))
                 result.frames += len(frames)
@@ -200,8 +145,8 @@ def replay(
             # Nothing of this line is held while the next is read and decoded (only its frames, in ``pending``).
             del decoded, frames, errors
     if result.frames:
-        judge(clock.now_ns)
-        result.last_time_ns = clock.now_ns
+        judge(now)
+        result.last_time_ns = now
         intervals = classifier.intervals(np.flatnonzero(classifier.registry.active))
         intervals = intervals[~np.isnan(intervals)]
         result.interval_s = float(np.median(intervals)) if intervals.size else evaluate_every_s

@@ -5,11 +5,16 @@ A replay is two stages in a row, each about half its time: decode (inflate, pars
 batches ahead of the judge, so a replay takes the longer stage's time rather than their sum (the
 receivers → processors split of an OpenTelemetry Collector's pipeline, with a pipe between).
 
-What crosses the pipe is each line's frames as (time, table number, values), its errors and refusals and
-its size: a device table crosses once, when first used, so the judge's side holds one table object per table
-the decoder made, as it would in one process (the classifier finds a node's rows by its table's identity);
-the schema's new columns cross before the first frame that uses them. The pipe holds at most a batch or two,
-so the child stays only that far ahead: memory stays bounded whatever the recording's size.
+The stage also reads the recording's clock (:class:`~otel_dra.decode.clock.TraceClock`) line by line, beside the
+decoding: each decoded line says what the clock reads once its frames were heard, and the judge's side only
+compares it with its evaluation grid.
+
+What crosses the pipe is each line's frames as (time, table number, values), its errors and refusals, its size
+and the clock after it: a device table crosses once, when first used, so the judge's side holds one table
+object per table the decoder made, as it would in one process (the classifier finds a node's rows by its
+table's identity); the schema's new columns cross before the first frame that uses them. The pipe holds at
+most a batch or two, so the child stays only that far ahead: memory stays bounded whatever the recording's
+size.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from otel_dra.decode.clock import TraceClock
 from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
@@ -60,6 +66,7 @@ class DecodedLine:
     errors: tuple[DecodeError, ...]
     limited: dict[str, int]
     size: int  # bytes, its newline included
+    now_ns: int  # the recording's clock once this line's frames were heard (unix ns; 0 before any frame)
 
 
 @dataclass
@@ -97,10 +104,12 @@ class DecodeStage:
 
     def _here(self) -> Iterator[DecodedLine]:
         decoder = OtlpJsonDecoder(self.schema, limits=self.limits)
+        clock = TraceClock()
         try:
             for _path, lineno, raw in read_lines(self.paths):
                 decoded = decoder.decode(raw, lineno)
-                yield DecodedLine(lineno, decoded.frames, decoded.errors, decoded.limited, len(raw) + 1)
+                now = clock.heard(decoded.frames) if decoded.frames else clock.now_ns
+                yield DecodedLine(lineno, decoded.frames, decoded.errors, decoded.limited, len(raw) + 1, now)
                 del raw, decoded  # nothing of this line held while the next is read
         finally:
             _count(decoder, self.totals)
@@ -134,9 +143,9 @@ class DecodeStage:
                     if reset:
                         tables.clear()
                     tables.update(new_tables)
-                    for lineno, frames, errors, limited, size in items:
+                    for lineno, frames, errors, limited, size, now in items:
                         made = [Frame(t, tables[number], values) for t, number, values in frames]
-                        yield DecodedLine(lineno, made, errors, limited, size)
+                        yield DecodedLine(lineno, made, errors, limited, size, now)
                 elif kind == "end":
                     self.totals = message[1]
                     return
@@ -195,11 +204,12 @@ def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: Dec
     """The child's side: decode every line, sending batches of ``BATCH_LINES`` (see the module's doc)."""
     schema = Schema()
     decoder = OtlpJsonDecoder(schema, limits=limits)
+    clock = TraceClock()
     numbers: dict[int, tuple[int, DeviceTable]] = {}  # id(table) -> (its number, the table: kept, so ids stay)
     sent_columns = 0
     new_tables: dict[int, DeviceTable] = {}
     reset = False
-    items: list[tuple[int, list[tuple[int, int, np.ndarray]], tuple[DecodeError, ...], dict[str, int], int]] = []
+    items: list[tuple[int, list[tuple[int, int, np.ndarray]], tuple[DecodeError, ...], dict[str, int], int, int]] = []
 
     def flush() -> None:
         nonlocal sent_columns, reset
@@ -227,7 +237,8 @@ def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: Dec
                     known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
                     new_tables[known[0]] = frame.devices
                 frames.append((frame.time_unix_nano, known[0], frame.values))
-            items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1))
+            now = clock.heard(decoded.frames) if decoded.frames else clock.now_ns
+            items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1, now))
             del raw, decoded
             if len(items) >= BATCH_LINES:
                 flush()

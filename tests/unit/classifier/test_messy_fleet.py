@@ -15,8 +15,8 @@ import pytest
 from otel_dra import conventions as cv
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier, Verdict
+from otel_dra.decode.clock import TraceClock
 from otel_dra.frame import DeviceTable, Frame, Schema
-from otel_dra.replay import TraceClock
 from otel_dra.sources.simulated import gpu_columns
 
 S = 10**9

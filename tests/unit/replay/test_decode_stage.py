@@ -44,7 +44,7 @@ def decoded(paths: list[Path], process: bool, **kw) -> tuple[list[DecodedLine], 
 def same_lines(a: list[DecodedLine], b: list[DecodedLine]) -> None:
     assert [x.lineno for x in a] == [y.lineno for y in b]
     for x, y in zip(a, b, strict=True):
-        assert (x.errors, x.limited, x.size) == (y.errors, y.limited, y.size)
+        assert (x.errors, x.limited, x.size, x.now_ns) == (y.errors, y.limited, y.size, y.now_ns)
         assert len(x.frames) == len(y.frames)
         for f, g in zip(x.frames, y.frames, strict=True):
             assert f.time_unix_nano == g.time_unix_nano
