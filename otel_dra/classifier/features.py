@@ -149,8 +149,15 @@ class DeviceParams:
     groups: np.ndarray  # policy group of each row
     driver: DriverClasses  # each driver error code's class in each group
     per_lane_rate: dict[int, float] = field(default_factory=dict)  # gen -> replays/lane/min (fleet-wide)
+    #: ``per_lane_rate`` indexed by generation (0 where it names none), as the sample stage reads it.
+    rate_of_gen: np.ndarray = field(init=False, repr=False, compare=False)
     #: Per driver error code, what :meth:`driver_features` gave (these params serve batch after batch).
     _driver: dict[str, list[tuple[F, np.ndarray | None]]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.rate_of_gen = np.zeros(17)
+        for g, rate in self.per_lane_rate.items():
+            self.rate_of_gen[g] = rate
 
     def driver_features(self, code: str) -> list[tuple[F, np.ndarray | None]]:
         """The features driver error ``code`` counts toward, each with the rows whose class it is (None: every
@@ -195,8 +202,17 @@ class _Plan:
     single_positions: np.ndarray = field(init=False)  # ... and that column's place among counter_cols
     summed: list[tuple[int, np.ndarray]] = field(init=False)  # (feature, places) fed by several
     driver_positions: np.ndarray = field(init=False)  # each driver column's place among counter_cols
+    # The temperature and status columns as arrays (the sample stage reads them as one block each).
+    temp_cols: np.ndarray = field(init=False)
+    temp_limits: np.ndarray = field(init=False)  # (2, sensors): high.degraded and high.critical limit columns, -1
+    status_cols: np.ndarray = field(init=False)
+    status_codes: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
+        self.temp_cols = np.asarray([t for t, _, _ in self.temp], dtype=np.intp)
+        self.temp_limits = np.asarray([[d for _, d, _ in self.temp], [c for _, _, c in self.temp]], dtype=np.intp)
+        self.status_cols = np.asarray([c for c, _ in self.status], dtype=np.intp)
+        self.status_codes = np.asarray([code for _, code in self.status], dtype=np.float64)
         # A feature fed by one counter column (the usual case) is that column's increase: one gather
         # for all of them. Only a feature fed by several sums them (NaN where none was read).
         fed = self.counter_feature
@@ -419,10 +435,9 @@ class FeatureExtractor:
     def _gauges(self, plan: _Plan, values: np.ndarray, out: np.ndarray, p: DeviceParams) -> None:
         n = values.shape[0]
         if plan.temp:
-            t_cols = np.asarray([t for t, _, _ in plan.temp])
-            temps = values[:, t_cols]
-            deg = self._limits(values, [d for _, d, _ in plan.temp], p.temp_degraded)
-            crit = self._limits(values, [c for _, _, c in plan.temp], p.temp_critical)
+            temps = values[:, plan.temp_cols]
+            deg = self._limits(values, plan.temp_limits[0], p.temp_degraded)
+            crit = self._limits(values, plan.temp_limits[1], p.temp_critical)
             known = ~np.isnan(temps).all(axis=1)
             out[:, F.TEMP_MAX] = np.fmax.reduce(temps, axis=1)
             out[:, F.TEMP_HOT] = _indicator((temps > deg).any(axis=1), known)
@@ -475,24 +490,19 @@ class FeatureExtractor:
         out[:, F.GEN_DOWN] = _indicator((gen < gen_max) & loaded, ~np.isnan(gen) & ~np.isnan(gen_max))
         lanes = np.where(np.isnan(width), p.default_width, width)
         generation = np.minimum(np.maximum(np.where(np.isnan(gen), p.default_gen, gen), 1), 16).astype(int)
-        rate_of_gen = np.zeros(17)
-        for g, rate in p.per_lane_rate.items():
-            rate_of_gen[g] = rate
-        out[:, F.LINK_EXPECTED] = rate_of_gen[generation] * lanes
+        out[:, F.LINK_EXPECTED] = p.rate_of_gen[generation] * lanes
         if plan.status:
-            reported = np.full(n, np.nan)
-            for col, code in plan.status:
-                on = values[:, col] >= 1
-                reported = np.where(on, np.fmax(reported, code), reported)
-            any_known = ~np.isnan(values[:, [c for c, _ in plan.status]]).all(axis=1)
+            # The worst state any status series reports on (1), NaN where none does.
+            status = values[:, plan.status_cols]
+            reported = np.fmax.reduce(np.where(status >= 1, plan.status_codes, np.nan), axis=1)
+            any_known = ~np.isnan(status).all(axis=1)
             out[:, F.VENDOR_STATE] = np.where(any_known & np.isnan(reported), 0.0, reported)
 
     @staticmethod
-    def _limits(values: np.ndarray, cols: list[int], fallback: np.ndarray) -> np.ndarray:
-        """Per (row, sensor): the sensor's own limit where reported, the policy fallback otherwise."""
-        n = values.shape[0]
-        out = np.empty((n, len(cols)))
-        for j, col in enumerate(cols):
-            own = values[:, col] if col >= 0 else np.full(n, np.nan)
-            out[:, j] = np.where(np.isnan(own), fallback, own)
-        return out
+    def _limits(values: np.ndarray, cols: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        """Per (row, sensor): the sensor's own limit where reported (its column, -1 for none), the policy
+        fallback otherwise."""
+        own = values[:, cols]
+        if (cols < 0).any():  # (-1 read the last column: those sensors have no limit series)
+            own[:, cols < 0] = np.nan
+        return np.where(np.isnan(own), fallback[:, None], own)

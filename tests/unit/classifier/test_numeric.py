@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from otel_dra.classifier.features import DeviceParams, DriverClasses, F
+from otel_dra import conventions as cv
+from otel_dra.classifier.features import STATE_CODE, DeviceParams, DriverClasses, F, FeatureExtractor
 from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.frame import Column, Schema
 
 floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
 
@@ -33,7 +35,9 @@ def test_nan_to_num_other_dtypes_go_to_numpy() -> None:
 def _params(groups: list[int], driver: DriverClasses) -> DeviceParams:
     one = np.ones(len(groups))
     thresholds = {
-        f.name: one for f in fields(DeviceParams) if f.name not in ("groups", "driver", "per_lane_rate", "_driver")
+        f.name: one
+        for f in fields(DeviceParams)
+        if f.init and f.name not in ("groups", "driver", "per_lane_rate", "_driver")
     }
     return DeviceParams(**thresholds, groups=np.asarray(groups, dtype=np.intp), driver=driver)  # type: ignore[arg-type]
 
@@ -60,3 +64,48 @@ def test_driver_features_per_row_follow_each_groups_table() -> None:
         (F.DRIVER_APPLICATION, [True, False]),
         (F.DRIVER_MECHANICAL, [False, True]),
     ]
+
+
+def _sample_stage_schema() -> Schema:
+    """Two temperature sensors, one with its own degraded limit series, and four status series."""
+    temp, status = cv.HW_TEMPERATURE.name, cv.HW_STATUS.name
+    gpu = {"sensor": "temp/gpu", "sensor_type": "temperature"}
+    mem = {"sensor": "temp/mem", "sensor_type": "temperature"}
+    return Schema(
+        [
+            Column(temp, **gpu),
+            Column(temp + ".limit", ((cv.HW_LIMIT_TYPE, "high.degraded"),), **gpu),
+            Column(temp, **mem),
+            *(Column(status, ((cv.HW_STATE, state),)) for state in ("ok", "degraded", "failed", "predicted_failure")),
+        ]
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 6), st.just(7)),
+        elements=st.one_of(st.just(np.nan), st.sampled_from([0.0, 1.0]), st.floats(20, 110)),
+    )
+)
+def test_the_sample_stage_reads_limits_and_states_as_each_sensor_and_series_says(values: np.ndarray) -> None:
+    """A sensor's own limit where its series has a value, the policy's otherwise; the worst state any status series
+    is on, 0 where some are read and none is on, NaN where none is read (each sensor and series read one by one)."""
+    extractor = FeatureExtractor(_sample_stage_schema(), capacity=8)
+    n = values.shape[0]
+    params = _params([0] * n, DriverClasses([]))
+    params.temp_degraded, params.temp_critical = np.full(n, 80.0), np.full(n, 95.0)
+    feats = extractor.extract(np.arange(n), np.ones(n, dtype=bool), np.zeros(n), values, params)
+    for i, row in enumerate(values):
+        gpu_bar = 80.0 if np.isnan(row[1]) else row[1]
+        temps = [(row[0], gpu_bar), (row[2], 80.0)]
+        read = [t for t, _ in temps if not np.isnan(t)]
+        hot = float(any(t > bar for t, bar in temps)) if read else np.nan
+        crit = float(any(t > 95.0 for t, _ in temps)) if read else np.nan
+        np.testing.assert_array_equal(feats[[F.TEMP_HOT, F.TEMP_CRIT], i], [hot, crit])
+        codes = [STATE_CODE[s] for s in ("ok", "degraded", "failed", "predicted_failure")]
+        states = row[3:]
+        on = [c for c, v in zip(codes, states, strict=True) if v >= 1]
+        worst = float(max(on)) if on else (0.0 if not np.isnan(states).all() else np.nan)
+        np.testing.assert_array_equal(feats[F.VENDOR_STATE, i], worst)
