@@ -148,16 +148,10 @@ class DeviceParams:
     default_width: np.ndarray
     groups: np.ndarray  # policy group of each row
     driver: DriverClasses  # each driver error code's class in each group
-    per_lane_rate: dict[int, float] = field(default_factory=dict)  # gen -> replays/lane/min (fleet-wide)
-    #: ``per_lane_rate`` indexed by generation (0 where it names none), as the sample stage reads it.
-    rate_of_gen: np.ndarray = field(init=False, repr=False, compare=False)
+    #: PCIe replays a lane may make a minute, by link generation 0..16 (0 where the policy names none; fleet-wide).
+    rate_of_gen: np.ndarray = field(default_factory=lambda: np.zeros(17))
     #: Per driver error code, what :meth:`driver_features` gave (these params serve batch after batch).
     _driver: dict[str, list[tuple[F, np.ndarray | None]]] = field(default_factory=dict, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.rate_of_gen = np.zeros(17)
-        for g, rate in self.per_lane_rate.items():
-            self.rate_of_gen[g] = rate
 
     def driver_features(self, code: str) -> list[tuple[F, np.ndarray | None]]:
         """The features driver error ``code`` counts toward, each with the rows whose class it is (None: every

@@ -66,7 +66,10 @@ class PolicyGroups:
         self.code_tables: list[dict[str, str]] = []  # per group: driver error code -> class
         self._driver = DriverClasses(self.code_tables)
         link = policy.rules["link"]["replays_per_lane_per_minute"]
-        self._per_lane_rate = {int(g): float(r) for g, r in link.items()}
+        self._rate_of_gen = np.zeros(17)  # (DeviceParams.rate_of_gen: one array for every batch, read-only)
+        for g, rate in link.items():
+            self._rate_of_gen[int(g)] = float(rate)
+        self._rate_of_gen.flags.writeable = False
         self.group = np.zeros(capacity, dtype=np.intp)
         self.firmware_bad = np.zeros(capacity, dtype=bool)
         self.firmware_text: list[str] = [""] * capacity
@@ -211,7 +214,7 @@ class PolicyGroups:
             default_width=at(link.default_width),
             groups=group,
             driver=self._driver,
-            per_lane_rate=dict(self._per_lane_rate),
+            rate_of_gen=self._rate_of_gen,
         )
         for values in vars(out).values():
             if isinstance(values, np.ndarray):

@@ -35,9 +35,7 @@ def test_nan_to_num_other_dtypes_go_to_numpy() -> None:
 def _params(groups: list[int], driver: DriverClasses) -> DeviceParams:
     one = np.ones(len(groups))
     thresholds = {
-        f.name: one
-        for f in fields(DeviceParams)
-        if f.init and f.name not in ("groups", "driver", "per_lane_rate", "_driver")
+        f.name: one for f in fields(DeviceParams) if f.name not in ("groups", "driver", "rate_of_gen", "_driver")
     }
     return DeviceParams(**thresholds, groups=np.asarray(groups, dtype=np.intp), driver=driver)  # type: ignore[arg-type]
 
