@@ -105,12 +105,14 @@ class HorizonStore:
 
     def _advance(self, ix: RowIndex, head: np.ndarray, gap: np.ndarray) -> None:
         """Move rows from bucket ``head`` to ``head + gap``: buckets leave each span, slots free up."""
+        # Only the moving rows (a batch's usually all move one bucket: every step below then reads this one index).
         moving = gap > 0
+        if not moving.all():
+            ix, head, gap = RowIndex(ix.rows[moving]), head[moving], gap[moving]
         for span, s, c in zip(self.spans, self.total_sums, self.total_counts, strict=True):
             # Buckets head-span+1 .. head+gap-span leave the span (at most ``span`` of them).
             for k in range(int(min(gap.max(), span))):
-                pick = moving & (gap > k)
-                sub, leaving = _subset(ix, pick, head - span + 1 + k)
+                sub, leaving = _subset(ix, gap > k, head - span + 1 + k)
                 slot = leaving % self.buckets
                 held = sub.take_slots(self.ids, slot) == leaving
                 if held.any():
@@ -125,7 +127,7 @@ class HorizonStore:
             sub.put_slots(self.counts, slot, 0)
             sub.put_slots(self.ids, slot, entering)
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            # No float residue where a span now holds nothing.
+            # No float residue where a span now holds nothing (only a moving row had anything taken out).
             empty = ix.take(c, axis=1) == 0
             if empty.any():
                 totals = ix.take(s, axis=1)
