@@ -9,16 +9,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otel_dra.classifier import peers
 from otel_dra.classifier.peers import dense, grouped_median, grouped_median_mad, load_bins, quantile_of_others
 
 values = st.lists(
     st.tuples(st.integers(0, 6), st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False)), max_size=60
 )
+#: Both ways of ordering a group's values (peers._order): a small fleet's lexsort, and the scaled key past it.
+ORDERINGS = [
+    pytest.param(peers.LEXSORT_MAX, id="lexsort"),
+    pytest.param(0, id="scaled-key"),
+]
 
 
+@pytest.mark.parametrize("lexsort_max", ORDERINGS)
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(values)
-def test_grouped_median_and_mad_are_each_groups(pairs: list[tuple[int, float]]) -> None:
+def test_grouped_median_and_mad_are_each_groups(lexsort_max: int, pairs: list[tuple[int, float]]) -> None:
+    peers.LEXSORT_MAX, kept = lexsort_max, peers.LEXSORT_MAX
+    try:
+        _each_groups_median(pairs)
+    finally:
+        peers.LEXSORT_MAX = kept
+
+
+def _each_groups_median(pairs: list[tuple[int, float]]) -> None:
     groups = np.asarray([g for g, _ in pairs], dtype=np.intp)
     data = np.asarray([v for _, v in pairs], dtype=np.float64)
     median, mad, size = grouped_median_mad(data, groups, 7)
@@ -52,9 +67,20 @@ def test_load_bins_count_the_edges_at_or_below():
     assert load_bins(util, np.asarray([0.3, 0.6, 0.85])).tolist() == [0, 0, 1, 2, 3, 3, -1]
 
 
+@pytest.mark.parametrize("lexsort_max", ORDERINGS)
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(values, st.sampled_from([0.0, 0.5, 0.75, 0.9, 1.0]))
-def test_the_quantile_of_the_others_leaves_the_device_out(pairs: list[tuple[int, float]], q: float) -> None:
+def test_the_quantile_of_the_others_leaves_the_device_out(
+    lexsort_max: int, pairs: list[tuple[int, float]], q: float
+) -> None:
+    peers.LEXSORT_MAX, kept = lexsort_max, peers.LEXSORT_MAX
+    try:
+        _quantile_of_others(pairs, q)
+    finally:
+        peers.LEXSORT_MAX = kept
+
+
+def _quantile_of_others(pairs: list[tuple[int, float]], q: float) -> None:
     groups = np.asarray([g for g, _ in pairs], dtype=np.intp)
     data = np.asarray([v for _, v in pairs], dtype=np.float64)
     found, others = quantile_of_others(data, groups, 7, q)
