@@ -39,7 +39,7 @@ class TraceClock:
         self.now_ns = 0
 
     def heard(self, frames: list[Frame]) -> int:
-        """Note the frames of one line; returns the clock (unix ns) after them."""
+        """Note the frames of one line (none: the clock as it was); returns the clock (unix ns) after them."""
         offset, latest = self._offset, self._latest
         for frame in frames:
             stamp = frame.time_unix_nano / 1e9

@@ -108,7 +108,7 @@ class DecodeStage:
         try:
             for _path, lineno, raw in read_lines(self.paths):
                 decoded = decoder.decode(raw, lineno)
-                now = clock.heard(decoded.frames) if decoded.frames else clock.now_ns
+                now = clock.heard(decoded.frames)
                 yield DecodedLine(lineno, decoded.frames, decoded.errors, decoded.limited, len(raw) + 1, now)
                 del raw, decoded  # nothing of this line held while the next is read
         finally:
@@ -237,7 +237,7 @@ def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: Dec
                     known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
                     new_tables[known[0]] = frame.devices
                 frames.append((frame.time_unix_nano, known[0], frame.values))
-            now = clock.heard(decoded.frames) if decoded.frames else clock.now_ns
+            now = clock.heard(decoded.frames)
             items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1, now))
             del raw, decoded
             if len(items) >= BATCH_LINES:
