@@ -497,6 +497,7 @@ class FeatureExtractor:
         """Per (row, sensor): the sensor's own limit where reported (its column, -1 for none), the policy
         fallback otherwise."""
         own = values[:, cols]
-        if (cols < 0).any():  # (-1 read the last column: those sensors have no limit series)
-            own[:, cols < 0] = np.nan
+        missing = cols < 0  # (-1 read the last column: those sensors have no limit series)
+        if missing.any():
+            own[:, missing] = np.nan
         return np.where(np.isnan(own), fallback[:, None], own)
