@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.numeric import all_of, flatnonzero
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.topology import Topology
@@ -47,14 +48,14 @@ class Samples:
         """The samples in rounds that have every device at most once, each device's samples in arrival order
         (``ordered``: the rows are known to be unique, a single frame's)."""
         rows = self.rows
-        if ordered or bool((rows[1:] > rows[:-1]).all()):  # ascending rows: every device once
+        if ordered or all_of(rows[1:] > rows[:-1]):  # ascending rows: every device once
             yield self
             return
         # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its
         # second, ...), so each round has every device at most once, in arrival order.
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
-        starts = np.r_[0, np.flatnonzero(np.diff(sorted_rows)) + 1]
+        starts = np.r_[0, flatnonzero(np.diff(sorted_rows)) + 1]
         if starts.size == rows.size:  # every device once (the usual tick): one round, in batch order
             yield self
             return

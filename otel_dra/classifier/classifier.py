@@ -26,6 +26,7 @@ from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.layout import EVENT_FEATURES, HORIZON_FEATURES, R
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
 from otel_dra.classifier.messages import Shared, VerdictWriter
+from otel_dra.classifier.numeric import any_of, flatnonzero
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.peers import PeerHistory
 from otel_dra.classifier.reader import Window
@@ -222,7 +223,7 @@ class Classifier:
         begins a new window at its repair: what the old one held was the device before it."""
         restarted = feats[F.RESTARTS] > 0
         reset = restarted | (feats[F.RESETS] > 0)
-        if not reset.any():
+        if not any_of(reset):
             return
         node = self.registry.node_of[rows]
         nodes = len(self.registry.nodes)
@@ -282,7 +283,7 @@ class Classifier:
         self.last_now_ns = now_ns
         now_s = now_ns / 1e9
         in_grace = self.freshness.grace(now_s)
-        rows = np.flatnonzero(self.registry.active)
+        rows = flatnonzero(self.registry.active)
         if rows.size == 0:
             self._evaluated([])
             return []
@@ -308,7 +309,7 @@ class Classifier:
         self.firmware_rates.observe(rows, now_s, version, fresh | lost, eng.on[rows], eng.state[rows], eng.scope[rows])
         out = []
         emit = self.memory.first_verdicts(rows, changed)
-        for i in np.flatnonzero(emit).tolist():
+        for i in flatnonzero(emit).tolist():
             row = int(rows[i])
             at_ns = self._time_ns(now_ns, w, i)
             if changed[i]:
@@ -360,7 +361,7 @@ class Classifier:
         """Every known device's verdict as of the last evaluation (for /v1/devices and the metrics)."""
         if self.last_now_ns == 0:
             return []
-        rows = np.flatnonzero(self.registry.active & (self.engine.key >= 0))
+        rows = flatnonzero(self.registry.active & (self.engine.key >= 0))
         if rows.size == 0:
             return []
         now_s = self.last_now_ns / 1e9

@@ -22,6 +22,7 @@ from otel_dra.classifier.features import STATE_OF_CODE
 from otel_dra.classifier.group_memory import LinkEpisodes
 from otel_dra.classifier.layout import SCOPE, R
 from otel_dra.classifier.memory import ReasonMemory, VerdictMemory, pack_key
+from otel_dra.classifier.numeric import any_of, flatnonzero
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rules import Evidence
 from otel_dra.classifier.topology import GroupNames
@@ -172,7 +173,7 @@ class VerdictEngine:
         codes = np.maximum(codes, floor)
         beyond = self.scope_remediation[scopes]
         link = scopes == _LINK
-        if link.any():
+        if any_of(link):
             beyond = np.where(link, self.group_remediation[np.minimum(group_codes, self.group_on.size - 1)], beyond)
         return np.where(beyond >= 0, beyond, codes)
 
@@ -234,7 +235,7 @@ class VerdictEngine:
         bits = np.zeros(n, dtype=np.int64)
         remediation = np.zeros(n, dtype=np.int64)
         scope = np.zeros(n, dtype=np.int64)
-        busy = np.flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
+        busy = flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
         was_group = self.verdict_group[rows]  # (a verdict whose group changed, say pcie to fabric, is a change)
         links = np.zeros(0, dtype=np.int32)  # the group codes of the link findings on (every row is evaluated)
         if busy.size:
@@ -310,7 +311,7 @@ class VerdictEngine:
         """Each link group whose finding is on or whose episodes still count toward escalation at ``now_s``."""
         keep = self.group_on | ((self.group_episodes > 0) & (now_s - self.group_first_at <= self.escalation_window_s))
         out = []
-        for code in np.flatnonzero(keep).tolist():
+        for code in flatnonzero(keep).tolist():
             key = self.names.keys[code]
             out.append(
                 LinkEpisodes(
@@ -344,7 +345,7 @@ class VerdictEngine:
         counting = (self.episodes[rows] > 0) & (now_s - self.first_episode_at[rows] <= self.escalation_window_s)
         keep = self.on[rows] | counting
         out: dict[int, dict[int, ReasonMemory]] = {}
-        for i in np.flatnonzero(keep.any(axis=1)).tolist():
+        for i in flatnonzero(keep.any(axis=1)).tolist():
             row = int(rows[i])
             out[row] = {
                 r: ReasonMemory(
@@ -358,7 +359,7 @@ class VerdictEngine:
                     scope=int(self.scope[row, r]),
                     group=self.names.names[int(self.group[row, r])],
                 )
-                for r in np.flatnonzero(keep[i]).tolist()
+                for r in flatnonzero(keep[i]).tolist()
             }
         return out
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from otel_dra.classifier.numeric import any_of, flatnonzero
 from otel_dra.classifier.registry import grown, grown_rows, next_capacity
 from otel_dra.policy import EVENT_LOG_DEPTH
 
@@ -40,7 +41,7 @@ class EventLog:
         self.next = grown_rows(self.next, capacity, keep=keep)
         self.slot = grown_rows(self.slot, capacity, keep=keep)
         if keep is not None:  # rows renumbered, some dropped: the pool keeps only the places still held
-            held = np.flatnonzero(self.slot)
+            held = flatnonzero(self.slot)
             self._times = np.concatenate([self._times[:1], self._times[self.slot[held]]])
             self._amounts = np.concatenate([self._amounts[:1], self._amounts[self.slot[held]]])
             self.slot[held] = np.arange(1, held.size + 1, dtype=np.int32)
@@ -81,7 +82,7 @@ class EventLog:
     def record(self, rows: np.ndarray, time_s: np.ndarray, amounts: np.ndarray) -> None:
         """Log the rows whose ``amounts`` (counter increases) are positive."""
         hit = amounts > 0  # (NaN: no increase read)
-        if not hit.any():
+        if not any_of(hit):
             return
         r = rows[hit]
         p = self._places(r)
@@ -114,7 +115,7 @@ class EventLog:
         """Events of each of ``rows`` at or after ``cutoff_s`` (scalar, or one per row)."""
         rows = np.asarray(rows)
         out = np.zeros(rows.shape[0])
-        some = np.flatnonzero(self.next[rows] > 0)  # most devices never had such an event
+        some = flatnonzero(self.next[rows] > 0)  # most devices never had such an event
         if some.size:
             cutoff = np.asarray(cutoff_s, dtype=np.float64)
             cutoff = cutoff[some, None] if cutoff.ndim else cutoff

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from otel_dra import conventions as cv
-from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num, nans
 from otel_dra.classifier.registry import grown, grown_rows
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
@@ -213,8 +213,8 @@ class _Plan:
         features, counts = np.unique(fed[fed >= 0], return_counts=True)
         single = features[counts == 1]
         self.single_features = single.astype(np.intp)
-        self.single_positions = np.asarray([int(np.flatnonzero(fed == f)[0]) for f in single], dtype=np.intp)
-        self.summed = [(int(f), np.flatnonzero(fed == f)) for f in features[counts > 1]]
+        self.single_positions = np.asarray([int(flatnonzero(fed == f)[0]) for f in single], dtype=np.intp)
+        self.summed = [(int(f), flatnonzero(fed == f)) for f in features[counts > 1]]
         place = {int(c): j for j, c in enumerate(self.counter_cols.tolist())}
         self.driver_positions = np.asarray([place[col] for col, _ in self.driver_cols], dtype=np.intp)
 
@@ -375,7 +375,7 @@ class FeatureExtractor:
             values = np.concatenate([values, np.full((n, plan.width - values.shape[1]), np.nan)], axis=1)
         # Feature-major, as the stores keep them: ``out`` is its (rows, features) view, whose columns
         # (one feature of every row, what each step below writes) are contiguous.
-        major = np.full((N_FEATURES, n), np.nan)
+        major = nans((N_FEATURES, n))
         out = major.T
         prev_t = ix.take(self.prev_time)
         out[:, F.DT] = np.where(np.isnan(prev_t), 0.0, np.maximum(time_s - prev_t, 0.0))
@@ -404,7 +404,7 @@ class FeatureExtractor:
             np.copyto(inc, 0.0, where=down)
             out[:, F.RESTARTS] = down.sum(axis=1)
             first = np.isnan(prev) & have
-            if first.any():
+            if any_of(first):
                 inc[first] = np.where(new[:, None], 0.0, v)[first]
             ix.put(baselines, np.where(have, v, prev))
             out[:, plan.single_features] = inc[:, plan.single_positions]
@@ -498,6 +498,6 @@ class FeatureExtractor:
         fallback otherwise."""
         own = values[:, cols]
         missing = cols < 0  # (-1 read the last column: those sensors have no limit series)
-        if missing.any():
+        if any_of(missing):
             own[:, missing] = np.nan
         return np.where(np.isnan(own), fallback[:, None], own)

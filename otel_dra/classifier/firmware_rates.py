@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from otel_dra.classifier.layout import DEVICE, FAILED, R
+from otel_dra.classifier.numeric import any_of, flatnonzero
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.topology import GroupNames
 from otel_dra.policy import FirmwareScope
@@ -177,7 +178,7 @@ class FirmwareRates:
         versioned = index >= 0
         if step > 0:
             self.exposure[:, slot] += np.bincount(index[known & versioned], minlength=n) * step
-        if counted.any():
+        if any_of(counted):
             self.events[:, slot] += np.bincount(index[counted & versioned], minlength=n)
         if now_s - self.tested_at >= self.policy.every_s:
             self.tested_at = now_s
@@ -209,7 +210,7 @@ class FirmwareRates:
         least_s = p.min_device_days * DAY_S
         t1, k1 = exposure, events
         t0, k0 = per_model_t[model_of] - t1, per_model_k[model_of] - k1
-        tested = np.flatnonzero((t1 >= least_s) & (t0 >= least_s))
+        tested = flatnonzero((t1 >= least_s) & (t0 >= least_s))
         for i in tested.tolist():
             if k1[i] < p.min_events or struck[i] < p.min_devices or k1[i] / t1[i] < p.min_ratio * (k0[i] / t0[i]):
                 continue
@@ -233,7 +234,7 @@ class FirmwareRates:
     def history(self, now_s: float) -> FirmwareHistory:
         """The versions' buckets within the horizon, by model and version (codes are this process's)."""
         bucket = int(now_s // self.policy.bucket_s)
-        live = np.flatnonzero((self.bucket_of > bucket - self.n_buckets) & (self.bucket_of >= 0))
+        live = flatnonzero((self.bucket_of > bucket - self.n_buckets) & (self.bucket_of >= 0))
         versions = []
         for i, code in enumerate(self.code_of):
             _, model, version = self.names.keys[code]

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from otel_dra.classifier.features import F
+from otel_dra.classifier.numeric import flatnonzero
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.window import WindowStore
 from otel_dra.policy import Policy
@@ -33,7 +34,7 @@ def monotonic_s() -> float:
 
 def _runs(groups: np.ndarray) -> np.ndarray:
     """Where each run of equal neighbours in ``groups`` starts."""
-    return np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1)) if groups.size else np.zeros(0, np.intp)
+    return np.concatenate(([0], flatnonzero(groups[1:] != groups[:-1]) + 1)) if groups.size else np.zeros(0, np.intp)
 
 
 def _max_into(out: np.ndarray, groups: np.ndarray, values: np.ndarray, starts: np.ndarray) -> None:
@@ -95,7 +96,7 @@ class Freshness:
         against when it was last heard. After a stall of the judging process (:meth:`pace`), what
         was fresh when it stalled stays fresh for a sampling interval after it resumed."""
         reg = self.registry
-        active = np.flatnonzero(reg.active)
+        active = flatnonzero(reg.active)
         base = self.policy.stale_timeout_s
         measured = self.intervals(active)
         interval = np.where(np.isnan(measured), base, measured)
@@ -130,7 +131,7 @@ class Freshness:
         if self._stall_since_s is not None:
             self._stall, self._stall_since_s = (self._stall_since_s, now_s), None
         elif self._stall is not None:
-            longest = np.nanmax(self.intervals(np.flatnonzero(self.registry.active)), initial=0.0)
+            longest = np.nanmax(self.intervals(flatnonzero(self.registry.active)), initial=0.0)
             if now_s >= self._stall[1] + max(self.interval_s, float(longest)) - _GRACE_SLACK_S:
                 self._stall = None
         return self._stall is not None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from otel_dra.classifier.numeric import all_of, any_of
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rows import RowIndex
 
@@ -80,10 +81,10 @@ class HorizonStore:
         started = head != _NONE
         bucket = np.where(started, np.maximum(bucket, head), bucket)
         gap = np.where(started, bucket - head, 0)
-        if gap.any():
+        if any_of(gap):
             self._advance(ix, head, gap)
         fresh = ~started
-        if fresh.any():  # a row's first sample: its slot is new
+        if any_of(fresh):  # a row's first sample: its slot is new
             sub, first = _subset(ix, fresh, bucket)
             slot = first % self.buckets
             sub.put_slots(self.sums, slot, 0.0)
@@ -93,7 +94,7 @@ class HorizonStore:
         valid = ~np.isnan(values)
         add = np.where(valid, values, 0.0).astype(np.float32)  # totals add what the buckets hold
         slot = bucket % self.buckets
-        if slot.size and bool((slot == slot[0]).all()):  # every row in the same bucket slot (the usual tick)
+        if slot.size and all_of(slot == slot[0]):  # every row in the same bucket slot (the usual tick)
             ix.add(self.sums[int(slot[0])], add, axis=1)
             ix.add(self.counts[int(slot[0])], valid, axis=1)
         else:
@@ -107,7 +108,7 @@ class HorizonStore:
         """Move rows from bucket ``head`` to ``head + gap``: buckets leave each span, slots free up."""
         # Only the moving rows (a batch's usually all move one bucket: every step below then reads this one index).
         moving = gap > 0
-        if not moving.all():
+        if not all_of(moving):
             ix, head, gap = RowIndex(ix.rows[moving]), head[moving], gap[moving]
         for span, s, c in zip(self.spans, self.total_sums, self.total_counts, strict=True):
             # Buckets head-span+1 .. head+gap-span leave the span (at most ``span`` of them).
@@ -115,7 +116,7 @@ class HorizonStore:
                 sub, leaving = _subset(ix, gap > k, head - span + 1 + k)
                 slot = leaving % self.buckets
                 held = sub.take_slots(self.ids, slot) == leaving
-                if held.any():
+                if any_of(held):
                     sub, slot = _subset(sub, held, slot)
                     sub.subtract(s, sub.take_slots(self.sums, slot), axis=1)
                     sub.subtract(c, sub.take_slots(self.counts, slot), axis=1)
@@ -129,7 +130,7 @@ class HorizonStore:
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
             # No float residue where a span now holds nothing (only a moving row had anything taken out).
             empty = ix.take(c, axis=1) == 0
-            if empty.any():
+            if any_of(empty):
                 totals = ix.take(s, axis=1)
                 np.copyto(totals, 0.0, where=empty)
                 ix.written_back(s, totals, axis=1)
@@ -155,6 +156,6 @@ class HorizonStore:
 
 def _subset(ix: RowIndex, pick: np.ndarray, values: np.ndarray) -> tuple[RowIndex, np.ndarray]:
     """The picked rows of ``ix`` and their ``values`` (all of them, as they are, when every row is picked)."""
-    if pick.all():
+    if all_of(pick):
         return ix, values
     return RowIndex(ix.rows[pick]), values[pick]

@@ -20,3 +20,26 @@ def nan_to_num(values: np.ndarray) -> np.ndarray:
     out = np.where(np.isnan(values), 0.0, values)
     np.maximum(out, -_MAX, out=out)
     return np.minimum(out, _MAX, out=out)
+
+
+def any_of(a: np.ndarray) -> bool:
+    """``bool(a.any())``: ``ndarray.any`` reduces through a Python-level wrapper (~0.7 us on a few dozen values),
+    a count of the non-zero values does not (~0.25 us); NaN counts as true in both."""
+    return bool(np.count_nonzero(a))
+
+
+def all_of(a: np.ndarray) -> bool:
+    """``bool(a.all())``, as :func:`any_of` counts."""
+    return bool(np.count_nonzero(a) == a.size)
+
+
+def flatnonzero(a: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(a)`` of an array, without its two Python-level wrappers (~0.9 us against ~0.25 us)."""
+    return a.ravel().nonzero()[0]
+
+
+def nans(shape: int | tuple[int, ...]) -> np.ndarray:
+    """``np.full(shape, np.nan)``: an empty array filled in place, without ``np.full``'s Python-level checks."""
+    out = np.empty(shape)
+    out.fill(np.nan)
+    return out

@@ -11,7 +11,7 @@ import numpy as np
 
 from otel_dra.classifier.features import F
 from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, R
-from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.classifier.numeric import flatnonzero, nan_to_num, nans
 from otel_dra.classifier.peers import (
     ThermalResiduals,
     dense,
@@ -107,7 +107,7 @@ def thermal_peers(w: Window) -> ThermalPeers:
         judged = ~np.isnan(res.residual) & ~light
         hot = judged & (res.residual >= bar)
     flagged = hot.copy()
-    some = np.flatnonzero(flagged)
+    some = flatnonzero(flagged)
     if some.size:  # a few devices: their samples' median, so that one spike is not heat
         r = rows[some]
         temps = w.store.samples(r, F.TEMP_MAX)
@@ -157,7 +157,7 @@ def cap_peers(w: Window) -> CapPeers:
     n_spans = len(spans)
     share = np.concatenate(shares)
     b = load_bins(np.concatenate(utils), edges)
-    eligible = np.flatnonzero(np.concatenate(spans) & (b >= 0))
+    eligible = flatnonzero(np.concatenate(spans) & (b >= 0))
     span = eligible // n
     row = eligible - span * n
     group = span * len(g.cohort_names) + cohort[row]  # (span, cohort)
@@ -166,7 +166,7 @@ def cap_peers(w: Window) -> CapPeers:
     # inference replicas at the same utilization is not four devices capped far more than their peers.
     host, n_hosts = dense(group, w.nodes[row])
     host_median, host_size = grouped_median(share[eligible], host, n_hosts)
-    at_node = np.full(n_spans * n, np.nan)
+    at_node = nans(n_spans * n)
     at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
     # Its peers: its own bin's, or where those are too few, every bin from its own up ("bin >= level"), keyed (kind,
     # span, cohort, bin or level). Own bins first; then the pools of the levels some device has too few peers in
@@ -185,9 +185,9 @@ def cap_peers(w: Window) -> CapPeers:
     kept = needed[level_key]
     up, up_others = quantile_of_others(share[eligible[member[kept]]], level_key[kept], n_keys, q)
     at = np.cumsum(kept)[np.cumsum(copies) - 1] - 1  # each needy device's copy at its own bin's level
-    reference = np.full(n_spans * n, np.nan)
+    reference = nans(n_spans * n)
     reference[eligible[~needy]] = own[~needy]
-    up_ok = np.flatnonzero(needy)
+    up_ok = flatnonzero(needy)
     up_ok = up_ok[up_others[at[up_ok]] + 1 >= peers[eligible[up_ok]]]
     reference[eligible[up_ok]] = up[at[up_ok]]
     references = list(reference.reshape(n_spans, n))
@@ -199,10 +199,10 @@ def cap_peers(w: Window) -> CapPeers:
     limit = w.mean(F.POWER_LIMIT)
     seen = w.counts[F.POWER_PINNED] == 0
     known = w.fresh & ~np.isnan(limit) & (~seen | (w.counts[F.POWER_LIMIT] >= w.min_samples))
-    reported = np.flatnonzero(known & ~seen)
+    reported = flatnonzero(known & ~seen)
     by_cohort, size = grouped_median(limit[reported], cohort[reported], len(g.cohort_names))
     limit_median = np.where(size[cohort] >= least, by_cohort[cohort], np.nan)
-    observed = np.flatnonzero(known & seen)
+    observed = flatnonzero(known & seen)
     if observed.size:  # (none where every device reports its limit: no grouping an evaluation for nothing)
         host, n_hosts = dense(cohort[observed], w.nodes[observed])
         by_node, size = grouped_median(limit[observed], host, n_hosts)
@@ -210,7 +210,7 @@ def cap_peers(w: Window) -> CapPeers:
     limit = np.where(seen & ~known, np.nan, limit)
     ratio = w.params.power_throttling.limit_ratio
     with np.errstate(invalid="ignore"):
-        low = np.flatnonzero(seen & (limit < ratio * limit_median))
+        low = flatnonzero(seen & (limit < ratio * limit_median))
     if low.size:
         limit[low] = np.nanmax(w.store.samples(rows[low], F.POWER_LIMIT), axis=0)
     return CapPeers(shares, references, node_medians, utils[0], limit, limit_median, seen)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num, nans
 from otel_dra.classifier.registry import grown_rows
 
 #: 1 / Φ⁻¹(3/4): a MAD times this estimates a normal spread's standard deviation.
@@ -63,12 +63,12 @@ def grouped_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tup
     """(median, size) of ``values`` per group id in ``0..n_groups-1`` (median NaN for an empty group); the
     values must not be NaN."""
     size = np.bincount(groups, minlength=n_groups)
-    median = np.full(n_groups, np.nan)
+    median = nans(n_groups)
     if values.size == 0:
         return median, size
     ordered = values[_order(values, groups)]
     start = np.cumsum(size) - size
-    some = np.flatnonzero(size)
+    some = flatnonzero(size)
     lo = start[some] + (size[some] - 1) // 2
     hi = start[some] + size[some] // 2
     median[some] = 0.5 * (ordered[lo] + ordered[hi])
@@ -93,7 +93,7 @@ def quantile_of_others(
     members of its group, and how many there are (NaN where none): a device is not its own peer, and a high
     quantile of a handful of peers would otherwise be the device itself."""
     n = values.size
-    out = np.full(n, np.nan)
+    out = nans(n)
     if n == 0:
         return out, np.zeros(0, dtype=np.intp)
     order = _order(values, groups)
@@ -103,7 +103,7 @@ def quantile_of_others(
     rank = np.empty(n, dtype=np.intp)
     rank[order] = np.arange(n) - start[groups[order]]
     others = size[groups] - 1
-    some = np.flatnonzero(others >= 1)
+    some = flatnonzero(others >= 1)
     if some.size:
         m, r, first = others[some], rank[some], start[groups[some]]
         pos = q * (m - 1)
@@ -193,9 +193,9 @@ def thermal_residuals(
     """
     n = temp.shape[0]
     fields = ("residual", "sigma", "peers", "base", "slope", "node_temp", "node_util", "offset")
-    out = ThermalResiduals(**{k: np.full(n, np.nan) for k in fields}, slot_known=np.zeros(n, dtype=bool))
+    out = ThermalResiduals(**{k: nans(n) for k in fields}, slot_known=np.zeros(n, dtype=bool))
     out.peers[:] = 0.0
-    rows = np.flatnonzero(judged & ~np.isnan(temp))
+    rows = flatnonzero(judged & ~np.isnan(temp))
     # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, and a
     # group is one node's, so this says so before any of the work below.
     if rows.size == 0 or int(np.bincount(node[rows]).max()) < int(min_node_devices[rows].min()):
@@ -319,7 +319,7 @@ class PeerHistory:
         kept = np.where(judged, np.nan, since)
         self.hot_since[rows] = np.where(hot, np.where(np.isnan(since), now_s, since), kept)
         learn = learn & ~np.isnan(residual)
-        if not learn.any():
+        if not any_of(learn):
             return
         r = rows[learn]
         now = np.broadcast_to(np.asarray(now_s, dtype=np.float64), rows.shape)[learn]

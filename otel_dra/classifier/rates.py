@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from otel_dra.classifier.numeric import all_of, flatnonzero
 from otel_dra.classifier.peers import grouped_median_mad
 
 #: A rate per minute is judged over at least this much time, however young the window.
@@ -29,7 +30,7 @@ def group_medians(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tupl
     devices, and no sort of the values themselves. A small fleet's few values are sorted instead, every
     group at once (:func:`~otel_dra.classifier.peers.grouped_median_mad`: the same values, at a fixed cost
     that does not grow with its cohorts)."""
-    if values.size <= SMALL_SORT and bool((np.abs(values) < SORT_BOUND).all()):  # (finite, and far from overflow)
+    if values.size <= SMALL_SORT and all_of(np.abs(values) < SORT_BOUND):  # (finite, and far from overflow)
         return grouped_median_mad(values, groups, n_groups)
     size = np.bincount(groups, minlength=n_groups)
     median = np.full(n_groups, np.nan)
@@ -37,7 +38,7 @@ def group_medians(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tupl
     # One cohort (a fleet of one model) needs no grouping.
     order = None if np.count_nonzero(size) == 1 else np.argsort(groups, kind="stable")
     start = np.concatenate(([0], np.cumsum(size)[:-1]))
-    for g in np.flatnonzero(size).tolist():
+    for g in flatnonzero(size).tolist():
         part = values if order is None else values[order[start[g] : start[g] + size[g]]]
         median[g] = _median(part)
         mad[g] = _median(np.abs(part - median[g]))
@@ -77,7 +78,7 @@ def centre(
     pick = eligible & ~np.isnan(rate)
     values, groups = rate[pick], cohort[pick]
     med, mad, size = group_medians(values, groups, n_cohorts)
-    only = np.flatnonzero(size)
+    only = flatnonzero(size)
     if only.size == 1:  # one cohort holds every rate (a fleet of one model): the fleet's centre is its own
         fleet_med, fleet_mad = float(med[only[0]]), float(mad[only[0]])
     elif values.size:

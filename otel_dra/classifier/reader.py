@@ -31,7 +31,7 @@ from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import F
 from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, H, R
-from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.classifier.numeric import flatnonzero, nan_to_num, nans
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.peer_evidence import CapPeers, ThermalPeers, cap_peers, thermal_peers
 from otel_dra.classifier.rates import FROM_COHORT, FROM_NONE, RATE_MIN_SPAN_S, RateVerdict, above, centre
@@ -206,8 +206,8 @@ class Window:
         cap reached only at the device's busiest minutes follows its load). Read bucket by bucket, so only for
         the few rows a rule asks about; 0 runs and NaN elsewhere."""
         n = self.rows.shape[0]
-        out = SpanRuns(np.zeros(n, dtype=np.int64), np.full(n, np.nan), np.full(n, np.nan))
-        some = np.flatnonzero(pick)
+        out = SpanRuns(np.zeros(n, dtype=np.int64), nans(n), nans(n))
+        some = flatnonzero(pick)
         if some.size:
             rows = self.rows[some]
             seconds, _ = self.horizon.bucket_sums(span, rows, H[F.DT])

@@ -20,6 +20,7 @@ from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import F, FeatureExtractor
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
 from otel_dra.classifier.messages import VerdictWriter
+from otel_dra.classifier.numeric import flatnonzero
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.frame import Schema
 from otel_dra.policy import Policy
@@ -93,7 +94,7 @@ class RestartMemory:
         verdict of every device that is not Healthy and ok, held reasons and escalation episodes,
         logged events; and the recalled memory of devices not heard again yet, while within the policy's
         ``device_ttl`` (a failure it holds: the escalation window)."""
-        out = self._memories(np.flatnonzero(self.registry.active), now_s)
+        out = self._memories(flatnonzero(self.registry.active), now_s)
         out.extend(m for m in self._memory.values() if self._kept(m, now_s))
         return out
 
@@ -142,7 +143,7 @@ class RestartMemory:
         reg, ex = self.registry, self.extractor
         plan = ex.plan()
         k = int(plan.counter_cols.size)
-        rows = np.flatnonzero(reg.active & ~np.isnan(reg.last_heard))
+        rows = flatnonzero(reg.active & ~np.isnan(reg.last_heard))
         values = ex.prev[rows, :k]
         rows, values = rows[~np.isnan(values).all(axis=1)], values[~np.isnan(values).all(axis=1)]
         keys = [reg.keys[row] or ("", "") for row in rows.tolist()]

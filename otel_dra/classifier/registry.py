@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from otel_dra.classifier.numeric import flatnonzero
 from otel_dra.frame import FrozenAttrs
 
 #: Called with the new capacity when the registry grows, and with the rows kept (in their new order) when it
@@ -206,7 +207,7 @@ class DeviceRegistry:
     def expire(self, now_s: float, ttl_s: float | np.ndarray) -> np.ndarray:
         """Release devices not heard for ``ttl_s`` (one for all, or one per row; ``now_s`` in the reference
         clock); returns their (now free) rows."""
-        gone = np.flatnonzero(self.active & (now_s - self.last_heard > ttl_s))
+        gone = flatnonzero(self.active & (now_s - self.last_heard > ttl_s))
         if gone.size:
             self.generation += 1
             self._cleared(gone)
@@ -228,7 +229,7 @@ class DeviceRegistry:
         """When the devices fill under a quarter of the rows, renumber them 0..n-1 in row order and cut
         every array to twice their number (never under ``min_capacity``); returns the rows kept (new row
         ``i`` was row ``kept[i]``), None when nothing moved. Nodes with no device left are forgotten too."""
-        live = np.flatnonzero(self.active)
+        live = flatnonzero(self.active)
         capacity = max(self.min_capacity, 2 * live.size)
         if 4 * live.size >= self.capacity or capacity >= self.capacity:
             return None

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from otel_dra.classifier.numeric import all_of, flatnonzero
+
 #: A batch is written run by run while it has at most one run per this many rows (a slice
 #: copy per run costs about what ~64 rows cost scattered by index).
 ROWS_PER_RUN = 64
@@ -40,8 +42,8 @@ class RowIndex:
             if int(rows[-1]) - first == n - 1:
                 self.at = slice(first, first + n)
             return
-        step = np.diff(rows)
-        breaks = np.flatnonzero(step != 1)
+        step = rows[1:] - rows[:-1]
+        breaks = flatnonzero(step != 1)
         if breaks.size == 0:
             self.at = slice(first, first + n)
         elif breaks.size < n // ROWS_PER_RUN and bool((step[breaks] > 0).all()):
@@ -64,7 +66,7 @@ class RowIndex:
         if isinstance(self.at, slice):
             return a[self._at(axis, self.at)]
         if self.runs is None or a.ndim == 1:
-            return np.take(a, self.rows, axis=axis)
+            return a.take(self.rows, axis=axis)
         # Run by run: np.take along a last axis copies element by element.
         shape = list(a.shape)
         shape[axis] = len(self)
@@ -100,7 +102,7 @@ class RowIndex:
             view = a[self._at(axis, self.at)]
             op(view, values, out=view)
         elif self.runs is None:
-            a[self._at(axis, self.at)] = op(np.take(a, self.rows, axis=axis), values)
+            a[self._at(axis, self.at)] = op(a.take(self.rows, axis=axis), values)
         else:
             for lo, s, e in self.runs:
                 view = a[self._at(axis, slice(lo, lo + e - s))]
@@ -112,7 +114,7 @@ class RowIndex:
         if _uniform(slots):
             return self.take(a[int(slots[0])], axis=a.ndim - 2)
         if a.flags.c_contiguous:  # one gather from the flat ring
-            return np.take(a.reshape(-1), self._flat(a, slots))
+            return a.reshape(-1).take(self._flat(a, slots))
         return np.moveaxis(a[(slots, Ellipsis, self.rows)], 0, -1)
 
     def put_slots(self, a: np.ndarray, slots: np.ndarray, values: Any) -> None:
@@ -141,4 +143,4 @@ def _inner(shape: tuple[int, ...]) -> np.ndarray:
 
 def _uniform(slots: np.ndarray) -> bool:
     """Whether every row's slot is the same (devices that started together: their rings turn in step)."""
-    return bool(slots.size) and bool((slots == slots[0]).all())
+    return bool(slots.size) and all_of(slots == slots[0])

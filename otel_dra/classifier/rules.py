@@ -28,7 +28,7 @@ from otel_dra.classifier.layout import (
     WORKLOAD,
     R,
 )
-from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.classifier.numeric import any_of, nan_to_num
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.rates import RateVerdict
 from otel_dra.classifier.reader import Window
@@ -350,7 +350,7 @@ def scoped(w: Window, groups: PolicyGroups, ev: Evidence) -> Evidence:
     for reason in policy.node.reasons:
         r = R[reason]
         on = ev.present[:, r] & fresh
-        if not on.any():
+        if not any_of(on):
             continue
         hits = np.bincount(node[on], minlength=w.n_nodes)
         wide = (hits >= policy.node.min_devices) & (hits >= policy.node.share * reporting)
@@ -369,7 +369,7 @@ def scoped(w: Window, groups: PolicyGroups, ev: Evidence) -> Evidence:
         r = R[reason]
         crashes = w.events_since(feature, window) >= repeats
         job = crashes & fresh & ~ev.present[:, r]
-        if job.any():
+        if any_of(job):
             ev.present[job, r] = True
             ev.state[job, r] = OK
             ev.floor[job, r] = 0

@@ -17,6 +17,7 @@ import numpy as np
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.layout import DEVICE, LINK, R
+from otel_dra.classifier.numeric import any_of, flatnonzero
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.policy import LinkScope
 from otel_dra.vocabulary import fabric_group, firmware_group, pcie_group
@@ -128,7 +129,7 @@ class Topology:
 
     @property
     def any_links(self) -> bool:
-        return bool(self.pcie.any() or self.fabric.any())
+        return any_of(self.pcie) or any_of(self.fabric)
 
 
 def link_scoped(
@@ -160,14 +161,14 @@ def link_scoped(
     if not policy.reasons or rows.size == 0:
         return
     pcie, fabric = topology.pcie[rows], topology.fabric[rows]
-    if not (pcie.any() or fabric.any()):
+    if not (any_of(pcie) or any_of(fabric)):
         return
     node_size: np.ndarray | None = None
     for reason in policy.reasons:
         r = R[reason]
         now = present[:, r] & known & (scope[:, r] == DEVICE)
         on = now if recent is None else now | (recent[:, r] & known & ~present[:, r])
-        if not now.any() or np.count_nonzero(on) < policy.min_devices:
+        if not any_of(now) or np.count_nonzero(on) < policy.min_devices:
             continue
         if node_size is None:
             node_size = np.bincount(nodes[known], minlength=n_nodes)
@@ -178,7 +179,7 @@ def link_scoped(
             cand, hits = cand[enough], hits[enough]
             if cand.size == 0:
                 continue
-            member = np.flatnonzero(known & np.isin(codes, cand))
+            member = flatnonzero(known & np.isin(codes, cand))
             which = np.searchsorted(cand, codes[member])
             size = np.bincount(which, minlength=cand.size)
             wide = hits >= policy.share * size

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from otel_dra.classifier.numeric import all_of, any_of
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rows import RowIndex
 
@@ -106,10 +107,10 @@ class WindowStore:
         new = values.astype(np.float32, copy=False)
         new_valid = ~np.isnan(new)
         add = np.where(new_valid, new, np.float32(0.0))  # (float32: the sums add it exactly as its float64)
-        if full.all():  # every row's ring full (a fleet that has run a while): the oldest leaves as the new comes
+        if all_of(full):  # every row's ring full (a fleet that has run a while): the oldest leaves as the new comes
             self._drop_oldest(ix, add, new_valid)
         else:
-            if full.any():
+            if any_of(full):
                 self._drop_oldest(ix.rows[full])
             ix.add(self.sums, add, axis=1)
             ix.add(self.counts, new_valid, axis=1)
@@ -128,7 +129,7 @@ class WindowStore:
                 # row's clock jumped back (the decoders take a point far behind its series as such a jump),
                 # and the window is judged by the row's present, not by a time it has gone back from.
                 old = live & ((oldest <= cutoff) | (oldest > t))
-                if not old.any():
+                if not any_of(old):
                     break
                 self._drop_oldest(ix.rows[old])
 

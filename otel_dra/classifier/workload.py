@@ -21,7 +21,7 @@ import numpy as np
 
 from otel_dra.classifier.events import EventLog
 from otel_dra.classifier.features import F
-from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num
 from otel_dra.classifier.registry import grown_rows
 
 #: Device features split into the workload's, and where each goes.
@@ -61,7 +61,7 @@ class WorkloadSplit:
             feats[workload_f] = 0.0
         kinds = [feats[device_f] > 0 for device_f, _ in SPLIT]  # (NaN: no event)
         hit = kinds[0] | kinds[1]
-        if not hit.any():
+        if not any_of(hit):
             return
         nodes = node_of[rows]
         counts = np.bincount(nodes[hit], minlength=int(nodes.max()) + 1)
@@ -80,8 +80,8 @@ class WorkloadSplit:
         # A crash now: every device of its node carries its time, and what they logged alone just before is its.
         when = np.full(counts.shape[0], -np.inf)
         np.maximum.at(when, nodes[together], time_s[together])
-        crashed = np.flatnonzero(np.isfinite(when))
-        members = np.flatnonzero(active & np.isin(node_of, crashed))
+        crashed = flatnonzero(np.isfinite(when))
+        members = flatnonzero(active & np.isin(node_of, crashed))
         at = when[node_of[members]]
         self.crash_at[members] = np.fmax(self.crash_at[members], at)
         for device_f, workload_f in SPLIT:

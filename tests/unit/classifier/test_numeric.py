@@ -12,10 +12,11 @@ from hypothesis.extra import numpy as hnp
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_CODE, DeviceParams, DriverClasses, F, FeatureExtractor
-from otel_dra.classifier.numeric import nan_to_num
+from otel_dra.classifier.numeric import all_of, any_of, flatnonzero, nan_to_num, nans
 from otel_dra.frame import Column, Schema
 
 floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
+SHAPES = hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=6)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
@@ -30,6 +31,28 @@ def test_nan_to_num_is_numpys(values: np.ndarray) -> None:
 def test_nan_to_num_other_dtypes_go_to_numpy() -> None:
     ints = np.arange(4)
     assert nan_to_num(ints).dtype == ints.dtype and np.array_equal(nan_to_num(ints), ints)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    values=st.one_of(
+        hnp.arrays(np.bool_, SHAPES),
+        hnp.arrays(np.float64, SHAPES, elements=floats),
+        hnp.arrays(np.int64, SHAPES, elements=st.integers(-2, 2)),
+    )
+)
+def test_any_all_and_flatnonzero_are_numpys(values: np.ndarray) -> None:
+    """NaN is true to both (ndarray.any counts it; so does a count of non-zero values), and an empty array is
+    all and not any."""
+    assert any_of(values) is bool(values.any()) and all_of(values) is bool(values.all())
+    found = flatnonzero(values)
+    assert found.dtype == np.flatnonzero(values).dtype and np.array_equal(found, np.flatnonzero(values))
+
+
+def test_nans_is_np_full_of_nan() -> None:
+    for shape in (0, 5, (3, 4), (0, 2)):
+        ours, theirs = nans(shape), np.full(shape, np.nan)
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape and np.isnan(ours).all()
 
 
 def _params(groups: list[int], driver: DriverClasses) -> DeviceParams:
