@@ -17,6 +17,7 @@ sort of a composite key, never a loop over groups or devices.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -38,6 +39,12 @@ SLOT_MIN_REFERENCES = 2
 #: Up to this many values :func:`_order` is one ``np.lexsort`` (a tenth of the scaled key's fixed cost at 30
 #: values, half at 256; past that the key's one argsort is the faster).
 LEXSORT_MAX = 256
+
+
+#: :func:`dense` numbers its keys with a table of the key space while that space is at most this many keys a row
+#: (and ``DENSE_TABLE_MIN`` more): a cumulative count over it costs less than a sort of the rows.
+DENSE_TABLE_PER_ROW: Final = 8
+DENSE_TABLE_MIN: Final = 1024
 
 
 def _order(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -138,15 +145,24 @@ class ThermalResiduals:
 
 
 def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """Group ids 0..n-1 for the distinct combinations of the integer arrays ``keys`` (row-wise), and n: one
-    int64 key in mixed radix, then one stable sort (nearly sorted already when rows come grouped by node)."""
+    """Group ids 0..n-1 for the distinct combinations of the integer arrays ``keys`` (row-wise), numbered in the
+    order of their combined key, and n: one int64 key in mixed radix, then, where those keys span at most
+    ``DENSE_TABLE_PER_ROW`` a row, a table of the keys present (a small fleet's few dozen rows: no sort), else
+    one stable sort (nearly sorted already when rows come grouped by node)."""
     if keys[0].size == 0:
         return np.zeros(0, dtype=np.intp), 0
     combined = np.zeros(keys[0].shape, dtype=np.int64)
+    span = 1
     for k in keys:
         k = k.astype(np.int64)
-        lo = int(k.min())
-        combined = combined * (int(k.max()) - lo + 1) + (k - lo)
+        lo, hi = int(k.min()), int(k.max())
+        combined = combined * (hi - lo + 1) + (k - lo)
+        span *= hi - lo + 1
+    if span <= DENSE_TABLE_PER_ROW * combined.size + DENSE_TABLE_MIN:
+        present = np.zeros(span, dtype=np.intp)
+        present[combined] = 1
+        number = np.cumsum(present) - 1  # each present key's place among them, in key order
+        return number[combined], int(number[-1]) + 1
     order = np.argsort(combined, kind="stable")
     ordered = combined[order]
     starts = np.concatenate(([True], ordered[1:] != ordered[:-1]))
