@@ -254,7 +254,8 @@ class VerdictEngine:
                     self._codes(groups[busy], ladders, self.episodes[r], self.floor[r], self.scope[r], self.group[r])
                 ]
                 bound &= need > 0
-                fixed_at = np.take_along_axis(self.repaired_at[r], np.maximum(need - 1, 0), axis=1)
+                # (each row's repair at its reasons' levels: take_along_axis's indexing, without its wrapper)
+                fixed_at = self.repaired_at[r[:, None], np.maximum(need - 1, 0)]
                 waiting = bound & ~((fixed_at > at) & (now_s - fixed_at >= self.clean_after_repair_s))
             else:
                 waiting = bound

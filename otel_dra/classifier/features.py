@@ -325,7 +325,7 @@ def build_plan(columns: tuple[Column, ...]) -> _Plan:
 def _reduce(values: np.ndarray, cols: np.ndarray, op: np.ufunc) -> np.ndarray:
     """``op`` (fmax/fmin) across ``cols`` per row, ignoring NaN; NaN where all are NaN."""
     if cols.size == 0:
-        return np.full(values.shape[0], np.nan)
+        return nans(values.shape[0])
     return op.reduce(values[:, cols], axis=1)
 
 
