@@ -9,8 +9,10 @@ The stage also reads the recording's clock (:class:`~otel_dra.decode.clock.Trace
 decoding: each decoded line says what the clock reads once its frames were heard, and the judge's side only
 compares it with its evaluation grid.
 
-What crosses the pipe is each line's frames as (time, table number, values), its errors and refusals, its size
-and the clock after it: a device table crosses once, when first used, so the judge's side holds one table
+What crosses the pipe is each line's frames as (time, table number, shape), its errors and refusals, its size
+and the clock after it, and a batch's frames' values as one float64 buffer (one array to pickle, not one a frame:
+the judge's side cuts each frame's matrix out of it as a view): a device table crosses once, when first used, so
+the judge's side holds one table
 object per table the decoder made, as it would in one process (the classifier finds a node's rows by its
 table's identity); the schema's new columns cross before the first frame that uses them. The pipe holds at
 most a batch or two, so the child stays only that far ahead: memory stays bounded whatever the recording's
@@ -137,14 +139,18 @@ class DecodeStage:
                     raise RuntimeError(f"the replay's decode process ended unexpectedly (exit code {code})") from None
                 kind = message[0]
                 if kind == "lines":
-                    _, columns, new_tables, reset, items = message
+                    _, columns, new_tables, reset, items, values = message
                     for column in columns:
                         self.schema.index(column)
                     if reset:
                         tables.clear()
                     tables.update(new_tables)
+                    at = 0
                     for lineno, frames, errors, limited, size, now in items:
-                        made = [Frame(t, tables[number], values) for t, number, values in frames]
+                        made = []
+                        for t, number, rows, cols in frames:
+                            made.append(Frame(t, tables[number], values[at : at + rows * cols].reshape(rows, cols)))
+                            at += rows * cols
                         yield DecodedLine(lineno, made, errors, limited, size, now)
                 elif kind == "end":
                     self.totals = message[1]
@@ -209,15 +215,18 @@ def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: Dec
     sent_columns = 0
     new_tables: dict[int, DeviceTable] = {}
     reset = False
-    items: list[tuple[int, list[tuple[int, int, np.ndarray]], tuple[DecodeError, ...], dict[str, int], int, int]] = []
+    items: list[tuple[int, list[tuple[int, int, int, int]], tuple[DecodeError, ...], dict[str, int], int, int]] = []
+    matrices: list[np.ndarray] = []  # each frame's values, in the items' order: one buffer a batch
 
     def flush() -> None:
         nonlocal sent_columns, reset
         columns = schema.columns[sent_columns:]
         sent_columns += len(columns)
-        send(("lines", columns, dict(new_tables), reset, list(items)))
+        values = np.concatenate([m.reshape(-1) for m in matrices]) if matrices else np.zeros(0)
+        send(("lines", columns, dict(new_tables), reset, list(items), values))
         new_tables.clear()
         items.clear()
+        matrices.clear()
         reset = False
 
     try:
@@ -236,7 +245,9 @@ def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: Dec
                 if known is None:
                     known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
                     new_tables[known[0]] = frame.devices
-                frames.append((frame.time_unix_nano, known[0], frame.values))
+                rows, cols = frame.values.shape
+                frames.append((frame.time_unix_nano, known[0], rows, cols))
+                matrices.append(frame.values)
             now = clock.heard(decoded.frames)
             items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1, now))
             del raw, decoded

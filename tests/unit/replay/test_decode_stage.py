@@ -49,6 +49,7 @@ def same_lines(a: list[DecodedLine], b: list[DecodedLine]) -> None:
         for f, g in zip(x.frames, y.frames, strict=True):
             assert f.time_unix_nano == g.time_unix_nano
             assert f.devices == g.devices
+            assert (f.values.dtype, f.values.shape) == (g.values.dtype, g.values.shape)  # (cut out of a batch's buffer)
             np.testing.assert_array_equal(f.values, g.values)
 
 
