@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -201,8 +202,15 @@ class _Plan:
     temp_limits: np.ndarray = field(init=False)  # (2, sensors): high.degraded and high.critical limit columns, -1
     status_cols: np.ndarray = field(init=False)
     status_codes: np.ndarray = field(init=False)
+    # The reduced gauges (power .. gen_max) fed by one column each (the usual case: one series a device), read as
+    # one block: a column's fmax/fmin over itself is the column. Their places in it by name; the others reduce.
+    single_gauge_cols: np.ndarray = field(init=False)
+    single_gauge_at: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
+        singles = [(name, int(cols[0])) for name in _REDUCED if (cols := getattr(self, name)).size == 1]
+        self.single_gauge_cols = np.asarray([col for _, col in singles], dtype=np.intp)
+        self.single_gauge_at = {name: i for i, (name, _) in enumerate(singles)}
         self.temp_cols = np.asarray([t for t, _, _ in self.temp], dtype=np.intp)
         self.temp_limits = np.asarray([[d for _, d, _ in self.temp], [c for _, _, c in self.temp]], dtype=np.intp)
         self.status_cols = np.asarray([c for c, _ in self.status], dtype=np.intp)
@@ -320,6 +328,21 @@ def build_plan(columns: tuple[Column, ...]) -> _Plan:
         gen_max=ix(simple.get("gen_max", [])),
         status=status,
     )
+
+
+#: The gauges the sample stage reduces across their columns (fmax or fmin), by their plan's field.
+_REDUCED: Final = (
+    "power",
+    "power_limit",
+    "mem_util",
+    "mem_usage",
+    "mem_limit",
+    "util",
+    "width_cols",
+    "width_max",
+    "gen_cols",
+    "gen_max",
+)
 
 
 def _reduce(values: np.ndarray, cols: np.ndarray, op: np.ufunc) -> np.ndarray:
@@ -462,21 +485,28 @@ class FeatureExtractor:
                     bad |= v > values[:, hi]
                 known |= ~np.isnan(v) & ((lo >= 0) | (hi >= 0))
             out[:, F.VOLT_BAD] = _indicator(bad, known)
-        power = _reduce(values, plan.power, np.fmax)
-        cap = _reduce(values, plan.power_limit, np.fmin)
+        block = values[:, plan.single_gauge_cols]
+        at = plan.single_gauge_at
+
+        def reduced(name: str, op: np.ufunc) -> np.ndarray:
+            i = at.get(name)
+            return block[:, i] if i is not None else _reduce(values, getattr(plan, name), op)
+
+        power = reduced("power", np.fmax)
+        cap = reduced("power_limit", np.fmin)
         out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
         # No limit reported: a sample at the power cap for capped_share of its interval or more reached the limit
         # it is held to, and its power (read at one moment) is at most that limit.
         dt = out[:, F.DT]
         capped = (out[:, F.THROTTLE_POWER] >= p.capped_share * dt) & (dt > 0)
         out[:, F.POWER_LIMIT] = np.where(np.isnan(cap), np.where(capped, power, np.nan), cap)
-        mem = _reduce(values, plan.mem_util, np.fmax)
-        usage = _reduce(values, plan.mem_usage, np.fmax) / _reduce(values, plan.mem_limit, np.fmax)
+        mem = reduced("mem_util", np.fmax)
+        usage = reduced("mem_usage", np.fmax) / reduced("mem_limit", np.fmax)
         mem = np.where(np.isnan(mem), usage, mem)
         out[:, F.MEM_FULL] = _indicator(mem >= p.mem_full, ~np.isnan(mem))
-        width, width_max = _reduce(values, plan.width_cols, np.fmin), _reduce(values, plan.width_max, np.fmax)
-        gen, gen_max = _reduce(values, plan.gen_cols, np.fmin), _reduce(values, plan.gen_max, np.fmax)
-        util = _reduce(values, plan.util, np.fmax)
+        width, width_max = reduced("width_cols", np.fmin), reduced("width_max", np.fmax)
+        gen, gen_max = reduced("gen_cols", np.fmin), reduced("gen_max", np.fmax)
+        util = reduced("util", np.fmax)
         out[:, F.UTIL] = util
         out[:, F.BUSY] = _indicator(util >= p.busy_util, ~np.isnan(util))
         out[:, F.WIDTH_DOWN] = _indicator(width < width_max, ~np.isnan(width) & ~np.isnan(width_max))

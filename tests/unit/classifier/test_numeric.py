@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -130,3 +131,50 @@ def test_the_sample_stage_reads_limits_and_states_as_each_sensor_and_series_says
         on = [c for c, v in zip(codes, states, strict=True) if v >= 1]
         worst = float(max(on)) if on else (0.0 if not np.isnan(states).all() else np.nan)
         np.testing.assert_array_equal(feats[F.VENDOR_STATE, i], worst)
+
+
+def _gauge_schema(copies: int) -> Schema:
+    """Every reduced gauge (power .. the PCIe generation's limit), each fed by ``copies`` series."""
+    metrics = [
+        cv.HW_POWER,
+        cv.HW_POWER_LIMIT,
+        cv.HW_GPU_UTILIZATION,
+        cv.HW_GPU_MEMORY_UTILIZATION,
+        cv.HW_GPU_MEMORY_USAGE,
+        cv.HW_GPU_MEMORY_LIMIT,
+        cv.HW_PCIE_LINK_WIDTH,
+        cv.HW_PCIE_LINK_WIDTH_LIMIT,
+        cv.HW_PCIE_LINK_GENERATION,
+        cv.HW_PCIE_LINK_GENERATION_LIMIT,
+    ]
+    return Schema([Column(m.name, ((cv.HW_ID, f"part-{k}"),)) for m in metrics for k in range(copies)])
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_gauges_read_off_one_block_are_what_reducing_each_column_gives(copies: int, data: st.DataObject) -> None:
+    """A gauge fed by one column is read off one gather of all such columns (FeatureExtractor._gauges); the
+    features are the ones each gauge's own reduction gives (the plan told to reduce every one)."""
+    schema = _gauge_schema(copies)
+    values = data.draw(
+        hnp.arrays(
+            np.float64,
+            st.tuples(st.integers(1, 6), st.just(len(schema))),
+            elements=st.one_of(st.just(np.nan), st.sampled_from([-0.0, 0.0, 1.0, 4.0, 16.0]), st.floats(0, 700)),
+        )
+    )
+    n = values.shape[0]
+    features = []
+    for single in (True, False):
+        extractor = FeatureExtractor(schema, capacity=8)
+        if not single:
+            extractor.plan().single_gauge_at = {}
+        assert bool(extractor.plan().single_gauge_at) == (single and copies == 1)
+        features.append(
+            extractor.extract(
+                np.arange(n), np.ones(n, dtype=bool), np.zeros(n), values, _params([0] * n, DriverClasses([]))
+            )
+        )
+    np.testing.assert_array_equal(features[0], features[1])
+    assert np.array_equal(np.signbit(features[0]), np.signbit(features[1]))
