@@ -98,8 +98,7 @@ class HorizonStore:
             ix.add(self.sums[int(slot[0])], add, axis=1)
             ix.add(self.counts[int(slot[0])], valid, axis=1)
         else:
-            ix.put_slots(self.sums, slot, ix.take_slots(self.sums, slot) + add)
-            ix.put_slots(self.counts, slot, ix.take_slots(self.counts, slot) + valid.astype(np.uint16))
+            ix.add_slots((self.sums, self.counts), slot, (add, valid.astype(np.uint16)))
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
             ix.add(s, add, axis=1)
             ix.add(c, valid, axis=1)

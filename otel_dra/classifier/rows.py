@@ -126,6 +126,18 @@ class RowIndex:
         else:
             a[(slots, Ellipsis, self.rows)] = np.moveaxis(np.asarray(values), -1, 0) if np.ndim(values) else values
 
+    def add_slots(self, rings: tuple[np.ndarray, ...], slots: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
+        """``ring[slot, ..., row] += value`` for each ring and its values, each row at its own slot (rings of one
+        shape: where the slots differ, their flat positions are worked out once for all of them)."""
+        if _uniform(slots) or not all(ring.flags.c_contiguous for ring in rings):
+            for ring, value in zip(rings, values, strict=True):
+                self.put_slots(ring, slots, self.take_slots(ring, slots) + value)
+            return
+        flat = self._flat(rings[0], slots)
+        for ring, value in zip(rings, values, strict=True):
+            cells = ring.reshape(-1)
+            cells[flat] = cells.take(flat) + value
+
     def _flat(self, a: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Flat positions in the C-contiguous ring ``a`` of each (slot, ..., row): ``(..., len(rows))``."""
         return _inner(a.shape) + (slots.astype(np.int64) * math.prod(a.shape[1:]) + self.rows)

@@ -88,6 +88,19 @@ def test_row_index_matches_fancy_indexing(rows: np.ndarray, seed: int) -> None:
             want_r[(slots, Ellipsis, rows)] = 0.0
             ix.put_slots(got_r, slots, 0.0)
             assert np.array_equal(got_r, want_r)
+    # Several rings of one shape added to at once (a horizon's sums and counts), and a strided one its own way.
+    for rings in (
+        (rng.random((4, 3, CAPACITY)).astype(np.float32), rng.integers(0, 9, (4, 3, CAPACITY)).astype(np.uint16)),
+        (rng.random((4, 3, 2 * CAPACITY))[:, :, ::2],),
+    ):
+        for slots in (rng.integers(0, 4, rows.size), np.full(rows.size, 1)):
+            values = tuple(rng.integers(0, 5, (3, rows.size)).astype(ring.dtype) for ring in rings)
+            wants = [ring.copy() for ring in rings]
+            for want, value in zip(wants, values, strict=True):
+                want[(slots, Ellipsis, rows)] += np.moveaxis(value, -1, 0)
+            ix.add_slots(rings, slots, values)
+            for ring, want in zip(rings, wants, strict=True):
+                assert ring.dtype == want.dtype and np.array_equal(ring, want)
 
 
 def test_a_ring_that_is_not_contiguous_is_indexed_as_it_is() -> None:
