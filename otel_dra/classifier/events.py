@@ -115,6 +115,8 @@ class EventLog:
         """Events of each of ``rows`` at or after ``cutoff_s`` (scalar, or one per row)."""
         rows = np.asarray(rows)
         out = np.zeros(rows.shape[0])
+        if self._used == 1:  # no row was ever given a place: none has logged one (the usual log of a healthy fleet)
+            return out
         some = flatnonzero(self.next[rows] > 0)  # most devices never had such an event
         if some.size:
             cutoff = np.asarray(cutoff_s, dtype=np.float64)

@@ -174,11 +174,13 @@ def link_scoped(
             node_size = np.bincount(nodes[known], minlength=n_nodes)
         node_hits = np.bincount(nodes[on], minlength=n_nodes)
         for codes in (fabric, pcie):
-            cand, hits = np.unique(codes[on & (codes > 0)], return_counts=True)
-            enough = hits >= policy.min_devices
-            cand, hits = cand[enough], hits[enough]
+            # Devices showing it per group code (small dense codes: a count, not np.unique's sort), the groups
+            # with enough of them in code order.
+            counted = np.bincount(codes[on & (codes > 0)])
+            cand = flatnonzero(counted >= max(policy.min_devices, 1))
             if cand.size == 0:
                 continue
+            hits = counted[cand]
             member = flatnonzero(known & np.isin(codes, cand))
             which = np.searchsorted(cand, codes[member])
             size = np.bincount(which, minlength=cand.size)
