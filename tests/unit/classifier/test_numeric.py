@@ -154,8 +154,8 @@ def _gauge_schema(copies: int) -> Schema:
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(data=st.data())
 def test_gauges_read_off_one_block_are_what_reducing_each_column_gives(copies: int, data: st.DataObject) -> None:
-    """A gauge fed by one column is read off one gather of all such columns (FeatureExtractor._gauges); the
-    features are the ones each gauge's own reduction gives (the plan told to reduce every one)."""
+    """A gauge fed by one column is that column, copied (FeatureExtractor._gauges); the features are the ones
+    each gauge's own reduction gives (the plan told to reduce every one)."""
     schema = _gauge_schema(copies)
     values = data.draw(
         hnp.arrays(
@@ -169,8 +169,8 @@ def test_gauges_read_off_one_block_are_what_reducing_each_column_gives(copies: i
     for single in (True, False):
         extractor = FeatureExtractor(schema, capacity=8)
         if not single:
-            extractor.plan().single_gauge_at = {}
-        assert bool(extractor.plan().single_gauge_at) == (single and copies == 1)
+            extractor.plan().single_gauge = {}
+        assert bool(extractor.plan().single_gauge) == (single and copies == 1)
         features.append(
             extractor.extract(
                 np.arange(n), np.ones(n, dtype=bool), np.zeros(n), values, _params([0] * n, DriverClasses([]))
