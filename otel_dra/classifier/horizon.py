@@ -117,8 +117,9 @@ class HorizonStore:
                 held = sub.take_slots(self.ids, slot) == leaving
                 if any_of(held):
                     sub, slot = _subset(sub, held, slot)
-                    sub.subtract(s, sub.take_slots(self.sums, slot), axis=1)
-                    sub.subtract(c, sub.take_slots(self.counts, slot), axis=1)
+                    sums, counts = sub.take_slots_of((self.sums, self.counts), slot)
+                    sub.subtract(s, sums, axis=1)
+                    sub.subtract(c, counts, axis=1)
         # Buckets head+1 .. head+gap enter: the newest ``buckets`` of them get a slot each.
         for k in range(int(min(gap.max(), self.buckets))):
             sub, entering = _subset(ix, gap > k, head + gap - k)

@@ -126,6 +126,14 @@ class RowIndex:
         else:
             a[(slots, Ellipsis, self.rows)] = np.moveaxis(np.asarray(values), -1, 0) if np.ndim(values) else values
 
+    def take_slots_of(self, rings: tuple[np.ndarray, ...], slots: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`take_slots` of each of ``rings`` (of one shape: where the slots differ, their flat positions are
+        worked out once for all of them)."""
+        if _uniform(slots) or not all(ring.flags.c_contiguous for ring in rings):
+            return tuple(self.take_slots(ring, slots) for ring in rings)
+        flat = self._flat(rings[0], slots)
+        return tuple(ring.reshape(-1).take(flat) for ring in rings)
+
     def add_slots(self, rings: tuple[np.ndarray, ...], slots: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
         """``ring[slot, ..., row] += value`` for each ring and its values, each row at its own slot (rings of one
         shape: where the slots differ, their flat positions are worked out once for all of them)."""

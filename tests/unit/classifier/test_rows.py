@@ -98,6 +98,9 @@ def test_row_index_matches_fancy_indexing(rows: np.ndarray, seed: int) -> None:
             wants = [ring.copy() for ring in rings]
             for want, value in zip(wants, values, strict=True):
                 want[(slots, Ellipsis, rows)] += np.moveaxis(value, -1, 0)
+            taken = ix.take_slots_of(rings, slots)
+            for ring, got in zip(rings, taken, strict=True):
+                assert got.dtype == ring.dtype and np.array_equal(got, ix.take_slots(ring, slots))
             ix.add_slots(rings, slots, values)
             for ring, want in zip(rings, wants, strict=True):
                 assert ring.dtype == want.dtype and np.array_equal(ring, want)
