@@ -127,17 +127,17 @@ class RowIndex:
             a[(slots, Ellipsis, self.rows)] = np.moveaxis(np.asarray(values), -1, 0) if np.ndim(values) else values
 
     def take_slots_of(self, rings: tuple[np.ndarray, ...], slots: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`take_slots` of each of ``rings`` (of one shape: where the slots differ, their flat positions are
-        worked out once for all of them)."""
-        if _uniform(slots) or not all(ring.flags.c_contiguous for ring in rings):
+        """:meth:`take_slots` of each of ``rings`` (where the slots differ and the rings are of one shape, their flat
+        positions are worked out once for all of them)."""
+        if _uniform(slots) or not _one_flat_shape(rings):
             return tuple(self.take_slots(ring, slots) for ring in rings)
         flat = self._flat(rings[0], slots)
         return tuple(ring.reshape(-1).take(flat) for ring in rings)
 
     def add_slots(self, rings: tuple[np.ndarray, ...], slots: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
-        """``ring[slot, ..., row] += value`` for each ring and its values, each row at its own slot (rings of one
-        shape: where the slots differ, their flat positions are worked out once for all of them)."""
-        if _uniform(slots) or not all(ring.flags.c_contiguous for ring in rings):
+        """``ring[slot, ..., row] += value`` for each ring and its values, each row at its own slot (where the slots
+        differ and the rings are of one shape, their flat positions are worked out once for all of them)."""
+        if _uniform(slots) or not _one_flat_shape(rings):
             for ring, value in zip(rings, values, strict=True):
                 self.put_slots(ring, slots, self.take_slots(ring, slots) + value)
             return
@@ -159,6 +159,12 @@ def _inner(shape: tuple[int, ...]) -> np.ndarray:
     inner = (np.arange(math.prod(shape[1:-1]), dtype=np.int64) * cap).reshape((*shape[1:-1], 1))
     inner.flags.writeable = False
     return inner
+
+
+def _one_flat_shape(rings: tuple[np.ndarray, ...]) -> bool:
+    """Whether the rings are C-contiguous and of one shape: one set of flat positions reads them all."""
+    shape = rings[0].shape
+    return all(ring.flags.c_contiguous and ring.shape == shape for ring in rings)
 
 
 def _uniform(slots: np.ndarray) -> bool:

@@ -88,13 +88,15 @@ def test_row_index_matches_fancy_indexing(rows: np.ndarray, seed: int) -> None:
             want_r[(slots, Ellipsis, rows)] = 0.0
             ix.put_slots(got_r, slots, 0.0)
             assert np.array_equal(got_r, want_r)
-    # Several rings of one shape added to at once (a horizon's sums and counts), and a strided one its own way.
+    # Several rings of one shape read and added to at once (a horizon's sums and counts); a strided one, and rings of
+    # different shapes, each at its own positions.
     for rings in (
         (rng.random((4, 3, CAPACITY)).astype(np.float32), rng.integers(0, 9, (4, 3, CAPACITY)).astype(np.uint16)),
         (rng.random((4, 3, 2 * CAPACITY))[:, :, ::2],),
+        (rng.random((4, 3, CAPACITY)), rng.random((4, 2, CAPACITY))),
     ):
         for slots in (rng.integers(0, 4, rows.size), np.full(rows.size, 1)):
-            values = tuple(rng.integers(0, 5, (3, rows.size)).astype(ring.dtype) for ring in rings)
+            values = tuple(rng.integers(0, 5, (ring.shape[1], rows.size)).astype(ring.dtype) for ring in rings)
             wants = [ring.copy() for ring in rings]
             for want, value in zip(wants, values, strict=True):
                 want[(slots, Ellipsis, rows)] += np.moveaxis(value, -1, 0)
