@@ -17,7 +17,6 @@ sort of a composite key, never a loop over groups or devices.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
 import numpy as np
 
@@ -43,8 +42,8 @@ LEXSORT_MAX = 256
 
 #: :func:`dense` numbers its keys with a table of the key space while that space is at most this many keys a row
 #: (and ``DENSE_TABLE_MIN`` more): a cumulative count over it costs less than a sort of the rows.
-DENSE_TABLE_PER_ROW: Final = 8
-DENSE_TABLE_MIN: Final = 1024
+DENSE_TABLE_PER_ROW = 8
+DENSE_TABLE_MIN = 1024
 
 
 def _order(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
