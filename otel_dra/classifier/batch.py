@@ -7,7 +7,7 @@ A device sampled more than once in the batch gets its samples in order, one roun
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,26 +44,24 @@ class Samples:
     def picked(self, pick: np.ndarray) -> Samples:
         return Samples(self.rows[pick], self.new[pick], self.times[pick], self.values[pick], self.arrivals[pick])
 
-    def rounds(self, ordered: bool) -> Iterator[Samples]:
-        """The samples in rounds that have every device at most once, each device's samples in arrival order
-        (``ordered``: the rows are known to be unique, a single frame's)."""
+    def rounds(self, ordered: bool) -> list[np.ndarray] | None:
+        """Where the samples go in rounds that have every device at most once, each device's samples in arrival
+        order: each round's positions among the samples, in order; None where every device is sampled once (one
+        round, the usual tick; ``ordered``: the rows are known to be unique, a single frame's)."""
         rows = self.rows
         if ordered or all_of(rows[1:] > rows[:-1]):  # ascending rows: every device once
-            yield self
-            return
+            return None
         # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its
         # second, ...), so each round has every device at most once, in arrival order.
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
         starts = np.r_[0, flatnonzero(np.diff(sorted_rows)) + 1]
         if starts.size == rows.size:  # every device once (the usual tick): one round, in batch order
-            yield self
-            return
+            return None
         rank_sorted = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
         rank = np.empty(rows.size, dtype=np.int64)
         rank[order] = rank_sorted
-        for r in range(int(rank.max()) + 1):
-            yield self.picked(rank == r)
+        return [flatnonzero(rank == r) for r in range(int(rank.max()) + 1)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,15 @@ class _RowState(Protocol):
     def clear(self, rows: np.ndarray) -> None: ...
 
 
+def _seconds(
+    rows: np.ndarray, time_unix_nano: int | np.ndarray, arrival_unix_nano: int | np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Samples' times and arrivals (one, or one per row; default: arrived when taken) in unix seconds, per row."""
+    t = np.broadcast_to(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
+    heard = t if arrival_unix_nano is None else np.asarray(arrival_unix_nano, dtype=np.int64) / 1e9
+    return t, np.broadcast_to(heard, rows.shape)
+
+
 class Classifier:
     """Ingest frames (or batches), evaluate at a time, get the verdicts that changed.
 
@@ -183,8 +192,18 @@ class Classifier:
         samples = batch.samples(*self.device_rows.of(batch))
         if samples.rows.size == 0:
             return
-        for s in samples.rounds(ordered=len(batch.frames) == 1):
-            self.ingest_rows(s.rows, s.new, s.times, s.values, s.arrivals)
+        rounds = samples.rounds(ordered=len(batch.frames) == 1)
+        if rounds is None or self.memory.waiting:  # (a device's memory is recalled as each round hears it: in turn)
+            for s in [samples] if rounds is None else [samples.picked(at) for at in rounds]:
+                self.ingest_rows(s.rows, s.new, s.times, s.values, s.arrivals)
+            return
+        # One round a sample of a device, in order; the sample stage's work that carries nothing from one sample to
+        # the next is done once for all of them (FeatureExtractor.extract), then each round goes into the stores.
+        rows = samples.rows
+        t, heard = _seconds(rows, samples.times, samples.arrivals)
+        feats = self.extractor.extract(rows, samples.new, t, samples.values, self.groups.device_params(rows), rounds)
+        for at in rounds:
+            self._store(RowIndex(rows[at]), t[at], heard[at], feats[:, at])
 
     def ingest_rows(
         self,
@@ -197,12 +216,16 @@ class Classifier:
         """One sample for each of ``rows`` (unique), taken at ``time_unix_nano`` (one time, or one per
         row) and heard at ``arrival_unix_nano`` (default: its own time): ``values`` is ``(rows, schema
         columns)``."""
-        t = np.broadcast_to(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
-        heard = t if arrival_unix_nano is None else np.asarray(arrival_unix_nano, dtype=np.int64) / 1e9
-        if self.memory.waiting and new.any():
+        t, heard = _seconds(rows, time_unix_nano, arrival_unix_nano)
+        if self.memory.waiting and any_of(new):
             self.memory.recall_rows(rows[new], np.broadcast_to(heard, rows.shape)[new])
         ix = RowIndex(rows)  # how the stores read and write this batch's rows, worked out once
-        feats = self.extractor.extract(ix, new, t, values, self.groups.device_params(rows))
+        self._store(ix, t, heard, self.extractor.extract(ix, new, t, values, self.groups.device_params(rows)))
+
+    def _store(self, ix: RowIndex, t: np.ndarray, heard: np.ndarray, feats: np.ndarray) -> None:
+        """One sample's features for each of ``ix``'s rows (unique), taken at ``t`` and heard at ``heard`` (unix s):
+        the repairs it shows, the window, the long horizon, the event logs and the registry's times."""
+        rows = ix.rows
         reg = self.registry
         self._note_repairs(rows, feats, np.broadcast_to(heard, rows.shape))
         self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)

@@ -385,38 +385,68 @@ class FeatureExtractor:
         return self._plan
 
     def extract(
-        self, rows: np.ndarray | RowIndex, new: np.ndarray, time_s: np.ndarray, values: np.ndarray, params: DeviceParams
+        self,
+        rows: np.ndarray | RowIndex,
+        new: np.ndarray,
+        time_s: np.ndarray,
+        values: np.ndarray,
+        params: DeviceParams,
+        rounds: list[np.ndarray] | None = None,
     ) -> np.ndarray:
-        """Features for one sample of each row (rows unique), ``(features, rows)``. ``values`` is ``(rows,
-        columns)``, NaN = absent; ``new`` marks devices seen for the first time; ``params`` holds per-row
-        thresholds."""
+        """Features for each sample, ``(features, samples)``: one sample of each row (rows unique), or with
+        ``rounds``, several of a row (a device sampled more than once in a batch): each round's positions among the
+        samples, every row at most once a round, in order. What a device carries from one sample to the next (its
+        last time, its counters' baselines) moves on round by round; the rest is worked out once for every sample,
+        the same values as round by round. ``values`` is ``(samples, columns)``, NaN = absent; ``new`` marks devices
+        seen for the first time; ``params`` holds per-sample thresholds."""
         plan = self.plan()
-        ix = RowIndex.of(rows)
-        n = len(ix)
+        n = len(rows)
         if values.shape[1] < plan.width:  # a frame made before the schema grew: the newer columns are absent
             values = np.concatenate([values, np.full((n, plan.width - values.shape[1]), np.nan)], axis=1)
+        if rounds is None:
+            parts: list[tuple[RowIndex, np.ndarray | None]] = [(RowIndex.of(rows), None)]
+        else:
+            every = rows.rows if isinstance(rows, RowIndex) else rows
+            parts = [(RowIndex(every[at]), at) for at in rounds]
         # Feature-major, as the stores keep them: ``out`` is its (rows, features) view, whose columns
         # (one feature of every row, what each step below writes) are contiguous.
         major = nans((N_FEATURES, n))
         out = major.T
-        prev_t = ix.take(self.prev_time)
-        out[:, F.DT] = np.where(np.isnan(prev_t), 0.0, np.maximum(time_s - prev_t, 0.0))
-        ix.put(self.prev_time, time_s)
         # NaN is "not read" throughout: comparisons and sums over it are expected (one context for both stages).
         with np.errstate(invalid="ignore", divide="ignore"):
-            self._counters(plan, ix, new, values, out, params)
+            inc = self._carried(plan, parts, new, np.broadcast_to(time_s, (n,)), values, out)
+            self._counters(plan, inc, values, out, params)
             self._gauges(plan, values, out, params)
         return major
 
-    # -- counters ------------------------------------------------------------------------------
-    def _counters(
-        self, plan: _Plan, ix: RowIndex, new: np.ndarray, values: np.ndarray, out: np.ndarray, params: DeviceParams
-    ) -> None:
+    def _carried(
+        self,
+        plan: _Plan,
+        parts: list[tuple[RowIndex, np.ndarray | None]],
+        new: np.ndarray,
+        time_s: np.ndarray,
+        values: np.ndarray,
+        out: np.ndarray,
+    ) -> np.ndarray | None:
+        """What each sample takes from its device's previous one, round by round (``parts``: each round's rows and
+        positions, None for all): its time step, and its counters' increases (returned, None without a counter
+        column), with the restarts among them; each device's last time and baselines move on to the sample's."""
         cols = plan.counter_cols
-        if cols.size:
-            v = values[:, cols]
-            k = cols.size  # counter j of the plan keeps its baseline in prev[:, j]
-            baselines = self.prev[:, :k]
+        k = cols.size
+        increases = np.empty((out.shape[0], k)) if k and parts[0][1] is not None else None  # (rounds: one array)
+        for ix, at in parts:
+            t = time_s if at is None else time_s[at]
+            prev_t = ix.take(self.prev_time)
+            step = np.where(np.isnan(prev_t), 0.0, np.maximum(t - prev_t, 0.0))
+            ix.put(self.prev_time, t)
+            if at is None:
+                out[:, F.DT] = step
+            else:
+                out[at, F.DT] = step
+            if not k:
+                continue
+            v = values[:, cols] if at is None else values[at[:, None], cols]
+            baselines = self.prev[:, :k]  # counter j of the plan keeps its baseline in prev[:, j]
             prev = ix.take(baselines)
             have = ~np.isnan(v)
             # New series on a known device: all of it is new. A device's first sample: a baseline.
@@ -424,11 +454,25 @@ class FeatureExtractor:
             inc = v - prev  # NaN where the series was not read
             down = v < prev
             np.copyto(inc, 0.0, where=down)
-            out[:, F.RESTARTS] = down.sum(axis=1)
             first = np.isnan(prev) & have
             if any_of(first):
-                inc[first] = np.where(new[:, None], 0.0, v)[first]
+                fresh = new if at is None else new[at]
+                inc[first] = np.where(fresh[:, None], 0.0, v)[first]
             ix.put(baselines, np.where(have, v, prev))
+            if at is None:
+                out[:, F.RESTARTS] = down.sum(axis=1)
+                return inc
+            assert increases is not None
+            out[at, F.RESTARTS] = down.sum(axis=1)
+            increases[at] = inc
+        return increases
+
+    # -- counters ------------------------------------------------------------------------------
+    def _counters(
+        self, plan: _Plan, inc: np.ndarray | None, values: np.ndarray, out: np.ndarray, params: DeviceParams
+    ) -> None:
+        """The counter features of every sample from its increases (``inc``: per counter column of the plan)."""
+        if inc is not None:
             out[:, plan.single_features] = inc[:, plan.single_positions]
             for f, positions in plan.summed:
                 block = inc[:, positions]

@@ -178,3 +178,57 @@ def test_gauges_read_off_one_block_are_what_reducing_each_column_gives(copies: i
         )
     np.testing.assert_array_equal(features[0], features[1])
     assert np.array_equal(np.signbit(features[0]), np.signbit(features[1]))
+
+
+def _counter_schema() -> Schema:
+    """Counters of every kind the sample stage reads (two corrected-ECC series summed into one feature, driver
+    error codes of two classes, power-cap time), retired pages, and the gauges the power limit is seen by."""
+    errors, throttle = cv.HW_ERRORS.name, cv.HW_THROTTLE_TIME.name
+    kind = cv.ERROR_TYPE_ATTR
+    return Schema(
+        [
+            Column(errors, ((kind, "corrected"), (cv.HW_ID, "a"))),
+            Column(errors, ((kind, "corrected"), (cv.HW_ID, "b"))),
+            Column(errors, ((kind, "uncorrected"),)),
+            Column(errors, ((kind, "driver"), (cv.HW_ERROR_CODE, "79"))),
+            Column(errors, ((kind, "driver"), (cv.HW_ERROR_CODE, "13"))),
+            Column(errors, ((kind, "retired_page"),)),
+            Column(throttle, ((cv.HW_THROTTLE_REASON, "power"),)),
+            Column(cv.HW_POWER.name),
+            Column(cv.HW_GPU_UTILIZATION.name),
+        ]
+    )
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_a_batch_of_several_samples_a_device_is_the_rounds_one_after_another(data: st.DataObject) -> None:
+    """The sample stage over a batch where devices repeat (FeatureExtractor.extract with ``rounds``) gives each
+    sample the features, and leaves each device the baselines and last time, that the rounds one after another give:
+    counters that climb, reset (go down), appear late or go unread, on new and known devices, in mixed groups."""
+    schema = _counter_schema()
+    n_rows = data.draw(st.integers(1, 4))
+    rows = np.asarray(data.draw(st.lists(st.integers(0, n_rows - 1), min_size=1, max_size=10)), dtype=np.intp)
+    n = rows.size
+    counters = st.one_of(st.just(np.nan), st.sampled_from([0.0, 1.0, 2.0, 5.0, 100.0]), st.floats(0, 1e6))
+    values = data.draw(hnp.arrays(np.float64, (n, len(schema)), elements=counters))
+    times = np.cumsum(data.draw(hnp.arrays(np.float64, n, elements=st.floats(0, 30)))) + 1e9
+    new = np.asarray(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    groups = data.draw(st.lists(st.integers(0, 1), min_size=n_rows, max_size=n_rows))
+    driver = DriverClasses([{"79": "reset_device"}, {"79": "reboot_node", "13": "mechanical"}])
+    # Rounds as the batch makes them: each row's k-th sample in round k.
+    rank = np.asarray([int((rows[:i] == r).sum()) for i, r in enumerate(rows)])
+    rounds = [np.flatnonzero(rank == k) for k in range(int(rank.max()) + 1)]
+    history = data.draw(hnp.arrays(np.float64, (n_rows, len(schema)), elements=counters))  # an earlier sample
+    merged, stepped = FeatureExtractor(schema, capacity=8), FeatureExtractor(schema, capacity=8)
+    everyone = np.arange(n_rows)
+    for extractor in (merged, stepped):
+        extractor.extract(everyone, np.ones(n_rows, bool), np.full(n_rows, 1e9 - 60), history, _params(groups, driver))
+    got = merged.extract(rows, new, times, values, _params([groups[r] for r in rows], driver), rounds)
+    want = np.full_like(got, np.nan)
+    for at in rounds:
+        r = rows[at]
+        want[:, at] = stepped.extract(r, new[at], times[at], values[at], _params([groups[i] for i in r], driver))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(merged.prev, stepped.prev)
+    np.testing.assert_array_equal(merged.prev_time, stepped.prev_time)
