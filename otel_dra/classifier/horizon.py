@@ -93,12 +93,7 @@ class HorizonStore:
         ix.put(self.head, bucket)
         valid = ~np.isnan(values)
         add = np.where(valid, values, 0.0).astype(np.float32)  # totals add what the buckets hold
-        slot = bucket % self.buckets
-        if slot.size and all_of(slot == slot[0]):  # every row in the same bucket slot (the usual tick)
-            ix.add(self.sums[int(slot[0])], add, axis=1)
-            ix.add(self.counts[int(slot[0])], valid, axis=1)
-        else:
-            ix.add_slots((self.sums, self.counts), slot, (add, valid.astype(np.uint16)))
+        ix.add_slots((self.sums, self.counts), bucket % self.buckets, (add, valid.astype(np.uint16)))
         for s, c in zip(self.total_sums, self.total_counts, strict=True):
             ix.add(s, add, axis=1)
             ix.add(c, valid, axis=1)

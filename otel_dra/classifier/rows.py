@@ -135,9 +135,14 @@ class RowIndex:
         return tuple(ring.reshape(-1).take(flat) for ring in rings)
 
     def add_slots(self, rings: tuple[np.ndarray, ...], slots: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
-        """``ring[slot, ..., row] += value`` for each ring and its values, each row at its own slot (where the slots
-        differ and the rings are of one shape, their flat positions are worked out once for all of them)."""
-        if _uniform(slots) or not _one_flat_shape(rings):
+        """``ring[slot, ..., row] += value`` for each ring and its values, each row at its own slot: in place where
+        every row's slot is the same (the usual tick: the rows' rings turn in step); else, where the rings are of
+        one shape, at flat positions worked out once for all of them."""
+        if _uniform(slots):
+            for ring, value in zip(rings, values, strict=True):
+                self.add(ring[int(slots[0])], value, axis=ring.ndim - 2)
+            return
+        if not _one_flat_shape(rings):
             for ring, value in zip(rings, values, strict=True):
                 self.put_slots(ring, slots, self.take_slots(ring, slots) + value)
             return
