@@ -12,11 +12,10 @@ compares it with its evaluation grid.
 What crosses the pipe is each line's frames as (time, table number, shape), its errors and refusals, its size
 and the clock after it, and a batch's frames' values as one float64 buffer (one array to pickle, not one a frame:
 the judge's side cuts each frame's matrix out of it as a view): a device table crosses once, when first used, so
-the judge's side holds one table
-object per table the decoder made, as it would in one process (the classifier finds a node's rows by its
-table's identity); the schema's new columns cross before the first frame that uses them. The pipe holds at
-most a batch or two, so the child stays only that far ahead: memory stays bounded whatever the recording's
-size.
+the judge's side holds one table object per table the decoder made, as it would in one process (the classifier
+finds a node's rows by its table's identity); the schema's new columns cross before the first frame that uses
+them. The pipe holds at most a batch or two, so the child stays only that far ahead: memory stays bounded
+whatever the recording's size.
 """
 
 from __future__ import annotations
