@@ -201,9 +201,10 @@ class Classifier:
         # the next is done once for all of them (FeatureExtractor.extract), then each round goes into the stores.
         rows = samples.rows
         t, heard = _seconds(rows, samples.times, samples.arrivals)
-        feats = self.extractor.extract(rows, samples.new, t, samples.values, self.groups.device_params(rows), rounds)
-        for at in rounds:
-            self._store(RowIndex(rows[at]), t[at], heard[at], feats[:, at])
+        parts = [(RowIndex(rows[at]), at) for at in rounds]  # how each round's rows are read and written
+        feats = self.extractor.extract(rows, samples.new, t, samples.values, self.groups.device_params(rows), parts)
+        for ix, at in parts:
+            self._store(ix, t[at], heard[at], feats[:, at])
 
     def ingest_rows(
         self,

@@ -391,23 +391,19 @@ class FeatureExtractor:
         time_s: np.ndarray,
         values: np.ndarray,
         params: DeviceParams,
-        rounds: list[np.ndarray] | None = None,
+        rounds: list[tuple[RowIndex, np.ndarray]] | None = None,
     ) -> np.ndarray:
         """Features for each sample, ``(features, samples)``: one sample of each row (rows unique), or with
-        ``rounds``, several of a row (a device sampled more than once in a batch): each round's positions among the
-        samples, every row at most once a round, in order. What a device carries from one sample to the next (its
-        last time, its counters' baselines) moves on round by round; the rest is worked out once for every sample,
-        the same values as round by round. ``values`` is ``(samples, columns)``, NaN = absent; ``new`` marks devices
-        seen for the first time; ``params`` holds per-sample thresholds."""
+        ``rounds``, several of a row (a device sampled more than once in a batch): each round's rows and their
+        positions among the samples, every row at most once a round, in order. What a device carries from one
+        sample to the next (its last time, its counters' baselines) moves on round by round; the rest is worked out
+        once for every sample, the same values as round by round. ``values`` is ``(samples, columns)``, NaN =
+        absent; ``new`` marks devices seen for the first time; ``params`` holds per-sample thresholds."""
         plan = self.plan()
         n = len(rows)
         if values.shape[1] < plan.width:  # a frame made before the schema grew: the newer columns are absent
             values = np.concatenate([values, np.full((n, plan.width - values.shape[1]), np.nan)], axis=1)
-        if rounds is None:
-            parts: list[tuple[RowIndex, np.ndarray | None]] = [(RowIndex.of(rows), None)]
-        else:
-            every = rows.rows if isinstance(rows, RowIndex) else rows
-            parts = [(RowIndex(every[at]), at) for at in rounds]
+        parts: list[tuple[RowIndex, np.ndarray | None]] = [(RowIndex.of(rows), None)] if rounds is None else [*rounds]
         # Feature-major, as the stores keep them: ``out`` is its (rows, features) view, whose columns
         # (one feature of every row, what each step below writes) are contiguous.
         major = nans((N_FEATURES, n))

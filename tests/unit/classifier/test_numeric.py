@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_CODE, DeviceParams, DriverClasses, F, FeatureExtractor
 from otel_dra.classifier.numeric import all_of, any_of, flatnonzero, nan_to_num, nans
+from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
 
 floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
@@ -224,7 +225,8 @@ def test_a_batch_of_several_samples_a_device_is_the_rounds_one_after_another(dat
     everyone = np.arange(n_rows)
     for extractor in (merged, stepped):
         extractor.extract(everyone, np.ones(n_rows, bool), np.full(n_rows, 1e9 - 60), history, _params(groups, driver))
-    got = merged.extract(rows, new, times, values, _params([groups[r] for r in rows], driver), rounds)
+    parts = [(RowIndex(rows[at]), at) for at in rounds]
+    got = merged.extract(rows, new, times, values, _params([groups[r] for r in rows], driver), parts)
     want = np.full_like(got, np.nan)
     for at in rounds:
         r = rows[at]
