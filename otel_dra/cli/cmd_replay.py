@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from otel_dra.cli.common import load_policy, plural, stderr_console
-from otel_dra.cli.options import Seconds, decode_limits, limit_options, progress_bar
+from otel_dra.cli.options import Seconds, advancer, decode_limits, limit_options, progress_bar
 from otel_dra.config import FleetConfig
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def replay(
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise click.ClickException(f"cannot write --plot {plot}: {folder} is not a folder this user can write to")
     total = sum(map(_size_or_zero, files))
-    progress = progress_bar(err)
+    progress = progress_bar(err, refresh_thread=False)  # (so the decode process can be forked)
     out = sys.stdout if output == "-" else None
     try:
         out = out or open(output, "w")  # noqa: SIM115 - closed below
@@ -101,7 +101,7 @@ def replay(
                 list(files),
                 policy,
                 out,
-                lambda n: progress.advance(reading, n),
+                advancer(progress, reading),
                 evaluate_every,
                 limits,
                 timeline=plot is not None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -10,7 +11,7 @@ import click
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
     from otel_dra.decode.limits import DecodeLimits
     from otel_dra.serve.config import HttpServerConfig
@@ -132,8 +133,10 @@ class Seconds(click.ParamType):
         return seconds
 
 
-def progress_bar(console: Console) -> Progress:
-    """The commands' progress bar: on stderr, gone when done, off when stderr is not a terminal."""
+def progress_bar(console: Console, refresh_thread: bool = True) -> Progress:
+    """The commands' progress bar: on stderr, gone when done, off when stderr is not a terminal. Without
+    ``refresh_thread`` it is redrawn only as it advances (:func:`advancer`): a replay forks its decode process,
+    which it does only while no other thread runs (``decode/stage.py``)."""
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
     return Progress(
@@ -144,7 +147,24 @@ def progress_bar(console: Console) -> Progress:
         console=console,
         transient=True,
         disable=not console.is_terminal,
+        auto_refresh=refresh_thread,
     )
+
+
+def advancer(progress: Progress, task: TaskID, every_s: float = 0.1) -> Callable[[int], None]:
+    """``advance(n)`` for a bar without its refresh thread: moves ``task`` on by ``n`` and redraws the bar at
+    most once every ``every_s`` (as its thread would)."""
+    shown = -every_s
+
+    def advance(n: int) -> None:
+        nonlocal shown
+        progress.advance(task, n)
+        now = time.monotonic()
+        if now - shown >= every_s:
+            shown = now
+            progress.refresh()
+
+    return advance
 
 
 def http_server_options(f: Callable[..., Any]) -> Callable[..., Any]:

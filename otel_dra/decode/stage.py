@@ -16,20 +16,26 @@ the judge's side holds one table object per table the decoder made, as it would 
 finds a node's rows by its table's identity); the schema's new columns cross before the first frame that uses
 them. The pipe holds at most a batch or two, so the child stays only that far ahead: memory stays bounded
 whatever the recording's size.
+
+The child is a fork of this process where that is safe (Linux, no other thread running: ~5 ms to its first line,
+its modules imported already), else a new interpreter (~0.1 s of start and imports, the judge's side idle).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final, Literal, Protocol
 
 import numpy as np
 
@@ -44,7 +50,7 @@ from otel_dra.frame import DeviceTable, Frame, Schema
 #: to keep the child near it). The first batches are smaller (1, 2, 4 ... lines): a recording's first lines are
 #: each node's first, read the slow way (~2 ms each), and the judge's side starts on them sooner.
 BATCH_LINES: Final = 32
-#: Input below this many bytes (on disk) is decoded in-process: a child's start (~0.3 s) would outweigh it
+#: Input below this many bytes (on disk) is decoded in-process: a child's start (up to ~0.3 s) would outweigh it
 #: (``otel-dra replay --help`` says "4 MB").
 MIN_PROCESS_BYTES: Final = 4 << 20
 #: What the child process runs (its classes pickle under this module's name, not ``__main__``), on the
@@ -57,6 +63,11 @@ _CHILD: Final = (
 _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 #: Device tables the child numbers at most (:attr:`DecodeStage.max_tables`): more than the decoder keeps.
 MAX_TABLES: Final = 100_000
+
+#: How the child starts (:attr:`DecodeStage.start`): "fork", a copy of this process (~5 ms: its modules are
+#: imported already), or "exec", a new interpreter running ``_CHILD`` (~0.1 s of start and imports, before the
+#: judge's side gets its first line).
+Start = Literal["fork", "exec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +107,8 @@ class DecodeStage:
     #: Device tables the child numbers before it starts over, between lines (both sides forget them; the next use
     #: re-sends one; a single line holding more nodes than this is numbered whole).
     max_tables: int = MAX_TABLES
+    #: How a child starts (None: :func:`_start_for_here`).
+    start: Start | None = None
     totals: DecodeTotals = field(default_factory=DecodeTotals)
 
     def lines(self) -> Generator[DecodedLine, None, None]:
@@ -119,21 +132,13 @@ class DecodeStage:
     def _in_child(self) -> Iterator[DecodedLine]:
         if len(self.schema):
             raise ValueError("DecodeStage: a child process decodes into a new schema (this one has columns)")
-        # A new interpreter running this module's child_main (not multiprocessing's spawn, which imports the
-        # caller's __main__ again: a script without a __name__ guard would run twice).
-        command = [sys.executable, "-c", _CHILD.format(root=_PACKAGE_ROOT)]
-        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert child.stdin is not None and child.stdout is not None
+        job = (list(map(Path, self.paths)), self.limits, self.max_tables)
+        child, stream = _fork(*job) if (self.start or _start_for_here()) == "fork" else _exec(*job)
         tables: dict[int, DeviceTable] = {}
         try:
-            try:
-                with child.stdin:
-                    pickle.dump((list(map(Path, self.paths)), self.limits, self.max_tables), child.stdin)
-            except BrokenPipeError:  # it is gone already: what it said, or its exit code, is read below
-                pass
             while True:
                 try:
-                    message = pickle.load(child.stdout)
+                    message = pickle.load(stream)
                 except EOFError:
                     code = child.wait(5.0)
                     raise RuntimeError(f"the replay's decode process ended unexpectedly (exit code {code})") from None
@@ -161,10 +166,89 @@ class DecodeStage:
                 else:  # "failed": a bug, with the child's traceback
                     raise RuntimeError(f"the replay's decode process failed:\n{message[1]}")
         finally:
-            child.stdout.close()
+            stream.close()
             if child.poll() is None:  # the judge stopped early (an error, Ctrl-C): the child is not waited for
                 child.terminate()
             child.wait()
+
+
+class _Child(Protocol):
+    """The decode process, as the judge's side handles it (a :class:`subprocess.Popen` has this)."""
+
+    def poll(self) -> int | None: ...
+    def terminate(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def _start_for_here() -> Start:
+    """Fork where the platform has it and this process runs no other thread (a fork copies the calling thread
+    alone: a lock another thread held would stay held in the copy), and not on macOS (its system libraries are
+    not safe to use after a fork); otherwise a new interpreter."""
+    forkable = hasattr(os, "fork") and sys.platform.startswith("linux")
+    return "fork" if forkable and threading.active_count() == 1 else "exec"
+
+
+def _exec(paths: list[Path], limits: DecodeLimits, max_tables: int) -> tuple[_Child, IO[bytes]]:
+    """A new interpreter running this module's child_main (not multiprocessing's spawn, which imports the
+    caller's __main__ again: a script without a __name__ guard would run twice)."""
+    command = [sys.executable, "-c", _CHILD.format(root=_PACKAGE_ROOT)]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        with child.stdin:
+            pickle.dump((paths, limits, max_tables), child.stdin)
+    except BrokenPipeError:  # it is gone already: what it said, or its exit code, is read from its stdout
+        pass
+    return child, child.stdout
+
+
+@dataclass
+class _Forked:
+    """A forked decode process, handled as a :class:`subprocess.Popen` is."""
+
+    pid: int
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def terminate(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """(``timeout`` is not used: the judge's side waits only once the child closed its end, or was told to go.)"""
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+def _fork(paths: list[Path], limits: DecodeLimits, max_tables: int) -> tuple[_Child, IO[bytes]]:
+    """A copy of this process that decodes and writes to a pipe, then leaves by ``os._exit``: nothing of this
+    process's runs in it (no ``finally`` or ``atexit`` of the caller's, no flush of its inherited buffers, whose
+    text would be written twice)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(reader)
+            # The caller's signal handlers are not this process's: Ctrl-C stops it, as terminate() does.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            gc.freeze()  # (the copied objects are not collected here: their pages stay shared, not copied)
+            sys.stdout = sys.stderr  # (the pipe is the messages' alone)
+            with open(writer, "wb") as out:
+                code = _serve(out, paths, limits, max_tables)
+        finally:
+            os._exit(code)
+    os.close(writer)
+    return _Forked(pid), open(reader, "rb")  # (closed by the caller)
 
 
 def _worth_a_process(paths: Sequence[Path]) -> bool:
@@ -268,13 +352,21 @@ def child_main() -> int:
     stdout, which nothing else writes to (anything printed goes to stderr)."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr
+    try:
+        paths, limits, max_tables = pickle.load(sys.stdin.buffer)
+    except KeyboardInterrupt:
+        return 1
+    return _serve(out, paths, limits, max_tables)
+
+
+def _serve(out: IO[bytes], paths: list[Path], limits: DecodeLimits, max_tables: int) -> int:
+    """The child's work, however it started: messages pickled to ``out``; its exit code."""
 
     def send(message: Any) -> None:
         pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
         out.flush()
 
     try:
-        paths, limits, max_tables = pickle.load(sys.stdin.buffer)
         _decode_in_child(send, paths, limits, max_tables)
     except (BrokenPipeError, KeyboardInterrupt):  # the judge's side is gone, or Ctrl-C reached both
         return 1

@@ -93,3 +93,27 @@ def test_one_process_writes_what_the_default_two_process_replay_does(tmp_path: P
     assert two.read_bytes() == one.read_bytes() and "memory_ecc" in two.read_text()
     assert default.stderr.replace(str(two), "OUT") == single.stderr.replace(str(one), "OUT")
     assert "warning: line " in default.stderr  # the bad line's warning crossed from the decode process
+
+
+def test_the_replay_progress_bar_on_a_terminal_runs_no_thread_so_the_decode_process_can_fork() -> None:
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from otel_dra.cli.options import advancer, progress_bar
+    from otel_dra.decode.stage import _start_for_here
+
+    threads = threading.active_count()
+    console = Console(file=io.StringIO(), force_terminal=True, width=80)
+    with progress_bar(console, refresh_thread=False) as progress:
+        task = progress.add_task("replaying", total=100)
+        advance = advancer(progress, task, every_s=0.0)
+        assert threading.active_count() == threads
+        if threads == 1:
+            assert _start_for_here() == "fork"
+        advance(40)
+        assert progress.tasks[0].completed == 40
+        assert "40%" in console.file.getvalue()  # redrawn as it advanced, with no thread to do it
+    with progress_bar(console) as progress:  # the other commands' bar keeps its thread
+        assert threading.active_count() == threads + 1

@@ -35,6 +35,13 @@ def recordings(tmp_path_factory) -> list[Path]:
     return [first, second]
 
 
+@pytest.fixture(params=["fork", "exec"])
+def start(request, monkeypatch) -> str:
+    """How the child starts: a copy of this process, or a new interpreter (the default picks one; both are run)."""
+    monkeypatch.setattr("otel_dra.decode.stage._start_for_here", lambda: request.param)
+    return request.param
+
+
 def decoded(paths: list[Path], process: bool, **kw) -> tuple[list[DecodedLine], DecodeStage, Schema]:
     schema = Schema()
     stage = DecodeStage(paths, schema, DecodeLimits(), process=process, **kw)
@@ -60,7 +67,7 @@ def table_sharing(lines: list[DecodedLine]) -> list[int]:
     return [first.setdefault(id(f.devices), i) for i, f in enumerate(frames)]
 
 
-def test_a_child_decodes_what_one_process_does_in_order_with_its_errors_counts_and_columns(recordings):
+def test_a_child_decodes_what_one_process_does_in_order_with_its_errors_counts_and_columns(recordings, start):
     here, stage_here, schema_here = decoded(recordings, process=False)
     there, stage_there, schema_there = decoded(recordings, process=True)
     same_lines(here, there)
@@ -73,13 +80,13 @@ def test_a_child_decodes_what_one_process_does_in_order_with_its_errors_counts_a
     assert len(set(table_sharing(there))) < sum(len(line.frames) for line in there)
 
 
-def test_past_its_table_cap_the_child_starts_numbering_over_and_frames_keep_their_tables(recordings):
+def test_past_its_table_cap_the_child_starts_numbering_over_and_frames_keep_their_tables(recordings, start):
     here, _, _ = decoded(recordings, process=False)
     there, _, _ = decoded(recordings, process=True, max_tables=2)  # four nodes' tables: it starts over, often
     same_lines(here, there)
 
 
-def test_a_file_cut_short_raises_after_the_lines_before_it_in_either_mode(recordings, tmp_path):
+def test_a_file_cut_short_raises_after_the_lines_before_it_in_either_mode(recordings, tmp_path, start):
     whole = gzip.decompress(recordings[0].read_bytes())
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(gzip.compress(whole)[: len(gzip.compress(whole)) // 2])
@@ -96,7 +103,7 @@ def test_a_file_cut_short_raises_after_the_lines_before_it_in_either_mode(record
     assert len(seen[True][0]) > 11  # the whole first file, then the cut one's lines before the damage
 
 
-def test_a_replay_through_the_child_writes_the_same_verdicts(recordings):
+def test_a_replay_through_the_child_writes_the_same_verdicts(recordings, start):
     from otel_dra.policy import load
     from otel_dra.replay import replay
 
@@ -116,19 +123,26 @@ def test_a_schema_with_columns_is_refused_for_a_child(recordings):
         next(DecodeStage(recordings, schema, process=True).lines())
 
 
-def test_a_script_without_a_main_guard_replays_once(recordings, tmp_path):
-    # (multiprocessing's spawn would import the script again in the child and run it twice, or refuse.)
+@pytest.mark.parametrize("how", ["fork", "exec"])
+def test_a_script_without_a_main_guard_replays_once_and_its_unwritten_output_is_written_once(recordings, tmp_path, how):
+    # (multiprocessing's spawn would import the script again in the child and run it twice, or refuse; a forked
+    # child that flushed the text the script had printed but not yet written would write it a second time.)
     script = tmp_path / "backtest.py"
     script.write_text(
-        "import io, sys\n"
+        "import io, sys, threading\n"
+        "from otel_dra.decode.stage import _start_for_here\n"
         "from otel_dra.policy import load\n"
         "from otel_dra.replay import replay\n"
+        "print('starting', flush=False)\n"
+        f"if {how!r} == 'exec':  # another thread running: no fork\n"
+        "    threading.Thread(target=threading.Event().wait, args=(30,), daemon=True).start()\n"
+        "print('start', _start_for_here())\n"
         f"result = replay([{str(recordings[0])!r}], load(), io.StringIO(), decode_process=True)\n"
         "print('replayed', result.lines)\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["replayed 123"], done.stdout
+    assert done.stdout.splitlines() == ["starting", f"start {how}", "replayed 123"], done.stdout
 
 
 @pytest.mark.parametrize(
@@ -152,7 +166,7 @@ def test_a_containers_cpu_quota_is_read_so_one_cpu_gets_one_process(tmp_path, fi
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads this process's children from /proc")
-def test_a_judge_that_stops_early_leaves_no_decode_process_behind(recordings):
+def test_a_judge_that_stops_early_leaves_no_decode_process_behind(recordings, start):
     def children() -> set[str]:
         return {pid for task in Path("/proc/self/task").iterdir() for pid in (task / "children").read_text().split()}
 
@@ -164,7 +178,7 @@ def test_a_judge_that_stops_early_leaves_no_decode_process_behind(recordings):
     assert children() == before
 
 
-def test_tables_start_over_between_lines_even_when_a_line_holds_several_nodes(recordings, tmp_path):
+def test_tables_start_over_between_lines_even_when_a_line_holds_several_nodes(recordings, tmp_path, start):
     # A Collector batches many nodes into one line: each line here holds the three nodes of one tick, so the child's
     # table cap (2) is reached in the middle of a line; the line's frames keep the tables they were numbered with.
     lines = gzip.decompress(recordings[0].read_bytes()).decode().splitlines()
@@ -178,3 +192,21 @@ def test_tables_start_over_between_lines_even_when_a_line_holds_several_nodes(re
     there, _, _ = decoded([path], process=True, max_tables=2)
     assert max(len(line.frames) for line in here) == 3
     same_lines(here, there)
+
+
+def test_a_bug_in_a_forked_child_reaches_the_judge_with_its_traceback(recordings, monkeypatch):
+    # (a fork runs this process's code as it is at the fork: a decoder patched to fail fails there)
+    def broken(self, raw, lineno):
+        raise ZeroDivisionError("the decoder's bug")
+
+    monkeypatch.setattr("otel_dra.decode.otlp_json.OtlpJsonDecoder.decode", broken)
+    with pytest.raises(RuntimeError, match=r"(?s)decode process failed:.*ZeroDivisionError: the decoder's bug"):
+        list(DecodeStage(recordings, Schema(), process=True, start="fork").lines())
+
+
+def test_a_forked_child_that_dies_is_reported_with_its_exit_code(recordings, monkeypatch):
+    import os
+
+    monkeypatch.setattr("otel_dra.decode.stage._decode_in_child", lambda *args: os._exit(3))
+    with pytest.raises(RuntimeError, match=r"decode process ended unexpectedly \(exit code 3\)"):
+        list(DecodeStage(recordings, Schema(), process=True, start="fork").lines())
