@@ -21,7 +21,7 @@ Terms, per device over its window (the last ``window`` of samples):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -137,7 +137,7 @@ class Window:
 
         return self._read(("fraction", 0), f, read)
 
-    def increase(self, f: F) -> np.ndarray:
+    def increase(self, f: F | list[F]) -> np.ndarray:
         return self.sums[f]
 
     def share(self, f: F) -> np.ndarray:
@@ -147,7 +147,7 @@ class Window:
 
         return self._read(("share", 0), f, read)
 
-    def per_minute(self, f: F) -> np.ndarray:
+    def per_minute(self, f: F | list[F]) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.timed, 60.0 * self.sums[f] / np.maximum(self.seconds, RATE_MIN_SPAN_S), np.nan)
 
@@ -245,31 +245,40 @@ class Window:
           without a cohort, the window's bar, beyond the same noise.
         """
         cached = self._rates.get(f)
-        if cached is not None:
-            return cached
+        if cached is None:
+            self.rates({f: (bars, absolute)})
+            cached = self._rates[f]
+        return cached
+
+    def rates(self, asks: Mapping[F, tuple[RateParams, np.ndarray]]) -> None:
+        """Counters' rates (:meth:`rate`), each with its bars and absolute bar, judged side by side (a counter a
+        row: a small fleet pays each numpy call's fixed cost once, not once a counter) and kept for the rules that
+        ask (:meth:`rate` then reads them)."""
+        fs = [f for f in asks if f not in self._rates]
+        if not fs:
+            return
         rows = self.rows
         sums, _ = self.span[RATE_SPAN]
         span_minutes = sums[H[F.DT]] / 60.0
-        span_count = sums[H[f]]
+        span_count = sums[[H[f] for f in fs]]
         with np.errstate(invalid="ignore", divide="ignore"):
             span_rate = np.where(span_minutes > 0, span_count / np.maximum(span_minutes, 1.0), np.nan)
         cohorts = self.groups.cohort[rows]
         # Every recent device with a rate counts towards its cohort's centre, young ones too: a
         # fleet that just started judges a storm against its peers, not against the absolute bar.
         eligible = self.recent & (span_minutes > 0)
-        least = self.groups.policy.cohorts.min_devices
-        c = centre(span_rate, eligible, self.recent, cohorts, len(self.groups.cohort_names), least)
-        ratio = bars.cohort_ratio
-        z = np.full(rows.shape, self.groups.policy.cohorts.significance)
-        window_bar = np.maximum(absolute, bars.storm_ratio * c.median)
-        ok = self.timed
+        cohorts_policy = self.groups.policy.cohorts
+        c = centre(span_rate, eligible, self.recent, cohorts, len(self.groups.cohort_names), cohorts_policy.min_devices)
+        bars = [asks[f][0] for f in fs]
+        ratio = np.stack([b.cohort_ratio for b in bars])
+        window_bar = np.maximum(np.stack([asks[f][1] for f in fs]), np.stack([b.storm_ratio for b in bars]) * c.median)
         window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
-        fast = ok & above(self.increase(f), window_minutes, window_bar, z)
-        spread = c.median + bars.mad_k * 1.4826 * c.mad
+        z = cohorts_policy.significance
+        fast = self.timed & above(self.increase(fs), window_minutes, window_bar, z)
+        spread = c.median + np.stack([b.mad_k for b in bars]) * 1.4826 * c.mad
         far = nan_to_num(span_rate) >= np.maximum(ratio * c.median, spread)
-        healthy = self.groups.policy.cohorts.healthy_ratio
-        norm = np.maximum(healthy * c.median, bars.floor_per_minute)
-        span_z = np.full(rows.shape, self.groups.policy.cohorts.span_significance)
+        norm = np.maximum(cohorts_policy.healthy_ratio * c.median, np.stack([b.floor_per_minute for b in bars]))
+        span_z = cohorts_policy.span_significance
         minutes = np.maximum(span_minutes, 1.0)
         own = far & above(span_count, minutes, norm, span_z)
         slow = self.covered(RATE_SPAN) & np.where(
@@ -277,9 +286,9 @@ class Window:
         )
         with np.errstate(invalid="ignore", divide="ignore"):
             times = np.where((c.source != FROM_NONE) & (c.median > 0), span_rate / c.median, np.nan)
-        out = RateVerdict(fast | slow, self.per_minute(f), span_rate, span_minutes, c, times)
-        self._rates[f] = out
-        return out
+        flagged, per_minute = fast | slow, self.per_minute(fs)
+        for i, f in enumerate(fs):
+            self._rates[f] = RateVerdict(flagged[i], per_minute[i], span_rate[i], span_minutes, c.counter(i), times[i])
 
     # -- peers under the same load (otel_dra.classifier.peer_evidence) -----------------------------------
     def thermal_peers(self) -> ThermalPeers:

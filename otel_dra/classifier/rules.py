@@ -32,6 +32,7 @@ from otel_dra.classifier.numeric import any_of, nan_to_num
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.rates import RateVerdict
 from otel_dra.classifier.reader import Window
+from otel_dra.classifier.thresholds import RateParams
 from otel_dra.classifier.topology import Topology, link_scoped
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
@@ -120,8 +121,12 @@ def memory_ecc(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarra
 
 def corrected_rate(w: Window) -> RateVerdict:
     """The corrected-ECC rate against the policy's absolute bar and the device's cohort."""
+    return w.rate(F.ECC_CORRECTED, *_corrected_bars(w))
+
+
+def _corrected_bars(w: Window) -> tuple[RateParams, np.ndarray]:
     m = w.params.memory_ecc
-    return w.rate(F.ECC_CORRECTED, m.corrected, m.corrected_per_minute)
+    return m.corrected, m.corrected_per_minute
 
 
 def power_delivery(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -212,8 +217,19 @@ def link(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.
 
 def link_rate(w: Window) -> RateVerdict:
     """The link error rate against DCGM's expected replays and the device's cohort."""
-    expected = nan_to_num(w.mean(F.LINK_EXPECTED))
-    return w.rate(F.LINK_ERRORS, w.params.link.errors, expected)
+    return w.rate(F.LINK_ERRORS, *_link_bars(w))
+
+
+def _link_bars(w: Window) -> tuple[RateParams, np.ndarray]:
+    return w.params.link.errors, nan_to_num(w.mean(F.LINK_EXPECTED))
+
+
+#: The counters the rules judge by their rate against their cohort (:meth:`Window.rate`), with each one's bars:
+#: :func:`evaluate` has them judged side by side before the rules ask.
+RATE_BARS: dict[F, Callable[[Window], tuple[RateParams, np.ndarray]]] = {
+    F.ECC_CORRECTED: _corrected_bars,
+    F.LINK_ERRORS: _link_bars,
+}
 
 
 def driver_errors(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -284,6 +300,7 @@ def evaluate(
     (:mod:`otel_dra.classifier.firmware_rates`); ``recent``: per (row, reason), held with evidence within the
     window, the device's or a link's (what its group's devices showed in the same window)."""
     ev = Evidence.empty(w.rows.shape[0])
+    w.rates({f: bars(w) for f, bars in RATE_BARS.items()})
     for reason, rule in WINDOW_RULES.items():
         on, st = rule(w, groups, fresh)
         ev.present[:, R[reason]] = on & fresh
