@@ -188,3 +188,13 @@ class Frame:
             raise ValueError(
                 f"Frame values must be (devices, columns); got {self.values.shape} for {len(self.devices)} devices"
             )
+
+
+def widened(values: np.ndarray, width: int) -> np.ndarray:
+    """A frame's values made before the schema grew to ``width`` columns are narrower: the newer columns are absent
+    (NaN); values that wide already are returned as they are."""
+    if values.shape[1] == width:
+        return values
+    out = np.full((values.shape[0], width), np.nan)  # (np.pad's fixed cost is ten times this)
+    out[:, : values.shape[1]] = values
+    return out

@@ -22,11 +22,12 @@ from typing import IO
 import numpy as np
 
 from otel_dra.classifier import Classifier
+from otel_dra.classifier.batch import Batch
 from otel_dra.config import FleetConfig
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.result import DecodeError
-from otel_dra.decode.stage import DecodeStage
-from otel_dra.frame import Frame, Schema
+from otel_dra.decode.stage import DecodeStage, Step
+from otel_dra.frame import Schema
 from otel_dra.policy import Policy
 from otel_dra.words import plural
 
@@ -95,20 +96,17 @@ def replay(
     and the input is large enough to pay for it; :class:`~otel_dra.decode.stage.DecodeStage`)."""
     result = ReplayResult()
     schema = Schema()
-    stage = DecodeStage(paths, schema, limits or DecodeLimits(), process=decode_process)
-    classifier = Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True)
-    pending: list[Frame] = []
-    heard: list[int] = []
-    now = 0  # the recording's clock after the last line read
     every_ns = round(evaluate_every_s * 1e9)
-    next_eval: int | None = None
+    stage = DecodeStage(paths, schema, limits or DecodeLimits(), process=decode_process, evaluate_every_ns=every_ns)
+    classifier = Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True)
+    pending: list[Step] = []  # the steps since the last evaluation that brought samples
+    now = 0  # the recording's clock after the last line read
     outcomes: dict[Outcome, Outcome] = {}
 
     def judge(now_ns: int) -> None:
         if pending:
-            classifier.ingest_many(pending, heard)
+            classifier.ingest_batch(_batch_of(pending, len(schema)))
             pending.clear()
-            heard.clear()
         for verdict in classifier.evaluate(now_ns):
             out.write(json.dumps(verdict.to_json(), separators=(", ", ": ")) + "\n")
             key = (verdict.node, verdict.hw_id)
@@ -120,30 +118,27 @@ def replay(
             result.first_time_ns = min(result.first_time_ns or verdict.time_unix_nano, verdict.time_unix_nano)
         result.evaluations += 1
 
-    with closing(stage.lines()) as decoded_lines:  # (a decode process is stopped however the loop ends)
-        for decoded in decoded_lines:
-            frames, errors = decoded.frames, decoded.errors
-            if decoded.limited:
-                result.limited.update(decoded.limited)
-            if errors:
-                result.error_count += len(errors)
+    # Each step is the lines up to one the grid evaluates after (or a few dozen lines), decoded: the decode stage
+    # reads the recording's clock and cuts the steps (DecodeStage, Grid), in this process or in its child.
+    with closing(stage.steps()) as steps:  # (a decode process is stopped however the loop ends)
+        for step in steps:
+            if step.limited:
+                result.limited.update(step.limited)
+            if step.errors:
+                result.error_count += len(step.errors)
                 room = SHOWN_ERRORS - len(result.errors)
                 if room > 0:
-                    result.errors.extend(errors[:room])
-            if frames:
-                now = decoded.now_ns  # (the decode stage reads the recording's clock)
-                pending.extend(frames)
-                heard.extend([now] * len(frames))
-                result.frames += len(frames)
-                if next_eval is None:
-                    next_eval = now
-                if now >= next_eval:  # on a grid of the clock: one evaluation per step it moved past
-                    judge(now)
-                    next_eval += every_ns * ((now - next_eval) // every_ns + 1)
+                    result.errors.extend(step.errors[:room])
+            if step.frames:
+                now = step.now_ns
+                result.frames += step.frames
+                if step.tables:
+                    pending.append(step)
+            if step.evaluate:
+                judge(now)
             if progress is not None:
-                progress(decoded.size)
-            # Nothing of this line is held while the next is read and decoded (only its frames, in ``pending``).
-            del decoded, frames, errors
+                progress(step.size)
+            del step  # (nothing of it held while the next is decoded: only its samples, in ``pending``)
     if result.frames:
         judge(now)
         result.last_time_ns = now
@@ -154,6 +149,21 @@ def replay(
     result.lines, result.lines_skipped = totals.lines, totals.lines_skipped
     result.points, result.points_skipped = totals.points, totals.points_skipped
     return result
+
+
+def _batch_of(steps: list[Step], ncols: int) -> Batch | None:
+    """The batch of the steps' frames (those with samples), one evaluation's."""
+    if len(steps) == 1:  # (the usual: one step an evaluation)
+        s = steps[0]
+        return Batch.of_parts(s.tables, s.stamps, s.sizes, s.heard, [s.values], ncols)
+    return Batch.of_parts(
+        [t for s in steps for t in s.tables],
+        [t for s in steps for t in s.stamps],
+        [n for s in steps for n in s.sizes],
+        [h for s in steps for h in s.heard],
+        [s.values for s in steps],
+        ncols,
+    )
 
 
 def skip_summary(result: ReplayResult) -> str:

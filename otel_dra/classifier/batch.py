@@ -17,17 +17,7 @@ from otel_dra.classifier.numeric import all_of, flatnonzero
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.topology import Topology
-from otel_dra.frame import DeviceTable, Frame
-
-
-def _widened(values: np.ndarray, ncols: int) -> np.ndarray:
-    """A frame made before the schema grew is narrower: the newer columns are absent (NaN)."""
-    width = values.shape[1]
-    if width == ncols:
-        return values
-    out = np.full((values.shape[0], ncols), np.nan)  # (np.pad's fixed cost is ten times this)
-    out[:, :width] = values
-    return out
+from otel_dra.frame import DeviceTable, Frame, widened
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +56,10 @@ class Samples:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """The frames of a batch that hold samples, and their samples as arrays (one a device of a frame)."""
+    """The frames of a batch that hold samples, as their device tables and their samples as arrays (one a device
+    of a frame)."""
 
-    frames: list[Frame]
+    tables: list[DeviceTable]  # per frame, its device table
     sizes: list[int]  # per frame, its devices
     offsets: np.ndarray  # per frame, where its samples start
     everyone: list[bool]  # per frame, whether it read every one of its devices
@@ -87,18 +78,32 @@ class Batch:
         else:
             pairs = [(f, a) for f, a in zip(frames, arrivals_unix_nano, strict=True) if len(f.values)]
             kept, heard = [f for f, _ in pairs], [a for _, a in pairs]
-        if not kept:
-            return None
         # One comprehension per column of the batch, not one loop doing all of them (thousands of frames a tick).
         matrices = [f.values for f in kept]
         sizes = [len(m) for m in matrices]
-        stamps = [f.time_unix_nano for f in kept]
+        return cls.of_parts([f.devices for f in kept], [f.time_unix_nano for f in kept], sizes, heard, matrices, ncols)
+
+    @classmethod
+    def of_parts(
+        cls,
+        tables: list[DeviceTable],
+        stamps: list[int],
+        sizes: list[int],
+        heard: list[int] | int | None,
+        matrices: list[np.ndarray],
+        ncols: int,
+    ) -> Batch | None:
+        """The batch of frames given as their parts (frames with samples: each one's table, time, devices and when
+        it was heard, as :meth:`of` takes them), their values as ``matrices``: one a frame, or fewer, each holding
+        the next frames' rows (a decode process sends a batch's as one); ``None``: no frame."""
+        if not tables:
+            return None
         try:
             values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
         except ValueError:  # frames of different widths: each padded to the schema's below
-            matrices = [_widened(m, ncols) for m in matrices]
+            matrices = [widened(m, ncols) for m in matrices]
             values = np.concatenate(matrices)
-        values = _widened(values, ncols)
+        values = widened(values, ncols)
         read = ~np.isnan(values).all(axis=1)
         counts = np.asarray(sizes, dtype=np.intp)
         offsets = np.zeros(len(sizes), dtype=np.intp)
@@ -111,7 +116,7 @@ class Batch:
             arrivals = np.full(times.shape, heard, dtype=np.int64)
         else:
             arrivals = np.repeat(np.asarray(heard, dtype=np.int64), counts)
-        return cls(kept, sizes, offsets, everyone, values, read, times, arrivals)
+        return cls(tables, sizes, offsets, everyone, values, read, times, arrivals)
 
     def samples(self, rows: np.ndarray, new: np.ndarray) -> Samples:
         """The samples that read their device, at ``rows`` (one a read sample); ``new``: per sample of the
@@ -168,38 +173,38 @@ class DeviceRows:
         # (SeenTable.holds inlined here and below: a call per frame costs a tick of 1,250 frames a third of a ms.)
         found = [
             s.rows
-            for f in batch.frames
-            if (s := tables.get(f.devices.node)) is not None and s.table is f.devices and s.generation == generation
+            for t in batch.tables
+            if (s := tables.get(t.node)) is not None and s.table is t and s.generation == generation
         ]
         new = np.zeros(batch.values.shape[0], dtype=bool)
-        if len(found) == len(batch.frames) and all(batch.everyone):  # the usual tick: every frame seen, all read
+        if len(found) == len(batch.tables) and all(batch.everyone):  # the usual tick: every frame seen, all read
             return (found[0] if len(found) == 1 else np.concatenate(found)), new
         fresh: dict[int, DeviceTable] = {}
-        if len(found) != len(batch.frames):
-            for f in batch.frames:
-                s = tables.get(f.devices.node)
-                if s is None or s.table is not f.devices:
-                    fresh[id(f.devices)] = f.devices
+        if len(found) != len(batch.tables):
+            for t in batch.tables:
+                s = tables.get(t.node)
+                if s is None or s.table is not t:
+                    fresh[id(t)] = t
         if fresh:  # room for all the new devices at once
             self.registry.reserve((t.node, t.ids) for t in fresh.values())
         looked = []
         generation = self.registry.generation
         read = batch.read
-        for f, o, n, e in zip(batch.frames, batch.offsets.tolist(), batch.sizes, batch.everyone, strict=True):
-            seen = tables.get(f.devices.node)
-            if e and seen is not None and seen.table is f.devices and seen.generation == generation:  # (holds)
+        for t, o, n, e in zip(batch.tables, batch.offsets.tolist(), batch.sizes, batch.everyone, strict=True):
+            seen = tables.get(t.node)
+            if e and seen is not None and seen.table is t and seen.generation == generation:  # (holds)
                 looked.append(seen.rows)
                 continue
-            rows_f, new_f = self._of_frame(f, read[o : o + n], e)
+            rows_f, new_f = self._of_table(t, read[o : o + n], e)
             looked.append(rows_f)
             if new_f.any():
                 new[o : o + n][read[o : o + n]] = new_f
             generation = self.registry.generation
         return (looked[0] if len(looked) == 1 else np.concatenate(looked)), new
 
-    def _of_frame(self, frame: Frame, read: np.ndarray, everyone: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, new mask) of the devices ``frame`` read (``read``: which of its rows; ``everyone``: all)."""
-        table = frame.devices
+    def _of_table(self, table: DeviceTable, read: np.ndarray, everyone: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, new mask) of the devices a frame of ``table`` read (``read``: which of its rows; ``everyone``:
+        all)."""
         # A table is remembered as seen only once every one of its devices was read with it, so an attribute
         # change that arrives while its device is not read is noted when it is.
         seen = self.tables.get(table.node)

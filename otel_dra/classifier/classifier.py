@@ -186,13 +186,17 @@ class Classifier:
         sampled more than once in the batch gets its samples in order, one round each.
         ``arrivals_unix_nano``: when each frame (or all of them) was heard, in the reference clock;
         default: each frame's own time (an agent reading its own devices)."""
-        batch = Batch.of(frames, arrivals_unix_nano, len(self.schema))
+        self.ingest_batch(Batch.of(frames, arrivals_unix_nano, len(self.schema)))
+
+    def ingest_batch(self, batch: Batch | None) -> None:
+        """A batch of frames made already (:meth:`Batch.of_parts`: a replay's decode process sends its frames'
+        parts), ingested as :meth:`ingest_many` does (None: no frame held a sample)."""
         if batch is None:
             return
         samples = batch.samples(*self.device_rows.of(batch))
         if samples.rows.size == 0:
             return
-        rounds = samples.rounds(ordered=len(batch.frames) == 1)
+        rounds = samples.rounds(ordered=len(batch.tables) == 1)
         if rounds is None or self.memory.waiting:  # (a device's memory is recalled as each round hears it: in turn)
             for s in [samples] if rounds is None else [samples.picked(at) for at in rounds]:
                 self.ingest_rows(s.rows, s.new, s.times, s.values, s.arrivals)

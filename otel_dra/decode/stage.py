@@ -6,16 +6,16 @@ batches ahead of the judge, so a replay takes the longer stage's time rather tha
 receivers → processors split of an OpenTelemetry Collector's pipeline, with a pipe between).
 
 The stage also reads the recording's clock (:class:`~otel_dra.decode.clock.TraceClock`) line by line, beside the
-decoding: each decoded line says what the clock reads once its frames were heard, and the judge's side only
-compares it with its evaluation grid.
+decoding, and cuts the lines into the judge's steps (:class:`Step`): each ends at a line after which the judge
+evaluates (:class:`Grid`, every few seconds of that clock) or after ``BATCH_LINES`` lines, and holds its frames as
+a batch's parts, their values one matrix. The judge's side makes each evaluation's batch of them as they come
+(``Batch.of_parts``), with no object a line or a frame: in a small fleet's replay those were a tenth of its time.
 
-What crosses the pipe is each line's frames as (time, table number, shape), its errors and refusals, its size
-and the clock after it, and a batch's frames' values as one float64 buffer (one array to pickle, not one a frame:
-the judge's side cuts each frame's matrix out of it as a view): a device table crosses once, when first used, so
-the judge's side holds one table object per table the decoder made, as it would in one process (the classifier
-finds a node's rows by its table's identity); the schema's new columns cross before the first frame that uses
-them. The pipe holds at most a batch or two, so the child stays only that far ahead: memory stays bounded
-whatever the recording's size.
+What crosses the pipe is a step: its frames' times, devices and tables (as numbers), its values as one float64
+buffer, its errors, refusals, size and clock. A device table crosses once, when first used, so the judge's side
+holds one table object per table the decoder made, as it would in one process (the classifier finds a node's rows
+by its table's identity); the schema's new columns cross before the first step that uses them. The pipe holds at
+most a step or two, so the child stays only that far ahead: memory stays bounded whatever the recording's size.
 
 The child is a fork of this process where that is safe (Linux, no other thread running: ~5 ms to its first line,
 its modules imported already), else a new interpreter (~0.1 s of start and imports, the judge's side idle).
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +45,11 @@ from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.result import DecodeError
-from otel_dra.frame import DeviceTable, Frame, Schema
+from otel_dra.frame import DeviceTable, Frame, Schema, widened
 
-#: Lines sent to the judge's side at a time (a pipe write each: few enough to keep it busy, small enough
-#: to keep the child near it). The first batches are smaller (1, 2, 4 ... lines): a recording's first lines are
-#: each node's first, read the slow way (~2 ms each), and the judge's side starts on them sooner.
+#: Lines a step holds at most (a pipe write each: few enough to keep the judge's side busy, small enough to keep
+#: the child near it). The first steps are shorter (1, 2, 4 ... lines): a recording's first lines are each node's
+#: first, read the slow way (~2 ms each), and the judge's side starts on them sooner.
 BATCH_LINES: Final = 32
 #: Input below this many bytes (on disk) is decoded in-process: a child's start (up to ~0.3 s) would outweigh it
 #: (``otel-dra replay --help`` says "4 MB").
@@ -71,15 +72,105 @@ Start = Literal["fork", "exec"]
 
 
 @dataclass(frozen=True, slots=True)
-class DecodedLine:
-    """One input line, decoded: its frames, what was wrong with it, and its size for a progress bar."""
+class Step:
+    """Lines decoded one after another, up to one the judge evaluates after (:class:`Grid`) or ``BATCH_LINES`` of
+    them: their frames that hold samples as a batch's parts (each one's table, time, devices and when its line was
+    heard; their values one matrix, a frame's rows after another's), what was wrong with the lines, their size for a
+    progress bar, and where the recording's clock stands after them."""
 
-    lineno: int
-    frames: list[Frame]
+    tables: list[DeviceTable]
+    stamps: list[int]  # each frame's time (unix ns)
+    sizes: list[int]  # each frame's devices: its rows of ``values``
+    heard: list[int]  # the clock once each frame's line was heard (unix ns)
+    values: np.ndarray  # (samples, columns): the schema's columns as of the step's last line
+    frames: int  # frames decoded (those without samples too)
+    lines: int
     errors: tuple[DecodeError, ...]
     limited: dict[str, int]
-    size: int  # bytes, its newline included
-    now_ns: int  # the recording's clock once this line's frames were heard (unix ns; 0 before any frame)
+    size: int  # bytes, newlines included
+    now_ns: int  # the clock once its last line with frames was heard (unix ns; 0: no line of it had frames)
+    evaluate: bool  # the judge evaluates after it (at ``now_ns``)
+
+
+class Grid:
+    """When the judge evaluates: after a line that brings the recording's clock to the grid's next time (every
+    ``every_ns`` from its first frame's), once however many of the grid's times the clock moved past."""
+
+    def __init__(self, every_ns: int) -> None:
+        self.every_ns = every_ns
+        self.next_ns: int | None = None
+
+    def due(self, now_ns: int) -> bool:
+        """Whether a line with frames heard at ``now_ns`` is followed by an evaluation."""
+        if self.next_ns is None:
+            self.next_ns = now_ns
+        if now_ns < self.next_ns:
+            return False
+        self.next_ns += self.every_ns * ((now_ns - self.next_ns) // self.every_ns + 1)
+        return True
+
+
+class _Steps:
+    """Decoded lines gathered into :class:`Step`'s: the one place both modes (in this process, in a child) cut
+    them, so the judge's side sees the same steps from either."""
+
+    def __init__(self, schema: Schema, every_ns: int) -> None:
+        self.schema = schema
+        self.grid = Grid(every_ns)
+        self.clock = TraceClock()
+        self.lines = 0
+        self._frames: list[Frame] = []  # those with samples
+        self._heard: list[int] = []
+        self._count = 0
+        self._errors: list[DecodeError] = []
+        self._limited: Counter[str] = Counter()
+        self._size = 0
+        self._now = 0
+
+    def add(self, frames: list[Frame], errors: tuple[DecodeError, ...], limited: dict[str, int], size: int) -> bool:
+        """One decoded line; whether the judge evaluates after it."""
+        self.lines += 1
+        self._size += size
+        if errors:
+            self._errors.extend(errors)
+        if limited:
+            self._limited.update(limited)
+        if not frames:
+            return False
+        now = self.clock.heard(frames)
+        self._count += len(frames)
+        self._now = now
+        for frame in frames:
+            if len(frame.values):
+                self._frames.append(frame)
+                self._heard.append(now)
+        return self.grid.due(now)
+
+    def take(self, evaluate: bool) -> Step:
+        """The step of the lines added since the last one."""
+        frames, width = self._frames, len(self.schema)
+        matrices = [widened(f.values, width) for f in frames]
+        values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices) if matrices else _NO_VALUES
+        step = Step(
+            [f.devices for f in frames],
+            [f.time_unix_nano for f in frames],
+            [len(m) for m in matrices],
+            self._heard,
+            values,
+            self._count,
+            self.lines,
+            tuple(self._errors),
+            dict(self._limited),
+            self._size,
+            self._now,
+            evaluate,
+        )
+        self._frames, self._heard, self._errors, self._limited = [], [], [], Counter()
+        self.lines = self._count = self._size = self._now = 0
+        return step
+
+
+_NO_VALUES: Final = np.zeros((0, 0))
 
 
 @dataclass
@@ -94,16 +185,18 @@ class DecodeTotals:
 
 @dataclass
 class DecodeStage:
-    """The lines of ``paths`` decoded into ``schema``'s columns under ``limits``: :meth:`lines` yields
-    them in order, then :attr:`totals` holds the decoder's counts. ``process``: decode in a child
-    process (None: when a second core is there and the input is ``MIN_PROCESS_BYTES`` or more).
-    A file that can't be read raises :class:`~otel_dra.decode.files.InputFileError` after the lines
-    before the damage, in either mode."""
+    """The lines of ``paths`` decoded into ``schema``'s columns under ``limits``: :meth:`steps` yields them in
+    order, gathered into the judge's steps (an evaluation every ``evaluate_every_ns`` of the recording's clock),
+    then :attr:`totals` holds the decoder's counts. ``process``: decode in a child process (None: when a second
+    core is there and the input is ``MIN_PROCESS_BYTES`` or more). A file that can't be read raises
+    :class:`~otel_dra.decode.files.InputFileError` after the lines before the damage, in either mode."""
 
     paths: Sequence[Path]
     schema: Schema
     limits: DecodeLimits = field(default_factory=DecodeLimits)
     process: bool | None = None
+    #: The judge's evaluation grid (:class:`Grid`): the replay's ``evaluate_every_s``.
+    evaluate_every_ns: int = field(kw_only=True)
     #: Device tables the child numbers before it starts over, between lines (both sides forget them; the next use
     #: re-sends one; a single line holding more nodes than this is numbered whole).
     max_tables: int = MAX_TABLES
@@ -111,28 +204,37 @@ class DecodeStage:
     start: Start | None = None
     totals: DecodeTotals = field(default_factory=DecodeTotals)
 
-    def lines(self) -> Generator[DecodedLine, None, None]:
+    def steps(self) -> Generator[Step, None, None]:
         if self.process if self.process is not None else _worth_a_process(self.paths):
             yield from self._in_child()
         else:
             yield from self._here()
 
-    def _here(self) -> Iterator[DecodedLine]:
+    def _here(self) -> Iterator[Step]:
         decoder = OtlpJsonDecoder(self.schema, limits=self.limits)
-        clock = TraceClock()
+        steps = _Steps(self.schema, self.evaluate_every_ns)
+        most = 1  # lines a step holds at most: 1, 2, 4 ... BATCH_LINES (as the child's)
         try:
             for _path, lineno, raw in read_lines(self.paths):
                 decoded = decoder.decode(raw, lineno)
-                now = clock.heard(decoded.frames)
-                yield DecodedLine(lineno, decoded.frames, decoded.errors, decoded.limited, len(raw) + 1, now)
-                del raw, decoded  # nothing of this line held while the next is read
+                due = steps.add(decoded.frames, decoded.errors, decoded.limited, len(raw) + 1)
+                del raw, decoded  # nothing of this line held while the next is read (its frames wait for the step)
+                if due or steps.lines >= most:
+                    yield steps.take(due)
+                    most = min(2 * most, BATCH_LINES)
+        except InputFileError:
+            if steps.lines:
+                yield steps.take(False)
+            raise
         finally:
             _count(decoder, self.totals)
+        if steps.lines:
+            yield steps.take(False)
 
-    def _in_child(self) -> Iterator[DecodedLine]:
+    def _in_child(self) -> Iterator[Step]:
         if len(self.schema):
             raise ValueError("DecodeStage: a child process decodes into a new schema (this one has columns)")
-        job = (list(map(Path, self.paths)), self.limits, self.max_tables)
+        job = (list(map(Path, self.paths)), self.limits, self.max_tables, self.evaluate_every_ns)
         child, stream = _fork(*job) if (self.start or _start_for_here()) == "fork" else _exec(*job)
         tables: dict[int, DeviceTable] = {}
         try:
@@ -143,20 +245,16 @@ class DecodeStage:
                     code = child.wait(5.0)
                     raise RuntimeError(f"the replay's decode process ended unexpectedly (exit code {code})") from None
                 kind = message[0]
-                if kind == "lines":
-                    _, columns, new_tables, reset, items, values = message
+                if kind == "step":
+                    _, columns, new_tables, reset, numbers, parts, width, values = message
                     for column in columns:
                         self.schema.index(column)
                     if reset:
                         tables.clear()
                     tables.update(new_tables)
-                    at = 0
-                    for lineno, frames, errors, limited, size, now in items:
-                        made = []
-                        for t, number, rows, cols in frames:
-                            made.append(Frame(t, tables[number], values[at : at + rows * cols].reshape(rows, cols)))
-                            at += rows * cols
-                        yield DecodedLine(lineno, made, errors, limited, size, now)
+                    stamps, sizes, heard, *rest = parts
+                    values = values.reshape(sum(sizes), width)
+                    yield Step([tables[n] for n in numbers], stamps, sizes, heard, values, *rest)
                 elif kind == "end":
                     self.totals = message[1]
                     return
@@ -188,7 +286,7 @@ def _start_for_here() -> Start:
     return "fork" if forkable and threading.active_count() == 1 else "exec"
 
 
-def _exec(paths: list[Path], limits: DecodeLimits, max_tables: int) -> tuple[_Child, IO[bytes]]:
+def _exec(paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: int) -> tuple[_Child, IO[bytes]]:
     """A new interpreter running this module's child_main (not multiprocessing's spawn, which imports the
     caller's __main__ again: a script without a __name__ guard would run twice)."""
     command = [sys.executable, "-c", _CHILD.format(root=_PACKAGE_ROOT)]
@@ -196,7 +294,7 @@ def _exec(paths: list[Path], limits: DecodeLimits, max_tables: int) -> tuple[_Ch
     assert child.stdin is not None and child.stdout is not None
     try:
         with child.stdin:
-            pickle.dump((paths, limits, max_tables), child.stdin)
+            pickle.dump((paths, limits, max_tables, every_ns), child.stdin)
     except BrokenPipeError:  # it is gone already: what it said, or its exit code, is read from its stdout
         pass
     return child, child.stdout
@@ -228,7 +326,7 @@ class _Forked:
         return self.returncode
 
 
-def _fork(paths: list[Path], limits: DecodeLimits, max_tables: int) -> tuple[_Child, IO[bytes]]:
+def _fork(paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: int) -> tuple[_Child, IO[bytes]]:
     """A copy of this process that decodes and writes to a pipe, then leaves by ``os._exit``: nothing of this
     process's runs in it (no ``finally`` or ``atexit`` of the caller's, no flush of its inherited buffers, whose
     text would be written twice)."""
@@ -244,7 +342,7 @@ def _fork(paths: list[Path], limits: DecodeLimits, max_tables: int) -> tuple[_Ch
             gc.freeze()  # (the copied objects are not collected here: their pages stay shared, not copied)
             sys.stdout = sys.stderr  # (the pipe is the messages' alone)
             with open(writer, "wb") as out:
-                code = _serve(out, paths, limits, max_tables)
+                code = _serve(out, paths, limits, max_tables, every_ns)
         finally:
             os._exit(code)
     os.close(writer)
@@ -290,28 +388,40 @@ def _count(decoder: OtlpJsonDecoder, totals: DecodeTotals) -> DecodeTotals:
     return totals
 
 
-def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: DecodeLimits, max_tables: int) -> None:
-    """The child's side: decode every line, sending batches of up to ``BATCH_LINES`` (see the module's doc)."""
+def _decode_in_child(
+    send: Callable[[Any], None], paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: int
+) -> None:
+    """The child's side: decode every line, sending each step (see the module's doc)."""
     schema = Schema()
     decoder = OtlpJsonDecoder(schema, limits=limits)
-    clock = TraceClock()
+    steps = _Steps(schema, every_ns)
     numbers: dict[int, tuple[int, DeviceTable]] = {}  # id(table) -> (its number, the table: kept, so ids stay)
     sent_columns = 0
     new_tables: dict[int, DeviceTable] = {}
     reset = False
-    items: list[tuple[int, list[tuple[int, int, int, int]], tuple[DecodeError, ...], dict[str, int], int, int]] = []
-    matrices: list[np.ndarray] = []  # each frame's values, in the items' order: one buffer a batch
-    batch = 1  # lines in the next batch: doubling up to BATCH_LINES
+    most = 1  # lines in the next step at most: doubling up to BATCH_LINES
 
-    def flush() -> None:
+    def flush(evaluate: bool) -> None:
         nonlocal sent_columns, reset
         columns = schema.columns[sent_columns:]
         sent_columns += len(columns)
-        values = np.concatenate([m.reshape(-1) for m in matrices]) if matrices else np.zeros(0)
-        send(("lines", columns, dict(new_tables), reset, list(items), values))
+        step = steps.take(evaluate)
+        tables = [numbers[id(t)][0] for t in step.tables]
+        # (Step's fields in its order, its tables as their numbers and its values as a buffer and a width)
+        parts = (
+            step.stamps,
+            step.sizes,
+            step.heard,
+            step.frames,
+            step.lines,
+            step.errors,
+            step.limited,
+            step.size,
+            step.now_ns,
+            step.evaluate,
+        )
+        send(("step", columns, dict(new_tables), reset, tables, parts, step.values.shape[1], step.values.reshape(-1)))
         new_tables.clear()
-        items.clear()
-        matrices.clear()
         reset = False
 
     try:
@@ -321,29 +431,26 @@ def _decode_in_child(send: Callable[[Any], None], paths: list[Path], limits: Dec
             if numbers and len(numbers) + len(unseen) > max_tables:
                 # Start over before this line (a Collector's line holds many nodes: none of its frames may keep a
                 # number the other side is about to forget), after sending what used the old numbers.
-                flush()
+                if steps.lines:
+                    flush(False)
                 numbers.clear()
                 reset = True
-            frames = []
             for frame in decoded.frames:
-                known = numbers.get(id(frame.devices))
-                if known is None:
+                if id(frame.devices) not in numbers:
                     known = numbers[id(frame.devices)] = (len(numbers), frame.devices)
                     new_tables[known[0]] = frame.devices
-                rows, cols = frame.values.shape
-                frames.append((frame.time_unix_nano, known[0], rows, cols))
-                matrices.append(frame.values)
-            now = clock.heard(decoded.frames)
-            items.append((lineno, frames, decoded.errors, decoded.limited, len(raw) + 1, now))
+            due = steps.add(decoded.frames, decoded.errors, decoded.limited, len(raw) + 1)
             del raw, decoded
-            if len(items) >= batch:
-                flush()
-                batch = min(2 * batch, BATCH_LINES)
+            if due or steps.lines >= most:
+                flush(due)
+                most = min(2 * most, BATCH_LINES)
     except InputFileError as exc:
-        flush()
+        if steps.lines:
+            flush(False)
         send(("unreadable", str(exc), _count(decoder, DecodeTotals())))
         return
-    flush()
+    if steps.lines:
+        flush(False)
     send(("end", _count(decoder, DecodeTotals())))
 
 
@@ -353,13 +460,13 @@ def child_main() -> int:
     out = sys.stdout.buffer
     sys.stdout = sys.stderr
     try:
-        paths, limits, max_tables = pickle.load(sys.stdin.buffer)
+        paths, limits, max_tables, every_ns = pickle.load(sys.stdin.buffer)
     except KeyboardInterrupt:
         return 1
-    return _serve(out, paths, limits, max_tables)
+    return _serve(out, paths, limits, max_tables, every_ns)
 
 
-def _serve(out: IO[bytes], paths: list[Path], limits: DecodeLimits, max_tables: int) -> int:
+def _serve(out: IO[bytes], paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: int) -> int:
     """The child's work, however it started: messages pickled to ``out``; its exit code."""
 
     def send(message: Any) -> None:
@@ -367,7 +474,7 @@ def _serve(out: IO[bytes], paths: list[Path], limits: DecodeLimits, max_tables: 
         out.flush()
 
     try:
-        _decode_in_child(send, paths, limits, max_tables)
+        _decode_in_child(send, paths, limits, max_tables, every_ns)
     except (BrokenPipeError, KeyboardInterrupt):  # the judge's side is gone, or Ctrl-C reached both
         return 1
     except Exception:  # a bug: the judge's side raises it with this traceback

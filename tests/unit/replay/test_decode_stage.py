@@ -8,14 +8,17 @@ import io
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from otel_dra.decode.files import InputFileError
+from otel_dra.decode.clock import TraceClock
+from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
-from otel_dra.decode.stage import DecodedLine, DecodeStage
+from otel_dra.decode.otlp_json import OtlpJsonDecoder
+from otel_dra.decode.stage import BATCH_LINES, DecodeStage, Step
 from otel_dra.faults import Fault
 from otel_dra.frame import Schema
 from tests.support.otlp_trace import power_line, write_trace
@@ -42,65 +45,122 @@ def start(request, monkeypatch) -> str:
     return request.param
 
 
-def decoded(paths: list[Path], process: bool, **kw) -> tuple[list[DecodedLine], DecodeStage, Schema]:
+EVERY_NS = 5_000_000_000
+
+
+def decoded(paths: list[Path], process: bool, **kw) -> tuple[list[Step], DecodeStage, Schema]:
     schema = Schema()
-    stage = DecodeStage(paths, schema, DecodeLimits(), process=process, **kw)
-    return list(stage.lines()), stage, schema
+    stage = DecodeStage(paths, schema, DecodeLimits(), process=process, evaluate_every_ns=EVERY_NS, **kw)
+    return list(stage.steps()), stage, schema
 
 
-def same_lines(a: list[DecodedLine], b: list[DecodedLine]) -> None:
-    assert [x.lineno for x in a] == [y.lineno for y in b]
-    for x, y in zip(a, b, strict=True):
-        assert (x.errors, x.limited, x.size, x.now_ns) == (y.errors, y.limited, y.size, y.now_ns)
-        assert len(x.frames) == len(y.frames)
-        for f, g in zip(x.frames, y.frames, strict=True):
-            assert f.time_unix_nano == g.time_unix_nano
-            assert f.devices == g.devices
-            assert (f.values.dtype, f.values.shape) == (g.values.dtype, g.values.shape)  # (cut out of a batch's buffer)
-            np.testing.assert_array_equal(f.values, g.values)
+def frames_of(steps: list[Step], width: int) -> list[tuple[int, int, object, int, int, np.ndarray]]:
+    """Each frame with samples as (evaluations before it, time, table, devices, heard, values widened to ``width``)."""
+    out = []
+    evaluations = 0
+    for step in steps:
+        at = 0
+        for table, stamp, size, heard in zip(step.tables, step.stamps, step.sizes, step.heard, strict=True):
+            rows = np.full((size, width), np.nan)
+            rows[:, : step.values.shape[1]] = step.values[at : at + size]
+            out.append((evaluations, stamp, table, size, heard, rows))
+            at += size
+        assert at == step.values.shape[0]
+        evaluations += step.evaluate
+    return out
 
 
-def table_sharing(lines: list[DecodedLine]) -> list[int]:
+def same_steps(a: list[Step], b: list[Step], width: int) -> None:
+    """What the judge gets from either is the same: each evaluation's frames (its batch), where the evaluations are
+    (after how many lines, at which clock), the errors, refusals and sizes (steps may be cut elsewhere: a child
+    starting its tables' numbers over sends the lines before)."""
+
+    def evaluations(steps: list[Step]) -> list[tuple[int, int]]:
+        lines, out = 0, []
+        for step in steps:
+            lines += step.lines
+            if step.evaluate:
+                out.append((lines, step.now_ns))
+        return out
+
+    assert evaluations(a) == evaluations(b)
+    assert [e for x in a for e in x.errors] == [e for y in b for e in y.errors]
+    assert sum((Counter(x.limited) for x in a), Counter()) == sum((Counter(y.limited) for y in b), Counter())
+    assert sum(x.size for x in a) == sum(y.size for y in b) and sum(x.frames for x in a) == sum(y.frames for y in b)
+    fa, fb = frames_of(a, width), frames_of(b, width)
+    assert len(fa) == len(fb)
+    for f, g in zip(fa, fb, strict=True):
+        assert f[:5] == g[:5]
+        np.testing.assert_array_equal(f[5], g[5])
+
+
+def table_sharing(steps: list[Step]) -> list[int]:
     """Each frame's table as the index of the first frame that held that very object."""
     first: dict[int, int] = {}
-    frames = [f for line in lines for f in line.frames]
-    return [first.setdefault(id(f.devices), i) for i, f in enumerate(frames)]
+    tables = [t for step in steps for t in step.tables]
+    return [first.setdefault(id(t), i) for i, t in enumerate(tables)]
 
 
 def test_a_child_decodes_what_one_process_does_in_order_with_its_errors_counts_and_columns(recordings, start):
     here, stage_here, schema_here = decoded(recordings, process=False)
     there, stage_there, schema_there = decoded(recordings, process=True)
-    same_lines(here, there)
+    assert [(x.lines, x.evaluate, x.now_ns) for x in here] == [(y.lines, y.evaluate, y.now_ns) for y in there]
+    same_steps(here, there, len(schema_here))
     assert schema_there.columns == schema_here.columns
     assert stage_there.totals == stage_here.totals
     assert stage_here.totals.lines_skipped == 2 and stage_here.totals.points_skipped >= 3 + 44
-    assert any(line.limited for line in there) and any(line.errors for line in there)
+    assert any(step.limited for step in there) and any(step.errors for step in there)
     # A table crosses once: the judge's side shares each table object as the decoder did.
     assert table_sharing(there) == table_sharing(here)
-    assert len(set(table_sharing(there))) < sum(len(line.frames) for line in there)
+    assert len(set(table_sharing(there))) < sum(len(step.tables) for step in there)
+
+
+def test_steps_end_where_the_grid_evaluates_and_hold_a_few_dozen_lines_at_most(recordings):
+    # The evaluations a replay made line by line (the clock after each line with frames, against a grid from the
+    # first one's), made here from the steps.
+    schema = Schema()
+    decoder, clock = OtlpJsonDecoder(schema), TraceClock()
+    expected, next_eval = [], None
+    for number, (_path, lineno, raw) in enumerate(read_lines(recordings), 1):
+        frames = decoder.decode(raw, lineno).frames
+        if frames:
+            now = clock.heard(frames)
+            next_eval = now if next_eval is None else next_eval
+            if now >= next_eval:
+                expected.append((number, now))
+                next_eval += EVERY_NS * ((now - next_eval) // EVERY_NS + 1)
+    steps, _, _ = decoded(recordings, process=False)
+    got, lines = [], 0
+    for step in steps:
+        lines += step.lines
+        if step.evaluate:
+            got.append((lines, step.now_ns))
+    assert got == expected and len(expected) > 20
+    assert max(step.lines for step in steps) <= BATCH_LINES
 
 
 def test_past_its_table_cap_the_child_starts_numbering_over_and_frames_keep_their_tables(recordings, start):
-    here, _, _ = decoded(recordings, process=False)
+    here, _, schema = decoded(recordings, process=False)
     there, _, _ = decoded(recordings, process=True, max_tables=2)  # four nodes' tables: it starts over, often
-    same_lines(here, there)
+    same_steps(here, there, len(schema))
 
 
 def test_a_file_cut_short_raises_after_the_lines_before_it_in_either_mode(recordings, tmp_path, start):
     whole = gzip.decompress(recordings[0].read_bytes())
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(gzip.compress(whole)[: len(gzip.compress(whole)) // 2])
-    seen: dict[bool, tuple[list[DecodedLine], str]] = {}
+    seen: dict[bool, tuple[list[Step], str, int]] = {}
     for process in (False, True):
-        stage = DecodeStage([recordings[1], cut], Schema(), process=process)
-        got: list[DecodedLine] = []
+        schema = Schema()
+        stage = DecodeStage([recordings[1], cut], schema, process=process, evaluate_every_ns=EVERY_NS)
+        got: list[Step] = []
         with pytest.raises(InputFileError) as raised:
-            for line in stage.lines():
-                got.append(line)
-        seen[process] = got, str(raised.value)
-    same_lines(seen[False][0], seen[True][0])
+            for step in stage.steps():
+                got.append(step)
+        seen[process] = got, str(raised.value), len(schema)
+    same_steps(seen[False][0], seen[True][0], seen[False][2])
     assert seen[False][1] == seen[True][1] and "cut.jsonl.gz: cannot read after line" in seen[True][1]
-    assert len(seen[True][0]) > 11  # the whole first file, then the cut one's lines before the damage
+    assert sum(step.lines for step in seen[True][0]) > 11  # the whole first file, then the cut one's lines before
 
 
 def test_a_replay_through_the_child_writes_the_same_verdicts(recordings, start):
@@ -118,9 +178,9 @@ def test_a_replay_through_the_child_writes_the_same_verdicts(recordings, start):
 
 def test_a_schema_with_columns_is_refused_for_a_child(recordings):
     schema = Schema()
-    DecodeStage(recordings, schema, process=False).lines().__next__()
+    DecodeStage(recordings, schema, process=False, evaluate_every_ns=EVERY_NS).steps().__next__()
     with pytest.raises(ValueError, match="new schema"):
-        next(DecodeStage(recordings, schema, process=True).lines())
+        next(DecodeStage(recordings, schema, process=True, evaluate_every_ns=EVERY_NS).steps())
 
 
 @pytest.mark.parametrize("how", ["fork", "exec"])
@@ -171,10 +231,10 @@ def test_a_judge_that_stops_early_leaves_no_decode_process_behind(recordings, st
         return {pid for task in Path("/proc/self/task").iterdir() for pid in (task / "children").read_text().split()}
 
     before = children()
-    lines = DecodeStage(recordings, Schema(), process=True).lines()
-    assert next(lines).frames
-    assert children() - before  # the decode process is running, a batch or two ahead
-    lines.close()
+    steps = DecodeStage(recordings, Schema(), process=True, evaluate_every_ns=EVERY_NS).steps()
+    assert next(steps).frames
+    assert children() - before  # the decode process is running, a step or two ahead
+    steps.close()
     assert children() == before
 
 
@@ -188,10 +248,10 @@ def test_tables_start_over_between_lines_even_when_a_line_holds_several_nodes(re
         batched.append(json.dumps({"resourceMetrics": [rm for d in docs for rm in d["resourceMetrics"]]}))
     path = tmp_path / "batched.jsonl"
     path.write_text("\n".join(batched) + "\n")
-    here, _, _ = decoded([path], process=False)
+    here, _, schema = decoded([path], process=False)
     there, _, _ = decoded([path], process=True, max_tables=2)
-    assert max(len(line.frames) for line in here) == 3
-    same_lines(here, there)
+    assert max(len(step.tables) / step.lines for step in here if step.lines) == 3
+    same_steps(here, there, len(schema))
 
 
 def test_a_bug_in_a_forked_child_reaches_the_judge_with_its_traceback(recordings, monkeypatch):
@@ -201,7 +261,7 @@ def test_a_bug_in_a_forked_child_reaches_the_judge_with_its_traceback(recordings
 
     monkeypatch.setattr("otel_dra.decode.otlp_json.OtlpJsonDecoder.decode", broken)
     with pytest.raises(RuntimeError, match=r"(?s)decode process failed:.*ZeroDivisionError: the decoder's bug"):
-        list(DecodeStage(recordings, Schema(), process=True, start="fork").lines())
+        list(DecodeStage(recordings, Schema(), process=True, start="fork", evaluate_every_ns=EVERY_NS).steps())
 
 
 def test_a_forked_child_that_dies_is_reported_with_its_exit_code(recordings, monkeypatch):
@@ -209,4 +269,4 @@ def test_a_forked_child_that_dies_is_reported_with_its_exit_code(recordings, mon
 
     monkeypatch.setattr("otel_dra.decode.stage._decode_in_child", lambda *args: os._exit(3))
     with pytest.raises(RuntimeError, match=r"decode process ended unexpectedly \(exit code 3\)"):
-        list(DecodeStage(recordings, Schema(), process=True, start="fork").lines())
+        list(DecodeStage(recordings, Schema(), process=True, start="fork", evaluate_every_ns=EVERY_NS).steps())
