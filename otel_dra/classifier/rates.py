@@ -96,9 +96,15 @@ def centre(
     med, mad, size = group_medians(values, counter * n_cohorts + cohort[row], k * n_cohorts)
     med, mad, size = med.reshape(k, n_cohorts), mad.reshape(k, n_cohorts), size.reshape(k, n_cohorts)
     count = size.sum(axis=1)  # rates a counter
+    known = np.bincount(cohort[members], minlength=n_cohorts)
+    # (each row's cohort's, a counter a row: ``take`` along the cohorts, several times faster than ``[:, cohort]``)
+    cohort_size = size.take(cohort, axis=1)
+    own = (known[cohort] >= min_devices) & (cohort_size > 0)
+    fleet_ok = ((int(np.count_nonzero(members)) >= min_devices) & (count > 0))[:, None]
     fleet_med, fleet_mad = np.zeros(k), np.zeros(k)
     end = np.cumsum(count)
-    for c in flatnonzero(count).tolist():  # (a loop over the few counters, never over devices)
+    # The fleet's centre, of the counters some row falls back to (a loop over the few counters, never over devices).
+    for c in flatnonzero(fleet_ok[:, 0] & ~own.all(axis=1)).tolist():
         held = flatnonzero(size[c])
         if held.size == 1:  # one cohort holds every rate (a fleet of one model): the fleet's centre is its own
             fleet_med[c], fleet_mad[c] = med[c, held[0]], mad[c, held[0]]
@@ -106,11 +112,6 @@ def centre(
             part = values[end[c] - count[c] : end[c]]
             fleet_med[c] = _median(part)
             fleet_mad[c] = _median(np.abs(part - fleet_med[c]))
-    known = np.bincount(cohort[members], minlength=n_cohorts)
-    # (each row's cohort's, a counter a row: ``take`` along the cohorts, several times faster than ``[:, cohort]``)
-    cohort_size = size.take(cohort, axis=1)
-    own = (known[cohort] >= min_devices) & (cohort_size > 0)
-    fleet_ok = ((int(np.count_nonzero(members)) >= min_devices) & (count > 0))[:, None]
     source = np.where(own, FROM_COHORT, np.where(fleet_ok, FROM_FLEET, FROM_NONE)).astype(np.int8)
     return Centre(
         median=np.where(own, med.take(cohort, axis=1), np.where(fleet_ok, fleet_med[:, None], 0.0)),
