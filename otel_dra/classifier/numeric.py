@@ -11,6 +11,11 @@ import numpy as np
 
 _MAX: Final = np.finfo(np.float64).max
 
+try:  # numpy 2's C function behind np.count_nonzero, without its Python-level wrapper and dispatch (0.06 us, not 0.2)
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:  # (numpy 1, or a numpy that moved it: the public one)
+    _count_nonzero = np.count_nonzero
+
 
 def nan_to_num(values: np.ndarray) -> np.ndarray:
     """``np.nan_to_num(values)`` of a float64 array (NaN 0.0, infinities the largest finite values), a new array;
@@ -24,13 +29,13 @@ def nan_to_num(values: np.ndarray) -> np.ndarray:
 
 def any_of(a: np.ndarray) -> bool:
     """``bool(a.any())``: ``ndarray.any`` reduces through a Python-level wrapper (~0.7 us on a few dozen values),
-    a count of the non-zero values does not (~0.25 us); NaN counts as true in both."""
-    return bool(np.count_nonzero(a))
+    a count of the non-zero values does not (~0.1 us); NaN counts as true in both."""
+    return bool(_count_nonzero(a))
 
 
 def all_of(a: np.ndarray) -> bool:
     """``bool(a.all())``, as :func:`any_of` counts."""
-    return bool(np.count_nonzero(a) == a.size)
+    return bool(_count_nonzero(a) == a.size)
 
 
 def flatnonzero(a: np.ndarray) -> np.ndarray:

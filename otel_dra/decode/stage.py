@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any, Final, Literal, Protocol
 
 import numpy as np
+import numpy.ma  # (np.unique imports it at its first call, ~13 ms: here, so a forked decode process has it)
 
 from otel_dra.decode.clock import TraceClock
 from otel_dra.decode.files import InputFileError, read_lines
