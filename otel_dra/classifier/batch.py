@@ -42,13 +42,14 @@ class Samples:
         if ordered or all_of(rows[1:] > rows[:-1]):  # ascending rows: every device once
             return None
         # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its
-        # second, ...), so each round has every device at most once, in arrival order.
+        # second, ...), so each round has every device at most once, in arrival order. (Slices and concatenate, not
+        # np.diff and np.r_: their Python-level cost is most of a small batch's.)
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
-        starts = np.r_[0, flatnonzero(np.diff(sorted_rows)) + 1]
+        starts = np.concatenate(([0], flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1))
         if starts.size == rows.size:  # every device once (the usual tick): one round, in batch order
             return None
-        rank_sorted = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
+        rank_sorted = np.arange(rows.size) - starts.repeat(np.concatenate((starts[1:], [rows.size])) - starts)
         rank = np.empty(rows.size, dtype=np.int64)
         rank[order] = rank_sorted
         return [flatnonzero(rank == r) for r in range(int(rank.max()) + 1)]

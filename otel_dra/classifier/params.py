@@ -83,8 +83,8 @@ class PolicyGroups:
         self._slot_index: dict[tuple[int, str], int] = {}
         self.slot = np.zeros(capacity, dtype=np.intp)
         self._slot_for(0, "")
-        #: The last :meth:`at`: (the thresholds it read, its rows, their groups, what it gave).
-        self._row_params: tuple[RuleParams, np.ndarray, np.ndarray, RowParams] | None = None
+        #: The last :meth:`at`: (the thresholds it read, its rows' and their groups' bytes, what it gave).
+        self._row_params: tuple[RuleParams, tuple[bytes, bytes], RowParams] | None = None
         #: What :meth:`device_params` gave, by the rows' groups (their bytes), for the thresholds it read.
         self._device_params: tuple[RuleParams, dict[bytes, DeviceParams]] | None = None
 
@@ -162,13 +162,14 @@ class PolicyGroups:
         their groups and the compiled thresholds stay the same (every evaluation of a steady fleet asks for the
         same ones: read once, not at each evaluation)."""
         group = self.group[rows]
+        key = (rows.tobytes(), group.tobytes())  # (compared as bytes: np.array_equal's checks cost ten times more)
         kept = self._row_params
         if kept is not None:
-            params, kept_rows, kept_group, row_params = kept
-            if params is self.params and np.array_equal(kept_rows, rows) and np.array_equal(kept_group, group):
+            params, kept_key, row_params = kept
+            if params is self.params and kept_key == key:
                 return row_params
         row_params = RowParams(self, rows, group)
-        self._row_params = (self.params, rows.copy(), group, row_params)
+        self._row_params = (self.params, key, row_params)
         return row_params
 
     def events_windows(self, group: int) -> dict[str, float]:

@@ -125,3 +125,26 @@ def test_a_batch_of_frames_made_before_and_after_the_schema_grew() -> None:
     now = T0 + 30 * S
     assert state(batched, now) == state(single, now)
     assert len(batched.current()) == 4
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=40))
+def test_a_batchs_rounds_hold_each_device_once_its_samples_in_order(listed: list[int]) -> None:
+    from otel_dra.classifier.batch import Samples
+
+    rows = np.asarray(listed, dtype=np.int64)
+    n = rows.size
+    samples = Samples(rows, np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, 1)), np.zeros(n, np.int64))
+    rounds = samples.rounds(ordered=False)
+    if len(set(listed)) == n:  # every device once: one round, the batch as it is
+        assert rounds is None
+        return
+    assert rounds is not None
+    # Round k holds each device's k-th sample, in the batch's order; together the rounds are every sample once.
+    seen: dict[int, int] = {}
+    expected: list[list[int]] = []
+    for i, row in enumerate(listed):
+        k = seen[row] = seen.get(row, -1) + 1
+        expected += [[]] * (k + 1 - len(expected))
+        expected[k] = [*expected[k], i]
+    assert [list(r) for r in rounds] == expected
