@@ -26,7 +26,7 @@ from otel_dra.classifier.horizon import HorizonStore
 from otel_dra.classifier.layout import EVENT_FEATURES, HORIZON_FEATURES, R
 from otel_dra.classifier.memory import CounterBaselines, DeviceMemory, VerdictMemory
 from otel_dra.classifier.messages import Shared, VerdictWriter
-from otel_dra.classifier.numeric import any_of, flatnonzero
+from otel_dra.classifier.numeric import any_of, flatnonzero, shaped
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.peers import PeerHistory
 from otel_dra.classifier.reader import Window
@@ -56,9 +56,9 @@ def _seconds(
     rows: np.ndarray, time_unix_nano: int | np.ndarray, arrival_unix_nano: int | np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Samples' times and arrivals (one, or one per row; default: arrived when taken) in unix seconds, per row."""
-    t = np.broadcast_to(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
+    t = shaped(np.asarray(time_unix_nano, dtype=np.int64) / 1e9, rows.shape)
     heard = t if arrival_unix_nano is None else np.asarray(arrival_unix_nano, dtype=np.int64) / 1e9
-    return t, np.broadcast_to(heard, rows.shape)
+    return t, shaped(heard, rows.shape)
 
 
 class Classifier:
@@ -232,7 +232,7 @@ class Classifier:
         the repairs it shows, the window, the long horizon, the event logs and the registry's times."""
         rows = ix.rows
         reg = self.registry
-        self._note_repairs(rows, feats, np.broadcast_to(heard, rows.shape))
+        self._note_repairs(rows, feats, shaped(heard, rows.shape))
         self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)
         self.store.append(ix, t, feats)
         self.horizon.append(ix, t, feats[self._horizon_cols])

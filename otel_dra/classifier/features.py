@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from otel_dra import conventions as cv
-from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num, nans
+from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num, nans, shaped
 from otel_dra.classifier.registry import grown, grown_rows
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
@@ -410,7 +410,7 @@ class FeatureExtractor:
         out = major.T
         # NaN is "not read" throughout: comparisons and sums over it are expected (one context for both stages).
         with np.errstate(invalid="ignore", divide="ignore"):
-            inc = self._carried(plan, parts, new, np.broadcast_to(time_s, (n,)), values, out)
+            inc = self._carried(plan, parts, new, shaped(np.asarray(time_s), (n,)), values, out)
             self._counters(plan, inc, values, out, params)
             self._gauges(plan, values, out, params)
         return major

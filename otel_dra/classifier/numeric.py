@@ -48,3 +48,10 @@ def nans(shape: int | tuple[int, ...]) -> np.ndarray:
     out = np.empty(shape)
     out.fill(np.nan)
     return out
+
+
+def shaped(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``np.broadcast_to(values, shape)`` (one value for all, or one a row), without its Python-level cost (~2.5 us)
+    where ``values`` has that shape already, as a batch's per-row times do: then ``values`` itself, not a read-only
+    view of it (none of the callers writes into what it gives)."""
+    return values if values.shape == shape else np.broadcast_to(values, shape)

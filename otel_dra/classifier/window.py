@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from otel_dra.classifier.numeric import all_of, any_of
+from otel_dra.classifier.numeric import all_of, any_of, shaped
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rows import RowIndex
 
@@ -100,7 +100,7 @@ class WindowStore:
     def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray | float, values: np.ndarray) -> None:
         """One sample per row (rows unique): ``values`` is ``(features, len(rows))``, NaN = absent."""
         ix = RowIndex.of(rows)
-        t = np.broadcast_to(np.asarray(time_s, dtype=np.float64), ix.rows.shape)
+        t = shaped(np.asarray(time_s, dtype=np.float64), ix.rows.shape)
         written = ix.take(self.written).copy()
         full = written - ix.take(self.tail) >= self.window  # the slot about to be written still holds a sample
         slot = written % self.window

@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_CODE, DeviceParams, DriverClasses, F, FeatureExtractor
-from otel_dra.classifier.numeric import all_of, any_of, flatnonzero, nan_to_num, nans
+from otel_dra.classifier.numeric import all_of, any_of, flatnonzero, nan_to_num, nans, shaped
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
 
@@ -49,6 +49,15 @@ def test_any_all_and_flatnonzero_are_numpys(values: np.ndarray) -> None:
     assert any_of(values) is bool(values.any()) and all_of(values) is bool(values.all())
     found = flatnonzero(values)
     assert found.dtype == np.flatnonzero(values).dtype and np.array_equal(found, np.flatnonzero(values))
+
+
+@pytest.mark.parametrize("values", [np.float64(3.5), np.arange(1.0, 6.0), np.arange(5, dtype=np.int64)])
+def test_shaped_is_np_broadcast_to(values: np.ndarray) -> None:
+    got = shaped(np.asarray(values), (5,))
+    np.testing.assert_array_equal(got, np.broadcast_to(values, (5,)))
+    assert got.shape == (5,) and got.dtype == np.asarray(values).dtype
+    with pytest.raises(ValueError):
+        shaped(np.arange(3.0), (5,))
 
 
 def test_nans_is_np_full_of_nan() -> None:
