@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from otel_dra.classifier.numeric import any_of, flatnonzero
+from otel_dra.classifier.numeric import any_of, flatnonzero, shaped
 from otel_dra.classifier.registry import grown, grown_rows, next_capacity
 from otel_dra.policy import EVENT_LOG_DEPTH
 
@@ -87,7 +87,7 @@ class EventLog:
         r = rows[hit]
         p = self._places(r)
         slot = self.next[r] % self.depth
-        self._times[p, slot] = np.broadcast_to(time_s, rows.shape)[hit]
+        self._times[p, slot] = shaped(np.asarray(time_s), rows.shape)[hit]
         self._amounts[p, slot] = amounts[hit]
         self.next[r] += 1
 

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from otel_dra import conventions as cv
-from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num, nans, shaped
+from otel_dra.classifier.numeric import all_of, any_of, flatnonzero, nan_to_num, nans, shaped
 from otel_dra.classifier.registry import grown, grown_rows
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
@@ -162,9 +162,9 @@ class DeviceParams:
             kept = []
             for feat, per_group in self.driver.features(code):
                 mine = None if per_group is None else per_group[self.groups]
-                if mine is None or mine.all():
+                if mine is None or all_of(mine):
                     kept.append((feat, None))
-                elif mine.any():
+                elif any_of(mine):
                     kept.append((feat, mine))
             self._driver[code] = kept
         return kept

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num, nans
+from otel_dra.classifier.numeric import any_of, flatnonzero, nan_to_num, nans, shaped
 from otel_dra.classifier.registry import grown_rows
 
 #: 1 / Φ⁻¹(3/4): a MAD times this estimates a normal spread's standard deviation.
@@ -337,7 +337,7 @@ class PeerHistory:
         if not any_of(learn):
             return
         r = rows[learn]
-        now = np.broadcast_to(np.asarray(now_s, dtype=np.float64), rows.shape)[learn]
+        now = shaped(np.asarray(now_s, dtype=np.float64), rows.shape)[learn]
         # The time since it was last learnt from, at most one time constant (a device back after a day away is
         # not the same step).
         step = np.clip(np.nan_to_num(now - self.judged_at[r], nan=0.0), 0.0, tau_s[learn])
