@@ -369,7 +369,7 @@ def child_ours(path: Path, out_path: Path, decode_process: bool | None = None) -
         calls[0] += 1
         if calls[0] % 500 == 0 and time.perf_counter() - calls[1] > PROGRESS_EVERY_S:
             calls[1] = time.perf_counter()
-            log(f"  ours: {calls[0]:,} lines")
+            log(f"  ours: {calls[0]:,} steps")
 
     _report.trim()
     with out_path.open("w") as out:
@@ -808,8 +808,10 @@ def markdown(
         )
         + ". Each reads, gunzips and "
         "parses the same file and writes verdict lines to a file; the time is the work alone (no interpreter "
-        "start, no imports; the decode process's start and imports are counted). CPU time: user + system of "
-        "the replay's process and its decode process, read with `getrusage` around the work.",
+        "start, no imports; the decode process's start is counted: a fork of the replay's process, as `otel-dra "
+        "replay` makes it, its modules imported already). CPU time: user + system of "
+        "the replay's process and its decode process, read with `getrusage` around the work. The decode process's "
+        "peak RSS counts the pages it shares with the replay's, copied on write.",
         "- Collector-batched: the same recordings as a Collector's `file` exporter writes them behind its batch "
         f"processor (`collector-config.yaml`: {BATCH_POINTS:,} points or {BATCH_TIMEOUT_S:g} s a request), each line a "
         "batch of several nodes' resources, a different mix each line ("
