@@ -43,6 +43,15 @@ from otel_dra.classifier.window import WindowStore
 SMALL_WINDOW_ROWS: Final = 1024
 
 
+def _by_counter(bars: list[np.ndarray]) -> np.ndarray:
+    """Per-row bars, a counter's a row: ``(counters, 1)`` where each is one value for every row (a policy's value
+    shared by its groups is a broadcast view: copying it out to every row costs a large fleet megabytes an
+    evaluation), else ``(counters, rows)`` (``np.array`` of them: a fifth of ``np.stack``'s fixed cost)."""
+    if all(b.strides == (0,) for b in bars):
+        return np.array([b[:1] for b in bars])
+    return np.array(bars)
+
+
 @dataclass
 class SpanRuns:
     """A time counter's shape over a span (:meth:`Window.span_runs`)."""
@@ -269,16 +278,17 @@ class Window:
         eligible = self.recent & (span_minutes > 0)
         cohorts_policy = self.groups.policy.cohorts
         c = centre(span_rate, eligible, self.recent, cohorts, len(self.groups.cohort_names), cohorts_policy.min_devices)
-        # (each bar a counter a row: ``np.array`` of the rows, a fifth of ``np.stack``'s fixed cost)
         bars = [asks[f][0] for f in fs]
-        ratio = np.array([b.cohort_ratio for b in bars])
-        window_bar = np.maximum(np.array([asks[f][1] for f in fs]), np.array([b.storm_ratio for b in bars]) * c.median)
+        ratio = _by_counter([b.cohort_ratio for b in bars])
+        window_bar = np.maximum(
+            _by_counter([asks[f][1] for f in fs]), _by_counter([b.storm_ratio for b in bars]) * c.median
+        )
         window_minutes = np.maximum(self.seconds, RATE_MIN_SPAN_S) / 60.0
         z = cohorts_policy.significance
         fast = self.timed & above(self.increase(fs), window_minutes, window_bar, z)
-        spread = c.median + np.array([b.mad_k for b in bars]) * 1.4826 * c.mad
+        spread = c.median + _by_counter([b.mad_k for b in bars]) * 1.4826 * c.mad
         far = nan_to_num(span_rate) >= np.maximum(ratio * c.median, spread)
-        norm = np.maximum(cohorts_policy.healthy_ratio * c.median, np.array([b.floor_per_minute for b in bars]))
+        norm = np.maximum(cohorts_policy.healthy_ratio * c.median, _by_counter([b.floor_per_minute for b in bars]))
         span_z = cohorts_policy.span_significance
         minutes = np.maximum(span_minutes, 1.0)
         own = far & above(span_count, minutes, norm, span_z)
