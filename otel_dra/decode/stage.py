@@ -1,8 +1,9 @@
-"""Replay's decode stage: recorded lines into frames, in this process or, with a second core, in a child.
+"""Replay's decode stage: recorded lines into the judge's steps of frames, in this process or, with a second core,
+in a child.
 
 A replay is two stages in a row, each about half its time: decode (inflate, parse, frames) and judge
-(ingest, evaluate). Where a second core is there, the decode stage runs in a child process a few line
-batches ahead of the judge, so a replay takes the longer stage's time rather than their sum (the
+(ingest, evaluate). Where a second core is there, the decode stage runs in a child process a step or two
+ahead of the judge, so a replay takes the longer stage's time rather than their sum (the
 receivers → processors split of an OpenTelemetry Collector's pipeline, with a pipe between).
 
 The stage also reads the recording's clock (:class:`~otel_dra.decode.clock.TraceClock`) line by line, beside the
