@@ -24,10 +24,8 @@ from otel_dra.policy import Policy
 from otel_dra.vocabulary import REASONS, REMEDIATIONS
 
 _SEGMENT = re.compile(r"[.\-_]")
-#: Arrays of groups whose sample-stage thresholds are kept (:meth:`PolicyGroups.device_params`): few, since each holds
-#: arrays the size of its batch, and a live fleet's ticks (or a replay's steps) hold a different mix of nodes each
-#: time, whose arrays seldom come again (256 of them were ~0.6 kB of a fleet's memory per device).
-MAX_KEPT_PARAMS: Final = 16
+#: Arrays of groups whose sample-stage thresholds are kept (:meth:`PolicyGroups.device_params`).
+MAX_KEPT_PARAMS: Final = 256
 
 
 def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
