@@ -223,16 +223,16 @@ class Classifier:
         columns)``."""
         t, heard = _seconds(rows, time_unix_nano, arrival_unix_nano)
         if self.memory.waiting and any_of(new):
-            self.memory.recall_rows(rows[new], np.broadcast_to(heard, rows.shape)[new])
+            self.memory.recall_rows(rows[new], heard[new])
         ix = RowIndex(rows)  # how the stores read and write this batch's rows, worked out once
         self._store(ix, t, heard, self.extractor.extract(ix, new, t, values, self.groups.device_params(rows)))
 
     def _store(self, ix: RowIndex, t: np.ndarray, heard: np.ndarray, feats: np.ndarray) -> None:
-        """One sample's features for each of ``ix``'s rows (unique), taken at ``t`` and heard at ``heard`` (unix s):
-        the repairs it shows, the window, the long horizon, the event logs and the registry's times."""
+        """One sample's features for each of ``ix``'s rows (unique), taken at ``t`` and heard at ``heard`` (unix s,
+        one a row): the repairs it shows, the window, the long horizon, the event logs and the registry's times."""
         rows = ix.rows
         reg = self.registry
-        self._note_repairs(rows, feats, shaped(heard, rows.shape))
+        self._note_repairs(rows, feats, heard)
         self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)
         self.store.append(ix, t, feats)
         self.horizon.append(ix, t, feats[self._horizon_cols])
