@@ -128,6 +128,7 @@ class _Steps:
         self._limited: Counter[str] = Counter()
         self._size = 0
         self._now = 0
+        self._most = 1  # lines the next step holds at most: 1, 2, 4 ... BATCH_LINES
 
     def add(self, frames: list[Frame], errors: tuple[DecodeError, ...], limited: dict[str, int], size: int) -> bool:
         """One decoded line; whether the judge evaluates after it."""
@@ -147,6 +148,14 @@ class _Steps:
                 self._frames.append(frame)
                 self._heard.append(now)
         return self.grid.due(now)
+
+    def ended(self, due: bool) -> bool:
+        """Whether the step ends with the line just added (``due``: the judge evaluates after it), or holds as many
+        lines as it may."""
+        if not (due or self.lines >= self._most):
+            return False
+        self._most = min(2 * self._most, BATCH_LINES)
+        return True
 
     def take(self, evaluate: bool) -> Step:
         """The step of the lines added since the last one."""
@@ -215,15 +224,13 @@ class DecodeStage:
     def _here(self) -> Iterator[Step]:
         decoder = OtlpJsonDecoder(self.schema, limits=self.limits)
         steps = _Steps(self.schema, self.evaluate_every_ns)
-        most = 1  # lines a step holds at most: 1, 2, 4 ... BATCH_LINES (as the child's)
         try:
             for _path, lineno, raw in read_lines(self.paths):
                 decoded = decoder.decode(raw, lineno)
                 due = steps.add(decoded.frames, decoded.errors, decoded.limited, len(raw) + 1)
                 del raw, decoded  # nothing of this line held while the next is read (its frames wait for the step)
-                if due or steps.lines >= most:
+                if steps.ended(due):
                     yield steps.take(due)
-                    most = min(2 * most, BATCH_LINES)
         except InputFileError:
             if steps.lines:
                 yield steps.take(False)
@@ -401,7 +408,6 @@ def _decode_in_child(
     sent_columns = 0
     new_tables: dict[int, DeviceTable] = {}
     reset = False
-    most = 1  # lines in the next step at most: doubling up to BATCH_LINES
 
     def flush(evaluate: bool) -> None:
         nonlocal sent_columns, reset
@@ -443,9 +449,8 @@ def _decode_in_child(
                     new_tables[known[0]] = frame.devices
             due = steps.add(decoded.frames, decoded.errors, decoded.limited, len(raw) + 1)
             del raw, decoded
-            if due or steps.lines >= most:
+            if steps.ended(due):
                 flush(due)
-                most = min(2 * most, BATCH_LINES)
     except InputFileError as exc:
         if steps.lines:
             flush(False)
