@@ -198,3 +198,15 @@ def widened(values: np.ndarray, width: int) -> np.ndarray:
     out = np.full((values.shape[0], width), np.nan)  # (np.pad's fixed cost is ten times this)
     out[:, : values.shape[1]] = values
     return out
+
+
+def stacked(matrices: list[np.ndarray], width: int) -> np.ndarray:
+    """Frames' values one after another, ``(their rows, width)``: each :func:`widened` where the schema grew since it
+    was made (one as it is, when it is the only one and as wide)."""
+    if not matrices:
+        return np.zeros((0, width))
+    try:
+        values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
+    except ValueError:  # frames of different widths: each padded to the schema's
+        values = np.concatenate([widened(m, width) for m in matrices])
+    return widened(values, width)

@@ -17,7 +17,7 @@ from otel_dra.classifier.numeric import all_of, flatnonzero
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.topology import Topology
-from otel_dra.frame import DeviceTable, Frame, widened
+from otel_dra.frame import DeviceTable, Frame, stacked
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +99,7 @@ class Batch:
         the next frames' rows (a decode process sends a batch's as one); ``None``: no frame."""
         if not tables:
             return None
-        try:
-            values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices)
-        except ValueError:  # frames of different widths: each padded to the schema's below
-            matrices = [widened(m, ncols) for m in matrices]
-            values = np.concatenate(matrices)
-        values = widened(values, ncols)
+        values = stacked(matrices, ncols)
         read = ~np.isnan(values).all(axis=1)
         counts = np.asarray(sizes, dtype=np.intp)
         offsets = np.zeros(len(sizes), dtype=np.intp)

@@ -47,7 +47,7 @@ from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.result import DecodeError
-from otel_dra.frame import DeviceTable, Frame, Schema, widened
+from otel_dra.frame import DeviceTable, Frame, Schema, stacked
 
 #: Lines a step holds at most (a pipe write each: few enough to keep the judge's side busy, small enough to keep
 #: the child near it). The first steps are shorter (1, 2, 4 ... lines): a recording's first lines are each node's
@@ -159,15 +159,14 @@ class _Steps:
 
     def take(self, evaluate: bool) -> Step:
         """The step of the lines added since the last one."""
-        frames, width = self._frames, len(self.schema)
-        matrices = [widened(f.values, width) for f in frames]
-        values = matrices[0] if len(matrices) == 1 else np.concatenate(matrices) if matrices else _NO_VALUES
+        frames = self._frames
+        matrices = [f.values for f in frames]
         step = Step(
             [f.devices for f in frames],
             [f.time_unix_nano for f in frames],
             [len(m) for m in matrices],
             self._heard,
-            values,
+            stacked(matrices, len(self.schema)),
             self._count,
             self.lines,
             tuple(self._errors),
@@ -179,9 +178,6 @@ class _Steps:
         self._frames, self._heard, self._errors, self._limited = [], [], [], Counter()
         self.lines = self._count = self._size = self._now = 0
         return step
-
-
-_NO_VALUES: Final = np.zeros((0, 0))
 
 
 @dataclass
