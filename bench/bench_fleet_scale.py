@@ -24,7 +24,8 @@ freshness by when a device was heard. ``window + 2`` rounds fill every device's 
   8,000 devices the rows past them moved a reading by up to a kilobyte a device between runs. No scrape comes
   before the reading: the exposition renders nothing for nobody. Where the growth went: a probe loaded in the
   fleet (``sitecustomize``, answering SIGUSR1/SIGUSR2 only, signalled after each reading) tells glibc's
-  ``mallinfo2`` (in use, free held, mmapped), the classifier's rows (its capacity) and what ``gc.collect()`` +
+  ``mallinfo2`` (in use, free held, mmapped), the arrays on pages of their own (``registry.zeroed``, not malloc's),
+  the classifier's rows (its capacity) and what ``gc.collect()`` +
   ``malloc_trim(0)`` give back; ``/proc/<pid>/smaps`` splits RSS by mapping (main heap, thread arenas, other
   anonymous, files); and a smaller fleet under ``tracemalloc`` (``--trace-devices``) names the lines that
   allocated it.
@@ -223,9 +224,9 @@ def threads_cpu(pid: int) -> dict[int, float]:
 # -- a probe inside the fleet: what its allocator holds ---------------------------------------------------------------
 #: Loaded by the fleet's interpreter at start-up (``sitecustomize`` on its ``PYTHONPATH``): on SIGUSR1 it writes one
 #: JSON line: glibc's ``mallinfo2`` (bytes in use and free in its heaps), VmRSS before and after ``gc.collect()`` and
-#: ``malloc_trim(0)``, the device registries' capacity and size, and, when the fleet runs under
-#: ``PYTHONTRACEMALLOC``, a ``tracemalloc`` snapshot (dumped to a file). It changes nothing in the fleet until
-#: signalled; it is signalled only after the figures are read.
+#: ``malloc_trim(0)``, the device registries' capacity and size, the bytes of arrays on pages of their own, and,
+#: when the fleet runs under ``PYTHONTRACEMALLOC``, a ``tracemalloc`` snapshot (dumped to a file). It changes nothing
+#: in the fleet until signalled; it is signalled only after the figures are read.
 PROBE = r"""
 import ctypes, gc, json, os, signal, time, tracemalloc
 
@@ -240,6 +241,22 @@ class _Info(ctypes.Structure):
 
 _probes = [0]
 
+def _mapped():
+    # Bytes of the numpy arrays on anonymous pages of their own (otel_dra.classifier.registry.zeroed: not
+    # malloc's, so not in mallinfo2): every mmap an object's array attribute is a view of, counted once.
+    maps = {}
+    for o in gc.get_objects():
+        d = getattr(o, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for v in d.values():
+            base = v
+            while type(base).__name__ == "ndarray" and base.base is not None:
+                base = base.base
+            if type(base).__name__ == "mmap":
+                maps[id(base)] = len(base)
+    return sum(maps.values())
+
 def _probe(signum, frame):
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _Info
@@ -252,6 +269,7 @@ def _probe(signum, frame):
     info = libc.mallinfo2()
     out["mallinfo"] = {n: getattr(info, n) for n, _ in _Info._fields_}
     out["registries"] = [[o.capacity, len(o)] for o in gc.get_objects() if type(o).__name__ == "DeviceRegistry"]
+    out["mapped"] = _mapped()
     if signum != signal.SIGUSR1:  # (a look only: nothing collected, nothing trimmed)
         with open(where, "a") as f:
             f.write(json.dumps(out) + "\n")
@@ -402,6 +420,11 @@ class Memory:
     def trimmed(self) -> float:
         """Bytes a device ``gc.collect()`` and ``malloc_trim(0)`` gave back to the system."""
         return (self.probe["rss"] - self.probe["rss_trim"]) / self.devices
+
+    @property
+    def mapped(self) -> float:
+        """Growth of the arrays on pages of their own (``registry.zeroed``, not malloc's), bytes a device."""
+        return (self.probe.get("mapped", 0) - self.floor_probe.get("mapped", 0)) / self.devices
 
     def malloc(self, field: str) -> float:
         """Growth of one of glibc's ``mallinfo2`` figures, bytes a device."""
@@ -667,7 +690,8 @@ def section(
         "a classifier built as the fleet's). The fleet runs as it ships: it hands glibc's free heap back after a "
         "tick when there is enough of it (`--heap-trim`, on by default: `otel_dra/heap.py`), and nothing else is "
         "collected or trimmed before the reading (unlike the in-process figure); a probe loaded in it "
-        "(`sitecustomize`, signalled after the reading) tells glibc's `mallinfo2`, the classifier's rows, and what "
+        "(`sitecustomize`, signalled after the reading) tells glibc's `mallinfo2`, the arrays the classifier keeps on "
+        "pages of their own (`registry.zeroed`: grown window arrays, not malloc's), the classifier's rows, and what "
         "`gc.collect()` + `malloc_trim(0)` give back then."
     )
     lines += ["", "| devices | RSS floor | RSS, windows full | growth per device | beyond the window arrays | "
@@ -681,7 +705,8 @@ def section(
             f"{m.push_cpu_s / max(p.points, 1) * 1e6:.2f} µs | {p.requests:,} requests, {p.points:,} points in "
             f"{p.wall_s:.0f} s | {p.retries:,} | {len(p.errors)} |"
         )
-    lines += ["", "Where a device's growth went (glibc's `mallinfo2` at the floor and with windows full; a device's "
+    lines += ["", "Where a device's growth went (glibc's `mallinfo2` and the arrays on pages of their own, at the "
+              "floor and with windows full; a device's "
               "share):", "", "| part | " + " | ".join(_run_label(m, memory) for m in memory) + " |",
               "|---|" + "---|" * len(memory)]  # fmt: skip
     parts: list[tuple[str, Callable[[Memory], float]]] = [
@@ -692,8 +717,9 @@ def section(
             lambda m: m.arrays - m.window_bytes,
         ),
         (
-            "other memory malloc hands out, in use (Python's larger objects, the other arrays, buffers)",
-            lambda m: m.malloc("uordblks") + m.malloc("hblkhd") - m.arrays,
+            "other memory in use: malloc's (Python's larger objects, the other arrays, buffers) and the arrays on "
+            "pages of their own (`registry.zeroed`: the grown window arrays among them), less the window arrays",
+            lambda m: m.malloc("uordblks") + m.malloc("hblkhd") + m.mapped - m.arrays,
         ),
         (
             "free memory malloc holds in its heaps (fragments of freed temporaries; what the fleet trimmed counts, "
@@ -702,8 +728,9 @@ def section(
         ),
         ("... of which `gc.collect()` + `malloc_trim(0)` gave back", lambda m: m.trimmed),
         (
-            "the rest: Python's small-object arenas, stacks, less free heap not resident (trimmed)",
-            lambda m: m.growth - m.malloc("uordblks") - m.malloc("hblkhd") - m.malloc("fordblks"),
+            "the rest: Python's small-object arenas, stacks, less free heap not resident (trimmed) and pages of "
+            "the arrays not written yet",
+            lambda m: m.growth - m.malloc("uordblks") - m.malloc("hblkhd") - m.mapped - m.malloc("fordblks"),
         ),
     ]
     for label, part in parts:

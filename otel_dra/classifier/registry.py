@@ -12,7 +12,9 @@ order), so a fleet that once held 100,000 devices and now holds 1,000 holds arra
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Final
 
 import numpy as np
 
@@ -30,14 +32,35 @@ ClearHook = Callable[[np.ndarray], None]
 #: Rows given their start state at once, ahead of the devices: a fleet's first tick brings its devices a node
 #: at a time, and each part's ``clear`` per node would cost more than the rows written ahead (about a kB each).
 START_AHEAD = 256
+#: A grown array of at least this many bytes is mapped pages of its own (:func:`zeroed`), not malloc's.
+MAPPED_BYTES: Final = 256 << 10
+#: Private anonymous pages (None where ``mmap`` has no such flags: Windows; there :func:`zeroed` is malloc's).
+_PRIVATE: Final = (
+    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS") else None
+)
+
+
+def zeroed(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """Zeros of ``shape``: a large array on anonymous pages of its own (``mmap``), handed back whole when freed.
+
+    malloc maps a large block only while it is over its threshold, which rises to the size of every mapped
+    block freed (glibc's dynamic threshold, up to 32 MB): after the first growth freed the old arrays, the next
+    ones came from the heap, where calloc writes its zeros (every row grown ahead resident) and where each
+    growth's freed arrays left holes that a request's temporaries filled and held resident."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    if count * dtype.itemsize < MAPPED_BYTES or _PRIVATE is None:
+        return np.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, count * dtype.itemsize, flags=_PRIVATE)  # (never shared with a forked process)
+    return np.frombuffer(pages, dtype=dtype, count=count).reshape(shape)
 
 
 def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: np.ndarray | None = None) -> np.ndarray:
     """``array`` extended along ``axis`` to ``capacity``, new entries set to ``fill``; with ``keep``, only
     those entries (in that order, renumbered from 0) are kept before it is extended.
 
-    The new entries of a zero ``fill`` are not written: a large array comes zeroed from the system (calloc,
-    mapped pages), so rows past the devices' cost no resident memory until a device is given them."""
+    The new entries of a zero ``fill`` are not written: a large array comes zeroed from the system (pages of its
+    own: :func:`zeroed`), so rows past the devices' cost no resident memory until a device is given them."""
     if keep is not None:
         array = np.take(array, keep, axis=axis)
     old = array.shape[axis]
@@ -45,7 +68,7 @@ def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: n
         return array
     shape = list(array.shape)
     shape[axis] = capacity
-    out = np.zeros(shape, dtype=array.dtype)
+    out = zeroed(shape, array.dtype)
     at: list[slice] = [slice(None)] * array.ndim
     at[axis] = slice(0, old)
     out[tuple(at)] = array
