@@ -20,8 +20,9 @@ freshness by when a device was heard. ``window + 2`` rounds fill every device's 
   device, less the arrays a device needs by design (the window store's and the horizon's, as
   ``bench_memory.window_arrays`` counts them, per device). A fleet of up to ``SMALL_FLEET`` devices is measured
   ``--repeats`` times (a fresh fleet each) and judged by the median: how many rows its devices end up in depends on
-  how the pushes fall across its ticks (they grow to fit each tick's newcomers, and by an eighth at least), and at
-  8,000 devices the rows past them moved a reading by up to a kilobyte a device between runs. No scrape comes
+  how the pushes fall across its ticks (they grow to fit each tick's newcomers, and by an eighth more, at most
+  ``registry.GROW_ROWS`` more below ``registry.EIGHTH_FROM`` rows), and at 8,000 devices the rows past them
+  moved a reading by up to a kilobyte a device between runs (when they grew by an eighth). No scrape comes
   before the reading: the exposition renders nothing for nobody. Where the growth went: a probe loaded in the
   fleet (``sitecustomize``, answering SIGUSR1/SIGUSR2 only, signalled after each reading) tells glibc's
   ``mallinfo2`` (in use, free held, mmapped), the arrays on pages of their own (``registry.zeroed``, not malloc's),
@@ -79,6 +80,7 @@ from bench.bench_fleet_process import (  # noqa: E402
     stop,
 )
 from bench.bench_http import framed, read_response  # noqa: E402
+from otel_dra.classifier.registry import EIGHTH_FROM, GROW_ROWS  # noqa: E402
 
 kb = _report.kb
 
@@ -251,8 +253,11 @@ def _mapped():
             continue
         for v in d.values():
             base = v
-            while type(base).__name__ == "ndarray" and base.base is not None:
-                base = base.base
+            while type(base).__name__ in ("ndarray", "memoryview"):  # (numpy's view of a buffer: its memoryview)
+                up = base.obj if type(base).__name__ == "memoryview" else base.base
+                if up is None:
+                    break
+                base = up
             if type(base).__name__ == "mmap":
                 maps[id(base)] = len(base)
     return sum(maps.values())
@@ -413,7 +418,7 @@ class Memory:
     @property
     def arrays(self) -> float:
         """Bytes a device of window arrays the fleet added since the floor: its rows grow to fit a tick's
-        newcomers, and by an eighth at least (the empty fleet's rows are in the floor)."""
+        newcomers, and by an eighth more or a fixed step (the empty fleet's rows are in the floor)."""
         return (self.capacity - _capacity(self.floor_probe)) * self.window_bytes / self.devices
 
     @property
@@ -713,7 +718,8 @@ def section(
         ("window arrays its devices need (the baseline)", lambda m: m.window_bytes),
         (
             "window arrays of the rows added beyond its devices' (rows grow to fit a tick's newcomers, and by an "
-            "eighth at least; the empty fleet's 1,024 rows are in the floor)",
+            f"eighth more, at most {GROW_ROWS:,} more below {EIGHTH_FROM:,} rows; the empty fleet's 1,024 rows are in "
+            "the floor)",
             lambda m: m.arrays - m.window_bytes,
         ),
         (

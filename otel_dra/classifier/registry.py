@@ -1,13 +1,13 @@
 """Device identity → rows of every per-device array.
 
-Devices are keyed by (``k8s.node.name``, ``hw.id``) (contract §1). Rows are handed out
-from a free list; when none is free, every registered array grows by an eighth at least, at once
-(:func:`next_capacity`: a new device costs amortised O(1), not a copy of the world), and rows of
-devices gone longer than the TTL go back on the free list. Grown rows stay unwritten zeros until a
-device is first given one: then every part writes the row's start state (its ``clear``), so the
-rows grown ahead of the devices hold no resident memory. When the devices left fill under a quarter of
-the rows, every array is compacted to twice their number (the live rows renumbered in
-order), so a fleet that once held 100,000 devices and now holds 1,000 holds arrays for 2,000.
+Devices are keyed by (``k8s.node.name``, ``hw.id``) (contract §1). Rows are handed out from a free list; when
+none is free, every registered array grows at once, to fit and by an eighth more (a small fleet: at most
+``GROW_ROWS`` more; :func:`next_capacity`: a new device costs amortised O(1), not a copy of the world), and rows
+of devices gone longer than the TTL go back on the free list. Grown rows stay unwritten zeros until a device is
+first given one: then every part writes the row's start state (its ``clear``), so the rows grown ahead of the
+devices hold no resident memory but the pages they share with rows written. When the devices left fill under a
+quarter of the rows, every array is compacted to twice their number (the live rows renumbered in order), so a
+fleet that once held 100,000 devices and now holds 1,000 holds arrays for 2,000.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ ClearHook = Callable[[np.ndarray], None]
 #: Rows given their start state at once, ahead of the devices: a fleet's first tick brings its devices a node
 #: at a time, and each part's ``clear`` per node would cost more than the rows written ahead (about a kB each).
 START_AHEAD = 256
+#: Rows a registry of fewer than ``EIGHTH_FROM`` rows grows by at most beyond what it needs (:func:`next_capacity`).
+GROW_ROWS: Final = 512
+#: From this many rows on, a registry grows by an eighth at least: an eighth's tail of a float32 slab is 4 pages.
+EIGHTH_FROM: Final = 32_768
 #: A grown array of at least this many bytes is mapped pages of its own (:func:`zeroed`), not malloc's.
 MAPPED_BYTES: Final = 256 << 10
 #: Private anonymous pages (None where ``mmap`` has no such flags: Windows; there :func:`zeroed` is malloc's).
@@ -89,9 +93,17 @@ def grown_rows(array: np.ndarray, capacity: int, axis: int = 0, keep: np.ndarray
 
 def next_capacity(capacity: int, needed: int) -> int:
     """Rows to grow ``capacity`` to when ``needed`` rows in all must fit: what fits them, and an eighth more at
-    least (rows that come a few at a time cost a copy of every array per eighth, not per row; growing by half
-    again left a fleet that came in two ticks a quarter too large)."""
-    return max(needed, capacity + capacity // 8)
+    least, but no more than ``GROW_ROWS`` more below ``EIGHTH_FROM`` rows (rows that come a few at a time cost a
+    copy of every array per step, not per row; growing by half again left a fleet that came in two ticks a
+    quarter too large).
+
+    The per-device arrays hold devices as their last axis, so the rows past the devices are a tail in every slab
+    (a feature of a ring slot): resident unless the tail spans whole pages. A small fleet's tails are under a page
+    (an eighth of 8,000 float32 rows is 4 kB), so each row grown ahead costs what a device's arrays do; there a
+    copy of every array is cheap (8,000 devices: ~65 MB), so it grows by a fixed step. A large fleet's eighth is
+    whole pages that stay untouched, and its copies are not cheap: it grows by an eighth."""
+    eighth = capacity // 8
+    return max(needed, capacity + (eighth if capacity >= EIGHTH_FROM else min(eighth, GROW_ROWS)))
 
 
 class DeviceRegistry:

@@ -31,7 +31,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from otel_dra import conventions as cv
 from otel_dra import policy
 from otel_dra.classifier import Classifier
-from otel_dra.classifier.registry import DeviceRegistry
+from otel_dra.classifier.registry import EIGHTH_FROM, GROW_ROWS, DeviceRegistry, next_capacity
 from otel_dra.decode import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import OtlpProtoDecoder
 from otel_dra.frame import FrozenAttrs, Schema
@@ -198,8 +198,9 @@ def test_a_batch_that_brings_a_fleet_grows_the_arrays_once_to_fit_it():
 
 def test_devices_that_come_over_several_ticks_leave_few_rows_unused():
     """A fleet's devices arriving over two ticks (5,744 then 2,256, as a fleet of 8,000 pushed back to back
-    does) and then a few at a time: the rows grow to fit each batch, and by an eighth for the stragglers, so
-    the arrays are never more than an eighth larger than the devices."""
+    does) and then a few at a time: the rows grow to fit each batch, and by ``GROW_ROWS`` for the stragglers
+    (a small fleet: its rows grown ahead are resident, its copies cheap), so the arrays are never more than that
+    larger than the devices; a large fleet grows by an eighth."""
     registry = DeviceRegistry(1024)
     registry.reserve([(f"node-{n}", [f"gpu-{i}" for i in range(8)]) for n in range(718)])
     for n in range(718):
@@ -210,4 +211,7 @@ def test_devices_that_come_over_several_ticks_leave_few_rows_unused():
     assert len(registry) == 8000 and registry.capacity == 8000
     for n in range(1000, 1100):
         registry.rows_for(f"node-{n}", [f"gpu-{i}" for i in range(8)])
-    assert registry.capacity == 8000 + 8000 // 8 and registry.capacity <= len(registry) * 9 // 8 + 8
+    assert registry.capacity == 8000 + 2 * GROW_ROWS and registry.capacity <= len(registry) + GROW_ROWS
+    assert next_capacity(EIGHTH_FROM - 1, EIGHTH_FROM) == EIGHTH_FROM - 1 + GROW_ROWS
+    assert next_capacity(1024, 1025) == 1024 + 128  # (an eighth, under GROW_ROWS)
+    assert next_capacity(40_000, 40_001) == 45_000 and next_capacity(40_000, 50_000) == 50_000
