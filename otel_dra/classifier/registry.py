@@ -64,7 +64,8 @@ def grown(array: np.ndarray, capacity: int, fill: object, axis: int = 0, keep: n
     those entries (in that order, renumbered from 0) are kept before it is extended.
 
     The new entries of a zero ``fill`` are not written: a large array comes zeroed from the system (pages of its
-    own: :func:`zeroed`), so rows past the devices' cost no resident memory until a device is given them."""
+    own: :func:`zeroed`), so rows past the devices' cost no resident memory until a device is given them, but for
+    the pages they share with rows written (:func:`next_capacity`)."""
     if keep is not None:
         array = np.take(array, keep, axis=axis)
     old = array.shape[axis]
