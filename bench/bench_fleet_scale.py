@@ -245,13 +245,14 @@ _probes = [0]
 
 def _mapped():
     # Bytes of the numpy arrays on anonymous pages of their own (otel_dra.classifier.registry.zeroed: not
-    # malloc's, so not in mallinfo2): every mmap an object's array attribute is a view of, counted once.
+    # malloc's, so not in mallinfo2): every mmap an object's array attribute (or one in a list or tuple of them:
+    # the horizon's running totals) is a view of, counted once.
     maps = {}
     for o in gc.get_objects():
         d = getattr(o, "__dict__", None)
         if not isinstance(d, dict):
             continue
-        for v in d.values():
+        for v in [x for v in d.values() for x in (v if isinstance(v, (list, tuple)) else (v,))]:
             base = v
             while type(base).__name__ in ("ndarray", "memoryview"):  # (numpy's view of a buffer: its memoryview)
                 up = base.obj if type(base).__name__ == "memoryview" else base.base
