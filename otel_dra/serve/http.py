@@ -226,18 +226,21 @@ class _Connection(RequestHandler):
         if self._chunks is None:
             if self._asked:
                 return
-            self._head += data
-            end = self._head.find(b"\r\n\r\n")
+            if self._head:  # (a head that came in pieces: rare; else the chunk is looked at where it is)
+                self._head += data
+                data = bytes(self._head)
+                self._head.clear()
+            end = data.find(b"\r\n\r\n", 0, MAX_WATCHED_HEAD + 4)
             if end < 0:
-                if len(self._head) > MAX_WATCHED_HEAD:
+                if len(data) > MAX_WATCHED_HEAD:
                     self._asked = True  # the parser refuses headers this long; nothing to look at
-                    self._head.clear()
+                else:
+                    self._head += data
                 return
             self._asked = True
-            head, data = bytes(self._head[:end]), bytes(self._head[end + 4 :])
-            self._head.clear()
-            if not _chunked(head):
-                return
+            if not _chunked(data[:end]):
+                return  # (the body's bytes are not looked at, nor copied)
+            data = data[end + 4 :]
             assert self.owner.max_body_bytes is not None
             self._chunks = ChunkSizes(self.owner.max_body_bytes)
         too_large = self._chunks.feed(data)
