@@ -33,7 +33,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from otel_dra.inflate import InflateError, inflate, reader
+from otel_dra.inflate import InflateError, inflate, one_member, reader
 from otel_dra.serve.config import HttpServerConfig
 from otel_dra.serve.listener import BACKLOG, IdleFirstCap, LoopThread, listen_socket, per_connection_tls
 
@@ -177,6 +177,10 @@ def gunzip(body: bytes, limit: int) -> bytes:
             raise BodyError(413, f"more than {MAX_GZIP_MEMBERS:,} gzip members")
         cpu()
 
+    whole = one_member(body, limit)  # (the usual: one member, inflated at once)
+    if whole is not None:
+        cpu()
+        return whole
     out: list[bytes] = []
     size = 0
     try:

@@ -152,6 +152,36 @@ def test_bodies_are_capped_by_declared_length_by_chunks_and_after_inflation(serv
         gunzip(b"\x1f\x8b nope", LIMIT)
 
 
+def lying(body: bytes, size: int) -> bytes:
+    """``body`` (one gzip member) with a trailer that states ``size`` as its content's length."""
+    return body[:-4] + (size % (1 << 32)).to_bytes(4, "little")
+
+
+def test_a_member_inflated_at_once_is_held_to_the_limit_whatever_its_trailer_says():
+    """One member is inflated in one call into a buffer of the size its trailer states; a trailer that lies (or
+    several members, or padding) sends the body down the general path, which holds the same limits."""
+    from otel_dra.inflate import one_member
+
+    content = bytes(range(256)) * 3
+    body = gzip.compress(content)
+    assert one_member(body, LIMIT) == content == gunzip(body, LIMIT)
+    assert one_member(body, len(content) - 1) is None  # past the limit: the general path refuses it (413)
+    bomb = gzip.compress(b"\0" * (10 << 20))
+    for claimed in (10, LIMIT, (10 << 20) + (1 << 32)):  # a bomb whose trailer claims little, or wraps around
+        assert one_member(lying(bomb, claimed), LIMIT) is None
+        with pytest.raises(BodyError) as refused:
+            gunzip(lying(bomb, claimed), LIMIT)
+        assert refused.value.status == 413
+    short = lying(body, len(content) + 5)  # claims more than there is: zlib's length check fails the general path
+    assert one_member(short, LIMIT) is None
+    with pytest.raises(BodyError, match="not valid gzip"):
+        gunzip(short, LIMIT)
+    assert one_member(body + gzip.compress(b"more"), LIMIT) is None  # two members: the general path's
+    assert gunzip(body + gzip.compress(b"more"), LIMIT) == content + b"more"
+    assert one_member(body + b"\0" * 8, LIMIT) is None  # padding after it, as gzip reads it: the general path's
+    assert gunzip(body + b"\0" * 8, LIMIT) == content
+
+
 @pytest.mark.parametrize("coding", ["gzip, chunked", "chunked, chunked", "gzip", "identity"])
 def test_a_transfer_coding_other_than_chunked_is_refused_as_go_refuses_it(server, coding):
     """Go's net/http answers 501 to any transfer coding but chunked alone: a body whose coding is not undone
