@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_dra.decode.clock import TraceClock
 from otel_dra.decode.files import InputFileError, read_lines
@@ -270,3 +272,19 @@ def test_a_forked_child_that_dies_is_reported_with_its_exit_code(recordings, mon
     monkeypatch.setattr("otel_dra.decode.stage._decode_in_child", lambda *args: os._exit(3))
     with pytest.raises(RuntimeError, match=r"decode process ended unexpectedly \(exit code 3\)"):
         list(DecodeStage(recordings, Schema(), process=True, start="fork", evaluate_every_ns=EVERY_NS).steps())
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=200), st.floats(-2e6, 1e6))
+def test_the_clock_reads_the_same_quantile_off_a_list_or_numpy(stamps, floor):
+    """A small fleet's clock reads its quantile off a sorted list, a large one's off numpy's partition: the same
+    order statistic (numpy's quantile, ``lower``), whatever the fleet's size."""
+    from otel_dra.decode import clock as clock_mod
+
+    floor = min(floor, max(stamps))  # (the newest stamp is always at or past the floor)
+    expected = float(np.quantile([s for s in stamps if s >= floor], clock_mod.CLOCK_QUANTILE, method="lower"))
+    for small in (0, 10_000):  # every fleet numpy's, then every fleet the list's
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(clock_mod, "SMALL_FLEET", small)
+            assert clock_mod.recent_quantile(stamps, floor) == expected
