@@ -274,7 +274,6 @@ def test_a_forked_child_that_dies_is_reported_with_its_exit_code(recordings, mon
         list(DecodeStage(recordings, Schema(), process=True, start="fork", evaluate_every_ns=EVERY_NS).steps())
 
 
-
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=200), st.floats(-2e6, 1e6))
 def test_the_clock_reads_the_same_quantile_off_a_list_or_numpy(stamps, floor):
