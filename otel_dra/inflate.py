@@ -74,8 +74,9 @@ def reader(body: bytes) -> Callable[[], memoryview]:
     return read
 
 
-#: A gzip member's trailer: CRC-32 and the content's length mod 2**32 (RFC 1952 section 2.3.1).
-_TRAILER: Final = 8
+#: The smallest gzip member: its header (10 bytes) and its trailer (8: the CRC-32 and the content's length mod
+#: 2**32, RFC 1952 section 2.3.1).
+_SMALLEST_MEMBER: Final = 18
 
 
 def one_member(body: bytes, limit: int) -> bytes | None:
@@ -83,8 +84,8 @@ def one_member(body: bytes, limit: int) -> bytes | None:
     call into a buffer of the size its trailer states (what an exporter sends: no pieces to join, and a
     collector's batch of 3 MB inflated in two thirds of the time); None when it is anything else (several
     members, padding, a size that is not what the trailer says, damage): :func:`inflate` decides those. At most
-    ``limit`` + 1 bytes are made whatever the trailer claims."""
-    if len(body) < 18 or body[:2] != b"\x1f\x8b":
+    ``limit`` + 1 bytes are made whatever the trailer claims (one call: inflating is linear in what it makes)."""
+    if len(body) < _SMALLEST_MEMBER or body[:2] != b"\x1f\x8b":
         return None
     size = int.from_bytes(body[-4:], "little")
     if size > limit:
