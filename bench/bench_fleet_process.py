@@ -176,25 +176,23 @@ def push(
     interval: float,
     lanes: int,
     each_round: list[float],
-    warmup: int = 0,
-    settle: Callable[[], object] | None = None,
+    warmup: int,
+    settle: Callable[[], object],
 ) -> list[str]:
     """Every round's requests, node by node spread over ``interval`` seconds, on ``lanes`` keep-alive
-    connections; ``each_round`` gets each round's start (monotonic) before it is sent. With ``settle``, the
-    lanes stop after the first ``warmup`` rounds until every one of them is answered and ``settle()`` returns
-    (the receiver has drained what they left it), and the measured rounds start then, on the same schedule.
-    Returns the errors."""
+    connections; ``each_round`` gets each round's start (monotonic) before it is sent. The lanes stop after the
+    first ``warmup`` rounds until every one of them is answered and ``settle()`` returns (the receiver has drained
+    what they left it), and the measured rounds start then, on the same schedule. Returns the errors."""
     errors: list[str] = []
     nodes = len(rounds[0])
     start = time.monotonic() + 0.5
     resume = [start + warmup * interval]  # when the round ``warmup`` starts (moved by the settling)
 
     def settled() -> None:
-        if settle is not None:
-            settle()
+        settle()
         resume[0] = max(resume[0], time.monotonic() + 0.2)
 
-    gate = threading.Barrier(lanes + 1, action=settled) if warmup and settle is not None else None
+    gate = threading.Barrier(lanes + 1, action=settled) if warmup else None
 
     def begins(r: int) -> float:
         return start + r * interval if r < warmup else resume[0] + (r - warmup) * interval
@@ -378,11 +376,10 @@ def measure(
                 spy.append(record(fleet.proc.pid, (len(rounds) - warmup) * interval, raw))
 
         quiet = settler(fleet.proc.pid)
-        learned: list[float] = []
+        learned: list[tuple[float, float]] = []  # (seconds it took to go quiet, the fleet's CPU then)
 
         def settle() -> None:
-            learned.append(quiet())
-            learned.append(cpu_s(fleet.proc.pid))
+            learned.append((quiet(), cpu_s(fleet.proc.pid)))
 
         t0, cpu0 = time.monotonic(), cpu_s(fleet.proc.pid)
         errors = push_measured(port, rounds, interval, lanes, warmup, measured_from, settle)
@@ -396,7 +393,7 @@ def measure(
         if spy:
             spy[0].wait(60)
             summary = profile_summary(raw) if raw.exists() else ["(py-spy wrote nothing: is it installed?)"]
-        settle_s, learn_cpu = (learned[0], learned[1] - cpu0) if learned else (0.0, 0.0)
+        settle_s, learn_cpu = (learned[0][0], learned[0][1] - cpu0) if learned else (0.0, 0.0)
         return Measured(
             shape,
             sum(points[warmup:]),
