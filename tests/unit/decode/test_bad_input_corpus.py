@@ -35,11 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf.json_format import ParseDict, ParseError
+from google.protobuf.json_format import ParseError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
@@ -48,6 +47,7 @@ from otel_dra.decode import OtlpJsonDecoder
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Column, Frame, Schema
 from otel_dra.receivers.factory import new_receiver as OtlpReceiver
+from tests.support.otlp_pb import pb
 
 S = 10**9
 T0 = 1_795_000_000 * S
@@ -288,10 +288,6 @@ CASES: list[Case] = [
 # (measured: JSON decoder 13x its line, protobuf decoder 31x its wire size, about 1.9 kB per device: one
 # Python entry per distinct series; tracemalloc counts 12x and 25x); the bound leaves ~30% headroom.
 PEAK_FACTOR_100K = {"json": 18, "proto": 42}
-
-
-def pb(doc: dict) -> bytes:
-    return ParseDict(doc, ExportMetricsServiceRequest()).SerializeToString()
 
 
 def good_values(frames: list[Frame], schema: Schema) -> list[float]:

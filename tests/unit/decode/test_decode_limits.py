@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import ParseDict, ParseError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -21,6 +21,7 @@ from otel_dra.decode import limits as lim
 from otel_dra.decode.floors import NODE_IDLE_NS, SWEEP_EVERY_NS
 from otel_dra.decode.limits import DEFAULT_LIMITS, DecodeLimits
 from otel_dra.frame import Column, Frame, Schema
+from tests.support.otlp_pb import pb
 
 S = 10**9
 T0 = 1_795_000_000 * S
@@ -28,7 +29,7 @@ POWER = Column("hw.power")
 MB = 1 << 20
 
 
-# -- requests (the JSON mapping; protobuf built from it with ParseDict) ---------------------------
+# -- requests (the JSON mapping; protobuf built from it: ParseDict's bytes, tests/support/otlp_pb.py) -----------
 def kv(attrs: dict[str, str]) -> list[dict]:
     return [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]
 
@@ -62,10 +63,6 @@ def devices(node: str, names: list[str], t: int = T0, metric: str = "hw.power") 
 
 def dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def pb(doc: dict) -> bytes:
-    return ParseDict(doc, ExportMetricsServiceRequest()).SerializeToString()
 
 
 class Both:
@@ -203,6 +200,33 @@ def test_identity_attributes_too_long_are_refused_descriptive_ones_shortened() -
         assert frame.devices.ids == ("gpu-0",)
         assert frame.devices.attrs[0]["hw.model"] == "M" * 15 + "…" and frame.devices.attrs[0]["hw.name"] == "ok"
         assert "longer than 16 characters (--max-attribute-length)" in result.problems[0]
+
+
+# -- the protobuf bodies: ParseDict's bytes, built sooner (tests/support/otlp_pb.py) --------------------------
+def test_the_quick_protobuf_builder_writes_parsedicts_bytes() -> None:
+    names = [f"gpu-{i}" for i in range(300)]
+    plain = [pt(gpu(d), float(i) if i % 3 else i, T0 + i) for i, d in enumerate(names)]
+    plain[::5] = [{**p, "startTimeUnixNano": str(T0)} for p in plain[::5]]
+    plain[1::7] = [{"attributes": kv(gpu(d)), "timeUnixNano": T0, "asInt": str(-i)} for i, d in enumerate(names[1::7])]
+    odd = [
+        {**pt(gpu("nan"), "NaN"), "startTimeUnixNano": str(T0)},  # a string value: ParseDict's to read
+        {"attributes": kv(gpu("int")), "timeUnixNano": T0, "asInt": "-7"},
+        {"attributes": [{"key": "hw.id", "value": {"intValue": "3"}}], "timeUnixNano": str(T0), "asDouble": 1.5},
+        {**pt(gpu("flags")), "flags": 1},
+        {"attributes": kv(gpu("big")), "timeUnixNano": str(T0), "asInt": str(1 << 62)},
+    ]
+    doc = request(
+        resource("node-1", gauge("hw.power", *plain[:150], *odd, *plain[150:]), gauge("hw.energy", *plain[:3])),
+        resource("node-2", {"name": "hw.errors", "sum": {"dataPoints": plain, "isMonotonic": True}}),
+    )
+    want = ParseDict(doc, ExportMetricsServiceRequest()).SerializeToString()
+    assert pb(doc) == want
+    not_int = {"attributes": kv(gpu("x")), "timeUnixNano": str(T0), "asInt": "x"}
+    bad = request(resource("node-1", gauge("hw.power", *plain, not_int)))
+    with pytest.raises(ParseError):
+        ParseDict(bad, ExportMetricsServiceRequest())
+    with pytest.raises(ParseError):
+        pb(bad)
 
 
 # -- the cases at scale ---------------------------------------------------------------------------
