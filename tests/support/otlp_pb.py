@@ -70,6 +70,9 @@ def _signed(v: Any) -> bool:
 
 def _point(point: dict[str, Any], into: NumberDataPoint) -> None:
     """One data point, set field by field when it has the plain shape, else by ParseDict."""
+    if type(point) is not dict:
+        ParseDict(point, into)  # (it says what is wrong)
+        return
     attrs = point.get("attributes", [])
     double, integer = point.get("asDouble"), point.get("asInt")
     plain = (

@@ -227,6 +227,8 @@ def test_the_quick_protobuf_builder_writes_parsedicts_bytes() -> None:
         ParseDict(bad, ExportMetricsServiceRequest())
     with pytest.raises(ParseError):
         pb(bad)
+    with pytest.raises(ParseError):
+        pb(request(resource("node-1", gauge("hw.power", *plain, ["not", "a", "point"]))))
 
 
 # -- the cases at scale ---------------------------------------------------------------------------
