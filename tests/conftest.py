@@ -158,7 +158,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """One worker a core for the tests that compute, and two more that mostly sleep: the realtime tests' (one
     after another, waiting on real clocks: processes' intervals, timeouts) and LONG_WAITS'. With one worker a core
     in all, the realtime worker's waits left a core idle: on two cores the suite took 12.3 min with three workers,
-    9.8 min with four (``--maxprocesses`` caps it at four)."""
+    9.8 min with four (and ``tests/support/otlp_pb.py``, the same day: BENCHMARKS.md). ``--maxprocesses`` caps it
+    at four."""
     from xdist.plugin import pytest_xdist_auto_num_workers as cores
 
     return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 2
