@@ -155,14 +155,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """One worker a core for the tests that compute, and two more that mostly sleep: the realtime tests' (one
-    after another, waiting on real clocks: processes' intervals, timeouts) and LONG_WAITS'. With one worker a core
-    in all, the realtime worker's waits left a core idle: on two cores the suite took 12.3 min with three workers,
-    9.8 min with four (and ``tests/support/otlp_pb.py``, the same day: BENCHMARKS.md). ``--maxprocesses`` caps it
-    at four."""
+    """One worker a core, and one more for LONG_WAITS (asleep most of the time)."""
     from xdist.plugin import pytest_xdist_auto_num_workers as cores
 
-    return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 2
+    return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 1
 
 
 @pytest.hookimpl(optionalhook=True)
