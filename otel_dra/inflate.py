@@ -1,6 +1,7 @@
 """Gzip streams inflated by zlib-ng (zlib's format and checks, ~4x faster), in bounded pieces: one member walk
 for the two readers of gzip, replay's files (``decode.files``) and OTLP/HTTP bodies (``serve.http``), which
-differ only in where the bytes come from and in the bounds they hold the inflation to."""
+differ only in where the bytes come from and in the bounds they hold the inflation to; and a body that is one whole
+member (what an exporter sends) inflated in one call (:func:`one_member`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ READ_SIZE: Final = 1 << 16
 PIECE_SIZE: Final = 1 << 20
 #: zlib-ng's error class (its stub declares an instance): damaged gzip.
 InflateError: Final = cast(type[Exception], zlib_ng.error)
+#: zlib's window bits for a gzip member (its header and trailer, not a zlib stream's).
+_GZIP_WBITS: Final = 16 + zlib_ng.MAX_WBITS
 
 
 def inflate(
@@ -50,7 +53,7 @@ def inflate(
             members += 1
             if member is not None:
                 member(members)
-            inflater = zlib_ng.decompressobj(16 + zlib_ng.MAX_WBITS)
+            inflater = zlib_ng.decompressobj(_GZIP_WBITS)
         piece = inflater.decompress(data, piece_size)
         if piece:
             yield piece
@@ -90,7 +93,7 @@ def one_member(body: bytes, limit: int) -> bytes | None:
     size = int.from_bytes(body[-4:], "little")
     if size > limit:
         return None
-    inflater = zlib_ng.decompressobj(16 + zlib_ng.MAX_WBITS)
+    inflater = zlib_ng.decompressobj(_GZIP_WBITS)
     try:
         content = inflater.decompress(body, size + 1)
     except InflateError:
