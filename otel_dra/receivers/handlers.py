@@ -48,7 +48,7 @@ from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.receivers.telemetry import ATTRIBUTES_IGNORED
 from otel_dra.serve.grpc_front import UNKNOWN_PEER, GrpcFront
 from otel_dra.serve.grpc_pool import ReadDeadlines, ShedPool, shedding
-from otel_dra.serve.http import BodyError, HttpServer, gunzip, read_body
+from otel_dra.serve.http import BodyError, HttpServer, gunzip, ok, read_body
 
 if TYPE_CHECKING:
     from otel_dra.receivers.telemetry import Counts
@@ -299,7 +299,7 @@ class RequestPath:
         )
 
     # -- HTTP --------------------------------------------------------------------------------
-    async def _http_request(self, request: web.BaseRequest) -> web.Response:
+    async def _http_request(self, request: web.BaseRequest) -> web.StreamResponse:
         """``POST /v1/metrics``: read the body (bounded in size and time), decode it on the worker."""
         if request.method != "POST":
             return _status(405, code_pb2.UNIMPLEMENTED, f"method not allowed: OTLP metrics go to POST {HTTP_PATH}")
@@ -330,7 +330,7 @@ class RequestPath:
         finally:
             self._release()
 
-    async def _http_export(self, request: web.BaseRequest, as_json: bool, gz: bool) -> web.Response:
+    async def _http_export(self, request: web.BaseRequest, as_json: bool, gz: bool) -> web.StreamResponse:
         assert self._http is not None
         speaker = None
         if self.mutual:
@@ -360,8 +360,8 @@ class RequestPath:
         except Exception:
             return _status(500, code_pb2.INTERNAL, _CONSUMER_FAILED, as_json)
         if as_json:
-            return web.Response(body=MessageToJson(response, indent=None).encode(), content_type=_JSON)
-        return web.Response(body=response.SerializeToString(), content_type=_PROTOBUF)
+            return ok(request, _JSON, MessageToJson(response, indent=None).encode())
+        return ok(request, _PROTOBUF, response.SerializeToString())
 
     def _body_error(self, transport: str, exc: BodyError, as_json: bool) -> web.Response:
         """A body refused: too large (RESOURCE_EXHAUSTED), too slow or unreadable (INVALID_ARGUMENT)."""

@@ -26,9 +26,12 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from email.utils import formatdate
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
@@ -50,6 +53,8 @@ LINGER_S: Final = 2.0
 #: Counters of :meth:`HttpServer.stats`. ``bad_requests``: refused by the parser (malformed request line or
 #: headers, headers too long, Content-Length with Transfer-Encoding), answered 400 by aiohttp.
 STATS: Final = ("accepted", "evicted", "refused", "header_timeouts", "bad_requests")
+#: The ``Server`` header of every answer (not aiohttp's, with its version).
+SERVER: Final = "otel-dra"
 
 
 class BodyError(Exception):
@@ -197,6 +202,49 @@ def gunzip(body: bytes, limit: int) -> bytes:
     return b"".join(out)
 
 
+class Answer(web.StreamResponse):
+    """A 200 whose bytes, head and body, are written as they were given (:func:`ok`).
+
+    Why: an agent's push is answered 200 with an empty body, the same bytes every time but the date, and
+    aiohttp's ``Response`` builds them afresh for each (its header multidict, Content-Type and
+    Content-Length set, the date formatted, the head serialized): ~35 us a request on a 2 GHz core, some
+    5% of the fleet's whole cost of a push. Its ``headers`` stay empty: what was sent is in the bytes.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self._data = data
+        self._keep_alive = True
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if not self._eof_sent:
+            self._eof_sent = True
+            self._body_length = len(self._data)
+            await request.writer.write_eof(self._data)
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        """Written whole by :meth:`prepare`."""
+
+
+#: Per content type: the second its head was made in, and the head (up to Content-Length's value).
+_HEADS: dict[str, tuple[int, bytes]] = {}
+
+
+def ok(request: web.BaseRequest, content_type: str, body: bytes) -> web.StreamResponse:
+    """``200 OK`` with ``body``: an :class:`Answer` from a head made once a second for a keep-alive HTTP/1.1
+    request (the usual), aiohttp's ``Response`` otherwise (it says ``Connection: close`` when it closes)."""
+    if not request.keep_alive or request.version != HttpVersion11:
+        return web.Response(body=body, content_type=content_type)
+    now = int(time.time())
+    made, head = _HEADS.get(content_type, (-1, b""))
+    if made != now:
+        date = formatdate(now, usegmt=True)
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nDate: {date}\r\nServer: {SERVER}\r\n".encode()
+        _HEADS[content_type] = (now, head)  # (one tuple replaced: safe across the servers' loop threads)
+    return Answer(b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
+
+
 class _Connection(RequestHandler):
     """aiohttp's connection, with the header timeout: armed when the connection arrives and at the
     first byte after a response, disarmed when a request's headers are complete."""
@@ -341,7 +389,7 @@ class _Server(web.Server):
         self.cap.busy(conn)
         try:
             response = await self._user_handler(request)
-            response.headers.setdefault("Server", "otel-dra")  # not aiohttp's, with its version
+            response.headers.setdefault("Server", SERVER)
             return response
         finally:
             if isinstance(conn, _Connection):

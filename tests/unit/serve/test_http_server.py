@@ -5,9 +5,11 @@ after inflation, and the server shuts down with connections still held."""
 from __future__ import annotations
 
 import gzip
+import http.client
 import socket
 import time
 from collections.abc import Iterator
+from email.utils import parsedate_to_datetime
 
 import pytest
 from aiohttp import web
@@ -15,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_dra.serve.config import AUTO_MAX_CONNECTIONS, AUTO_MIN_CONNECTIONS, HttpServerConfig
-from otel_dra.serve.http import BodyError, ChunkSizes, HttpServer, gunzip, read_body
+from otel_dra.serve.http import BodyError, ChunkSizes, HttpServer, gunzip, ok, read_body
 from tests.support.sockets import exchange
 
 LIMIT = 1000
@@ -231,3 +233,39 @@ def test_expect_100_continue_is_answered_and_an_oversized_body_refused_before_it
     big = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
     answer, _ = exchange(server.port, big)
     assert answer.startswith(b"HTTP/1.1 413") and b"100 Continue" not in answer
+
+
+def test_an_answer_from_a_prebuilt_head_says_what_aiohttps_response_says_and_keeps_the_connection():
+    """``ok``'s bytes against aiohttp's own ``Response`` for the same answer, read by a real client on one
+    keep-alive connection; a request that asks to close gets aiohttp's answer, which closes."""
+
+    async def answer(request: web.BaseRequest) -> web.StreamResponse:
+        body = await request.read()
+        if request.path == "/aiohttp":
+            return web.Response(body=body, content_type="application/x-protobuf")
+        return ok(request, "application/x-protobuf", body)
+
+    srv = HttpServer("test server", "127.0.0.1", 0, answer)
+    srv.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+        heads = {}
+        for path, body in (("/ok", b""), ("/aiohttp", b""), ("/ok", b"\x0a\x02%s"), ("/aiohttp", b"\x0a\x02%s")):
+            conn.request("POST", path, body, {"Content-Type": "application/x-protobuf"})
+            reply = conn.getresponse()
+            assert (reply.status, reply.reason, reply.read()) == (200, "OK", body)
+            date = parsedate_to_datetime(reply.headers["Date"]).timestamp()
+            assert abs(date - time.time()) < 5
+            heads[path, body] = {k: v for k, v in reply.getheaders() if k != "Date"}
+            assert not reply.will_close
+        plain = {"Content-Type": "application/x-protobuf", "Content-Length": "0", "Server": "otel-dra"}
+        assert heads["/ok", b""] == heads["/aiohttp", b""] == plain
+        assert heads["/ok", b"\x0a\x02%s"] == heads["/aiohttp", b"\x0a\x02%s"]
+        assert srv.stats()["accepted"] == 1, "the four requests did not share one connection"
+        conn.close()
+        for ask in ("POST /ok HTTP/1.1\r\nConnection: close", "POST /ok HTTP/1.0"):
+            reply, took = exchange(srv.port, f"{ask}\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+            assert reply.startswith((b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 200 OK\r\n")) and took < 2, reply
+            assert b"Content-Length: 0\r\n" in reply and (b"Connection: close" in reply or b"HTTP/1.0" in reply)
+    finally:
+        srv.shutdown(1.0)
