@@ -27,16 +27,37 @@ S = 10**9
 T0 = 1_795_000_000 * S
 
 
+class Recorder:
+    """A node's frames as its agent would send them: the metric sink and the SDK's pipeline, built once and read
+    once a frame (a pipeline built afresh for every frame was most of a long trace's cost)."""
+
+    def __init__(self, node: str, schema: Schema) -> None:
+        self.store = FrameStore()
+        self.reader = InMemoryMetricReader()
+        self.mp = provider.build_meter_provider(node, [self.reader], 5000)
+        MetricsSink(self.store, schema, self.mp.get_meter("otel_dra", __version__), max_age_s=3600.0)
+
+    def request(self, frame: Frame) -> dict:
+        """One ExportMetricsServiceRequest (JSON mapping) for ``frame``, stamped with the frame's time."""
+        self.store.put(frame, time.monotonic_ns())
+        data = self.reader.get_metrics_data()
+        return _stamped(MessageToDict(encode_metrics(data), use_integers_for_enums=True), frame)
+
+    def close(self) -> None:
+        self.mp.shutdown()
+
+
 def request(frame: Frame, schema: Schema) -> dict:
     """One ExportMetricsServiceRequest (JSON mapping) for ``frame``, stamped with the frame's time."""
-    store = FrameStore()
-    store.put(frame, time.monotonic_ns())
-    reader = InMemoryMetricReader()
-    mp = provider.build_meter_provider(frame.devices.node, [reader], 5000)
-    MetricsSink(store, schema, mp.get_meter("otel_dra", __version__), max_age_s=3600.0)
-    data = reader.get_metrics_data()
-    mp.shutdown()
-    doc = MessageToDict(encode_metrics(data), use_integers_for_enums=True)
+    recorder = Recorder(frame.devices.node, schema)
+    try:
+        return recorder.request(frame)
+    finally:
+        recorder.close()
+
+
+def _stamped(doc: dict, frame: Frame) -> dict:
+    """Every point of ``doc`` stamped with the frame's time (and the trace's start)."""
     for rm in doc.get("resourceMetrics", []):
         for sm in rm.get("scopeMetrics", []):
             for metric in sm.get("metrics", []):
@@ -63,6 +84,7 @@ def write_trace(
         )
         for i, (node, (n, faults)) in enumerate(nodes.items())
     }
+    recorders = {node: Recorder(node, src.schema) for node, src in sources.items()}
     lines = []
     for t in range(0, seconds + 1, interval):
         for node, src in sources.items():
@@ -70,7 +92,9 @@ def write_trace(
             quiet = (silent or {}).get(node)
             if quiet and quiet[0] <= t < quiet[1]:
                 continue
-            lines.append(json.dumps(request(frame, src.schema)))
+            lines.append(json.dumps(recorders[node].request(frame)))
+    for recorder in recorders.values():
+        recorder.close()
     lines.extend(extra_lines)
     text = "\n".join(lines) + "\n"
     if path.suffix == ".gz":
