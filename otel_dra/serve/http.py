@@ -214,8 +214,8 @@ class Answer(web.StreamResponse):
     Why: an agent's push is answered 200 with an empty body, the same bytes every time but the date, and
     aiohttp's ``Response`` builds them afresh for each (its header multidict, Content-Type and
     Content-Length set, the date formatted, the head serialized): ~35 us a request on a 2 GHz core, and the
-    fleet's direct pushes took 9% less CPU without it (BENCHMARKS.md's notes on #32). Its ``headers`` stay
-    empty: what was sent is in the bytes.
+    fleet's direct pushes took 9% less CPU without it (BENCHMARKS.md's notes on #32). Its ``headers`` are not
+    what was sent (the server's ``Server`` default lands there unused): the bytes are.
     """
 
     def __init__(self, data: bytes) -> None:
