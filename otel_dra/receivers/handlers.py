@@ -18,16 +18,18 @@ its request is read (:mod:`~otel_dra.serve.grpc_pool`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 import grpc
 from aiohttp import web
+from aiohttp.http import RawRequestMessage
 from google.protobuf import any_pb2
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToJson
@@ -48,7 +50,7 @@ from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.receivers.telemetry import ATTRIBUTES_IGNORED
 from otel_dra.serve.grpc_front import UNKNOWN_PEER, GrpcFront
 from otel_dra.serve.grpc_pool import ReadDeadlines, ShedPool, shedding
-from otel_dra.serve.http import BodyError, HttpServer, gunzip, ok, read_body
+from otel_dra.serve.http import BodyError, HttpServer, answer, gunzip, ok, read_body
 
 if TYPE_CHECKING:
     from otel_dra.receivers.telemetry import Counts
@@ -118,24 +120,31 @@ class RequestPath:
 
     def _admit(self, transport: str, shed: bool = False) -> None:
         """Take a pending slot, or raise :class:`Overloaded` (counted) when the fleet is behind; ``shed``:
-        the call is past the gRPC workers' bound (:class:`~otel_dra.serve.grpc_pool.ShedPool`).
-        The retry delay is spread over a second, so a refused burst does not come back as one."""
-        retry_s = self._backlog() if self._backlog is not None else None
+        the call is past the gRPC workers' bound (:class:`~otel_dra.serve.grpc_pool.ShedPool`)."""
+        refused = self._slot(shed)
+        if refused is None:
+            return
+        retry_s, why = refused
         with self.counts.lock:
-            if shed:
-                retry_s = 1.0 + random.random()
-                why = f"more than {self._grpc_pool.bound if self._grpc_pool else 0} calls are waiting for a worker"
-            elif retry_s is None and self.counts.pending >= self.config.max_pending_requests:
-                retry_s = 1.0 + random.random()
-                why = f"{self.counts.pending} requests are already waiting to be decoded"
-            else:
-                why = "the fleet's queue of frames is full"
-            if retry_s is None:
-                self.counts.pending += 1
-                return
             self.counts.requests[(transport, "overloaded")] += 1
         log.warning("OTLP/%s: overloaded, a request was refused for now: %s", transport, why)
         raise Overloaded(f"overloaded: {why}; retry in {round(retry_s, 1):g} s", retry_s)
+
+    def _slot(self, shed: bool = False) -> tuple[float, str] | None:
+        """Take a pending slot (None), or say why not: the retry delay, spread over a second so that a
+        refused burst does not come back as one, and why. Counts nothing."""
+        retry_s = self._backlog() if self._backlog is not None else None
+        with self.counts.lock:
+            if shed:
+                return 1.0 + random.random(), (
+                    f"more than {self._grpc_pool.bound if self._grpc_pool else 0} calls are waiting for a worker"
+                )
+            if retry_s is None and self.counts.pending >= self.config.max_pending_requests:
+                return 1.0 + random.random(), f"{self.counts.pending} requests are already waiting to be decoded"
+            if retry_s is None:
+                self.counts.pending += 1
+                return None
+        return retry_s, "the fleet's queue of frames is full"
 
     def _release(self) -> None:
         with self.counts.lock:
@@ -305,7 +314,7 @@ class RequestPath:
             return _status(405, code_pb2.UNIMPLEMENTED, f"method not allowed: OTLP metrics go to POST {HTTP_PATH}")
         if request.path != HTTP_PATH:
             return _status(404, code_pb2.NOT_FOUND, f"not found: OTLP metrics go to POST {HTTP_PATH}")
-        ctype = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        ctype = _media_type(request.headers)
         as_json = ctype == _JSON
         refused = self._unauthenticated("http", request.headers.get("Authorization"), request.remote or "?")
         if refused is not None:
@@ -315,8 +324,8 @@ class RequestPath:
         if ctype not in (_PROTOBUF, _JSON):
             self.counts.count("http", "invalid")
             return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Type {ctype[:60]!r}: use {_PROTOBUF}")
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("identity", "gzip", ""):
+        encoding = _coding(request.headers)
+        if encoding not in ("identity", "gzip"):
             self.counts.count("http", "invalid")
             return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding[:40]!r}", as_json)
         try:
@@ -340,28 +349,64 @@ class RequestPath:
             body = await read_body(request, self.max_request_bytes, self.config.http.body_timeout_s)
         except BodyError as exc:
             return self._body_error("http", exc, as_json)
-
-        def export() -> ExportMetricsServiceResponse:
-            data = gunzip(body, self.max_request_bytes) if gz else body
-            return self.export_json(data, speaker) if as_json else self.export_protobuf(data, "http", speaker)
-
         try:
             if not gz and len(body) < INLINE_BYTES and self._lock.acquire(blocking=False):
                 try:  # the decoder is free and the body small: no thread hop
-                    response = export()
+                    status, data = self._exported(body, as_json, gz, speaker)
                 finally:
                     self._lock.release()
             else:  # a large or gzip body, or a gRPC request decoding: the loop must not wait on the lock
-                response = await self._http.offload(export)
+                status, data = await self._http.offload(self._exported, body, as_json, gz, speaker)
         except BodyError as exc:
             return self._body_error("http", exc, as_json)
+        ctype = _JSON if as_json else _PROTOBUF
+        return ok(request, ctype, data) if status == 200 else web.Response(status=status, body=data, content_type=ctype)
+
+    def _exported(self, body: bytes, as_json: bool, gz: bool, speaker: Speaker | None) -> tuple[int, bytes]:
+        """A request body, read whole, taken: the HTTP status and the answer's body in the request's encoding
+        (an ``ExportMetricsServiceResponse``, or a ``google.rpc.Status``). Raises :class:`BodyError` for gzip
+        that can't be inflated."""
+        try:
+            data = gunzip(body, self.max_request_bytes) if gz else body
+            response = self.export_json(data, speaker) if as_json else self.export_protobuf(data, "http", speaker)
         except MalformedRequest as exc:
-            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
+            return 400, _status_body(code_pb2.INVALID_ARGUMENT, str(exc), as_json)
+        except BodyError:
+            raise
         except Exception:
-            return _status(500, code_pb2.INTERNAL, _CONSUMER_FAILED, as_json)
+            return 500, _status_body(code_pb2.INTERNAL, _CONSUMER_FAILED, as_json)
         if as_json:
-            return ok(request, _JSON, MessageToJson(response, indent=None).encode())
-        return ok(request, _PROTOBUF, response.SerializeToString())
+            return 200, MessageToJson(response, indent=None).encode()
+        return 200, response.SerializeToString()
+
+    def _http_quick(self, message: RawRequestMessage, body: bytes, transport: asyncio.BaseTransport) -> bytes | None:
+        """An agent's usual push (protobuf, not compressed, authorized, small) taken on the event loop as it
+        arrives, when the decoder is free and the fleet not behind: the answer's bytes. None leaves the request
+        to :meth:`_http_request`, which answers every case (this one included) and counts refusals: so nothing
+        here counts or logs before it is known to take the request."""
+        headers = message.headers
+        if (
+            message.method != "POST"
+            or message.path != HTTP_PATH
+            or len(body) >= INLINE_BYTES
+            or len(body) > self.max_request_bytes
+            or _media_type(headers) != _PROTOBUF
+            or _coding(headers) != "identity"
+            or (self.auth is not None and self.auth.token_problem(headers.get("Authorization")) is not None)
+            or not self._lock.acquire(blocking=False)
+        ):
+            return None
+        try:
+            if self._slot() is not None:
+                return None
+            try:
+                speaker = self._client_nodes.cert_speaker(transport.get_extra_info("peercert")) if self.mutual else None
+                status, data = self._exported(body, False, False, speaker)
+            finally:
+                self._release()
+        finally:
+            self._lock.release()
+        return answer(status, _PROTOBUF, data)
 
     def _body_error(self, transport: str, exc: BodyError, as_json: bool) -> web.Response:
         """A body refused: too large (RESOURCE_EXHAUSTED), too slow or unreadable (INVALID_ARGUMENT)."""
@@ -386,14 +431,28 @@ def _retry_metadata(message: str, retry_after_s: float) -> tuple[tuple[str, byte
     )
 
 
+def _media_type(headers: Mapping[str, str]) -> str:
+    """A request's ``Content-Type`` without its parameters, lower case."""
+    return headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+
+
+def _coding(headers: Mapping[str, str]) -> str:
+    """A request's ``Content-Encoding``, lower case; ``identity`` when it has none."""
+    return headers.get("Content-Encoding", "").strip().lower() or "identity"
+
+
+def _status_body(code: int, message: str, as_json: bool = False) -> bytes:
+    """A ``google.rpc.Status``, as OTLP/HTTP wants an error's body, in the request's encoding."""
+    if as_json:
+        return json.dumps({"code": code, "message": message}).encode()
+    return status_pb2.Status(code=code, message=message).SerializeToString()
+
+
 def _status(status: int, code: int, message: str, as_json: bool = False, close: bool = False) -> web.Response:
     """An error as OTLP/HTTP wants it: a ``google.rpc.Status`` in the request's encoding."""
-    if as_json:
-        body = json.dumps({"code": code, "message": message}).encode()
-        reply = web.Response(status=status, body=body, content_type=_JSON)
-    else:
-        body = status_pb2.Status(code=code, message=message).SerializeToString()
-        reply = web.Response(status=status, body=body, content_type=_PROTOBUF)
+    reply = web.Response(
+        status=status, body=_status_body(code, message, as_json), content_type=_JSON if as_json else _PROTOBUF
+    )
     if close:
         reply.force_close()
     return reply

@@ -166,7 +166,9 @@ class OtlpReceiver(RequestPath):
     def _start_http(self, host: str, port: int) -> None:
         tls = self._certs.ssl_context if self._certs is not None else None
         cfg, limit = self.config.http, self.max_request_bytes
-        self._http = HttpServer("OTLP/HTTP", host, port, self._http_request, cfg, tls=tls, max_body_bytes=limit)
+        self._http = HttpServer(
+            "OTLP/HTTP", host, port, self._http_request, cfg, tls=tls, max_body_bytes=limit, quick=self._http_quick
+        )
         self._http.start()
 
     def shutdown(self, timeout_s: float = 1.0) -> None:

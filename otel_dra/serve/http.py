@@ -16,6 +16,10 @@ and aiohttp leaves to the application, after Go's ``net/http`` (which the Collec
   size cap in :func:`read_body`; header line and count limits in the parser.
 - **no spin at the fd limit**: asyncio stops accepting for a second when ``accept()`` fails with
   EMFILE, and keeps serving the connections it has; the log line about it is rate-limited.
+- **a quick lane** for the request a fleet gets thousands of a second, an agent's push on a kept connection:
+  parsed by the same parser, with the same limits, it is answered where its bytes arrive (``quick``, see
+  :meth:`_Connection._quick`) when the connection has no other request open; anything else, or anything
+  ``quick`` declines, goes aiohttp's way, in order.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import HttpVersion11
+from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
@@ -43,6 +48,9 @@ from otel_dra.serve.listener import BACKLOG, IdleFirstCap, LoopThread, listen_so
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+#: A request answered where it arrived (:class:`_Connection`): given the parsed head, the whole body and the
+#: connection's transport, the answer's bytes (:func:`answer`), or None to leave it to ``Handler``.
+Quick = Callable[[RawRequestMessage, bytes, asyncio.BaseTransport], bytes | None]
 T = TypeVar("T")
 
 #: Bytes read from a body at a time.
@@ -65,6 +73,8 @@ class BodyError(Exception):
         self.status = status
 
 
+#: aiohttp's ``read_bufsize`` (its default, set): a body's reader stops the socket past twice this.
+READ_BUFSIZE: Final = 1 << 16
 #: Bytes of a request's head looked at for where it ends (the parser refuses heads longer than this anyway).
 MAX_WATCHED_HEAD: Final = 64 << 10
 
@@ -234,22 +244,31 @@ class Answer(web.StreamResponse):
         """Written whole by :meth:`prepare`."""
 
 
-#: Per content type: the second its head was made in, and the head (up to Content-Length's value).
-_HEADS: dict[str, tuple[int, bytes]] = {}
+#: Per status and content type: the second its head was made in, and the head (up to Content-Length's value).
+_HEADS: dict[tuple[int, str], tuple[int, bytes]] = {}
+
+
+def answer(status: int, content_type: str, body: bytes) -> bytes:
+    """A whole keep-alive HTTP/1.1 answer, head and body, from a head made once a second per status and
+    content type (the date is the only thing in it that changes)."""
+    now = int(time.time())
+    made, head = _HEADS.get((status, content_type), (-1, b""))
+    if made != now:
+        date = formatdate(now, usegmt=True)
+        phrase = HTTPStatus(status).phrase
+        head = (
+            f"HTTP/1.1 {status} {phrase}\r\nContent-Type: {content_type}\r\nDate: {date}\r\nServer: {SERVER}\r\n"
+        ).encode()
+        _HEADS[(status, content_type)] = (now, head)  # (one tuple replaced: safe across the servers' loop threads)
+    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
 
 
 def ok(request: web.BaseRequest, content_type: str, body: bytes) -> web.StreamResponse:
-    """``200 OK`` with ``body``: an :class:`Answer` from a head made once a second for a keep-alive HTTP/1.1
-    request (the usual), aiohttp's ``Response`` otherwise (it says ``Connection: close`` when it closes)."""
+    """``200 OK`` with ``body``: an :class:`Answer` (:func:`answer`) for a keep-alive HTTP/1.1 request (the
+    usual), aiohttp's ``Response`` otherwise (it says ``Connection: close`` when it closes)."""
     if not request.keep_alive or request.version != HttpVersion11:
         return web.Response(body=body, content_type=content_type)
-    now = int(time.time())
-    made, head = _HEADS.get(content_type, (-1, b""))
-    if made != now:
-        date = formatdate(now, usegmt=True)
-        head = f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nDate: {date}\r\nServer: {SERVER}\r\n".encode()
-        _HEADS[content_type] = (now, head)  # (one tuple replaced: safe across the servers' loop threads)
-    return Answer(b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
+    return Answer(answer(200, content_type, body))
 
 
 class _Connection(RequestHandler):
@@ -268,6 +287,7 @@ class _Connection(RequestHandler):
         self._chunks: ChunkSizes | None = None
         self.body: StreamReader | None = None  # the request's body, once its handler runs
         self.refused_body: BodyError | None = None
+        self._held: object | None = None  # a request kept from aiohttp's loop until its body is whole
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.arm()
@@ -278,7 +298,91 @@ class _Connection(RequestHandler):
             self.arm()
         if self.owner.max_body_bytes is not None and self.refused_body is None:
             self._watch(data)
-        super().data_received(data)
+        waiter, held = self._waiter, self._held
+        if held is not None and not (self._messages and self._messages[0] is held):
+            held = self._held = None  # (aiohttp's loop, starting late, took it)
+        idle = (
+            held is None
+            and not self._messages
+            and (self._request_count == 0 or (waiter is not None and not waiter.done()))
+        )
+        if self.owner.quick is None or not (idle or held):
+            super().data_received(data)  # a request in flight (its answer not yet written), or none taken quick
+            return
+        # Idle (aiohttp's loop waits for a request, or has not started and none came), or a request held for the
+        # rest of its body: parse with aiohttp's parser, its limits and refusals, but keep the loop asleep until
+        # it is known whether the request is one answered here.
+        self._waiter = None
+        try:
+            super().data_received(data)
+        finally:
+            self._waiter = waiter
+        if not self._messages:
+            return
+        if len(self._messages) == 1:
+            taken = self._quick()
+            if taken is not False:
+                self._held = self._messages[0] if taken is None else None
+                return
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The requests parsed go aiohttp's way: wake its loop."""
+        self._held = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _quick(self) -> bool | None:
+        """Answer the one request parsed, here and now (True), when it is keep-alive HTTP/1.1 with a
+        ``Content-Length``, its body is whole, and the server's ``quick`` takes it; None: hold it for the rest
+        of a small body (a client may send the head and the body apart, as Python's ``http.client`` does); False:
+        aiohttp's way. Why: aiohttp's way (a request object, a task, a response and its writer) took more CPU
+        than decoding a node's push (the profile in BENCHMARKS.md's notes on #32). What its loop does after an
+        answer is done here: the parser's slot freed, the idle timeout restarted, the connection idle again for
+        the cap."""
+        message, payload = self._messages[0]
+        if (
+            not isinstance(message, RawRequestMessage)  # (a parser refusal: aiohttp answers it)
+            or message.should_close
+            or message.version != HttpVersion11
+            or message.chunked
+            or message.upgrade
+            or "Expect" in message.headers
+            or self.transport is None
+        ):
+            return False
+        if not payload.is_eof():
+            # Held while its body fits the reader's buffer (past it, the reader stops the socket: only aiohttp's
+            # loop reading it would start it again), and at most until the header timeout (_headers_late).
+            return None if int(message.headers.get("Content-Length", "0")) <= READ_BUFSIZE else False
+        quick = self.owner.quick
+        assert quick is not None
+        self._held = None  # (reading the body calls data_received again, through aiohttp's resume_reading)
+        body = payload.read_nowait()
+        reply = quick(message, body, self.transport)
+        if reply is None:  # (its body, read, goes back to aiohttp's way in a reader of its own)
+            again = StreamReader(self, READ_BUFSIZE, loop=self._loop)
+            again.feed_data(body)
+            again.feed_eof()
+            self._messages[0] = (message, again)
+            return False
+        self._messages.popleft()
+        consumed = getattr(self._parser, "message_consumed", None)  # (aiohttp 3.14.3 on: frees a pipelining slot)
+        if consumed is not None:
+            consumed()
+        self.owner.requests_count += 1
+        # The next request's head is timed from its next byte (a head begun in this request's last piece and
+        # left unfinished is closed at the idle timeout).
+        self.disarm()
+        self.answered()
+        self.owner.cap.idle(self)
+        self.transport.write(reply)
+        self._keepalive = True
+        self._next_keepalive_close_time = close_time = self._loop.time() + self._keepalive_timeout
+        if self._keepalive_handle is None:
+            self._keepalive_handle = self._loop.call_at(close_time, self._process_keepalive)
+        return True
 
     def _watch(self, data: bytes) -> None:
         """Find where the next request's headers end and, when its body is chunked, follow its chunk sizes."""
@@ -336,7 +440,9 @@ class _Connection(RequestHandler):
 
     def _headers_late(self) -> None:
         self.header_timer = None
-        if not self.busy:
+        if self._held is not None:  # its body is late: aiohttp's way reads the rest, or answers 408
+            self._hand_over()
+        elif not self.busy:
             self.owner.count("header_timeouts")
             self.force_close()
 
@@ -362,11 +468,13 @@ class _Server(web.Server):
         config: HttpServerConfig,
         counts: dict[str, int],
         max_body_bytes: int | None = None,
+        quick: Quick | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(self._handle, **kwargs)
         self.config = config
         self.max_body_bytes = max_body_bytes
+        self.quick = quick
         self._user_handler = handler
         self._counts = counts
         self.cap: IdleFirstCap[RequestHandler] = IdleFirstCap(config.connections(), _force_close, counts)
@@ -417,7 +525,9 @@ class HttpServer:
     ``tls``: called for each new connection's context (the newest certificate; see
     :mod:`otel_dra.receivers.tls`). ``workers``: threads for :meth:`offload`. ``max_body_bytes``: the body
     limit its handler reads with (:func:`read_body`); given, a chunk declared past it is refused (413) as
-    soon as its size arrives.
+    soon as its size arrives. ``quick``: answers the requests it takes where they arrive, on the event loop,
+    without aiohttp's request and response objects (:meth:`_Connection._quick` says which it is offered);
+    ``handler`` answers the rest.
     """
 
     def __init__(
@@ -431,8 +541,10 @@ class HttpServer:
         tls: Callable[[], ssl.SSLContext] | None = None,
         workers: int = 1,
         max_body_bytes: int | None = None,
+        quick: Quick | None = None,
     ) -> None:
         self.name = name
+        self._quick = quick
         self.config = config or HttpServerConfig()
         self._handler = handler
         self._tls = tls
@@ -470,12 +582,14 @@ class HttpServer:
             cfg,
             self._counts,
             self._max_body_bytes,
+            self._quick,
             keepalive_timeout=cfg.idle_timeout_s,
             max_line_size=cfg.max_header_line_bytes,
             max_field_size=cfg.max_header_line_bytes,
             max_headers=cfg.max_headers,
             auto_decompress=False,  # bodies are inflated by gunzip(), bounded
             lingering_time=LINGER_S,
+            read_bufsize=READ_BUFSIZE,
             access_log=None,
         )
         context = per_connection_tls(self._tls) if self._tls is not None else None

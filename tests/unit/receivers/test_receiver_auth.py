@@ -6,6 +6,7 @@ certificates made by trustme (and one with a URI name, made with cryptography)."
 from __future__ import annotations
 
 import datetime
+import http.client
 import logging
 import ssl
 import time
@@ -205,6 +206,27 @@ def test_the_forged_post_without_the_token_is_refused_on_both_transports(start_r
     lines = [r.getMessage() for r in caplog.records if "unauthenticated request" in r.getMessage()]
     assert len(lines) == 6 and all("\n" not in line for line in lines)
     assert "no authorization header" in lines[0] and "a wrong token" in lines[1]
+
+
+def test_a_push_on_a_kept_connection_needs_the_token_too(start_receiver, token_file):
+    """The SDK exporter keeps its connection, and such pushes are answered where they arrive: without the
+    token, or with a wrong one, they are still refused (401, counted), and the token holder's goes in."""
+    receiver, inbox = start_receiver(auth=ReceiverAuth(str(token_file)), grpc_endpoint=None)
+    body = node_request("node-0002", T0).SerializeToString()
+    for headers, status in (
+        ({}, 401),
+        ({"Authorization": "Bearer wrong"}, 401),
+        ({"Authorization": f"Bearer {TOKEN}"}, 200),
+    ):
+        conn = http.client.HTTPConnection("127.0.0.1", receiver.http_port, timeout=5)
+        conn.request("POST", "/v1/metrics", body, {"Content-Type": "application/x-protobuf", **headers})
+        reply = conn.getresponse()
+        assert (reply.status, reply.will_close) == (status, status == 401), headers
+        reply.read()
+        conn.close()
+    requests = receiver.stats()["requests"]
+    assert requests[("http", "unauthenticated")] == 2 and requests[("http", "ok")] == 1
+    assert len(inbox.frames("node-0002")) == 1
 
 
 def test_the_token_file_is_read_again_when_it_changes(start_receiver, token_file, caplog):

@@ -5,6 +5,7 @@ OpenTelemetry SDK exporters (fed by the agent's own metric sink) or forwarded by
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,7 +56,7 @@ from otel_dra.decode.limits import LIMIT_REASONS
 from otel_dra.decode.otlp_proto import MalformedRequest, OtlpProtoDecoder
 from otel_dra.frame import Column, Frame, Schema, attrs_of
 from otel_dra.receivers.factory import new_receiver as OtlpReceiver
-from otel_dra.receivers.handlers import GRPC_METHOD, GRPC_SERVICE
+from otel_dra.receivers.handlers import GRPC_METHOD, GRPC_SERVICE, RequestPath
 from otel_dra.receivers.telemetry import CONNECTIONS, POINTS, REFUSED, REQUESTS
 from otel_dra.sinks import provider
 from otel_dra.sinks.metrics import MetricsSink
@@ -378,6 +380,42 @@ def test_bad_points_are_a_partial_success_with_the_count_and_one_line(start_rece
     answer = json.loads(body)["partialSuccess"]
     assert int(answer["rejectedDataPoints"]) == bad - 1 and "NaN" in answer["errorMessage"]
     assert receiver.stats()["points"] == {"accepted": 2 + 2 + 2, "rejected": bad * 2 + bad - 1, "ignored": 0}
+
+
+def test_a_push_on_a_keep_alive_connection_is_answered_where_it_arrives_as_the_handler_answers_it(
+    start_receiver, monkeypatch
+):
+    """An agent's exporter keeps its connection: its pushes are answered on the event loop as they arrive
+    (``_http_quick``), and each answer and count is the one the handler gives the same bytes on a
+    ``Connection: close`` request (urllib's), which goes the handler's way: a success, bytes that don't parse,
+    a partial success; one over the size limit is left to the handler, which refuses it."""
+    taken: list[bool] = []
+    quick = RequestPath._http_quick
+
+    def counted(self, message, body, transport):
+        reply = quick(self, message, body, transport)
+        taken.append(reply is not None)
+        return reply
+
+    monkeypatch.setattr(RequestPath, "_http_quick", counted)
+    receiver, inbox = start_receiver(max_request_bytes=4096)
+    partial, _ = mixed_request()
+    big = req(resource("node-1", gauge("hw.power", *[pt(gpu(f"gpu-{i}"), 1.0) for i in range(60)]))).SerializeToString()
+    conn = http.client.HTTPConnection("127.0.0.1", receiver.http_port, timeout=5)
+    for body in (GOOD.SerializeToString(), b"\xff" * 20, partial.SerializeToString(), big):
+        before = Counter(receiver.stats()["requests"])
+        conn.request("POST", "/v1/metrics", body, {"Content-Type": "application/x-protobuf"})
+        reply = conn.getresponse()
+        kept = (reply.status, reply.read())
+        if reply.will_close:
+            conn.close()
+        between = Counter(receiver.stats()["requests"])
+        assert post(receiver.http_port, body) == kept
+        assert Counter(receiver.stats()["requests"]) - between == between - before
+    assert kept[0] == 413
+    assert taken == [True, True, True, False]
+    assert receiver.stats()["connections"]["http"]["accepted"] == 1 + 4, "the keep-alive pushes shared one connection"
+    assert len(inbox.frames()) == 4
 
 
 def self_telemetry_points(request: ExportMetricsServiceRequest) -> tuple[int, set[str]]:

@@ -4,6 +4,7 @@ after inflation, and the server shuts down with connections still held."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import http.client
 import socket
@@ -13,11 +14,12 @@ from email.utils import parsedate_to_datetime
 
 import pytest
 from aiohttp import web
+from aiohttp.http import RawRequestMessage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_dra.serve.config import AUTO_MAX_CONNECTIONS, AUTO_MIN_CONNECTIONS, HttpServerConfig
-from otel_dra.serve.http import BodyError, ChunkSizes, HttpServer, gunzip, ok, read_body
+from otel_dra.serve.http import BodyError, ChunkSizes, HttpServer, answer, gunzip, ok, read_body
 from tests.support.sockets import exchange
 
 LIMIT = 1000
@@ -267,5 +269,165 @@ def test_an_answer_from_a_prebuilt_head_says_what_aiohttps_response_says_and_kee
             reply, took = exchange(srv.port, f"{ask}\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
             assert reply.startswith((b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 200 OK\r\n")) and took < 2, reply
             assert b"Content-Length: 0\r\n" in reply and (b"Connection: close" in reply or b"HTTP/1.0" in reply)
+    finally:
+        srv.shutdown(1.0)
+
+
+# -- requests answered where they arrive (``quick``) --------------------------------------------------------------
+def quick_server(**config: float) -> tuple[HttpServer, list[bytes]]:
+    """A server whose ``quick`` takes ``POST /quick`` (not a body saying ``decline``) and whose handler says
+    ``slow`` for the rest, after a pause for ``/wait``; ``taken``: the bodies ``quick`` answered."""
+    taken: list[bytes] = []
+
+    def quick(message: RawRequestMessage, body: bytes, transport: object) -> bytes | None:
+        if message.path != "/quick" or body == b"decline":
+            return None
+        taken.append(body)
+        return answer(200, "application/x-protobuf", b"quick " + body)
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            body = await read_body(request, LIMIT, request.protocol.owner.config.body_timeout_s)
+        except BodyError as exc:
+            return web.Response(status=exc.status, text=str(exc))
+        if request.path == "/wait":
+            await asyncio.sleep(0.3)
+        return web.Response(body=b"slow " + body, content_type="application/x-protobuf")
+
+    settings = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "idle_timeout_s": 3.0, **config}
+    srv = HttpServer("test server", "127.0.0.1", 0, handler, HttpServerConfig(**settings), quick=quick)
+    srv.start()
+    return srv, taken
+
+
+def keep_alive(path: str, body: bytes, *headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def test_a_whole_request_is_answered_where_it_arrives_as_aiohttp_would_and_the_rest_by_the_handler():
+    """On one keep-alive connection: ``quick`` answers what it takes, with the head aiohttp's ``Response``
+    gives (but the date); a request it declines after reading the body reaches the handler with that body."""
+    srv, taken = quick_server()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+        heads = {}
+        for path, body, said in (
+            ("/quick", b"abc", b"quick abc"),
+            ("/other", b"abc", b"slow abc"),
+            ("/quick", b"decline", b"slow decline"),
+            ("/quick", b"", b"quick "),
+            ("/quick", b"\x0a\x02%s", b"quick \x0a\x02%s"),
+        ):
+            conn.request("POST", path, body, {"Content-Type": "application/x-protobuf"})
+            reply = conn.getresponse()
+            assert (reply.status, reply.reason, reply.read()) == (200, "OK", said), path
+            assert not reply.will_close
+            heads[said[:5]] = {k: v for k, v in reply.getheaders() if k not in ("Date", "Content-Length")}
+        assert taken == [b"abc", b"", b"\x0a\x02%s"]
+        assert heads[b"quick"] == heads[b"slow "] == {"Content-Type": "application/x-protobuf", "Server": "otel-dra"}
+        assert srv.stats()["accepted"] == 1
+        conn.close()
+    finally:
+        srv.shutdown(1.0)
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [
+        "Connection: close",
+        "Transfer-Encoding: chunked",
+        "Expect: 100-continue",
+        "HTTP/1.0",
+    ],
+)
+def test_requests_that_are_not_a_plain_keep_alive_push_go_the_handlers_way(ask):
+    srv, taken = quick_server()
+    try:
+        if ask == "HTTP/1.0":
+            data = b"POST /quick HTTP/1.0\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+        elif ask.startswith("Transfer"):
+            data = (
+                b"POST /quick HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+                % ask.encode()
+            )
+        else:
+            data = keep_alive("/quick", b"abc", ask, "Connection: close")
+        reply, _ = exchange(srv.port, data)
+        reply = reply.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
+        assert reply.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")) and reply.endswith(b"slow abc"), reply
+        assert taken == []
+    finally:
+        srv.shutdown(1.0)
+
+
+def test_a_head_and_its_body_sent_apart_are_answered_where_they_arrive_and_a_late_body_goes_the_handlers_way():
+    """Python's ``http.client`` (under the SDK exporter's ``requests``) sends a request's head and body in two
+    writes: the request is held for its body, then answered where it arrived. A body that does not come by the
+    header timeout goes to the handler, which waits its body timeout and answers 408."""
+    srv, taken = quick_server(header_timeout_s=0.5, body_timeout_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            request = keep_alive("/quick", b"abcdef")
+            for cut in (10, len(request) - 6, len(request) - 2):
+                s.sendall(request[:cut])
+                time.sleep(0.05)
+                s.sendall(request[cut:])
+                assert s.recv(1000).endswith(b"quick abcdef")
+            s.sendall(request[:-2])
+            started = time.monotonic()
+            reply = s.recv(1000)
+            assert reply.startswith(b"HTTP/1.1 408") and 0.8 < time.monotonic() - started < 2.0, reply
+        assert taken == [b"abcdef"] * 3
+        assert srv.stats()["header_timeouts"] == 0
+    finally:
+        srv.shutdown(1.0)
+
+
+def test_answers_keep_the_order_of_the_requests():
+    """Pipelined requests, and a push arriving while the handler still works on the one before it: each is
+    answered after the one before (a quick answer written first would be read as the earlier one's)."""
+    srv, _ = quick_server()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(keep_alive("/quick", b"1") + keep_alive("/quick", b"2"))  # two in one segment
+            s.sendall(keep_alive("/wait", b"3"))
+            time.sleep(0.1)  # the handler is pausing on /wait
+            s.sendall(keep_alive("/quick", b"4"))
+            time.sleep(0.5)
+            s.sendall(keep_alive("/quick", b"5", "Connection: close"))
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+        bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in got.split(b"HTTP/1.1 ")[1:]]
+        assert [b[-1:] for b in bodies] == [b"1", b"2", b"3", b"4", b"5"], got
+        assert b"quick 4" not in got  # it waited behind /wait: the handler answered it
+    finally:
+        srv.shutdown(1.0)
+
+
+def test_after_quick_answers_the_idle_and_header_timeouts_still_hold():
+    """Pushes every 0.4 s keep a connection with a 1 s idle timeout open; then it is closed when idle. A
+    next request's head that never ends is cut off at the header timeout, timed from its last piece's arrival."""
+    srv, taken = quick_server(idle_timeout_s=1.0, header_timeout_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            for i in range(6):
+                s.sendall(keep_alive("/quick", b"%d" % i))
+                assert s.recv(1000).endswith(b"quick %d" % i)
+                time.sleep(0.4)
+            started = time.monotonic()
+            assert s.recv(1000) == b""
+            assert 0.4 < time.monotonic() - started < 1.0
+        assert len(taken) == 6
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(keep_alive("/quick", b"x") + b"POST /quick HTTP/1.1\r\n")
+            assert s.recv(1000).endswith(b"quick x")
+            time.sleep(0.3)
+            s.sendall(b"Host: x\r\n")  # the next head, trickled: timed from this byte
+            started = time.monotonic()
+            assert s.recv(1000) == b""
+            assert 0.4 < time.monotonic() - started < 0.65  # (the idle timeout would have been 0.7 s from now)
+        assert srv.stats()["header_timeouts"] == 1
     finally:
         srv.shutdown(1.0)
