@@ -368,9 +368,8 @@ class _Connection(RequestHandler):
             self._messages[0] = (message, again)
             return False
         self._messages.popleft()
-        consumed = getattr(self._parser, "message_consumed", None)  # (aiohttp 3.14.3 on: frees a pipelining slot)
-        if consumed is not None:
-            consumed()
+        if self._parser is not None:
+            self._parser.message_consumed()  # (frees the parser's slot for a pipelined request)
         self.owner.requests_count += 1
         # The next request's head is timed from its next byte (a head begun in this request's last piece and
         # left unfinished is closed at the idle timeout).
