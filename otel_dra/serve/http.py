@@ -73,8 +73,9 @@ class BodyError(Exception):
         self.status = status
 
 
-#: aiohttp's ``read_bufsize`` (its default, set): a body's reader stops the socket past twice this.
-READ_BUFSIZE: Final = 1 << 16
+#: aiohttp's ``read_bufsize`` (its default is 64 kB): a body's reader stops the socket past twice this, so a request
+#: held for its body (:meth:`_Connection._quick`) may be this large. An agent's push of 8 GPUs is ~150 kB.
+READ_BUFSIZE: Final = 256 << 10
 #: Bytes of a request's head looked at for where it ends (the parser refuses heads longer than this anyway).
 MAX_WATCHED_HEAD: Final = 64 << 10
 
