@@ -355,8 +355,10 @@ class _Connection(RequestHandler):
             return False
         if not payload.is_eof():
             # Held while its body fits the reader's buffer (past it, the reader stops the socket: only aiohttp's
-            # loop reading it would start it again), and at most until the header timeout (_headers_late).
-            return None if int(message.headers.get("Content-Length", "0")) <= READ_BUFSIZE else False
+            # loop reading it would start it again) and the body limit (past it, aiohttp's way refuses it before
+            # it is sent), and at most until the header timeout (_headers_late).
+            limit = min(READ_BUFSIZE, self.owner.max_body_bytes or READ_BUFSIZE)
+            return None if int(message.headers.get("Content-Length", "0")) <= limit else False
         quick = self.owner.quick
         assert quick is not None
         self._held = None  # (reading the body calls data_received again, through aiohttp's resume_reading)

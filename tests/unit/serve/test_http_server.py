@@ -274,7 +274,7 @@ def test_an_answer_from_a_prebuilt_head_says_what_aiohttps_response_says_and_kee
 
 
 # -- requests answered where they arrive (``quick``) --------------------------------------------------------------
-def quick_server(**config: float) -> tuple[HttpServer, list[bytes]]:
+def quick_server(max_body_bytes: int | None = None, **config: float) -> tuple[HttpServer, list[bytes]]:
     """A server whose ``quick`` takes ``POST /quick`` (not a body saying ``decline``) and whose handler says
     ``slow`` for the rest, after a pause for ``/wait``; ``taken``: the bodies ``quick`` answered."""
     taken: list[bytes] = []
@@ -295,7 +295,9 @@ def quick_server(**config: float) -> tuple[HttpServer, list[bytes]]:
         return web.Response(body=b"slow " + body, content_type="application/x-protobuf")
 
     settings = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "idle_timeout_s": 3.0, **config}
-    srv = HttpServer("test server", "127.0.0.1", 0, handler, HttpServerConfig(**settings), quick=quick)
+    srv = HttpServer(
+        "test server", "127.0.0.1", 0, handler, HttpServerConfig(**settings), quick=quick, max_body_bytes=max_body_bytes
+    )
     srv.start()
     return srv, taken
 
@@ -380,6 +382,21 @@ def test_a_head_and_its_body_sent_apart_are_answered_where_they_arrive_and_a_lat
             assert reply.startswith(b"HTTP/1.1 408") and 0.8 < time.monotonic() - started < 2.0, reply
         assert taken == [b"abcdef"] * 3
         assert srv.stats()["header_timeouts"] == 0
+    finally:
+        srv.shutdown(1.0)
+
+
+def test_a_head_declaring_a_body_past_the_limit_is_not_held_for_it():
+    """Refused at once (413, before a byte of the body is sent), as without the lane, not after waiting for it."""
+    srv, taken = quick_server(max_body_bytes=LIMIT)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            started = time.monotonic()
+            s.sendall(b"POST /quick HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+            reply = s.recv(1000)
+            took = time.monotonic() - started
+        assert reply.startswith(b"HTTP/1.1 413") and took < 0.5, (reply, took)
+        assert taken == []
     finally:
         srv.shutdown(1.0)
 
