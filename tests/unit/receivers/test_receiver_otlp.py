@@ -388,7 +388,8 @@ def test_a_push_on_a_keep_alive_connection_is_answered_where_it_arrives_as_the_h
     """An agent's exporter keeps its connection: its pushes are answered on the event loop as they arrive
     (``_http_quick``), and each answer and count is the one the handler gives the same bytes on a
     ``Connection: close`` request (urllib's), which goes the handler's way: a success, bytes that don't parse,
-    a partial success; one over the size limit is left to the handler, which refuses it."""
+    a partial success; one over the size limit is left to the handler, which refuses it (offered to the lane
+    only when its head and body came in one read)."""
     taken: list[bool] = []
     quick = RequestPath._http_quick
 
@@ -413,7 +414,7 @@ def test_a_push_on_a_keep_alive_connection_is_answered_where_it_arrives_as_the_h
         assert post(receiver.http_port, body) == kept
         assert Counter(receiver.stats()["requests"]) - between == between - before
     assert kept[0] == 413
-    assert taken == [True, True, True, False]
+    assert taken[:3] == [True, True, True] and not any(taken[3:])  # (the big one: declined, or never offered)
     assert receiver.stats()["connections"]["http"]["accepted"] == 1 + 4, "the keep-alive pushes shared one connection"
     assert len(inbox.frames()) == 4
 
