@@ -44,9 +44,15 @@ def server() -> Iterator[HttpServer]:
     srv.shutdown(1.0)
 
 
-def post(body: bytes, *headers: str) -> bytes:
-    lines = ["POST / HTTP/1.1", "Host: x", "Connection: close", f"Content-Length: {len(body)}", *headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+def post(body: bytes, *headers: str, path: str = "/", close: bool = True) -> bytes:
+    """A whole request; ``close``: it asks for the connection to be closed after its answer."""
+    lines = [
+        f"POST {path} HTTP/1.1",
+        "Host: x",
+        *(["Connection: close"] if close else []),
+        f"Content-Length: {len(body)}",
+    ]
+    return ("\r\n".join([*lines, *headers]) + "\r\n\r\n").encode() + body
 
 
 def test_a_request_is_served_and_the_server_says_who_it_is(server):
@@ -302,11 +308,6 @@ def quick_server(max_body_bytes: int | None = None, **config: float) -> tuple[Ht
     return srv, taken
 
 
-def keep_alive(path: str, body: bytes, *headers: str) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}", *headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
 def test_a_whole_request_is_answered_where_it_arrives_as_aiohttp_would_and_the_rest_by_the_handler():
     """On one keep-alive connection: ``quick`` answers what it takes, with the head aiohttp's ``Response``
     gives (but the date); a request it declines after reading the body reaches the handler with that body."""
@@ -354,7 +355,7 @@ def test_requests_that_are_not_a_plain_keep_alive_push_go_the_handlers_way(ask):
                 % ask.encode()
             )
         else:
-            data = keep_alive("/quick", b"abc", ask, "Connection: close")
+            data = post(b"abc", ask, path="/quick")
         reply, _ = exchange(srv.port, data)
         reply = reply.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
         assert reply.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")) and reply.endswith(b"slow abc"), reply
@@ -370,7 +371,7 @@ def test_a_head_and_its_body_sent_apart_are_answered_where_they_arrive_and_a_lat
     srv, taken = quick_server(header_timeout_s=0.5, body_timeout_s=0.5)
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
-            request = keep_alive("/quick", b"abcdef")
+            request = post(b"abcdef", path="/quick", close=False)
             for cut in (10, len(request) - 6, len(request) - 2):
                 s.sendall(request[:cut])
                 time.sleep(0.05)
@@ -407,12 +408,14 @@ def test_answers_keep_the_order_of_the_requests():
     srv, _ = quick_server()
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
-            s.sendall(keep_alive("/quick", b"1") + keep_alive("/quick", b"2"))  # two in one segment
-            s.sendall(keep_alive("/wait", b"3"))
+            s.sendall(
+                post(b"1", path="/quick", close=False) + post(b"2", path="/quick", close=False)
+            )  # two in one segment
+            s.sendall(post(b"3", path="/wait", close=False))
             time.sleep(0.1)  # the handler is pausing on /wait
-            s.sendall(keep_alive("/quick", b"4"))
+            s.sendall(post(b"4", path="/quick", close=False))
             time.sleep(0.5)
-            s.sendall(keep_alive("/quick", b"5", "Connection: close"))
+            s.sendall(post(b"5", path="/quick"))
             got = b""
             while chunk := s.recv(65536):
                 got += chunk
@@ -430,7 +433,7 @@ def test_after_quick_answers_the_idle_and_header_timeouts_still_hold():
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
             for i in range(6):
-                s.sendall(keep_alive("/quick", b"%d" % i))
+                s.sendall(post(b"%d" % i, path="/quick", close=False))
                 assert s.recv(1000).endswith(b"quick %d" % i)
                 time.sleep(0.4)
             started = time.monotonic()
@@ -438,7 +441,7 @@ def test_after_quick_answers_the_idle_and_header_timeouts_still_hold():
             assert 0.7 < time.monotonic() - started < 1.45  # (1.5 s from the last answer)
         assert len(taken) == 6
         with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
-            s.sendall(keep_alive("/quick", b"x") + b"POST /quick HTTP/1.1\r\n")
+            s.sendall(post(b"x", path="/quick", close=False) + b"POST /quick HTTP/1.1\r\n")
             assert s.recv(1000).endswith(b"quick x")
             time.sleep(0.3)
             s.sendall(b"Host: x\r\n")  # the next head, trickled: timed from this byte
