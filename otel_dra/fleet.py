@@ -208,7 +208,7 @@ class Fleet:
                 cfg.endpoint,
                 3 * cfg.evaluate_every_s + 5,
                 self.routes(),
-                extra=lambda: verdict_text.chunks(self.board.snapshot()),
+                extra=lambda: verdict_text.exposition(self.board.snapshot()),
                 description="The otel-dra fleet: verdicts for every node that pushes to it.",
                 extra_version=lambda: self.board.version,  # (the verdict text changes only with the board)
             )

@@ -25,7 +25,6 @@ its modules imported already), else a new interpreter (~0.1 s of start and impor
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import pickle
 import signal
@@ -47,6 +46,7 @@ from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
 from otel_dra.decode.otlp_json import OtlpJsonDecoder
 from otel_dra.decode.result import DecodeError
+from otel_dra.forked import can_fork, in_child, usable_cpus
 from otel_dra.frame import DeviceTable, Frame, Schema, stacked
 
 #: Lines a step holds at most (a pipe write each: few enough to keep the judge's side busy, small enough to keep
@@ -287,8 +287,7 @@ def _start_for_here() -> Start:
     """Fork where the platform has it and this process runs no other thread (a fork copies the calling thread
     alone: a lock another thread held would stay held in the copy), and not on macOS (its system libraries are
     not safe to use after a fork); otherwise a new interpreter."""
-    forkable = hasattr(os, "fork") and sys.platform.startswith("linux")
-    return "fork" if forkable and threading.active_count() == 1 else "exec"
+    return "fork" if can_fork() and threading.active_count() == 1 else "exec"
 
 
 def _exec(paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: int) -> tuple[_Child, IO[bytes]]:
@@ -341,10 +340,7 @@ def _fork(paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: in
         code = 1
         try:
             os.close(reader)
-            # The caller's signal handlers are not this process's: Ctrl-C stops it, as terminate() does.
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            gc.freeze()  # (the copied objects are not collected here: their pages stay shared, not copied)
+            in_child()  # (Ctrl-C stops it, as terminate() does; what it was born with is never collected)
             sys.stdout = sys.stderr  # (the pipe is the messages' alone)
             with open(writer, "wb") as out:
                 code = _serve(out, paths, limits, max_tables, every_ns)
@@ -355,7 +351,7 @@ def _fork(paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: in
 
 
 def _worth_a_process(paths: Sequence[Path]) -> bool:
-    if _usable_cpus() < 2:
+    if usable_cpus() < 2:
         return False
     size = 0
     for path in paths:
@@ -364,27 +360,6 @@ def _worth_a_process(paths: Sequence[Path]) -> bool:
         except OSError:  # read_lines says what is wrong with it, in either mode
             return False
     return size >= MIN_PROCESS_BYTES
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may use: its affinity (a cpuset), and a container's CPU quota (cgroup v2 ``cpu.max``,
-    v1 ``cpu.cfs_quota_us``) where one is set: a pod limited to one CPU gains nothing from a second process."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-    quota = _cgroup_quota()
-    return min(cpus, max(1, int(quota))) if quota is not None else cpus
-
-
-def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """The CPU quota of this process's cgroup in CPUs (quota / period), None where none is set or readable."""
-    with contextlib.suppress(OSError, ValueError):
-        quota, period = (root / "cpu.max").read_text().split()[:2]  # v2: "max 100000" or "150000 100000"
-        return None if quota == "max" else int(quota) / int(period)
-    with contextlib.suppress(OSError, ValueError):
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())  # v1: -1 for none
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return None if quota_us <= 0 else quota_us / period_us
-    return None
 
 
 def _count(decoder: OtlpJsonDecoder, totals: DecodeTotals) -> DecodeTotals:

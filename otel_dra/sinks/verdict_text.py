@@ -19,15 +19,18 @@ from its resource.
 from __future__ import annotations
 
 import bisect
+import logging
 import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from zlib_ng import zlib_ng
 
 from otel_dra import conventions as cv
+from otel_dra import forked
 from otel_dra.classifier import Verdict
 from otel_dra.frame import FrozenAttrs
 from otel_dra.sinks._mapping import prometheus_label
+from otel_dra.sinks.exposition import Gzipped, gzip_packer
 from otel_dra.sinks.verdict_metrics import HEALTH_KEYS, health_attributes
 from otel_dra.vocabulary import HW_STATES
 
@@ -42,6 +45,13 @@ _VALUES = {i: tuple("1" if j == i else "0" for j in range(len(HW_STATES))) for i
 _STATE_INDEX = {state: i for i, state in enumerate(HW_STATES)}
 #: Devices whose lines :meth:`VerdictText.chunks` makes at a time.
 BATCH = 2048
+#: A fleet this large has its text made on two cores (:meth:`VerdictText.gzipped`); below it the fork and the
+#: compressing cost more than half a rendering saves (20,000 devices: ~0.3 s on one core).
+SPLIT_MIN_DEVICES = 20_000
+#: How long the forked copy may take to make its half before this process makes it instead.
+SPLIT_TIMEOUT_S = 60.0
+_STATUS_HEAD = f"# HELP {_STATUS} {cv.HW_STATUS.description}\n# TYPE {_STATUS} gauge\n".encode()
+_HEALTH_HEAD = f"# HELP {_HEALTH} {cv.DRA_DEVICE_HEALTH.description}\n# TYPE {_HEALTH} gauge\n".encode()
 #: Distinct (health, reasons, remediation, scope, group) whose label text is kept for every device to share
 #: (groups are nodes, workloads, links, firmware versions: a node's devices share one).
 _MAX_HEALTH_TEXTS = 10_000
@@ -49,6 +59,8 @@ _MAX_HEALTH_TEXTS = 10_000
 _MAX_SHAPES = 1_000
 
 HealthTexts = dict[tuple[object, ...], str]
+
+log = logging.getLogger(__name__)
 
 
 def _escape(value: str) -> str:
@@ -190,7 +202,10 @@ class VerdictText:
     def _lines(self, verdict: Verdict, attrs: Mapping[str, str]) -> tuple[str, str]:
         """A device's five ``hw_status`` lines and its ``dra_device_health`` line, from one look at its labels
         (the hot loop of a render: 100,000 calls for a fleet's, so written out rather than in helpers)."""
-        keys, values = _keys_values(attrs)
+        if type(attrs) is FrozenAttrs and (pairs := attrs.pairs):  # (as _keys_values reads it, not called)
+            keys, values = zip(*pairs)  # noqa: B905
+        else:
+            keys, values = _keys_values(attrs)
         shape = self._shapes.get(keys) or self._shape(keys)
         if shape is None:
             base = _identity(verdict, attrs)
@@ -212,14 +227,14 @@ class VerdictText:
 
     def chunks(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]], batch: int = BATCH) -> Iterator[bytes]:
         """:meth:`render`'s text in pieces of ``batch`` devices' lines, made as they are read: what a fleet
-        of 100,000 devices renders (some 250 MB of text) need never be held at once
+        of 100,000 devices renders (some 330 MB of text) need never be held at once
         (:class:`~otel_dra.sinks.exposition.ExpositionCache` compresses it as it comes).
 
         Each device's labels are looked at once, for both families: its ``dra_device_health`` line is made with
         its ``hw_status`` lines and held until that family's turn, compressed (a fortieth of its size; inflating
         it again costs a fifth of looking at the labels a second time)."""
         pairs = list(verdicts)
-        yield f"# HELP {_STATUS} {cv.HW_STATUS.description}\n# TYPE {_STATUS} gauge\n".encode()
+        yield _STATUS_HEAD
         held = zlib_ng.compressobj(1)
         packed: list[bytes] = []
         for at in range(0, len(pairs), batch):
@@ -227,8 +242,53 @@ class VerdictText:
             yield "".join(status).encode()
             packed.append(held.compress("".join(health).encode()))
         packed.append(held.flush())
-        yield f"# HELP {_HEALTH} {cv.DRA_DEVICE_HEALTH.description}\n# TYPE {_HEALTH} gauge\n".encode()
+        yield _HEALTH_HEAD
         unpack = zlib_ng.decompressobj()
         for piece in packed:
             if text := unpack.decompress(piece):
                 yield text
+
+    def exposition(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]]) -> Iterator[bytes] | Gzipped:
+        """What :class:`~otel_dra.sinks.exposition.ExpositionCache` keeps of the verdicts: :meth:`chunks` of a
+        small fleet; a large one's text gzip-compressed (the cache keeps a large rendering so anyway), made on
+        two cores where this process has them (:meth:`gzipped`)."""
+        pairs = list(verdicts)
+        if len(pairs) < SPLIT_MIN_DEVICES or not forked.can_fork() or forked.usable_cpus() < 2:
+            return self.chunks(pairs)
+        return self.gzipped(pairs)
+
+    def gzipped(self, pairs: Sequence[tuple[Verdict, Mapping[str, str]]]) -> Gzipped:
+        """:meth:`render`'s text as four gzip members (RFC 1952's members one after another are one stream), the
+        second half of the devices' lines made by a forked copy of this process while this one makes the
+        first half's (a fleet of 100,000 devices: ~1.5 s on one core of a 2 GHz EPYC, ~0.8 s on two).
+
+        A copy that cannot be made, fails or is not done within :data:`SPLIT_TIMEOUT_S` costs a warning, and
+        this process makes that half too: the text is the same either way."""
+        half = len(pairs) // 2
+        rest = pairs[half:]
+        try:
+            copy: forked.ForkedCall | None = forked.ForkedCall(lambda: self._members(rest, heads=False))
+        except OSError as exc:
+            log.warning("rendering /metrics on one core: could not fork a copy of the fleet to share it (%s)", exc)
+            copy = None
+        ours = self._members(pairs[:half], heads=True)
+        theirs: Sequence[bytes] | None = copy.result(SPLIT_TIMEOUT_S) if copy is not None else None
+        if theirs is None or len(theirs) != 2:
+            if copy is not None:
+                log.warning("rendering /metrics: the forked copy sharing the work failed; rendering its half here")
+            theirs = self._members(rest, heads=False)
+        return Gzipped(b"".join((ours[0], theirs[0], ours[1], theirs[1])))
+
+    def _members(self, pairs: Sequence[tuple[Verdict, Mapping[str, str]]], heads: bool) -> tuple[bytes, bytes]:
+        """``pairs``' ``hw_status`` lines and their ``dra_device_health`` lines as a gzip member each (with
+        ``heads``, each family's HELP and TYPE first)."""
+        status_gz, health_gz = gzip_packer(), gzip_packer()
+        status = [status_gz.compress(_STATUS_HEAD)] if heads else []
+        health = [health_gz.compress(_HEALTH_HEAD)] if heads else []
+        for at in range(0, len(pairs), BATCH):
+            lines, health_lines = zip(*[self._lines(v, attrs) for v, attrs in pairs[at : at + BATCH]], strict=True)
+            status.append(status_gz.compress("".join(lines).encode()))
+            health.append(health_gz.compress("".join(health_lines).encode()))
+        status.append(status_gz.flush())
+        health.append(health_gz.flush())
+        return b"".join(status), b"".join(health)

@@ -79,13 +79,14 @@ def test_clean_input_prints_no_warnings_and_its_table(tmp_path: Path) -> None:
 
 
 def test_one_process_writes_what_the_default_two_process_replay_does(tmp_path: Path) -> None:
-    from otel_dra.decode.stage import MIN_PROCESS_BYTES, _usable_cpus, _worth_a_process
+    from otel_dra.decode.stage import MIN_PROCESS_BYTES, _worth_a_process
+    from otel_dra.forked import usable_cpus
 
     trace = write_trace(
         tmp_path / "t.jsonl", {"a": (4, [Fault("gpu-1", "memory_ecc", 60)]), "b": (4, [])}, 200, extra_lines=["x"]
     )
     assert trace.stat().st_size >= MIN_PROCESS_BYTES  # the default decodes it in a second process, given the core
-    assert _worth_a_process([trace]) == (_usable_cpus() >= 2)
+    assert _worth_a_process([trace]) == (usable_cpus() >= 2)
     two, one = tmp_path / "two.jsonl", tmp_path / "one.jsonl"
     default = replay(trace, "-o", two)
     single = replay(trace, "-o", one, "--one-process")

@@ -219,12 +219,12 @@ def test_a_script_without_a_main_guard_replays_once_and_its_unwritten_output_is_
     ids=["v2-none", "v2-1.5", "v1-none", "v1-1", "no-cgroup"],
 )
 def test_a_containers_cpu_quota_is_read_so_one_cpu_gets_one_process(tmp_path, files, quota):
-    from otel_dra.decode.stage import _cgroup_quota
+    from otel_dra.forked import cgroup_quota
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert _cgroup_quota(tmp_path) == quota
+    assert cgroup_quota(tmp_path) == quota
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads this process's children from /proc")

@@ -1,8 +1,12 @@
 """The fleet's own rendering of the verdict metrics says exactly what the SDK path says, the verdict's scope and
 group (contract section 4) included."""
 
+import gzip
+import os
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,9 +14,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_dra import conventions as cv
+from otel_dra import forked
 from otel_dra.classifier import Verdict
-from otel_dra.sinks import provider
+from otel_dra.sinks import provider, verdict_text
 from otel_dra.sinks._mapping import prometheus_label
+from otel_dra.sinks.exposition import Gzipped
 from otel_dra.sinks.verdict_metrics import VerdictMetrics
 from otel_dra.sinks.verdict_text import VerdictText
 from otel_dra.state.board import VerdictBoard
@@ -308,3 +314,79 @@ def test_view_disagreement_follows_the_board_and_is_not_regrouped_while_it_stand
         assert disagreeing() == {"node-1": 0.0, "node-2": 0.0} and len(groupings) == 2
     finally:
         mp.shutdown()
+
+
+def mixed_board(n: int) -> VerdictBoard:
+    """``n`` devices over two nodes, every kind of verdict, some with attributes that make whole lines."""
+    kinds = [
+        ("Healthy", "ok", (), "none", {}),
+        ("Unhealthy", "failed", ("memory_ecc",), "reset_device", {}),
+        ("Unknown", None, ("stale",), "none", {}),
+        ("Healthy", "degraded", ("thermal",), "reduce_load", NODE_SCOPE),
+        ("Unhealthy", "failed", ("power_delivery",), "reboot_node", WORKLOAD_SCOPE),
+    ]
+    verdicts = [
+        Verdict(1, f"node-{i % 2}", f"gpu-{i}", h, s, r, m, "x", **scope)
+        for i, (h, s, r, m, scope) in ((i, kinds[i % len(kinds)]) for i in range(n))
+    ]
+    board = VerdictBoard()
+    odd = {"hw_state": "whole lines"}
+    board.update(verdicts, lambda node, dev: {**ATTRS, "dra.device.name": dev, **(odd if dev == "gpu-3" else {})})
+    return board
+
+
+@pytest.mark.parametrize("devices", [0, 1, 2, 61])
+def test_the_text_made_on_two_cores_is_the_text_made_on_one(devices):
+    """A large fleet's text is made half in a forked copy of the process, as gzip members: read as one stream,
+    the same bytes as one process makes, with each family's lines together (the text format asks it)."""
+    board = mixed_board(devices)
+    made = VerdictText().gzipped(board.snapshot())
+    assert isinstance(made, Gzipped) and gzip.decompress(made) == reference(board)
+
+
+def test_a_copy_that_cannot_be_made_or_fails_or_hangs_leaves_the_text_to_this_process(monkeypatch, caplog):
+    board = mixed_board(40)
+    want = reference(board)
+    parent = os.getpid()
+
+    def no_fork() -> int:
+        raise OSError(12, "Cannot allocate memory")
+
+    with monkeypatch.context() as m:
+        m.setattr(forked, "fork", no_fork)
+        assert gzip.decompress(VerdictText().gzipped(board.snapshot())) == want
+    assert "could not fork" in caplog.text
+    real = VerdictText._members
+
+    def failing_in_the_copy(self, pairs, heads):
+        if os.getpid() != parent:
+            raise RuntimeError("the copy fails")
+        return real(self, pairs, heads)
+
+    def hanging_in_the_copy(self, pairs, heads):
+        if os.getpid() != parent:
+            time.sleep(60)
+        return real(self, pairs, heads)
+
+    for broken in (failing_in_the_copy, hanging_in_the_copy):
+        caplog.clear()
+        with monkeypatch.context() as m:
+            m.setattr(VerdictText, "_members", broken)
+            m.setattr(verdict_text, "SPLIT_TIMEOUT_S", 1.0)
+            t0 = time.monotonic()
+            assert gzip.decompress(VerdictText().gzipped(board.snapshot())) == want
+            assert time.monotonic() - t0 < 30
+        assert "the forked copy sharing the work failed" in caplog.text
+
+
+def test_only_a_large_fleet_with_a_second_core_is_made_on_two(monkeypatch):
+    board = mixed_board(30)
+    text = VerdictText()
+    assert not isinstance(text.exposition(board.snapshot()), Gzipped)  # small: pieces, compressed by the cache
+    monkeypatch.setattr(verdict_text, "SPLIT_MIN_DEVICES", 20)
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 1)
+    one_core = text.exposition(board.snapshot())
+    assert not isinstance(one_core, Gzipped) and b"".join(one_core) == reference(board)
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+    two = text.exposition(board.snapshot())
+    assert isinstance(two, Gzipped) and gzip.decompress(two) == reference(board)
