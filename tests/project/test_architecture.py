@@ -20,7 +20,19 @@ PACKAGE = Path(__file__).resolve().parents[2] / "otel_dra"
 BY_NAME = ("import_module", "__import__", "find_spec")
 LAYERS: list[set[str]] = [
     # foundations
-    {"__init__", "vocabulary", "conventions", "frame", "faults", "logs", "component", "words", "inflate", "heap"},
+    {
+        "__init__",
+        "vocabulary",
+        "conventions",
+        "frame",
+        "faults",
+        "logs",
+        "component",
+        "words",
+        "inflate",
+        "heap",
+        "forked",
+    },
     {"policy"},  # the policy: data (the default YAML), validated
     {"sources", "decode", "classifier", "scenario", "serve"},  # samples in, verdicts out; serving HTTP
     {"state"},  # shared between stages: the board, the newest frames

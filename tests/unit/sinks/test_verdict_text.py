@@ -194,6 +194,7 @@ _KEYS = st.sampled_from(
         "k8s.node.name",
         "1leading.digit",
         "hw-type",
+        "f{string}'s \"source\\",  # (a label name of its own: nothing of it reaches a shape's code)
     ]
 )
 #: Label value characters: the three the text format escapes among plain and multi-byte ones.
