@@ -149,6 +149,9 @@ class FleetConfig:
     #: --no-heap-trim: keep glibc's free heap resident instead of handing it back after ticks (and numpy's
     #: arrays on the huge pages it asks for).
     heap: HeapTrimConfig = field(default_factory=HeapTrimConfig)
+    #: --no-render-fork: make a large fleet's /metrics text on one core, never in a forked copy of the process
+    #: (``otel_dra.sinks.verdict_text``: the copy holds pages of its own while it renders).
+    render_fork: bool = True
 
     def __post_init__(self) -> None:
         if not self.sample_interval_s > 0 or not self.evaluate_every_s > 0:

@@ -201,7 +201,7 @@ class Fleet:
             self.state = run.start("state file", StateStore(self.classifier, state_file), first_s=STATE_FLUSH_S)
         if cfg.k8s is not None:
             self._start_cluster_writer(cfg.k8s)
-        verdict_text = VerdictText()
+        verdict_text = VerdictText(fork=cfg.render_fork)
         endpoint = None
         if cfg.endpoint.enabled:
             endpoint = PrometheusEndpoint(

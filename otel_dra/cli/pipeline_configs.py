@@ -166,4 +166,5 @@ def fleet_config(o: Options) -> FleetConfig:
             k8s=k8s,
             state_dir=o["state_dir"],
             heap=HeapTrimConfig(enabled=o["heap_trim"]),
+            render_fork=o["render_fork"],
         )

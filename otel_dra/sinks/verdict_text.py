@@ -177,7 +177,9 @@ class _Shape:
 class VerdictText:
     """Renders ``hw_status`` and ``dra_device_health`` for every verdict."""
 
-    def __init__(self) -> None:
+    def __init__(self, fork: bool = True) -> None:
+        """``fork``: a large fleet's text may be made on two cores (:meth:`exposition`)."""
+        self._fork = fork
         self._health_texts: HealthTexts = {}
         self._shapes: dict[tuple[str, ...], _Shape | None] = {}  # attribute keys -> their devices' shape
 
@@ -242,9 +244,9 @@ class VerdictText:
     def exposition(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]]) -> Iterator[bytes] | Gzipped:
         """What :class:`~otel_dra.sinks.exposition.ExpositionCache` keeps of the verdicts: :meth:`chunks` of a
         small fleet; a large one's text gzip-compressed (the cache keeps a large rendering so anyway), made on
-        two cores where this process has them (:meth:`gzipped`)."""
+        two cores where this process has them and may fork (:meth:`gzipped`)."""
         pairs = list(verdicts)
-        if len(pairs) < SPLIT_MIN_DEVICES or not forked.can_fork() or forked.usable_cpus() < 2:
+        if not self._fork or len(pairs) < SPLIT_MIN_DEVICES or not forked.can_fork() or forked.usable_cpus() < 2:
             return self.chunks(pairs)
         return self.gzipped(pairs)
 

@@ -55,3 +55,16 @@ def test_a_config_error_names_the_field_and_the_cli_the_flag():
     with pytest.raises(ConfigError) as err:
         AgentConfig("n", interval_s=0)
     assert str(err.value).startswith("interval_s must be") and "--interval" in usage_error(err.value).message
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "fork"),
+    [([], {}, True), (["--no-render-fork"], {}, False), ([], {"OTEL_DRA_RENDER_FORK": "false"}, False)],
+)
+def test_render_fork_reaches_the_fleets_config(monkeypatch, args, env, fork):
+    from otel_dra.cli.cmd_fleet import fleet
+    from otel_dra.cli.pipeline_configs import fleet_config
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert fleet_config(fleet.make_context("fleet", list(args)).params).render_fork is fork

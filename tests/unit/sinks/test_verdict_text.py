@@ -391,3 +391,5 @@ def test_only_a_large_fleet_with_a_second_core_is_made_on_two(monkeypatch):
     monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
     two = text.exposition(board.snapshot())
     assert isinstance(two, Gzipped) and gzip.decompress(two) == reference(board)
+    told_not_to = VerdictText(fork=False).exposition(board.snapshot())  # (--no-render-fork)
+    assert not isinstance(told_not_to, Gzipped) and b"".join(told_not_to) == reference(board)
