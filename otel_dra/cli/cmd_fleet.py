@@ -79,8 +79,8 @@ from otel_dra.sinks.config import EndpointConfig
     show_default=True,
     help="Make /metrics for a fleet of 20,000 devices or more on two cores, half in a copy of this process forked "
     "for the rendering and gone after it (where the process may use two CPUs): the first scrape of 100,000 "
-    "devices in about 60% of the time. While it renders, the copy holds the pages it touches of its own, about "
-    "1 kB a device; --no-render-fork where the memory limit has no room for that.",
+    "devices in about 60% of the time. While it renders, the copy holds the pages it touches of its own (58 MB "
+    "at 24,000 devices, about 2.4 kB a device); --no-render-fork where the memory limit has no room for that.",
 )
 @limit_options
 @http_server_options
