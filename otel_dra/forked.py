@@ -112,10 +112,12 @@ class ForkedCall:
         chunks: list[bytes] = []
         deadline = time.monotonic() + timeout_s
         ok = False
+        ready = select.poll()  # (not select(): a server's descriptors run past its 1,024)
+        ready.register(self._reader, select.POLLIN)
         try:
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._reader], [], [], left)[0]:
+                if left <= 0 or not ready.poll(max(1, round(left * 1000))):
                     break
                 chunk = os.read(self._reader, 1 << 20)
                 if not chunk:

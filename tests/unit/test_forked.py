@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -49,3 +50,35 @@ def test_a_result_cut_short_is_none(cut):
     assert forked._parts(whole) == [b"hello"]
     assert forked._parts(whole[:cut]) is None
     assert forked._parts(whole + b"x") is None
+
+
+def test_a_copy_forked_from_a_thread_among_others_gives_its_parts():
+    """As the fleet forks: from its rendering thread, while the receivers' and the ticks' threads run."""
+    stop = threading.Event()
+    busy = [threading.Thread(target=stop.wait, daemon=True) for _ in range(3)]
+    for t in busy:
+        t.start()
+    got: list[object] = []
+    caller = threading.Thread(target=lambda: got.append(forked.ForkedCall(lambda: [b"made"]).result(30.0)))
+    caller.start()
+    caller.join(60)
+    stop.set()
+    assert got == [[b"made"]]
+
+
+def test_the_copys_pipe_is_read_past_the_descriptors_select_could_watch():
+    """A server holds more than 1,024 descriptors (connections); select() cannot watch one past them."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if min(hard, 4096) < 1200:
+        pytest.skip("cannot open 1,200 descriptors here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        call = forked.ForkedCall(lambda: [b"far"])
+        assert call._reader > 1024 and call.result(30.0) == [b"far"]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
