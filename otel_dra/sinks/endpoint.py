@@ -25,7 +25,7 @@ from otel_dra.serve.config import HttpServerConfig
 from otel_dra.serve.http import HttpServer
 from otel_dra.sinks import provider
 from otel_dra.sinks.config import EndpointConfig
-from otel_dra.sinks.exposition import ExpositionCache, Renderer
+from otel_dra.sinks.exposition import ExpositionCache, Extra, Renderer
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class PrometheusEndpoint:
         config: EndpointConfig,
         max_age_s: float,
         routes: dict[str, Route],
-        extra: Callable[[], bytes | Iterable[bytes]] | None = None,
+        extra: Callable[[], Extra] | None = None,
         description: str = DEFAULT_DESCRIPTION,
         extra_version: Callable[[], int] | None = None,
     ) -> None:

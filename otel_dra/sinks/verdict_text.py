@@ -9,9 +9,9 @@ checked by a test that parses both). Devices whose attributes have the same keys
 version) share one :class:`_Shape`: a function written for them whose f-strings make their label text (sorted by
 label name, cut where ``hw_state`` and the health labels go) and their lines from that text, so a device's labels
 are formatted once a render for its six lines (the health labels' text is shared by every device with the same
-verdict). Nothing is kept per device: the first scrape of a fleet costs what every other does, and a fleet nobody
-scrapes holds no label text. A large fleet's text is made on two cores, half in a forked copy of the process
-(:meth:`VerdictText.gzipped`).
+verdict). No label text is kept per device. A large fleet's text is kept gzip-compressed in blocks of devices and
+made again only for the blocks where a verdict changed, on two cores when there are many, half in a forked copy of
+the process (:meth:`VerdictText.gzipped`).
 
 ``k8s_node_name`` here is the device's node (the fleet has many), where the agent's comes
 from its resource.
@@ -31,7 +31,7 @@ from otel_dra import forked
 from otel_dra.classifier import Verdict
 from otel_dra.frame import FrozenAttrs
 from otel_dra.sinks._mapping import prometheus_label
-from otel_dra.sinks.exposition import Gzipped, gzip_packer
+from otel_dra.sinks.exposition import Gzipped, gzip_member
 from otel_dra.sinks.verdict_metrics import HEALTH_KEYS, health_attributes
 from otel_dra.vocabulary import HW_STATES
 
@@ -48,13 +48,15 @@ _VALUES = {i: tuple("1" if j == i else "0" for j in range(len(HW_STATES))) for i
 _STATE_INDEX = {state: i for i, state in enumerate(HW_STATES)}
 #: Devices whose lines :meth:`VerdictText.chunks` makes at a time.
 BATCH = 2048
-#: A fleet this large has its text made on two cores (:meth:`VerdictText.gzipped`); below it the fork and the
-#: compressing cost more than half a rendering saves (20,000 devices: ~0.2 s on one core).
-SPLIT_MIN_DEVICES = 20_000
+#: A fleet this large keeps its text in blocks, made again only where a verdict changed, and has as many devices'
+#: text made on two cores (:meth:`VerdictText.gzipped`); below it the fork and the compressing cost more than half a
+#: rendering saves (20,000 devices: ~0.2 s on one core).
+LARGE_DEVICES = 20_000
 #: How long the forked copy may take to make its half before this process makes it instead.
 SPLIT_TIMEOUT_S = 60.0
 _STATUS_HEAD = f"# HELP {_STATUS} {cv.HW_STATUS.description}\n# TYPE {_STATUS} gauge\n".encode()
 _HEALTH_HEAD = f"# HELP {_HEALTH} {cv.DRA_DEVICE_HEALTH.description}\n# TYPE {_HEALTH} gauge\n".encode()
+_STATUS_HEAD_GZ, _HEALTH_HEAD_GZ = gzip_member(_STATUS_HEAD), gzip_member(_HEALTH_HEAD)
 #: Distinct (health, reasons, remediation, scope, group) whose label text is kept for every device to share
 #: (groups are nodes, workloads, links, firmware versions: a node's devices share one).
 _MAX_HEALTH_TEXTS = 10_000
@@ -62,6 +64,8 @@ _MAX_HEALTH_TEXTS = 10_000
 _MAX_SHAPES = 1_000
 
 HealthTexts = dict[tuple[object, ...], str]
+#: A device on the board: its verdict and attributes.
+Pair = tuple[Verdict, Mapping[str, str]]
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +180,8 @@ class VerdictText:
         self._fork = fork
         self._health_texts: HealthTexts = {}
         self._shapes: dict[tuple[str, ...], _Shape | None] = {}  # attribute keys -> their devices' shape
+        #: A large fleet's text as it was last made: each block's devices (the board's entries) and its members.
+        self._blocks: list[tuple[Sequence[Pair], bytes, bytes]] = []
 
     def render(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]]) -> bytes:
         """The text exposition of both metric families."""
@@ -237,45 +243,57 @@ class VerdictText:
 
     def exposition(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]]) -> Iterator[bytes] | Gzipped:
         """What :class:`~otel_dra.sinks.exposition.ExpositionCache` keeps of the verdicts: :meth:`chunks` of a
-        small fleet; a large one's text gzip-compressed (the cache keeps a large rendering so anyway), made on
-        two cores where this process has them and may fork (:meth:`gzipped`)."""
+        small fleet; a large one's text gzip-compressed (the cache keeps a large rendering so anyway), its blocks
+        kept and made again only where a verdict changed (:meth:`gzipped`)."""
         pairs = list(verdicts)
-        if not self._fork or len(pairs) < SPLIT_MIN_DEVICES or not forked.can_fork() or forked.usable_cpus() < 2:
+        if len(pairs) < LARGE_DEVICES:
+            self._blocks = []
             return self.chunks(pairs)
         return self.gzipped(pairs)
 
     def gzipped(self, pairs: Sequence[tuple[Verdict, Mapping[str, str]]]) -> Gzipped:
-        """:meth:`render`'s text as four gzip members (RFC 1952's members one after another are one stream), the
-        second half of the devices' lines made by a forked copy of this process while this one makes the
-        first half's (a fleet of 100,000 devices: ~1.0 s on one core of a 2 GHz EPYC, ~0.6 s on two).
+        """:meth:`render`'s text as gzip members (RFC 1952's members one after another are one stream): each
+        family's HELP and TYPE, then a member for each block of :data:`BATCH` devices' lines. A block whose
+        devices, verdicts and attributes are those of the last call (the board's same entries) keeps its
+        members; the others are made again (:meth:`_make`): a verdict that changed in a fleet of 100,000
+        devices costs its block's 2,048 devices, not the fleet's."""
+        blocks = [pairs[at : at + BATCH] for at in range(0, len(pairs), BATCH)]
+        kept = self._blocks
+        todo = [i for i, block in enumerate(blocks) if i >= len(kept) or kept[i][0] != block]
+        made = self._make(blocks, todo)
+        self._blocks = [(block, *made[i]) if i in made else kept[i] for i, block in enumerate(blocks)]
+        status = [member for _, member, _ in self._blocks]
+        health = [member for _, _, member in self._blocks]
+        return Gzipped([_STATUS_HEAD_GZ, *status, _HEALTH_HEAD_GZ, *health])
+
+    def _make(self, blocks: list[Sequence[Pair]], todo: list[int]) -> dict[int, tuple[bytes, bytes]]:
+        """The members of the blocks ``todo``: on two cores when they hold :data:`LARGE_DEVICES` devices or more
+        and this process may use two and fork, the second half made by a forked copy of it while this one makes
+        the first (a fleet of 100,000 devices: ~1.0 s on one core of a 2 GHz EPYC, ~0.6 s on two).
 
         A copy that cannot be made, fails or is not done within :data:`SPLIT_TIMEOUT_S` costs a warning, and
-        this process makes that half too: the text is the same either way."""
-        half = len(pairs) // 2
-        rest = pairs[half:]
+        this process makes its half too: the text is the same either way."""
+        devices = sum(len(blocks[i]) for i in todo)
+        if not self._fork or devices < LARGE_DEVICES or not forked.can_fork() or forked.usable_cpus() < 2:
+            return {i: self._members(blocks[i]) for i in todo}
+        ours, theirs = todo[: len(todo) // 2], todo[len(todo) // 2 :]
         try:
-            copy: forked.ForkedCall | None = forked.ForkedCall(lambda: self._members(rest, heads=False))
+            copy: forked.ForkedCall | None = forked.ForkedCall(
+                lambda: [member for i in theirs for member in self._members(blocks[i])]
+            )
         except OSError as exc:
             log.warning("rendering /metrics on one core: could not fork a copy of the fleet to share it (%s)", exc)
             copy = None
-        ours = self._members(pairs[:half], heads=True)
-        theirs: Sequence[bytes] | None = copy.result(SPLIT_TIMEOUT_S) if copy is not None else None
-        if theirs is None or len(theirs) != 2:
+        made = {i: self._members(blocks[i]) for i in ours}
+        parts = copy.result(SPLIT_TIMEOUT_S) if copy is not None else None
+        if parts is None or len(parts) != 2 * len(theirs):
             if copy is not None:
                 log.warning("rendering /metrics: the forked copy sharing the work failed; rendering its half here")
-            theirs = self._members(rest, heads=False)
-        return Gzipped(b"".join((ours[0], theirs[0], ours[1], theirs[1])))
+            parts = [member for i in theirs for member in self._members(blocks[i])]
+        made.update((i, (parts[2 * k], parts[2 * k + 1])) for k, i in enumerate(theirs))
+        return made
 
-    def _members(self, pairs: Sequence[tuple[Verdict, Mapping[str, str]]], heads: bool) -> tuple[bytes, bytes]:
-        """``pairs``' ``hw_status`` lines and their ``dra_device_health`` lines as a gzip member each (with
-        ``heads``, each family's HELP and TYPE first)."""
-        status_gz, health_gz = gzip_packer(), gzip_packer()
-        status = [status_gz.compress(_STATUS_HEAD)] if heads else []
-        health = [health_gz.compress(_HEALTH_HEAD)] if heads else []
-        for at in range(0, len(pairs), BATCH):
-            lines, health_lines = zip(*[self._lines(v, attrs) for v, attrs in pairs[at : at + BATCH]], strict=True)
-            status.append(status_gz.compress("".join(lines).encode()))
-            health.append(health_gz.compress("".join(health_lines).encode()))
-        status.append(status_gz.flush())
-        health.append(health_gz.flush())
-        return b"".join(status), b"".join(health)
+    def _members(self, pairs: Sequence[Pair]) -> tuple[bytes, bytes]:
+        """``pairs``' ``hw_status`` lines and their ``dra_device_health`` lines as a gzip member each."""
+        lines, health_lines = zip(*[self._lines(v, attrs) for v, attrs in pairs], strict=True) if pairs else ((), ())
+        return gzip_member("".join(lines).encode()), gzip_member("".join(health_lines).encode())

@@ -299,12 +299,12 @@ def test_a_rendering_its_maker_compressed_is_kept_as_it_is_and_served_to_either_
     """A fleet's verdict text made on two cores comes gzip-compressed already (``Gzipped``, several members): the
     cache keeps it after the registry's own member, not compressed again, and a scraper without gzip gets the text."""
     text = b"".join(b'hw_status{hw_id="gpu-%d"} 1\n' % i for i in range(1000))
-    members = exposition.Gzipped(gzip.compress(text[:5000]) + gzip.compress(text[5000:]))
+    members = exposition.Gzipped([gzip.compress(text[:5000]), gzip.compress(text[5000:])])
     registry = CollectorRegistry()
     Counter("fleet_ticks", "ticks so far", registry=registry).inc()
     cache = ExpositionCache(registry, 60.0, extra=lambda: members, extra_version=lambda: 1)
     cache.render()
-    assert cache._body is None and cache._gzipped is not None and cache._gzipped.endswith(members)
+    assert cache._body is None and cache._gzipped is not None and cache._gzipped.endswith(bytes(members))
     plain = (cache.body(False) or b"").decode()
     assert plain.endswith(text.decode()) and "fleet_ticks_total 1.0" in plain
     assert gzip.decompress(cache.body(True) or b"").decode() == plain

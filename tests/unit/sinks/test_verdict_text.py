@@ -336,16 +336,27 @@ def mixed_board(n: int) -> VerdictBoard:
     return board
 
 
-@pytest.mark.parametrize("devices", [0, 1, 2, 61])
-def test_the_text_made_on_two_cores_is_the_text_made_on_one(devices):
-    """A large fleet's text is made half in a forked copy of the process, as gzip members: read as one stream,
-    the same bytes as one process makes, with each family's lines together (the text format asks it)."""
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 4 devices, and a fleet of 10 counted large: what 100,000 devices do, on a few."""
+    monkeypatch.setattr(verdict_text, "BATCH", 4)
+    monkeypatch.setattr(verdict_text, "LARGE_DEVICES", 10)
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+
+
+@pytest.mark.parametrize("devices", [0, 1, 2, 11, 61])
+def test_the_text_made_in_blocks_on_two_cores_is_the_text_made_on_one(small_blocks, devices):
+    """A large fleet's text is made in blocks, half of them in a forked copy of the process, as gzip members: read
+    as one stream, the same bytes as one process makes, with each family's lines together (as the text format
+    asks)."""
     board = mixed_board(devices)
     made = VerdictText().gzipped(board.snapshot())
-    assert isinstance(made, Gzipped) and gzip.decompress(made) == reference(board)
+    assert isinstance(made, Gzipped) and gzip.decompress(bytes(made)) == reference(board)
 
 
-def test_a_copy_that_cannot_be_made_or_fails_or_hangs_leaves_the_text_to_this_process(monkeypatch, caplog):
+def test_a_copy_that_cannot_be_made_or_fails_or_hangs_leaves_the_text_to_this_process(
+    small_blocks, monkeypatch, caplog
+):
     board = mixed_board(40)
     want = reference(board)
     parent = os.getpid()
@@ -355,19 +366,19 @@ def test_a_copy_that_cannot_be_made_or_fails_or_hangs_leaves_the_text_to_this_pr
 
     with monkeypatch.context() as m:
         m.setattr(forked, "fork", no_fork)
-        assert gzip.decompress(VerdictText().gzipped(board.snapshot())) == want
+        assert gzip.decompress(bytes(VerdictText().gzipped(board.snapshot()))) == want
     assert "could not fork" in caplog.text
     real = VerdictText._members
 
-    def failing_in_the_copy(self, pairs, heads):
+    def failing_in_the_copy(self, pairs):
         if os.getpid() != parent:
             raise RuntimeError("the copy fails")
-        return real(self, pairs, heads)
+        return real(self, pairs)
 
-    def hanging_in_the_copy(self, pairs, heads):
+    def hanging_in_the_copy(self, pairs):
         if os.getpid() != parent:
             time.sleep(60)
-        return real(self, pairs, heads)
+        return real(self, pairs)
 
     for broken in (failing_in_the_copy, hanging_in_the_copy):
         caplog.clear()
@@ -375,21 +386,66 @@ def test_a_copy_that_cannot_be_made_or_fails_or_hangs_leaves_the_text_to_this_pr
             m.setattr(VerdictText, "_members", broken)
             m.setattr(verdict_text, "SPLIT_TIMEOUT_S", 1.0)
             t0 = time.monotonic()
-            assert gzip.decompress(VerdictText().gzipped(board.snapshot())) == want
+            assert gzip.decompress(bytes(VerdictText().gzipped(board.snapshot()))) == want
             assert time.monotonic() - t0 < 30
         assert "the forked copy sharing the work failed" in caplog.text
 
 
-def test_only_a_large_fleet_with_a_second_core_is_made_on_two(monkeypatch):
-    board = mixed_board(30)
+def test_only_a_large_fleet_is_kept_in_blocks_and_made_on_two_cores_where_it_may(small_blocks, monkeypatch):
+    board = mixed_board(9)
     text = VerdictText()
     assert not isinstance(text.exposition(board.snapshot()), Gzipped)  # small: pieces, compressed by the cache
-    monkeypatch.setattr(verdict_text, "SPLIT_MIN_DEVICES", 20)
-    monkeypatch.setattr(forked, "usable_cpus", lambda: 1)
-    one_core = text.exposition(board.snapshot())
-    assert not isinstance(one_core, Gzipped) and b"".join(one_core) == reference(board)
-    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
-    two = text.exposition(board.snapshot())
-    assert isinstance(two, Gzipped) and gzip.decompress(two) == reference(board)
-    told_not_to = VerdictText(fork=False).exposition(board.snapshot())  # (--no-render-fork)
-    assert not isinstance(told_not_to, Gzipped) and b"".join(told_not_to) == reference(board)
+    board = mixed_board(30)
+    forks: list[int] = []
+    real = forked.fork
+
+    def counted() -> int:
+        pid = real()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(forked, "fork", counted)
+    for cpus, fork, forked_too in ((1, True, False), (2, False, False), (2, True, True)):
+        monkeypatch.setattr(forked, "usable_cpus", lambda cpus=cpus: cpus)
+        made = VerdictText(fork=fork).exposition(board.snapshot())  # (fork=False: --no-render-fork)
+        assert isinstance(made, Gzipped) and gzip.decompress(bytes(made)) == reference(board)
+        assert bool(forks) == forked_too
+        forks.clear()
+
+
+def test_a_large_fleets_blocks_are_made_again_only_where_a_verdict_changed(small_blocks, monkeypatch):
+    """Rendering a fleet of 100,000 devices for every changed verdict would cost a second of CPU each time it is
+    scraped; the blocks whose board entries stand keep their text."""
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 1)  # (counted in this process)
+    board = mixed_board(30)  # 8 blocks of 4 (the last of 2)
+    made: list[tuple[str, ...]] = []
+    real = VerdictText._members
+
+    def counted(self, pairs):
+        made.append(tuple(v.hw_id for v, _ in pairs))
+        return real(self, pairs)
+
+    monkeypatch.setattr(VerdictText, "_members", counted)
+    text = VerdictText()
+
+    def render() -> bytes:
+        made.clear()
+        rendered = text.exposition(board.snapshot())
+        assert isinstance(rendered, Gzipped)
+        return gzip.decompress(bytes(rendered))
+
+    assert render() == reference(board) and len(made) == 8
+    assert render() == reference(board) and made == []
+    attrs = {**ATTRS, "dra.device.name": "gpu-5"}
+    board.update(
+        [Verdict(2, "node-1", "gpu-5", "Unhealthy", "failed", ("xid",), "reset_device", "x")], lambda n, d: attrs
+    )
+    assert render() == reference(board) and made == [("gpu-4", "gpu-5", "gpu-6", "gpu-7")]
+    board.update([Verdict(2, "node-0", "gpu-30", "Healthy", "ok", (), "none", "new")], lambda n, d: attrs)
+    assert render() == reference(board) and made == [("gpu-28", "gpu-29", "gpu-30")]
+    board.forget(lambda key: key[1] != "gpu-25")  # (every block after it shifts)
+    assert render() == reference(board) and made == [
+        ("gpu-24", "gpu-26", "gpu-27", "gpu-28"),
+        ("gpu-29", "gpu-30"),
+    ]
