@@ -52,6 +52,14 @@ def cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     return None
 
 
+def _max_fd() -> int:
+    """One past the highest descriptor this process may hold."""
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):
+        return 1 << 16
+
+
 def can_fork() -> bool:
     """Linux with ``os.fork`` (not macOS: its system libraries are not safe to use after a fork)."""
     return hasattr(os, "fork") and sys.platform.startswith("linux")
@@ -89,7 +97,10 @@ class ForkedCall:
         if pid == 0:  # the copy
             code = 1
             try:
-                os.close(reader)
+                # Every descriptor but its pipe let go: a connection the caller closes meanwhile is closed (its
+                # FIN sent), not held open by the copy until it leaves.
+                os.closerange(3, writer)
+                os.closerange(writer + 1, _max_fd())
                 in_child()
                 parts = work()
                 head = _COUNT.pack(len(parts)) + b"".join(_LENGTH.pack(len(p)) for p in parts)

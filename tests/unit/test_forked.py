@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
@@ -82,3 +83,16 @@ def test_the_copys_pipe_is_read_past_the_descriptors_select_could_watch():
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_copy_lets_go_of_the_callers_connections():
+    """A connection the caller closes while its copy runs is closed at once, not held open by the copy."""
+    mine, peer = socket.socketpair()
+    call = forked.ForkedCall(lambda: [time.sleep(5) or b""])  # type: ignore[func-returns-value]
+    try:
+        mine.close()
+        peer.settimeout(2.0)
+        assert peer.recv(1) == b""  # (EOF: no copy of the descriptor is left open)
+    finally:
+        peer.close()
+        call.result(0.1)
