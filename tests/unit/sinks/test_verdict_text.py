@@ -326,10 +326,10 @@ def mixed_board(n: int) -> VerdictBoard:
         ("Healthy", "degraded", ("thermal",), "reduce_load", NODE_SCOPE),
         ("Unhealthy", "failed", ("power_delivery",), "reboot_node", WORKLOAD_SCOPE),
     ]
-    verdicts = [
-        Verdict(1, f"node-{i % 2}", f"gpu-{i}", h, s, r, m, "x", **scope)
-        for i, (h, s, r, m, scope) in ((i, kinds[i % len(kinds)]) for i in range(n))
-    ]
+    verdicts = []
+    for i in range(n):
+        health, state, reasons, remediation, scope = kinds[i % len(kinds)]
+        verdicts.append(Verdict(1, f"node-{i % 2}", f"gpu-{i}", health, state, reasons, remediation, "x", **scope))
     board = VerdictBoard()
     odd = {"hw_state": "whole lines"}
     board.update(verdicts, lambda node, dev: {**ATTRS, "dra.device.name": dev, **(odd if dev == "gpu-3" else {})})
