@@ -179,8 +179,9 @@ agent requests ({args.nodes} nodes x {args.rounds} exports, 8 GPUs each, {size /
 over {args.connections} keep-alive connections (each node's in time order) to `POST /v1/metrics` of an
 `OtlpReceiver` whose consumer drops the frames: the HTTP path and the decoding, not the classifier. Before is
 the receiver at `{args.baseline_rev}` (thread per connection, hand-written HTTP/1.1 and chunked parser), after is
-this one (`otel_dra/serve/`: aiohttp's llhttp parser on an asyncio loop, decoding on one worker thread). The
-servers took turns, {TURNS} each; best of each.
+this one (`otel_dra/serve/`: aiohttp's llhttp parser on an asyncio loop; a keep-alive push like these, whole and
+under 256 kB, decoded and answered where its bytes arrive (the quick lane), any other on one worker thread). The
+servers took turns, {TURNS} each; best of each. Both share this machine's two cores with the client sending.
 
 | server | requests/s |
 |---|---|
