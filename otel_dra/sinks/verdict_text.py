@@ -46,7 +46,8 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 #: The five ``hw_status`` values of a device by its state's index in HW_STATES (-1: none, the verdict is Unknown).
 _VALUES = {i: tuple("1" if j == i else "0" for j in range(len(HW_STATES))) for i in range(-1, len(HW_STATES))}
 _STATE_INDEX = {state: i for i, state in enumerate(HW_STATES)}
-#: Devices whose lines :meth:`VerdictText.chunks` makes at a time.
+#: Devices whose lines :meth:`VerdictText.chunks` makes at a time, and a large fleet's block of devices kept
+#: (:meth:`VerdictText.gzipped`).
 BATCH = 2048
 #: A fleet this large keeps its text in blocks, made again only where a verdict changed, and has as many devices'
 #: text made on two cores (:meth:`VerdictText.gzipped`); below it the fork and the compressing cost more than half a
