@@ -232,9 +232,9 @@ class VerdictText:
         held = zlib_ng.compressobj(1)
         packed: list[bytes] = []
         for at in range(0, len(pairs), batch):
-            status, health = zip(*[self._lines(v, attrs) for v, attrs in pairs[at : at + batch]], strict=True)
-            yield "".join(status).encode()
-            packed.append(held.compress("".join(health).encode()))
+            status, health = self._texts(pairs[at : at + batch])
+            yield status
+            packed.append(held.compress(health))
         packed.append(held.flush())
         yield _HEALTH_HEAD
         unpack = zlib_ng.decompressobj()
@@ -296,5 +296,12 @@ class VerdictText:
 
     def _members(self, pairs: Sequence[Pair]) -> tuple[bytes, bytes]:
         """``pairs``' ``hw_status`` lines and their ``dra_device_health`` lines as a gzip member each."""
-        lines, health_lines = zip(*[self._lines(v, attrs) for v, attrs in pairs], strict=True) if pairs else ((), ())
-        return gzip_member("".join(lines).encode()), gzip_member("".join(health_lines).encode())
+        status, health = self._texts(pairs)
+        return gzip_member(status), gzip_member(health)
+
+    def _texts(self, pairs: Sequence[Pair]) -> tuple[bytes, bytes]:
+        """``pairs``' ``hw_status`` lines and their ``dra_device_health`` lines, each family's as one text."""
+        if not pairs:
+            return b"", b""
+        status, health = zip(*[self._lines(v, attrs) for v, attrs in pairs], strict=True)
+        return "".join(status).encode(), "".join(health).encode()

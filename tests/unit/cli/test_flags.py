@@ -68,3 +68,13 @@ def test_render_fork_reaches_the_fleets_config(monkeypatch, args, env, fork):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert fleet_config(fleet.make_context("fleet", list(args)).params).render_fork is fork
+
+
+def test_render_fork_help_names_the_fleet_size_it_starts_at():
+    """The help says the size in words of its own (importing the renderer for it would cost every command's
+    start ~0.15 s): this keeps the two in step."""
+    from otel_dra.cli.cmd_fleet import fleet
+    from otel_dra.sinks.verdict_text import LARGE_DEVICES
+
+    [option] = [p for p in fleet.params if p.name == "render_fork"]
+    assert f"{LARGE_DEVICES:,} devices or more" in (option.help or "")
