@@ -18,6 +18,10 @@ from otel_dra.frame import NO_ATTRS, DeviceTable, FrozenAttrs, attrs_of
 _OWN_PAIRS: Final = frozenset({cv.HW_SERIAL_NUMBER, cv.HW_ID, cv.DRA_DEVICE_NAME})
 #: Distinct shared pairs kept (past it the table starts again: pairs already shared stay shared).
 MAX_SHARED_PAIRS: Final = 100_000
+#: Bytes of a block of :class:`PackedArrays`, and the largest array packed into one (an eighth of it: the end a
+#: block leaves unused is at most that).
+PACK_BLOCK_BYTES: Final = 64 << 10
+PACK_MAX_BYTES: Final = PACK_BLOCK_BYTES // 8
 
 
 class DescriptiveMaps:
@@ -129,3 +133,43 @@ class SharedArrays:
         array.flags.writeable = False
         self._arrays[key] = array
         return array
+
+
+class PackedArrays:
+    """Small arrays that live as long as a node's template, copied side by side into blocks of
+    ``PACK_BLOCK_BYTES``, read-only.
+
+    A template is built while its node's first requests are decoded, among the request's temporaries, on the
+    thread that decodes: each of its own small arrays (its series' keys, 2.4 kB for 8 GPUs; its devices'
+    descriptive sets) was a chunk of its own in that thread's malloc arena, between temporaries freed after it,
+    and kept the pages it sat on resident whatever ``malloc_trim`` gave back around them. At 8,000 devices that
+    arena held ~4,000 chunks in use among as many free ones (glibc's ``malloc_info``, and a walk of the arena's
+    chunks against ``mincore``, from ``bench/bench_fleet_scale.py``'s probe): its resident set grew 14 MiB, 12 with
+    the arrays packed (each view still has its shape in a 32-byte chunk of its own). Packed, a thousand nodes'
+    arrays fill a few dozen blocks.
+
+    A block is freed once no array in it is held: as nodes come and go, one template still held keeps its
+    block (at most ``PACK_BLOCK_BYTES`` for each template kept, the worst case of a fleet whose nodes all
+    changed but one in each block); templates are bounded in number and idle time (``Templates``)."""
+
+    def __init__(self, block_bytes: int = PACK_BLOCK_BYTES, max_bytes: int = PACK_MAX_BYTES) -> None:
+        self.block_bytes = block_bytes
+        self.max_bytes = max_bytes
+        self._block: np.ndarray | None = None
+        self._used = 0
+
+    def pack(self, array: np.ndarray) -> np.ndarray:
+        """A read-only copy of ``array`` in the present block (``array`` itself, read-only, when it is empty or
+        larger than ``max_bytes``)."""
+        size = array.nbytes
+        if size == 0 or size > self.max_bytes:
+            array.flags.writeable = False
+            return array
+        start = -(-self._used // 16) * 16  # (each array 16-byte aligned, as malloc's would be)
+        if self._block is None or start + size > self.block_bytes:
+            self._block, start = np.empty(self.block_bytes, np.uint8), 0
+        out = self._block[start : start + size].view(array.dtype).reshape(array.shape)
+        out[...] = array
+        out.flags.writeable = False
+        self._used = start + size
+        return out

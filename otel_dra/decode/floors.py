@@ -46,20 +46,35 @@ class SeriesFloors:
     ``searchsorted``), whichever decoder or path read them. 16 bytes a series: a node holds only the series
     it has sent (its devices and the caps bound them). Points taken in order are only noted (:meth:`defer`)
     and applied at the next look-up, or once a few requests' worth wait: a node whose points come in order
-    costs no look-up per request."""
+    costs no look-up per request.
 
-    __slots__ = ("_pending", "_waiting", "keys", "newest", "times", "version")
+    One time for every series (a node whose requests carry all its series at one time, the usual) is kept as
+    that number, and so is the time of points waiting at one time: not as arrays. A fleet keeps these per node
+    for as long as it runs, and every numpy array, even one that holds a single number, has its shape in a
+    chunk of malloc's of its own, made on the thread that decodes, among that thread's freed temporaries: two
+    a node pinned a page each (``assembly.PackedArrays`` says how that was measured)."""
+
+    __slots__ = ("_pending", "_times", "_uniform", "_waiting", "keys", "newest", "version")
 
     def __init__(self) -> None:
         self.keys = np.empty(0, np.int64)
-        self.times = np.empty(0, np.uint64)
+        self._times: np.ndarray | None = np.empty(0, np.uint64)  # None: every series at ``_uniform``
+        self._uniform = 0
         #: Bumped whenever the keys change (a new series): places taken before stay valid while it is the same.
         self.version = 0
         #: At least the newest time of any series (0: none): points none older than it need no look-up.
         self.newest = 0
-        #: (keys, times, places, version) of points taken, waiting; keys None: they wait by their places alone.
-        self._pending: list[tuple[np.ndarray | None, np.ndarray, np.ndarray | None, int]] = []
+        #: (keys, times, places, version) of points taken, waiting; keys None: they wait by their places alone;
+        #: times an int: every one of them at that time.
+        self._pending: list[tuple[np.ndarray | None, np.ndarray | int, np.ndarray | None, int]] = []
         self._waiting = 0  # points in _pending
+
+    @property
+    def times(self) -> np.ndarray:
+        """Each series' newest time (read-only where every series is at one time: :func:`uniform_times`)."""
+        if self._times is None:
+            return uniform_times(self._uniform, len(self.keys))
+        return self._times
 
     def defer(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray | None, version: int, newest: int) -> None:
         """Points taken, their series' times to move up (``at``: their places, None: not looked up, as they
@@ -70,10 +85,12 @@ class SeriesFloors:
         # Places found at the present version stand until what waits is applied (keys only change in advance,
         # which applies it first): such points wait by their places, not with a copy of their keys.
         placed = at is not None and version == self.version and len(at) > 0 and bool((at >= 0).all())
+        waiting: np.ndarray | int = int(times[0]) if times.strides == (0,) and len(times) else times
         pending = self._pending
-        if pending and times.strides == (0,):
+        if pending and isinstance(waiting, int):
             last_keys, last_times, last_at, last_version = pending[-1]
-            if last_version == version and last_times.strides == (0,) and len(last_times) == len(times):
+            n = len(last_keys if last_keys is not None else last_at)  # type: ignore[arg-type]
+            if last_version == version and isinstance(last_times, int) and n == len(times):
                 if placed and last_keys is None:
                     assert at is not None  # (placed)
                     same = last_at is not None and (last_at is at or np.array_equal(last_at, at))
@@ -82,10 +99,9 @@ class SeriesFloors:
                 else:
                     same = False
                 if same:
-                    later = uniform_times(max(last_times[0], times[0]), len(times))
-                    pending[-1] = (last_keys, later, last_at if last_at is not None else at, version)
+                    pending[-1] = (last_keys, max(last_times, waiting), last_at if last_at is not None else at, version)
                     return
-        pending.append((None if placed else keys, times, at, version))
+        pending.append((None if placed else keys, waiting, at, version))
         self._waiting += len(keys)
         if self._waiting > 4 * len(self.keys) + 1024:
             self._flush()
@@ -98,7 +114,10 @@ class SeriesFloors:
     def _flush(self) -> None:
         pending, self._pending, self._waiting = self._pending, [], 0
         # (a batch waiting by its places alone has them at this version: its keys are the floors' own there)
-        parts = [(self.keys[at] if k is None else k, t, at, v) for k, t, at, v in pending]
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]] = []
+        for k, t, at, v in pending:
+            keys_of = self.keys[at] if k is None else k
+            parts.append((keys_of, uniform_times(t, len(keys_of)) if isinstance(t, int) else t, at, v))
         places = [at if at is not None and v == self.version else self.floors(k)[1] for k, _, at, v in parts]
         if len(parts) == 1:
             keys, times = parts[0][0], parts[0][1]
@@ -118,9 +137,10 @@ class SeriesFloors:
         at = np.searchsorted(self.keys, keys)
         np.minimum(at, n - 1, out=at)
         found = self.keys[at] == keys
+        times = self.times
         if found.all():
-            return self.times[at], at
-        return np.where(found, self.times[at], np.uint64(0)), np.where(found, at, -1)
+            return times[at], at
+        return np.where(found, times[at], np.uint64(0)), np.where(found, at, -1)
 
     def advance(self, keys: np.ndarray, times: np.ndarray, at: np.ndarray, restart: np.ndarray | None) -> None:
         """Points taken (``at``: their places, as :meth:`floors` gave them): each series' newest time moves
@@ -128,28 +148,29 @@ class SeriesFloors:
         request's points."""
         if self._pending:
             self._flush()
-        if self.times.strides == (0,):  # (one time for every series, kept as one number: written, it is an array)
-            self.times = self.times.copy()
+        floor = self.times.copy()  # (written below: an array of its own, whatever is kept)
         restarted = restart is not None and len(restart) > 0 and len(self.keys) > 0
         if restart is not None and restarted:
-            self.times[np.isin(self.keys, restart)] = 0
+            floor[np.isin(self.keys, restart)] = 0
         found = at >= 0
         if found.all():
-            np.maximum.at(self.times, at, times)
+            np.maximum.at(floor, at, times)
         else:
-            np.maximum.at(self.times, at[found], times[found])
+            np.maximum.at(floor, at[found], times[found])
             new, inverse = np.unique(keys[~found], return_inverse=True)
             newest = np.zeros(len(new), np.uint64)
             np.maximum.at(newest, inverse, times[~found])
             merged = np.concatenate([self.keys, new])
             order = np.argsort(merged, kind="stable")
-            self.keys, self.times = merged[order], np.concatenate([self.times, newest])[order]
+            self.keys, floor = merged[order], np.concatenate([floor, newest])[order]
             self.version += 1
-        self.newest = int(self.times.max()) if restarted else max(self.newest, int(times.max()))
-        if len(self.times) > 1 and self.times[0] == self.newest and (self.times == self.newest).all():
+        self.newest = int(floor.max()) if restarted else max(self.newest, int(times.max()))
+        if len(floor) and floor[0] == self.newest and (floor == self.newest).all():
             # Every series read up to the same time (a node whose requests carry all its series at one time):
             # one number, not eight bytes a series.
-            self.times = uniform_times(self.newest, len(self.times))
+            self._times, self._uniform = None, self.newest
+        else:
+            self._times = floor
 
 
 class NodeFloors:

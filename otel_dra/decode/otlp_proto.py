@@ -41,7 +41,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otel_dra.decode import proto_wire as wire
-from otel_dra.decode.assembly import SharedArrays, last_wins
+from otel_dra.decode.assembly import PackedArrays, SharedArrays, last_wins
 from otel_dra.decode.caps import DEVICE_REASONS, Refusal
 from otel_dra.decode.checks import point_problem, time_problem, value_problem
 from otel_dra.decode.core import DecoderCore
@@ -130,6 +130,8 @@ class OtlpProtoDecoder(DecoderCore):
         self._templates = Templates(self.max_template_bytes)
         #: Layout arrays of the templates, one object for equal ones (while some template holds it).
         self._shared = SharedArrays()
+        #: Each template's own small arrays, side by side (see PackedArrays).
+        self._packed = PackedArrays()
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}  # the templates' metric names, one tuple each
         self._aranges: dict[int, np.ndarray] = {}
 
@@ -384,7 +386,9 @@ class OtlpProtoDecoder(DecoderCore):
     def _build(self, data: bytes, start: int, end: int, scan: Scan) -> Template:
         """The template of a section (see :func:`~otel_dra.decode.proto_templates.build_template`)."""
         generation = -1 if scan.node is None else self._floors.generation.get(scan.node, -1)
-        return build_template(data, start, end, scan, generation, self._layout, self._shared.share, self._interned)
+        return build_template(
+            data, start, end, scan, generation, self._layout, self._shared.share, self._interned, self._packed.pack
+        )
 
     def _arange(self, n: int) -> np.ndarray:
         """0 .. n-1 (int32, read-only): the places of a template's series in a node's floors that are its own."""

@@ -281,7 +281,7 @@ def _payloads(data: bytes, start: int, end: int, scan: Scan) -> tuple[np.ndarray
 
 
 def _by_row(
-    layout: Layout | None, descr: np.ndarray, share: Share
+    layout: Layout | None, descr: np.ndarray, share: Share, pack: Share
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """A template's descriptive sets as (full_descr, carries, row_descr): each device's set once, by its row,
     where every point of a device that carries one carries the same (else every point's, in full)."""
@@ -292,7 +292,7 @@ def _by_row(
     row_descr = np.full(len(layout.table), -1, np.int32)
     row_descr[rows[carries]] = descr[carries]
     if (np.where(carries, row_descr[rows], -1) == descr).all():
-        return None, share(carries), row_descr
+        return None, share(carries), pack(row_descr)
     return descr, None, None
 
 
@@ -305,9 +305,11 @@ def build_template(
     layout_of: LayoutOf,
     share: Share,
     names: Callable[[tuple[str, ...]], tuple[str, ...]],
+    pack: Share,
 ) -> Template:
     """The template of a section just scanned (``generation``: its node's admission, -1: none). What only
-    says how it is laid out is shared (``share``, ``names``) with the templates laid out alike. Raises
+    says how it is laid out is shared (``share``, ``names``) with the templates laid out alike; what is its node's
+    own is packed with other templates' (``pack``: :class:`~otel_dra.decode.assembly.PackedArrays`). Raises
     :class:`~otel_dra.decode.proto_wire.Bail` when its bytes can't be trusted to repeat."""
     hole_arr, wheres = _payloads(data, start, end, scan)
     masked = bytearray(memoryview(data)[start:end])
@@ -333,10 +335,10 @@ def build_template(
         )
         assert layout is not None  # (what _key_order checked)
         layout.flat = layout.flat[order]
-    full_descr, carries, row_descr = _by_row(layout, descr, share)
+    full_descr, carries, row_descr = _by_row(layout, descr, share, pack)
     if layout is not None:
         layout.flat = share(layout.flat)
-    key.flags.writeable = False
+    key = pack(key)
     steps = np.diff(hole_arr, prepend=0)
     small = len(steps) == 0 or (int(steps.min()) >= 0 and int(steps.max()) < 1 << 16)
     return Template(

@@ -4,8 +4,8 @@
   tables through the classifier's registry to the verdict board (no copy per table, registry, board).
 - The replay decoder keeps no Python object per series: what it holds grows by a handful of objects a
   device (the series index's), not by dozens a series (its attribute lists' text and dicts, as it did).
-- The fleet decoder's templates of nodes laid out alike share their layout arrays, and what waits for a
-  node's series' times is one batch, not one per request.
+- The fleet decoder's templates of nodes laid out alike share their layout arrays, keep their own small arrays
+  side by side in blocks, and what waits for a node's series' times is one batch, not one per request.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 
+import numpy as np
 import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -33,6 +34,7 @@ from otel_dra import policy
 from otel_dra.classifier import Classifier
 from otel_dra.classifier.registry import EIGHTH_FROM, GROW_ROWS, DeviceRegistry, next_capacity
 from otel_dra.decode import OtlpJsonDecoder
+from otel_dra.decode.assembly import PackedArrays
 from otel_dra.decode.otlp_proto import OtlpProtoDecoder
 from otel_dra.frame import FrozenAttrs, Schema
 from otel_dra.state import VerdictBoard
@@ -172,10 +174,15 @@ def test_templates_laid_out_alike_share_their_arrays_and_a_node_waits_as_one_bat
         floors = decoder._floors.series[node]
         assert floors.keys is template.key, "a node's series in its template's order: one key array for both"
         assert len(floors._pending) <= 1, "what waits for a node sending the same series is one batch"
-        waiting = floors._pending[0][1] if floors._pending else floors.times
-        assert waiting.strides == (0,), "points at one time wait as one number"
+        waiting = floors._pending[0][1] if floors._pending else floors._uniform
+        assert type(waiting) is int, "points at one time wait as one number, not an array"
         floors.settle()
-        assert (floors.times == T0 + 11 * 10 * S).all()
+        assert floors._times is None, "every series read up to one time: that number, not an array"
+        assert (floors.times == T0 + 11 * 10 * S).all() and len(floors.times) == len(floors.keys)
+    # What is each node's own (its series' keys, its devices' descriptive sets) lies side by side in one block,
+    # not a chunk each among the decoding thread's temporaries (PackedArrays).
+    assert a.key is not b.key and a.key.base is b.key.base
+    assert a.row_descr is not None and b.row_descr is not None and a.row_descr.base is a.key.base
     # Time order still holds: a request older than what was read is refused, point by point.
     older = decoder.decode(request(["node-a"], 4, T0 + 5 * 10 * S).SerializeToString())
     assert older.rejected == older.points == 4 * (1 + len(ERROR_TYPES)) and not older.frames
@@ -215,3 +222,19 @@ def test_devices_that_come_over_several_ticks_leave_few_rows_unused():
     assert next_capacity(EIGHTH_FROM - 1, EIGHTH_FROM) == EIGHTH_FROM - 1 + GROW_ROWS
     assert next_capacity(1024, 1025) == 1024 + 128  # (an eighth, under GROW_ROWS)
     assert next_capacity(40_000, 40_001) == 45_000 and next_capacity(40_000, 50_000) == 50_000
+
+
+def test_packed_arrays_are_read_only_copies_side_by_side_and_a_full_block_starts_another():
+    packed = PackedArrays(block_bytes=256, max_bytes=64)
+    arrays = [np.arange(5, dtype=np.int64), np.array([True, False, True]), np.arange(3, dtype=np.int32) - 7]
+    out = [packed.pack(a.copy()) for a in arrays]
+    for a, o in zip(arrays, out, strict=True):
+        assert o.dtype == a.dtype and o.shape == a.shape and (o == a).all() and not o.flags.writeable
+        assert o.ctypes.data % 16 == 0
+    assert out[0].base is out[1].base is out[2].base, "one block"
+    more = [packed.pack(np.arange(8, dtype=np.int64)) for _ in range(4)]  # 64 bytes each: a block holds three more
+    assert more[0].base is out[0].base and more[3].base is not out[0].base
+    assert (more[3] == np.arange(8)).all()
+    big, empty = np.arange(9, dtype=np.int64), np.zeros(0)
+    assert packed.pack(big) is big and not big.flags.writeable, "past max_bytes: the array itself"
+    assert packed.pack(empty) is empty
