@@ -181,8 +181,9 @@ def test_templates_laid_out_alike_share_their_arrays_and_a_node_waits_as_one_bat
         assert (floors.times == T0 + 11 * 10 * S).all() and len(floors.times) == len(floors.keys)
     # What is each node's own (its series' keys, its devices' descriptive sets) lies side by side in one block,
     # not a chunk each among the decoding thread's temporaries (PackedArrays).
-    assert a.key is not b.key and a.key.base is b.key.base
-    assert a.row_descr is not None and b.row_descr is not None and a.row_descr.base is a.key.base
+    block = a.key.base
+    assert block is not None and a.key is not b.key and b.key.base is block
+    assert a.row_descr is not None and b.row_descr is not None and a.row_descr.base is block
     # Time order still holds: a request older than what was read is refused, point by point.
     older = decoder.decode(request(["node-a"], 4, T0 + 5 * 10 * S).SerializeToString())
     assert older.rejected == older.points == 4 * (1 + len(ERROR_TYPES)) and not older.frames
@@ -232,8 +233,8 @@ def test_packed_arrays_are_read_only_copies_side_by_side_and_a_full_block_starts
         assert o.dtype == a.dtype and o.shape == a.shape and (o == a).all() and not o.flags.writeable
         assert o.ctypes.data % 16 == 0
     assert out[0].base is out[1].base is out[2].base, "one block"
-    more = [packed.pack(np.arange(8, dtype=np.int64)) for _ in range(4)]  # 64 bytes each: a block holds three more
-    assert more[0].base is out[0].base and more[3].base is not out[0].base
+    more = [packed.pack(np.arange(8, dtype=np.int64)) for _ in range(4)]  # 64 bytes each: the block holds two more
+    assert more[1].base is out[0].base and more[2].base is more[3].base is not out[0].base
     assert (more[3] == np.arange(8)).all()
     big, empty = np.arange(9, dtype=np.int64), np.zeros(0)
     assert packed.pack(big) is big and not big.flags.writeable, "past max_bytes: the array itself"
