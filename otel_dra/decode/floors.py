@@ -89,8 +89,8 @@ class SeriesFloors:
         pending = self._pending
         if pending and isinstance(waiting, int):
             last_keys, last_times, last_at, last_version = pending[-1]
-            n = len(last_keys if last_keys is not None else last_at)  # type: ignore[arg-type]
-            if last_version == version and isinstance(last_times, int) and n == len(times):
+            # (the same places or keys as the last batch's: the same number of points, each at one time)
+            if last_version == version and isinstance(last_times, int):
                 if placed and last_keys is None:
                     assert at is not None  # (placed)
                     same = last_at is not None and (last_at is at or np.array_equal(last_at, at))
