@@ -245,10 +245,11 @@ class Fleet:
             self.start()
             next_at = time.monotonic() + self.config.evaluate_every_s
             while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-                try:
-                    self.tick()
-                except Exception as exc:  # a failed tick must not end the fleet
-                    log.error("evaluation tick failed; retrying next tick", exc_info=exc)
+                with self.heap.tick():  # (its large arrays on pages of their own, handed back as freed)
+                    try:
+                        self.tick()
+                    except Exception as exc:  # a failed tick must not end the fleet
+                        log.error("evaluation tick failed; retrying next tick", exc_info=exc)
                 self.heap.after_tick()
                 next_at = max(next_at + self.config.evaluate_every_s, time.monotonic())
         finally:

@@ -69,9 +69,11 @@ from otel_dra.sinks.config import EndpointConfig
     show_default=True,
     help="After a tick, hand the memory the C library holds free back to the system when it holds a lot "
     "(glibc's malloc_trim, at most 1% of the time): requests and ticks free temporaries that would otherwise "
-    "stay resident, about as much again as the devices' windows at 8,000 devices. Also keeps numpy's large "
-    "arrays off transparent huge pages, where one written byte makes 2 MB resident (NUMPY_MADVISE_HUGEPAGE, "
-    "when set, decides that instead).",
+    "stay resident, about as much again as the devices' windows at 8,000 devices. During a tick, its large "
+    "arrays get pages of their own, handed back as each is freed, rather than growing the heap (glibc's mmap "
+    "threshold lowered for the tick; MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES, when they "
+    "set one, decide instead). Also keeps numpy's large arrays off transparent huge pages, where one written byte "
+    "makes 2 MB resident (NUMPY_MADVISE_HUGEPAGE, when set, decides that instead).",
 )
 @click.option(
     "--render-fork/--no-render-fork",

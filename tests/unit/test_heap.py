@@ -3,6 +3,9 @@ tick, only when there is enough of it, and trims take at most their share of the
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -11,7 +14,15 @@ from otel_dra import policy
 from otel_dra.component import ConfigError
 from otel_dra.config import FleetConfig
 from otel_dra.fleet import Fleet
-from otel_dra.heap import HeapTrimConfig, HeapTrimmer, HeapUse, _glibc, numpy_small_pages
+from otel_dra.heap import (
+    MMAP_THRESHOLD_MAX,
+    HeapTrimConfig,
+    HeapTrimmer,
+    HeapUse,
+    _glibc,
+    numpy_small_pages,
+    thresholds_chosen,
+)
 from otel_dra.receivers.config import ReceiverConfig
 from otel_dra.sinks.config import EndpointConfig
 from tests.conftest import wait_for
@@ -81,11 +92,58 @@ def test_off_it_never_calls_the_c_library():
         ("min_free_bytes", -1, "HeapTrimConfig.min_free_bytes must not be negative, got -1"),
         ("min_free_share", float("nan"), "HeapTrimConfig.min_free_share must not be negative, got nan"),
         ("max_time_share", 0.0, "HeapTrimConfig.max_time_share must be in (0, 1], got 0.0"),
+        ("tick_mmap_threshold", -1, f"HeapTrimConfig.tick_mmap_threshold must be in [0, {MMAP_THRESHOLD_MAX}] bytes"),
+        ("tick_mmap_threshold", 64 << 20, "HeapTrimConfig.tick_mmap_threshold must be in .* got 67108864"),
     ],
 )
 def test_a_bad_setting_is_named(field, value, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         HeapTrimConfig(**{field: value})
+
+
+#: A fresh interpreter's heap (none of the free room other tests leave: glibc fills free room, and the heap's top,
+#: before it maps a block apart): the bytes mapped apart for a 2 MiB array between ticks (kept), then one during a
+#: tick, and what is left mapped after that one is freed. (glibc's own threshold starts at 128 kB: the first array
+#: would be mapped apart, and the tick's too.)
+_TICK_PAGES = """
+import numpy as np
+from otel_dra.heap import HeapTrimConfig, HeapTrimmer, _glibc
+use = _glibc().use
+trimmer = HeapTrimmer(HeapTrimConfig())
+trimmer.start()
+size = 2 << 20
+before = use().mapped
+buffer = np.ones(size // 8)
+between = use().mapped - before
+with trimmer.tick():
+    before = use().mapped
+    array = np.ones(size // 8)
+    during = use().mapped - before
+    del array
+    freed = use().mapped - before
+print(between, during, freed)
+"""
+
+
+@pytest.mark.skipif(thresholds_chosen(), reason="this run's environment sets glibc's thresholds")
+def test_a_ticks_large_arrays_have_pages_of_their_own_and_the_receivers_the_heap():
+    out = subprocess.run([sys.executable, "-c", _TICK_PAGES], capture_output=True, text=True, check=True, timeout=60)
+    between, during, freed = map(int, out.stdout.split())
+    assert between < 2 << 20, "between ticks a receiver's 2 MiB buffer should come from the heap"
+    assert during >= 2 << 20, "a tick's large array should be a mapped block of its own"
+    assert freed < 2 << 20, "freed, its pages should go back to the system at once"
+
+
+def test_thresholds_the_environment_sets_are_left_alone(monkeypatch, caplog):
+    assert thresholds_chosen({"MALLOC_MMAP_THRESHOLD_": "131072"})
+    assert thresholds_chosen({"MALLOC_TRIM_THRESHOLD_": "0"})
+    assert thresholds_chosen({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=65536"})
+    assert not thresholds_chosen({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert not thresholds_chosen({})
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    with caplog.at_level(logging.INFO, logger="otel_dra.heap"):
+        HeapTrimmer(HeapTrimConfig()).start()
+    assert "thresholds left as the environment sets them" in caplog.text
 
 
 def test_the_running_fleet_trims_after_its_ticks():
