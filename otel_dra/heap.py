@@ -1,4 +1,5 @@
-"""The fleet process's memory: the heap's free memory given back after a tick, numpy's arrays on small pages.
+"""The fleet process's memory: the heap's free memory given back after a tick, a tick's large arrays apart from the
+heap, numpy's arrays on small pages.
 
 A fleet's receivers and ticks allocate and free temporaries of every size on several threads (request bodies,
 decoded frames, a tick's arrays). glibc keeps what is freed inside its heaps (the main one, and an arena for
