@@ -184,7 +184,7 @@ class VerdictText:
         #: A large fleet's text as it was last made: each block's devices (the board's entries) and its members.
         self._blocks: list[tuple[Sequence[Pair], bytes, bytes]] = []
 
-    def render(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]]) -> bytes:
+    def render(self, verdicts: Iterable[Pair]) -> bytes:
         """The text exposition of both metric families."""
         return b"".join(self.chunks(verdicts))
 
@@ -219,7 +219,7 @@ class VerdictText:
         flags = _VALUES[-1 if state is None else _STATE_INDEX.get(state, -1)]
         return shape.lines(values, health_text(verdict, self._health_texts), flags)
 
-    def chunks(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]], batch: int = BATCH) -> Iterator[bytes]:
+    def chunks(self, verdicts: Iterable[Pair], batch: int = BATCH) -> Iterator[bytes]:
         """:meth:`render`'s text in pieces of ``batch`` devices' lines, made as they are read: what a fleet
         of 100,000 devices renders (some 330 MB of text) need never be held at once
         (:class:`~otel_dra.sinks.exposition.ExpositionCache` compresses it as it comes).
@@ -242,7 +242,7 @@ class VerdictText:
             if text := unpack.decompress(piece):
                 yield text
 
-    def exposition(self, verdicts: Iterable[tuple[Verdict, Mapping[str, str]]]) -> Iterator[bytes] | Gzipped:
+    def exposition(self, verdicts: Iterable[Pair]) -> Iterator[bytes] | Gzipped:
         """What :class:`~otel_dra.sinks.exposition.ExpositionCache` keeps of the verdicts: :meth:`chunks` of a
         small fleet; a large one's text gzip-compressed (the cache keeps a large rendering so anyway), its blocks
         kept and made again only where a verdict changed (:meth:`gzipped`)."""
@@ -252,7 +252,7 @@ class VerdictText:
             return self.chunks(pairs)
         return self.gzipped(pairs)
 
-    def gzipped(self, pairs: Sequence[tuple[Verdict, Mapping[str, str]]]) -> Gzipped:
+    def gzipped(self, pairs: Sequence[Pair]) -> Gzipped:
         """:meth:`render`'s text as gzip members (RFC 1952's members one after another are one stream): each
         family's HELP and TYPE, then a member for each block of :data:`BATCH` devices' lines. A block whose
         devices, verdicts and attributes are those of the last call (the board's same entries) keeps its
