@@ -173,27 +173,28 @@ class HeapTrimmer:
             log.info("glibc's mmap and trim thresholds left as the environment sets them")
             return
         # Fixed where glibc's own would rise to: between ticks, the heap as before (and glibc's trim of its top).
-        if self._calls.mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD_MAX) and self._set_mmap(MMAP_THRESHOLD_MAX):
+        between = MMAP_THRESHOLD_MAX
+        if self._mallopt(_M_TRIM_THRESHOLD, 2 * between) and self._mallopt(_M_MMAP_THRESHOLD, between):
             self._tick_threshold = self.config.tick_mmap_threshold
 
     def shutdown(self, timeout_s: float) -> None:
         self._calls = None
 
-    def _set_mmap(self, threshold: int) -> bool:
-        return self._calls is not None and self._calls.mallopt(_M_MMAP_THRESHOLD, threshold) == 1
+    def _mallopt(self, param: int, value: int) -> bool:
+        """glibc's ``mallopt``; True when it took the setting."""
+        return self._calls is not None and self._calls.mallopt(param, value) == 1
 
     @contextmanager
     def tick(self) -> Iterator[None]:
         """A tick: its arrays of ``tick_mmap_threshold`` bytes or more that the heap has no free room for are mapped
         pages of their own, handed back as each is freed, not heap grown (what other threads allocate meanwhile
         too: a tick is a small share of the time)."""
-        if not self._tick_threshold or not self._set_mmap(self._tick_threshold):
-            yield
-            return
+        lowered = self._tick_threshold > 0 and self._mallopt(_M_MMAP_THRESHOLD, self._tick_threshold)
         try:
             yield
         finally:
-            self._set_mmap(MMAP_THRESHOLD_MAX)
+            if lowered:
+                self._mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
 
     def due(self, use: HeapUse) -> bool:
         """Whether free memory is worth a trim. glibc counts the pages a trim handed back as free still (they
