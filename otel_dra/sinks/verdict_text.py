@@ -33,6 +33,7 @@ from otel_dra.frame import FrozenAttrs
 from otel_dra.sinks._mapping import prometheus_label
 from otel_dra.sinks.exposition import Gzipped, gzip_member
 from otel_dra.sinks.verdict_metrics import HEALTH_KEYS, health_attributes
+from otel_dra.state.board import Pair
 from otel_dra.vocabulary import HW_STATES
 
 _STATUS = "hw_status"
@@ -65,8 +66,6 @@ _MAX_HEALTH_TEXTS = 10_000
 _MAX_SHAPES = 1_000
 
 HealthTexts = dict[tuple[object, ...], str]
-#: A device on the board: its verdict and attributes.
-Pair = tuple[Verdict, Mapping[str, str]]
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,8 @@ from otel_dra.logs import keys
 
 log = logging.getLogger(__name__)
 _VERDICT = operator.itemgetter(0)
+#: A device on the board: its verdict and its attributes (what every verdict sink reads).
+Pair = tuple[Verdict, Mapping[str, str]]
 
 
 class VerdictBoard:
@@ -27,7 +29,7 @@ class VerdictBoard:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         #: (verdict, its device's attributes) by (node, hw.id): a pair, so a snapshot is one C-level copy
-        self._entries: dict[tuple[str, str], tuple[Verdict, Mapping[str, str]]] = {}
+        self._entries: dict[tuple[str, str], Pair] = {}
         self.version = 0  # bumps on every change; watchers wait for it to move
         self._registry_generation = -1  # the registry's generation :meth:`publish` last forgot devices at
         self.closed = False
@@ -84,7 +86,7 @@ class VerdictBoard:
             self.closed = True
             self._lock.notify_all()
 
-    def snapshot(self) -> list[tuple[Verdict, Mapping[str, str]]]:
+    def snapshot(self) -> list[Pair]:
         with self._lock:
             return list(self._entries.values())
 
