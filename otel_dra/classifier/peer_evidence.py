@@ -171,25 +171,27 @@ def cap_peers(w: Window) -> CapPeers:
     # Its peers: its own bin's, or where those are too few, every bin from its own up ("bin >= level"), keyed (kind,
     # span, cohort, bin or level). Own bins first; then the pools of the levels some device has too few peers in
     # its own bin at: each device joins every such level up to its bin's, and the needy read their bin's level's
-    # (their last copy). A large fleet's bins are full: few copies, not one a device and level (at 100,000 devices
-    # those were 3.7 times its rows, sorted out of cache: 68 ms of cap_peers an evaluation, 23 ms without them).
+    # (their last copy). A large fleet's bins are full: no level pooled, none of the copies made (one a device and
+    # level, 3.7 times its rows at 100,000 devices: 68 ms of cap_peers an evaluation sorted them, 23 ms without
+    # them; the copies' indexes alone 4 ms of 30).
     n_keys = n_spans * len(g.cohort_names) * n_bins
     own_key = group * n_bins + b[eligible]
     own, own_others = quantile_of_others(share[eligible], own_key, n_keys, q)
     needy = own_others + 1 < peers[eligible]
-    needed = np.zeros(n_keys, dtype=bool)
-    needed[own_key[needy]] = True
-    copies = b[eligible] + 1
-    member = np.repeat(np.arange(eligible.size), copies)
-    level_key = group[member] * n_bins + np.arange(member.size) - np.repeat(np.cumsum(copies) - copies, copies)
-    kept = needed[level_key]
-    up, up_others = quantile_of_others(share[eligible[member[kept]]], level_key[kept], n_keys, q)
-    at = np.cumsum(kept)[np.cumsum(copies) - 1] - 1  # each needy device's copy at its own bin's level
     reference = nans(n_spans * n)
     reference[eligible[~needy]] = own[~needy]
     up_ok = flatnonzero(needy)
-    up_ok = up_ok[up_others[at[up_ok]] + 1 >= peers[eligible[up_ok]]]
-    reference[eligible[up_ok]] = up[at[up_ok]]
+    if up_ok.size:  # (none where every bin is full, as a large fleet's are: no copies made for nothing)
+        needed = np.zeros(n_keys, dtype=bool)
+        needed[own_key[needy]] = True
+        copies = b[eligible] + 1
+        member = np.repeat(np.arange(eligible.size), copies)
+        level_key = group[member] * n_bins + np.arange(member.size) - np.repeat(np.cumsum(copies) - copies, copies)
+        kept = needed[level_key]
+        up, up_others = quantile_of_others(share[eligible[member[kept]]], level_key[kept], n_keys, q)
+        at = np.cumsum(kept)[np.cumsum(copies) - 1] - 1  # each needy device's copy at its own bin's level
+        up_ok = up_ok[up_others[at[up_ok]] + 1 >= peers[eligible[up_ok]]]
+        reference[eligible[up_ok]] = up[at[up_ok]]
     references = list(reference.reshape(n_spans, n))
     node_medians = list(at_node.reshape(n_spans, n))
     # A reported limit against its cohort's; a seen one (no limit series: POWER_PINNED is judged only against one),
