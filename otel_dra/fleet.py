@@ -245,6 +245,9 @@ class Fleet:
             self.start()
             next_at = time.monotonic() + self.config.evaluate_every_s
             while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+                if self.endpoint is not None:
+                    # A rendering a scrape waits for goes first: half a period at most (never a stall, Freshness.pace).
+                    self.endpoint.cache.idle(0.5 * self.config.evaluate_every_s)
                 with self.heap.tick():  # (its large arrays on pages of their own, handed back as freed)
                     try:
                         self.tick()

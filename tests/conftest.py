@@ -102,6 +102,7 @@ REALTIME_MODULES = frozenset(
         "test_e2e_prometheus.py",
         "test_e2e_sources.py",
         "test_e2e_state.py",
+        "test_fleet_run.py",
         "test_grafana_rules.py",
         "test_k8s_lease.py",
         "test_kubelet_stream.py",

@@ -129,6 +129,15 @@ class ExpositionCache:
             self._stale = False
             self._render()
 
+    def idle(self, timeout_s: float) -> bool:
+        """Wait until no rendering runs, ``timeout_s`` at most; whether none does. A fleet's tick waits so before
+        it starts: a rendering a scrape is waiting for (a fleet's first, on both cores) took half as long again
+        with ticks holding the interpreter beside it (100,000 devices in process: 0.30 s alone, 0.43-0.47 s)."""
+        if not self._rendering.acquire(timeout=timeout_s):
+            return False
+        self._rendering.release()
+        return True
+
     def _render(self) -> None:
         t0 = time.perf_counter()
         head = generate_latest(self._registry)

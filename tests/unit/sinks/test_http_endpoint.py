@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -308,3 +309,27 @@ def test_a_rendering_its_maker_compressed_is_kept_as_it_is_and_served_to_either_
     plain = (cache.body(False) or b"").decode()
     assert plain.endswith(text.decode()) and "fleet_ticks_total 1.0" in plain
     assert gzip.decompress(cache.body(True) or b"").decode() == plain
+
+
+def test_idle_waits_for_a_rendering_in_progress_and_says_whether_none_runs():
+    """What a fleet's tick waits on before it starts (``Fleet.run``): a rendering running holds it, bounded."""
+    entered, release = threading.Event(), threading.Event()
+
+    def extra() -> bytes:
+        entered.set()
+        release.wait(10)
+        return b"a 1\n"
+
+    cache = ExpositionCache(CollectorRegistry(), 60.0, extra=extra)
+    assert cache.idle(0.0)  # nothing rendering
+    renderer = threading.Thread(target=cache.render)
+    renderer.start()
+    try:
+        assert entered.wait(5)
+        assert not cache.idle(0.05)  # still rendering after the bound: the caller goes on
+        release.set()
+        assert cache.idle(5)
+    finally:
+        release.set()
+        renderer.join(5)
+    assert (cache.body(False) or b"").endswith(b"a 1\n")
