@@ -18,8 +18,8 @@ decoder alike: each node admitted, and the first point of each (node, time) chec
 it. Anything the walk would say something about (a value not finite, a negative counter, a time out of range or past
 the receiver's bound, a device refused) sends the line down the walk, which says it. A template is made only of a
 line whose walk found nothing to say: every point taken, none skipped or set aside, and each time and value the split
-found the walk's point's, in the walk's order (no text that only looks like a point's fields, in a key of an
-attribute list or beside a point, is taken for one).
+found the walk's point's, in the walk's order, each time's text after a ``"timeUnixNano"`` key (no text that only
+looks like a point's fields, in a key of an attribute list, beside a point or in its start time, is taken for one).
 
 A value reads as the walk reads it, whichever of ``asInt`` and ``asDouble`` holds it: an ``asInt`` string's text by
 ``float``; an ``asDouble`` number's text by ``float`` too, which is the parser's value (both round correctly), but
@@ -40,9 +40,13 @@ if TYPE_CHECKING:
     from otel_dra.decode.json_shapes import FrameTable
 
 #: A point's time and value: its time's digits (group 1), then (past a start time, whose digits are not kept) an
-#: ``asInt`` string's digits (2) or an ``asDouble`` number (3, JSON's grammar for one).
+#: ``asInt`` string's digits (2) or an ``asDouble`` number (3, JSON's grammar for one). The pattern starts at the time
+#: key's ``UnixNano`` (its ``"time`` stays in the piece before): a regex's scan for where a match may start stops at
+#: each byte that is the pattern's first, and a line has a ``"`` every few bytes but a ``U`` twice a point (a split
+#: of a node's export ~20% faster). A start time's key ends in ``UnixNano`` too: :func:`make_template` takes only
+#: lines whose every match follows ``"time`` (:func:`_at_times`).
 _POINT: Final = re.compile(
-    rb'"timeUnixNano":"([0-9]{1,20})",(?:"startTimeUnixNano":"[0-9]{1,20}",)?'
+    rb'UnixNano":"([0-9]{1,20})",(?:"startTimeUnixNano":"[0-9]{1,20}",)?'
     rb'"as(?:Int":"(-?[0-9]{1,20})"|Double":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))'
 )
 #: Templates kept per node (a node's counters restarting changes its lines' start times: a new template), and in all.
@@ -113,20 +117,29 @@ def points_of(text: bytes) -> Points | None:
     return Points(xxhash.xxh3_128_digest(b"\0".join(parts[0::4])), parts[1::4], parts[2::4], parts[3::4])
 
 
+def _at_times(text: bytes) -> bool:
+    """Whether each point the split finds in ``text`` follows a ``"time`` (its ``timeUnixNano`` key's, not a start
+    time's ``startTimeUnixNano`` before a value: ``"startTimeUnixNano":"1","asInt":"2","timeUnixNano":"3"`` holds a
+    match at the start time). A template's lines hold its pieces, so each of their matches follows ``"time`` too."""
+    return all(text.endswith(b'"time', 0, m.start()) for m in _POINT.finditer(text))
+
+
 def make_template(
+    text: bytes,
     points: Points,
     entries: list[int],
     spans: list[tuple[int, bool, int]],
     nodes: list[str],
     generation: dict[str, int] | None = None,
 ) -> Template | None:
-    """The template of a line (or one resource of it) whose walk took every point (``entries``, in the line's
-    order), read metric by metric (``spans``: each metric's resource, whether it is a counter, and its points); None
-    when the split did not find exactly those points (a point's fields in another order, an exemplar's time).
-    ``generation``: each admitted node's admission, which the template stands by."""
+    """The template of a line (or one resource of it: ``text``, split into ``points``) whose walk took every point
+    (``entries``, in the line's order), read metric by metric (``spans``: each metric's resource, whether it is a
+    counter, and its points); None when the split did not find exactly those points (a point's fields in another
+    order, an exemplar's time, a start time's digits taken for a time). ``generation``: each admitted node's
+    admission, which the template stands by."""
     n = len(entries)
     counts = [count for _, _, count in spans]
-    if len(points.times) != n or sum(counts) != n or len(nodes) > np.iinfo(np.int16).max:
+    if len(points.times) != n or sum(counts) != n or len(nodes) > np.iinfo(np.int16).max or not _at_times(text):
         return None
     known = generation or {}
     return Template(

@@ -404,7 +404,7 @@ class OtlpJsonDecoder(DecoderCore):
                 continue
             spans = [(r - resources[0], c, n) for r, c, n in line.spans if resources[0] <= r <= resources[-1]]
             template = make_template(
-                points, line.entries[lo:hi], spans, nodes[resources[0] : resources[-1] + 1], generation
+                piece, points, line.entries[lo:hi], spans, nodes[resources[0] : resources[-1] + 1], generation
             )
             # Each time and value the split found is the walk's point's, in its order (the split's texts are the
             # points), and a resource's piece is a JSON object on its own (the line is its resources side by side).

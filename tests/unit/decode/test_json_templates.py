@@ -203,12 +203,35 @@ def test_a_key_that_looks_like_a_points_fields_is_not_taken_for_one() -> None:
         metrics[0]["gauge"]["dataPoints"][0]["attributes"][0]['x"timeUnixNano'] = "5"
         energy = metrics[1]["sum"]["dataPoints"][0]
         energy.pop("timeUnixNano")
+        energy.pop("startTimeUnixNano")  # (a start time before its value is a match of the split's: see below)
         energy["timeUnixNano"] = str(T0 + k * S)  # (after its value: this point is not split out)
         text = json.dumps(doc, separators=(",", ":"))
         return text.replace('"5"', '"5","asInt":"9"', 1).encode()
 
     assert len(points_of(line(0)).times) == 2  # type: ignore[union-attr]  # (the look-alike, and the power's)
     decoder = _agree([line(k) for k in range(4)])
+    assert decoder.lines_templated == 0
+
+
+def test_a_start_time_before_a_value_is_not_taken_for_the_points_time() -> None:
+    """A point whose start time comes before its value and its time after (``"startTimeUnixNano":"S","asInt":"v",
+    "timeUnixNano":"T"``) holds a match of the split at its start time. A line where S is T would make a template
+    whose split reads S for the time; a next line with S moved and T kept (in the template's pieces) would be read
+    off it at S. No template is made of such a line: every line is walked, with the walk's times."""
+
+    def line(start: int, time: int, value: int) -> bytes:
+        point = {"attributes": _attrs({"hw.id": "gpu-0"}), "startTimeUnixNano": str(start), "asInt": str(value)}
+        point["timeUnixNano"] = str(time)
+        metric = {"name": "hw.energy", "unit": "J", "sum": {"aggregationTemporality": 2, "isMonotonic": True}}
+        metric["sum"]["dataPoints"] = [point]  # type: ignore[index]
+        resource = {"resource": {"attributes": _attrs({"k8s.node.name": "node-1"})}}
+        resource["scopeMetrics"] = [{"scope": {"name": "test"}, "metrics": [metric]}]
+        return json.dumps({"resourceMetrics": [resource]}, separators=(",", ":")).encode()
+
+    first = line(T0, T0, 5)
+    split = points_of(first)
+    assert split is not None and split.times == [str(T0).encode()]  # (the start time's digits)
+    decoder = _agree([first, line(T0 - 5 * S, T0, 7), line(T0 + S, T0 + S, 9), line(T0 - 9 * S, T0 + S, 11)])
     assert decoder.lines_templated == 0
 
 
@@ -233,9 +256,8 @@ def test_lines_no_template_can_read_are_split_only_now_and_then(monkeypatch: pyt
 
 
 def test_points_of_splits_times_and_values_and_digests_the_rest() -> None:
-    a = points_of(
-        b'{"x":[{"startTimeUnixNano":"1","timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}'
-    )
+    text_a = b'{"x":[{"startTimeUnixNano":"1","timeUnixNano":"5","asInt":"-3"},{"timeUnixNano":"6","asDouble":1.5e3}]}'
+    a = points_of(text_a)
     b = points_of(
         b'{"x":[{"startTimeUnixNano":"1","timeUnixNano":"7","asInt":"4"},{"timeUnixNano":"8","asDouble":-2}]}'
     )
@@ -254,8 +276,8 @@ def test_points_of_splits_times_and_values_and_digests_the_rest() -> None:
     minus_zero = points_of(b'{"x":[{"timeUnixNano":"5","asDouble":-0}]}')
     assert minus_zero is not None and minus_zero.values() is None  # (the parser's 0, not float's -0.0: the walk's)
     # A time that is no point's (an exemplar's, another field's) makes no template.
-    assert make_template(a, [0], [(0, False, 1)], ["node-1"]) is None
-    template = make_template(a, [0, 1], [(0, False, 2)], ["node-1"])
+    assert make_template(text_a, a, [0], [(0, False, 1)], ["node-1"]) is None
+    template = make_template(text_a, a, [0, 1], [(0, False, 2)], ["node-1"])
     assert template is not None and template.single and template.counter.tolist() == [False, False]
 
 
