@@ -98,12 +98,17 @@ def replay(
     schema = Schema()
     every_ns = round(evaluate_every_s * 1e9)
     stage = DecodeStage(paths, schema, limits or DecodeLimits(), process=decode_process, evaluate_every_ns=every_ns)
-    classifier = Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True)
+    # Built at the first evaluation, not here: a decode process starts at the first step asked for, and the
+    # classifier's policy is compiled beside its first lines (the slow ones), not before it starts.
+    made: list[Classifier] = []
     pending: list[Step] = []  # the steps since the last evaluation that brought samples
     now = 0  # the recording's clock after the last line read
     outcomes: dict[Outcome, Outcome] = {}
 
-    def judge(now_ns: int) -> None:
+    def judge(now_ns: int) -> Classifier:
+        if not made:
+            made.append(Classifier(policy, schema, interval_s=RING_INTERVAL_S, node_time=True))
+        classifier = made[0]
         if pending:
             classifier.ingest_batch(_batch_of(pending, len(schema)))
             pending.clear()
@@ -117,6 +122,7 @@ def replay(
             result.verdict_lines += 1
             result.first_time_ns = min(result.first_time_ns or verdict.time_unix_nano, verdict.time_unix_nano)
         result.evaluations += 1
+        return classifier
 
     # Each step is the lines up to one the grid evaluates after (or a few dozen lines), decoded: the decode stage
     # reads the recording's clock and cuts the steps (DecodeStage, Grid), in this process or in its child.
@@ -140,7 +146,7 @@ def replay(
                 progress(step.size)
             del step  # (nothing of it held while the next is decoded: only its samples, in ``pending``)
     if result.frames:
-        judge(now)
+        classifier = judge(now)
         result.last_time_ns = now
         intervals = classifier.intervals(np.flatnonzero(classifier.registry.active))
         intervals = intervals[~np.isnan(intervals)]

@@ -64,6 +64,10 @@ _CHILD: Final = (
     "from otel_dra.decode.stage import child_main; sys.exit(child_main())"
 )
 _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
+#: The judge's side reads the pipe this much at a time, at most (a buffer, not a bound on a message): once the child
+#: is ahead the pipe is full, and each read that frees room wakes the child, a cost paid by the reader (~30 µs in a
+#: VM): a read the size of the pipe's buffer takes every step waiting, one wake-up for several steps, not one each.
+READ_BUFFER: Final = 1 << 18
 #: Device tables the child numbers at most (:attr:`DecodeStage.max_tables`): more than the decoder keeps.
 MAX_TABLES: Final = 100_000
 
@@ -294,7 +298,7 @@ def _exec(paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: in
     """A new interpreter running this module's child_main (not multiprocessing's spawn, which imports the
     caller's __main__ again: a script without a __name__ guard would run twice)."""
     command = [sys.executable, "-c", _CHILD.format(root=_PACKAGE_ROOT)]
-    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=READ_BUFFER)
     assert child.stdin is not None and child.stdout is not None
     try:
         with child.stdin:
@@ -347,7 +351,7 @@ def _fork(paths: list[Path], limits: DecodeLimits, max_tables: int, every_ns: in
         finally:
             os._exit(code)
     os.close(writer)
-    return _Forked(pid), open(reader, "rb")  # (closed by the caller)
+    return _Forked(pid), open(reader, "rb", buffering=READ_BUFFER)  # (closed by the caller)
 
 
 def _worth_a_process(paths: Sequence[Path]) -> bool:
