@@ -86,7 +86,10 @@ class PolicyGroups:
         #: The last :meth:`at`: (the thresholds it read, its rows' and their groups' bytes, what it gave).
         self._row_params: tuple[RuleParams, tuple[bytes, bytes], RowParams] | None = None
         #: What :meth:`device_params` gave, by the rows' groups (their bytes), for the thresholds it read.
-        self._device_params: tuple[RuleParams, dict[bytes, DeviceParams]] | None = None
+        #: (the thresholds they are of, DeviceParams by the rows' groups, shared thresholds' views by batch shape)
+        self._device_params: (
+            tuple[RuleParams, dict[bytes, DeviceParams], dict[tuple[int, ...], dict[str, np.ndarray]]] | None
+        ) = None
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
         self.group = grown_rows(self.group, capacity, keep=keep)
@@ -184,42 +187,46 @@ class PolicyGroups:
     def device_params(self, rows: np.ndarray) -> DeviceParams:
         """What the sample stage needs for these rows (only its thresholds read: a batch is often a node's). Kept
         by the rows' groups while the compiled thresholds stay the same (batches of a fleet of few groups are
-        few arrays of groups, whatever their rows), read-only."""
+        few arrays of groups, whatever their rows), read-only. A batch of a new mix of groups (a replay's: the
+        nodes heard since the last evaluation, a different mix each time) reads the thresholds every group shares
+        (a policy's usual: no model overrides them) as views kept by the batch's size, not at its rows again."""
         group = self.group[rows]
         kept = self._device_params
         if kept is None or kept[0] is not self.params:
-            kept = self._device_params = (self.params, {})
+            kept = self._device_params = (self.params, {}, {})
         key = group.tobytes()
         found = kept[1].get(key)
         if found is not None:
             return found
         shape = np.shape(rows)
-
-        def at(values: np.ndarray) -> np.ndarray:
-            return at_group(values, group, shape)
-
-        p = self.params
-        thermal, cooling, throttling, link = p.thermal, p.cooling, p.power_throttling, p.link
-        out = DeviceParams(
-            temp_degraded=at(thermal.fallback_limits.high_degraded),
-            temp_critical=at(thermal.fallback_limits.high_critical),
-            fan_min_rpm=at(cooling.min_rpm),
-            fan_min_ratio=at(cooling.min_ratio),
-            warm=at(cooling.warm),
-            pinned_ratio=at(throttling.pinned_ratio),
-            capped_share=at(throttling.capped_share),
-            mem_full=at(p.memory_pressure.utilization),
-            gen_min_util=at(link.generation_min_utilization),
-            busy_util=at(throttling.busy_utilization),
-            default_gen=at(link.default_generation),
-            default_width=at(link.default_width),
-            groups=group,
-            driver=self._driver,
-            rate_of_gen=self._rate_of_gen,
-        )
-        for values in vars(out).values():
-            if isinstance(values, np.ndarray):
+        thresholds = kept[2].get(shape)
+        if thresholds is None:
+            p = self.params
+            thermal, cooling, throttling, link = p.thermal, p.cooling, p.power_throttling, p.link
+            by_name = {
+                "temp_degraded": thermal.fallback_limits.high_degraded,
+                "temp_critical": thermal.fallback_limits.high_critical,
+                "fan_min_rpm": cooling.min_rpm,
+                "fan_min_ratio": cooling.min_ratio,
+                "warm": cooling.warm,
+                "pinned_ratio": throttling.pinned_ratio,
+                "capped_share": throttling.capped_share,
+                "mem_full": p.memory_pressure.utilization,
+                "gen_min_util": link.generation_min_utilization,
+                "busy_util": throttling.busy_utilization,
+                "default_gen": link.default_generation,
+                "default_width": link.default_width,
+            }
+            thresholds = {name: at_group(values, group, shape) for name, values in by_name.items()}
+            for values in thresholds.values():
                 values.flags.writeable = False
+            if all(values.strides == (0,) for values in by_name.values()):  # (shared: the same for any rows)
+                if len(kept[2]) >= MAX_KEPT_PARAMS:
+                    kept[2].clear()
+                kept[2][shape] = thresholds
+        group.flags.writeable = False
+        # (the thresholds by their fields' names: mypy reads ** of a dict as any field's type, ``_driver``'s too)
+        out = DeviceParams(**thresholds, groups=group, driver=self._driver, rate_of_gen=self._rate_of_gen)  # type: ignore[arg-type]
         if len(kept[1]) >= MAX_KEPT_PARAMS:
             kept[1].clear()
         kept[1][key] = out
