@@ -86,9 +86,10 @@ class PolicyGroups:
         #: The last :meth:`at`: (the thresholds it read, its rows' and their groups' bytes, what it gave).
         self._row_params: tuple[RuleParams, tuple[bytes, bytes], RowParams] | None = None
         #: What :meth:`device_params` gave, by the rows' groups (their bytes), for the thresholds it read.
-        #: (the thresholds they are of, DeviceParams by the rows' groups, shared thresholds' views by batch shape)
+        #: ... and the thresholds every group shares, by the batch's shape (DeviceParams' fields by name: any
+        #: field's type, as ``**`` gives them).
         self._device_params: (
-            tuple[RuleParams, dict[bytes, DeviceParams], dict[tuple[int, ...], dict[str, np.ndarray]]] | None
+            tuple[RuleParams, dict[bytes, DeviceParams], dict[tuple[int, ...], dict[str, Any]]] | None
         ) = None
 
     def resize(self, capacity: int, keep: np.ndarray | None = None) -> None:
@@ -225,8 +226,7 @@ class PolicyGroups:
                     kept[2].clear()
                 kept[2][shape] = thresholds
         group.flags.writeable = False
-        # (the thresholds by their fields' names: mypy reads ** of a dict as any field's type, ``_driver``'s too)
-        out = DeviceParams(**thresholds, groups=group, driver=self._driver, rate_of_gen=self._rate_of_gen)  # type: ignore[arg-type]
+        out = DeviceParams(**thresholds, groups=group, driver=self._driver, rate_of_gen=self._rate_of_gen)
         if len(kept[1]) >= MAX_KEPT_PARAMS:
             kept[1].clear()
         kept[1][key] = out
