@@ -158,10 +158,10 @@ def replay(
 
 
 def _batch_of(steps: list[Step], ncols: int) -> Batch | None:
-    """The batch of the steps' frames (those with samples), one evaluation's."""
-    if len(steps) == 1:  # (the usual: one step an evaluation)
-        s = steps[0]
-        return Batch.of_parts(s.tables, s.stamps, s.sizes, s.heard, [s.values], ncols)
+    """The batch of the steps' frames (those with samples), one evaluation's: the step's own where it is one (the
+    usual: one step an evaluation), made beside the decoding (:class:`~otel_dra.decode.stage.Step`)."""
+    if len(steps) == 1 and (batch := steps[0].batch) is not None and batch.values.shape[1] == ncols:
+        return batch
     return Batch.of_parts(
         [t for s in steps for t in s.tables],
         [t for s in steps for t in s.stamps],

@@ -36,23 +36,30 @@ class Samples:
 
     def rounds(self, ordered: bool) -> list[np.ndarray] | None:
         """Where the samples go in rounds that have every device at most once, each device's samples in arrival
-        order: each round's positions among the samples, in order; None where every device is sampled once (one
-        round, the usual tick; ``ordered``: the rows are known to be unique, a single frame's)."""
-        rows = self.rows
-        if ordered or all_of(rows[1:] > rows[:-1]):  # ascending rows: every device once
-            return None
-        # Occurrence rank of each row within the batch (0 for a device's first sample, 1 for its
-        # second, ...), so each round has every device at most once, in arrival order. (Slices and concatenate, not
-        # np.diff and np.r_: their Python-level cost is most of a small batch's.)
-        order = np.argsort(rows, kind="stable")
-        sorted_rows = rows[order]
-        starts = np.concatenate(([0], flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1))
-        if starts.size == rows.size:  # every device once (the usual tick): one round, in batch order
-            return None
-        rank_sorted = np.arange(rows.size) - starts.repeat(np.concatenate((starts[1:], [rows.size])) - starts)
-        rank = np.empty(rows.size, dtype=np.int64)
-        rank[order] = rank_sorted
-        return [flatnonzero(rank == r) for r in range(int(rank.max()) + 1)]
+        order (:func:`rounds_of` their rows); None where every device is sampled once (one round, the usual tick;
+        ``ordered``: the rows are known to be unique, a single frame's)."""
+        return None if ordered else rounds_of(self.rows)
+
+
+def rounds_of(devices: np.ndarray) -> list[np.ndarray] | None:
+    """Where samples of ``devices`` (per sample, a number that is its device's alone: its row, or a replay's decode
+    stage's number for its node and ``hw.id``) go in rounds that have every device at most once, each device's
+    samples in order: each round's positions among the samples, in order; None where every device is sampled
+    once."""
+    if all_of(devices[1:] > devices[:-1]):  # ascending: every device once
+        return None
+    # Occurrence rank of each device within the batch (0 for a device's first sample, 1 for its
+    # second, ...), so each round has every device at most once, in arrival order. (Slices and concatenate, not
+    # np.diff and np.r_: their Python-level cost is most of a small batch's.)
+    order = np.argsort(devices, kind="stable")
+    ordered = devices[order]
+    starts = np.concatenate(([0], flatnonzero(ordered[1:] != ordered[:-1]) + 1))
+    if starts.size == devices.size:  # every device once (the usual tick): one round, in batch order
+        return None
+    rank_sorted = np.arange(devices.size) - starts.repeat(np.concatenate((starts[1:], [devices.size])) - starts)
+    rank = np.empty(devices.size, dtype=np.int64)
+    rank[order] = rank_sorted
+    return [flatnonzero(rank == r) for r in range(int(rank.max()) + 1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,9 @@ class Batch:
     read: np.ndarray  # per sample, whether it read its device (a row all NaN was not read this time)
     times: np.ndarray  # per sample, its frame's time (unix ns)
     arrivals: np.ndarray  # per sample, when its frame was heard (unix ns, the reference clock)
+    #: The rounds of its read samples (:meth:`Samples.rounds`) where they were worked out already, as a replay's
+    #: decode stage does beside its decoding ([]: every device once); None: not yet.
+    rounds: list[np.ndarray] | None = None
 
     @classmethod
     def of(cls, frames: list[Frame], arrivals_unix_nano: list[int] | int | None, ncols: int) -> Batch | None:
@@ -93,10 +103,12 @@ class Batch:
         heard: list[int] | int | None,
         matrices: list[np.ndarray],
         ncols: int,
+        devices: np.ndarray | None = None,
     ) -> Batch | None:
         """The batch of frames given as their parts (frames with samples: each one's table, time, devices and when
         it was heard, as :meth:`of` takes them), their values as ``matrices``: one a frame, or fewer, each holding
-        the next frames' rows (a decode process sends a batch's as one); ``None``: no frame."""
+        the next frames' rows (a decode process sends a batch's as one); ``None``: no frame. ``devices``: per
+        sample, a number that is its device's alone (:func:`rounds_of`): the batch's rounds are worked out here."""
         if not tables:
             return None
         values = stacked(matrices, ncols)
@@ -112,7 +124,10 @@ class Batch:
             arrivals = np.full(times.shape, heard, dtype=np.int64)
         else:
             arrivals = np.repeat(np.asarray(heard, dtype=np.int64), counts)
-        return cls(tables, sizes, offsets, everyone, values, read, times, arrivals)
+        rounds = None
+        if devices is not None:  # (the rounds of the read samples, as ingest_batch reads them: [] for none)
+            rounds = [] if len(tables) == 1 else rounds_of(devices if all(everyone) else devices[read]) or []
+        return cls(tables, sizes, offsets, everyone, values, read, times, arrivals, rounds)
 
     def samples(self, rows: np.ndarray, new: np.ndarray) -> Samples:
         """The samples that read their device, at ``rows`` (one a read sample); ``new``: per sample of the

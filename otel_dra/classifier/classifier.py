@@ -196,7 +196,7 @@ class Classifier:
         samples = batch.samples(*self.device_rows.of(batch))
         if samples.rows.size == 0:
             return
-        rounds = samples.rounds(ordered=len(batch.tables) == 1)
+        rounds = samples.rounds(ordered=len(batch.tables) == 1) if batch.rounds is None else batch.rounds or None
         if rounds is None or self.memory.waiting:  # (a device's memory is recalled as each round hears it: in turn)
             for s in [samples] if rounds is None else [samples.picked(at) for at in rounds]:
                 self.ingest_rows(s.rows, s.new, s.times, s.values, s.arrivals)

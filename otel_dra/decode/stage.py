@@ -41,6 +41,7 @@ from typing import IO, Any, Final, Literal, Protocol
 import numpy as np
 import numpy.ma  # (np.unique imports it at its first call, ~13 ms: here, so a forked decode process has it)
 
+from otel_dra.classifier.batch import Batch
 from otel_dra.decode.clock import TraceClock
 from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
@@ -71,6 +72,9 @@ _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 READ_BUFFER: Final = 1 << 18
 #: Device tables the child numbers at most (:attr:`DecodeStage.max_tables`): more than the decoder keeps.
 MAX_TABLES: Final = 100_000
+#: Devices the steps number (for their batches' rounds) before they start over: between steps, as a batch's
+#: numbers are compared only with each other.
+MAX_DEVICES: Final = 1_000_000
 
 #: How the child starts (:attr:`DecodeStage.start`): "fork", a copy of this process (~5 ms: its modules are
 #: imported already), or "exec", a new interpreter running ``_CHILD`` (~0.1 s of start and imports, before the
@@ -90,6 +94,7 @@ class Step:
     sizes: list[int]  # each frame's devices: its rows of ``values``
     heard: list[int]  # the clock once each frame's line was heard (unix ns)
     values: np.ndarray  # (samples, columns): the schema's columns as of the step's last line
+    batch: Batch | None  # the above as the judge ingests them, its rounds worked out (None: no frame with samples)
     frames: int  # frames decoded (those without samples too)
     lines: int
     errors: tuple[DecodeError, ...]
@@ -134,6 +139,10 @@ class _Steps:
         self._size = 0
         self._now = 0
         self._most = 1  # lines the next step holds at most: 1, 2, 4 ... BATCH_LINES
+        # A number for each device (node, hw.id) seen, and each table's devices' numbers: the batch's rounds are
+        # worked out on them as the judge's side would on its rows (one row a device).
+        self._device_numbers: dict[tuple[str, str], int] = {}
+        self._table_numbers: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
 
     def add(self, frames: list[Frame], errors: tuple[DecodeError, ...], limited: dict[str, int], size: int) -> bool:
         """One decoded line; whether the judge evaluates after it."""
@@ -154,6 +163,19 @@ class _Steps:
                 self._heard.append(now)
         return self.grid.due(now)
 
+    def _numbers_of(self, table: DeviceTable) -> np.ndarray:
+        """The numbers of a table's devices (a loop over them only for a table not seen before)."""
+        key = (table.node, table.ids)
+        found = self._table_numbers.get(key)
+        if found is None:
+            if len(self._device_numbers) >= MAX_DEVICES:  # (numbers only ever compared within one batch)
+                self._device_numbers.clear()
+                self._table_numbers.clear()
+            numbers = self._device_numbers
+            found = np.asarray([numbers.setdefault((table.node, d), len(numbers)) for d in table.ids], dtype=np.int64)
+            self._table_numbers[key] = found
+        return found
+
     def ended(self, due: bool) -> bool:
         """Whether the step ends with the line just added (``due``: the judge evaluates after it), or holds as many
         lines as it may."""
@@ -163,15 +185,23 @@ class _Steps:
         return True
 
     def take(self, evaluate: bool) -> Step:
-        """The step of the lines added since the last one."""
+        """The step of the lines added since the last one, with the batch the judge ingests them as (made here,
+        beside the decoding, not on the judge's side: in a small fleet's replay that side is the longer)."""
         frames = self._frames
         matrices = [f.values for f in frames]
+        tables = [f.devices for f in frames]
+        stamps = [f.time_unix_nano for f in frames]
+        sizes = [len(m) for m in matrices]
+        width = len(self.schema)
+        values = stacked(matrices, width)
+        devices = np.concatenate([self._numbers_of(t) for t in tables]) if tables else None
         step = Step(
-            [f.devices for f in frames],
-            [f.time_unix_nano for f in frames],
-            [len(m) for m in matrices],
+            tables,
+            stamps,
+            sizes,
             self._heard,
-            stacked(matrices, len(self.schema)),
+            values,
+            Batch.of_parts(tables, stamps, sizes, self._heard, [values], width, devices),
             self._count,
             self.lines,
             tuple(self._errors),
@@ -256,7 +286,7 @@ class DecodeStage:
                     raise RuntimeError(f"the replay's decode process ended unexpectedly (exit code {code})") from None
                 kind = message[0]
                 if kind == "step":
-                    _, columns, new_tables, reset, numbers, parts, width, values = message
+                    _, columns, new_tables, reset, numbers, parts, width, values, made = message
                     for column in columns:
                         self.schema.index(column)
                     if reset:
@@ -264,7 +294,9 @@ class DecodeStage:
                     tables.update(new_tables)
                     stamps, sizes, heard, *rest = parts
                     values = values.reshape(sum(sizes), width)
-                    yield Step([tables[n] for n in numbers], stamps, sizes, heard, values, *rest)
+                    step_tables = [tables[n] for n in numbers]
+                    batch = None if made is None else Batch(step_tables, sizes, made[0], made[1], values, *made[2:])
+                    yield Step(step_tables, stamps, sizes, heard, values, batch, *rest)
                 elif kind == "end":
                     self.totals = message[1]
                     return
@@ -404,7 +436,10 @@ def _decode_in_child(
             step.now_ns,
             step.evaluate,
         )
-        send(("step", columns, dict(new_tables), reset, tables, parts, step.values.shape[1], step.values.reshape(-1)))
+        b = step.batch  # (its arrays beside the values; its tables are the step's, as numbers)
+        made = None if b is None else (b.offsets, b.everyone, b.read, b.times, b.arrivals, b.rounds)
+        values = step.values.reshape(-1)
+        send(("step", columns, dict(new_tables), reset, tables, parts, step.values.shape[1], values, made))
         new_tables.clear()
         reset = False
 

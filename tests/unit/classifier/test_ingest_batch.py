@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from otel_dra import policy as policy_mod
 from otel_dra.classifier import Classifier
+from otel_dra.classifier.batch import Batch
 from otel_dra.frame import Column, DeviceTable, Frame, Schema, attrs_of
 
 S = 10**9
@@ -148,3 +149,41 @@ def test_a_batchs_rounds_hold_each_device_once_its_samples_in_order(listed: list
         expected += [[]] * (k + 1 - len(expected))
         expected[k] = [*expected[k], i]
     assert [list(r) for r in rounds] == expected
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(frame_spec, min_size=1, max_size=8))
+def test_rounds_worked_out_on_numbers_for_the_devices_are_those_of_their_rows(specs):
+    """A replay's decode stage works a batch's rounds out beside its decoding, on its own number for each (node,
+    hw.id) (``Batch.of_parts``'s ``devices``): they are the rounds the judge's side works out on the rows it gives
+    them, devices not read left out, and a batch ingested with them leaves the classifier as one without."""
+    schema = Schema([TEMP, UNCORRECTED])
+    frames, heard = frames_of(specs, 0, {})
+    kept = [(f, at) for f, at in zip(frames, heard, strict=True) if len(f.values)]
+    numbers: dict[tuple[str, str], int] = {}
+    devices = [numbers.setdefault((f.devices.node, d), len(numbers)) for f, _ in kept for d in f.devices.ids]
+
+    def batch(with_numbers: bool) -> Batch | None:
+        return Batch.of_parts(
+            [f.devices for f, _ in kept],
+            [f.time_unix_nano for f, _ in kept],
+            [len(f.values) for f, _ in kept],
+            [at for _, at in kept],
+            [f.values for f, _ in kept],
+            len(schema),
+            np.asarray(devices, dtype=np.int64) if with_numbers else None,
+        )
+
+    ours, theirs = batch(True), batch(False)
+    if ours is None or theirs is None:
+        assert ours is None and theirs is None
+        return
+    assert theirs.rounds is None and ours.rounds is not None
+    rows, new = Classifier(policy_mod.load(), schema, interval_s=10).device_rows.of(theirs)
+    expected = theirs.samples(rows, new).rounds(ordered=len(theirs.tables) == 1)
+    assert [r.tolist() for r in ours.rounds] == [r.tolist() for r in expected or []]
+    with_rounds, without = (Classifier(policy_mod.load(), schema, interval_s=10) for _ in range(2))
+    with_rounds.ingest_batch(ours)
+    without.ingest_batch(theirs)
+    now = T0 + 20 * S
+    assert state(with_rounds, now) == state(without, now)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otel_dra.classifier.batch import Batch
 from otel_dra.decode.clock import TraceClock
 from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
@@ -115,6 +116,24 @@ def test_a_child_decodes_what_one_process_does_in_order_with_its_errors_counts_a
     # A table crosses once: the judge's side shares each table object as the decoder did.
     assert table_sharing(there) == table_sharing(here)
     assert len(set(table_sharing(there))) < sum(len(step.tables) for step in there)
+
+
+def test_each_steps_batch_is_that_of_its_frames_made_beside_the_decoding(recordings, start):
+    """A step carries its frames as the batch the judge ingests (made by the decode stage, in its process), the
+    batch of its parts with the judge's side's tables, its rounds worked out."""
+    for process in (False, True):
+        steps, _, _ = decoded(recordings, process=process)
+        for step in steps:
+            made = Batch.of_parts(step.tables, step.stamps, step.sizes, step.heard, [step.values], step.values.shape[1])
+            if made is None:
+                assert step.batch is None
+                continue
+            ours = step.batch
+            assert ours is not None and ours.rounds is not None
+            assert all(a is b for a, b in zip(ours.tables, step.tables, strict=True))
+            assert ours.sizes == made.sizes and ours.everyone == made.everyone
+            for name in ("offsets", "values", "read", "times", "arrivals"):
+                np.testing.assert_array_equal(getattr(ours, name), getattr(made, name))
 
 
 def test_steps_end_where_the_grid_evaluates_and_hold_a_few_dozen_lines_at_most(recordings):
