@@ -131,6 +131,11 @@ class Line:
         """The line's result: its unknown metrics and its caps' refusals (one line each, first: one line says
         what many points share) join its log; the first few of it quoted."""
         log = self.log
+        if not (self.unknown or self.tally.counts or log.metric_errors or log.point_errors or log.hidden):
+            # Nothing to say (a line read off its template, as most are): the result without the log's assembly.
+            return DecodeResult(
+                frames, self.points, self.skipped, ignored=self.ignored, clock_jumps=clock_jumps, stray=self.stray
+            )
         for metric, n in self.unknown.items():
             log.metric(unknown_problem(JSON_DIALECT, metric, n))
         log.limit_errors = [DecodeError(log.lineno, one_line(text)) for text in self.tally.lines(limits)]

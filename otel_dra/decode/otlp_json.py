@@ -41,6 +41,7 @@ import orjson
 import xxhash
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.numeric import all_of, any_of
 from otel_dra.decode.assembly import last_wins, scatter
 from otel_dra.decode.attributes import NODE, NOT_COLUMN_ATTRS, READ_ATTRIBUTES
 from otel_dra.decode.caps import DEVICE_REASONS, LIMITED, Refusal
@@ -307,7 +308,7 @@ class OtlpJsonDecoder(DecoderCore):
             return False
         times = points.times
         v = np.asarray(values, np.float64)
-        if not np.isfinite(v).all() or (v[template.counter] < 0.0).any():
+        if not all_of(np.isfinite(v)) or any_of(v[template.counter] < 0.0):  # (not ndarray.all's Python wrapper)
             return False
         if template.single and times and times.count(times[0]) == len(times):
             first: dict[tuple[int, bytes], int] = {(0, times[0]): 0}  # (one node, one time: the usual line)
