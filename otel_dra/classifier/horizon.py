@@ -16,7 +16,7 @@ cleared; a device that skipped buckets (a gap) has each skipped one handled the 
 a handful of array operations per skipped bucket, never a loop over devices.
 
 Like the window store, the horizon is feature-major: buckets ``(B, features, devices)`` and
-totals ``(features, devices)``, a batch of samples ``(features, devices)``.
+totals ``(spans, features, devices)``, a batch of samples ``(features, devices)``.
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ class HorizonStore:
         self.counts = np.zeros((b, features, capacity), dtype=np.uint16)
         self.ids = np.full((b, capacity), _NONE, dtype=np.int64)  # the bucket each slot holds
         self.head = np.full(capacity, _NONE, dtype=np.int64)  # each row's newest bucket
-        self.total_sums = [np.zeros((features, capacity)) for _ in self.spans]
+        # Each span's totals, the spans side by side (one call updates all of them: a small fleet's cost is calls).
+        self.total_sums = np.zeros((len(self.spans), features, capacity))
         # int32: a span's count is at most its buckets' (uint16 each), far below 2**31.
-        self.total_counts = [np.zeros((features, capacity), dtype=np.int32) for _ in self.spans]
+        self.total_counts = np.zeros((len(self.spans), features, capacity), dtype=np.int32)
 
     @property
     def capacity(self) -> int:
@@ -60,17 +61,16 @@ class HorizonStore:
         self.counts = grown_rows(self.counts, capacity, axis=2, keep=keep)
         self.ids = grown_rows(self.ids, capacity, axis=1, keep=keep)
         self.head = grown_rows(self.head, capacity, keep=keep)
-        self.total_sums = [grown_rows(t, capacity, axis=1, keep=keep) for t in self.total_sums]
-        self.total_counts = [grown_rows(t, capacity, axis=1, keep=keep) for t in self.total_counts]
+        self.total_sums = grown_rows(self.total_sums, capacity, axis=2, keep=keep)
+        self.total_counts = grown_rows(self.total_counts, capacity, axis=2, keep=keep)
 
     def clear(self, rows: np.ndarray) -> None:
         """A row's start state. Its bucket slots' sums and counts are left: a slot is read only while its id is
         the bucket it holds, and zeroed when a bucket enters it."""
         self.ids[:, rows] = _NONE
         self.head[rows] = _NONE
-        for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            s[:, rows] = 0.0
-            c[:, rows] = 0
+        self.total_sums[:, :, rows] = 0.0
+        self.total_counts[:, :, rows] = 0
 
     def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray, values: np.ndarray) -> None:
         """One sample per row (rows unique): ``values`` is ``(features, len(rows))``, NaN = absent.
@@ -94,9 +94,8 @@ class HorizonStore:
         valid = ~np.isnan(values)
         add = np.where(valid, values, 0.0).astype(np.float32)  # totals add what the buckets hold
         ix.add_slots((self.sums, self.counts), bucket % self.buckets, (add, valid.astype(np.uint16)))
-        for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            ix.add(s, add, axis=1)
-            ix.add(c, valid, axis=1)
+        ix.add(self.total_sums, add[None], axis=2)  # (every span's: each total gets the one addition it got alone)
+        ix.add(self.total_counts, valid[None], axis=2)
 
     def _advance(self, ix: RowIndex, head: np.ndarray, gap: np.ndarray) -> None:
         """Move rows from bucket ``head`` to ``head + gap``: buckets leave each span, slots free up."""
@@ -104,7 +103,7 @@ class HorizonStore:
         moving = gap > 0
         if not all_of(moving):
             ix, head, gap = RowIndex(ix.rows[moving]), head[moving], gap[moving]
-        for span, s, c in zip(self.spans, self.total_sums, self.total_counts, strict=True):
+        for span, s, c in zip(self.spans, self.total_sums, self.total_counts, strict=True):  # (views: written through)
             # Buckets head-span+1 .. head+gap-span leave the span (at most ``span`` of them).
             for k in range(int(min(gap.max(), span))):
                 sub, leaving = _subset(ix, gap > k, head - span + 1 + k)
@@ -122,13 +121,12 @@ class HorizonStore:
             sub.put_slots(self.sums, slot, 0.0)
             sub.put_slots(self.counts, slot, 0)
             sub.put_slots(self.ids, slot, entering)
-        for s, c in zip(self.total_sums, self.total_counts, strict=True):
-            # No float residue where a span now holds nothing (only a moving row had anything taken out).
-            empty = ix.take(c, axis=1) == 0
-            if any_of(empty):
-                totals = ix.take(s, axis=1)
-                np.copyto(totals, 0.0, where=empty)
-                ix.written_back(s, totals, axis=1)
+        # No float residue where a span now holds nothing (only a moving row had anything taken out).
+        empty = ix.take(self.total_counts, axis=2) == 0
+        if any_of(empty):
+            totals = ix.take(self.total_sums, axis=2)
+            np.copyto(totals, 0.0, where=empty)
+            ix.written_back(self.total_sums, totals, axis=2)
 
     def span_sums(self, span_index: int, rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
         """(sums, counts) of every feature over span ``span_index`` for ``rows``: ``(features, rows)`` each."""
