@@ -168,9 +168,6 @@ class _Steps:
         key = (table.node, table.ids)
         found = self._table_numbers.get(key)
         if found is None:
-            if len(self._device_numbers) >= MAX_DEVICES:  # (numbers only ever compared within one batch)
-                self._device_numbers.clear()
-                self._table_numbers.clear()
             numbers = self._device_numbers
             found = np.asarray([numbers.setdefault((table.node, d), len(numbers)) for d in table.ids], dtype=np.int64)
             self._table_numbers[key] = found
@@ -194,6 +191,9 @@ class _Steps:
         sizes = [len(m) for m in matrices]
         width = len(self.schema)
         values = stacked(matrices, width)
+        if len(self._device_numbers) >= MAX_DEVICES:  # (between steps: a batch's numbers are compared with each other)
+            self._device_numbers.clear()
+            self._table_numbers.clear()
         devices = np.concatenate([self._numbers_of(t) for t in tables]) if tables else None
         step = Step(
             tables,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_dra.classifier.batch import Batch
+from otel_dra.classifier.batch import Batch, rounds_of
 from otel_dra.decode.clock import TraceClock
 from otel_dra.decode.files import InputFileError, read_lines
 from otel_dra.decode.limits import DecodeLimits
@@ -134,6 +134,24 @@ def test_each_steps_batch_is_that_of_its_frames_made_beside_the_decoding(recordi
             assert ours.sizes == made.sizes and ours.everyone == made.everyone
             for name in ("offsets", "values", "read", "times", "arrivals"):
                 np.testing.assert_array_equal(getattr(ours, name), getattr(made, name))
+
+
+def test_device_numbers_start_over_between_steps_and_each_batch_keeps_its_rounds(recordings, monkeypatch):
+    """Past its bound the steps' numbering of devices starts over, between steps: a batch's numbers still name one
+    device each, so its rounds are those of its devices (by node and hw.id)."""
+    monkeypatch.setattr("otel_dra.decode.stage.MAX_DEVICES", 3)
+    steps, _, _ = decoded(recordings, process=False)
+    checked = 0
+    for step in steps:
+        if step.batch is None:
+            continue
+        keys: dict[tuple[str, str], int] = {}
+        devices = np.asarray([keys.setdefault((t.node, d), len(keys)) for t in step.tables for d in t.ids])
+        read = devices[step.batch.read]
+        expected = [] if len(step.tables) == 1 else rounds_of(read) or []
+        assert [r.tolist() for r in step.batch.rounds or []] == [r.tolist() for r in expected]
+        checked += len(step.tables) > 1
+    assert checked
 
 
 def test_steps_end_where_the_grid_evaluates_and_hold_a_few_dozen_lines_at_most(recordings):
