@@ -199,7 +199,7 @@ class PolicyGroups:
         found = kept[1].get(key)
         if found is not None:
             return found
-        shape = np.shape(rows)
+        shape = rows.shape
         thresholds = kept[2].get(shape)
         if thresholds is None:
             p = self.params

@@ -185,11 +185,11 @@ def cap_peers(w: Window) -> CapPeers:
         needed = np.zeros(n_keys, dtype=bool)
         needed[own_key[needy]] = True
         copies = b[eligible] + 1
-        member = np.repeat(np.arange(eligible.size), copies)
-        level_key = group[member] * n_bins + np.arange(member.size) - np.repeat(np.cumsum(copies) - copies, copies)
+        member = np.arange(eligible.size).repeat(copies)  # (ndarray methods: numpy's wrappers cost a small fleet)
+        level_key = group[member] * n_bins + np.arange(member.size) - (copies.cumsum() - copies).repeat(copies)
         kept = needed[level_key]
         up, up_others = quantile_of_others(share[eligible[member[kept]]], level_key[kept], n_keys, q)
-        at = np.cumsum(kept)[np.cumsum(copies) - 1] - 1  # each needy device's copy at its own bin's level
+        at = kept.cumsum()[copies.cumsum() - 1] - 1  # each needy device's copy at its own bin's level
         up_ok = up_ok[up_others[at[up_ok]] + 1 >= peers[eligible[up_ok]]]
         reference[eligible[up_ok]] = up[at[up_ok]]
     references = list(reference.reshape(n_spans, n))

@@ -73,7 +73,7 @@ def grouped_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tup
     if values.size == 0:
         return median, size
     ordered = values[_order(values, groups)]
-    start = np.cumsum(size) - size
+    start = size.cumsum() - size
     some = flatnonzero(size)
     lo = start[some] + (size[some] - 1) // 2
     hi = start[some] + size[some] // 2
@@ -105,7 +105,7 @@ def quantile_of_others(
     order = _order(values, groups)
     ordered = values[order]
     size = np.bincount(groups, minlength=n_groups)
-    start = np.cumsum(size) - size
+    start = size.cumsum() - size
     rank = np.empty(n, dtype=np.intp)
     rank[order] = np.arange(n) - start[groups[order]]
     others = size[groups] - 1
@@ -160,13 +160,13 @@ def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
     if span <= DENSE_TABLE_PER_ROW * combined.size + DENSE_TABLE_MIN:
         present = np.zeros(span, dtype=np.intp)
         present[combined] = 1
-        number = np.cumsum(present) - 1  # each present key's place among them, in key order
+        number = present.cumsum() - 1  # each present key's place among them, in key order
         return number[combined], int(number[-1]) + 1
     order = np.argsort(combined, kind="stable")
     ordered = combined[order]
     starts = np.concatenate(([True], ordered[1:] != ordered[:-1]))
     ids = np.empty(combined.shape, dtype=np.intp)
-    ids[order] = np.cumsum(starts) - 1
+    ids[order] = starts.cumsum() - 1
     return ids, int(starts.sum())
 
 
@@ -285,7 +285,7 @@ def _medians_of_two(
 
 def load_bins(util: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Each row's utilization bin (0 .. len(edges)); -1 where its utilization is unknown."""
-    return np.where(np.isnan(util), -1, np.searchsorted(edges, nan_to_num(util), side="right"))
+    return np.where(np.isnan(util), -1, edges.searchsorted(nan_to_num(util), side="right"))
 
 
 class PeerHistory:

@@ -44,7 +44,7 @@ def group_medians(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tupl
         order = None
     else:
         order = np.argsort(groups.astype(np.int16) if n_groups <= RADIX_GROUPS else groups, kind="stable")
-    start = np.concatenate(([0], np.cumsum(size)[:-1]))
+    start = np.concatenate(([0], size.cumsum()[:-1]))
     for g in flatnonzero(size).tolist():
         at = slice(start[g], start[g] + size[g])
         part = values[at] if order is None else values[order[at]]
@@ -59,7 +59,8 @@ def _median(values: np.ndarray) -> float:
     n = values.size
     if n > SMALL_MEDIAN or n == 0:
         return float(np.median(values))
-    ordered = np.sort(values)  # (NaN sorts last)
+    ordered = values.copy()  # (np.sort's copy and sort, without its Python-level wrapper)
+    ordered.sort()  # (NaN sorts last)
     if np.isnan(ordered[-1]):
         return float("nan")
     mid = n // 2
@@ -102,7 +103,7 @@ def centre(
     own = (known[cohort] >= min_devices) & (cohort_size > 0)
     fleet_ok = ((int(np.count_nonzero(members)) >= min_devices) & (count > 0))[:, None]
     fleet_med, fleet_mad = np.zeros(k), np.zeros(k)
-    end = np.cumsum(count)
+    end = count.cumsum()
     # The fleet's centre, of the counters some row falls back to (a loop over the few counters, never over devices).
     for c in flatnonzero(fleet_ok[:, 0] & ~own.all(axis=1)).tolist():
         held = flatnonzero(size[c])
