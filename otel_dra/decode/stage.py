@@ -9,14 +9,16 @@ receivers → processors split of an OpenTelemetry Collector's pipeline, with a 
 The stage also reads the recording's clock (:class:`~otel_dra.decode.clock.TraceClock`) line by line, beside the
 decoding, and cuts the lines into the judge's steps (:class:`Step`): each ends at a line after which the judge
 evaluates (:class:`Grid`, every few seconds of that clock) or after ``BATCH_LINES`` lines, and holds its frames as
-a batch's parts, their values one matrix. The judge's side makes each evaluation's batch of them as they come
-(``Batch.of_parts``), with no object a line or a frame: in a small fleet's replay those were a tenth of its time.
+a batch's parts, their values one matrix, and as the batch the judge ingests (``Batch.of_parts``, with the rounds of
+a device sampled twice worked out on the stage's own numbers for its node and ``hw.id``), made here beside the
+decoding: no object a line or a frame on the judge's side, which in a small fleet's replay is the longer stage.
 
 What crosses the pipe is a step: its frames' times, devices and tables (as numbers), its values as one float64
-buffer, its errors, refusals, size and clock. A device table crosses once, when first used, so the judge's side
-holds one table object per table the decoder made, as it would in one process (the classifier finds a node's rows
-by its table's identity); the schema's new columns cross before the first step that uses them. The pipe holds at
-most a step or two, so the child stays only that far ahead: memory stays bounded whatever the recording's size.
+buffer, its batch's other arrays and rounds, its errors, refusals, size and clock. A device table crosses once, when
+first used, so the judge's side holds one table object per table the decoder made, as it would in one process (the
+classifier finds a node's rows by its table's identity); the schema's new columns cross before the first step that
+uses them. The pipe and the judge's read buffer hold a few hundred kB of steps at most, so the child stays only that
+far ahead: memory stays bounded whatever the recording's size.
 
 The child is a fork of this process where that is safe (Linux, no other thread running: ~5 ms to its first line,
 its modules imported already), else a new interpreter (~0.1 s of start and imports, the judge's side idle).
