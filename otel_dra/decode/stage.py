@@ -9,9 +9,10 @@ receivers → processors split of an OpenTelemetry Collector's pipeline, with a 
 The stage also reads the recording's clock (:class:`~otel_dra.decode.clock.TraceClock`) line by line, beside the
 decoding, and cuts the lines into the judge's steps (:class:`Step`): each ends at a line after which the judge
 evaluates (:class:`Grid`, every few seconds of that clock) or after ``BATCH_LINES`` lines, and holds its frames as
-a batch's parts, their values one matrix, and as the batch the judge ingests (``Batch.of_parts``, with the rounds of
-a device sampled twice worked out on the stage's own numbers for its node and ``hw.id``), made here beside the
-decoding: no object a line or a frame on the judge's side, which in a small fleet's replay is the longer stage.
+a batch's parts, their values one matrix, and, where they are an evaluation's samples alone (the usual step), as the
+batch the judge ingests (``Batch.of_parts``, with the rounds of a device sampled twice worked out on the stage's own
+numbers for its node and ``hw.id``), made here beside the decoding: no object a line or a frame on the judge's side,
+which in a small fleet's replay is the longer stage.
 
 What crosses the pipe is a step: its frames' times, devices and tables (as numbers), its values as one float64
 buffer, its batch's other arrays and rounds, its errors, refusals, size and clock. A device table crosses once, when
@@ -96,7 +97,10 @@ class Step:
     sizes: list[int]  # each frame's devices: its rows of ``values``
     heard: list[int]  # the clock once each frame's line was heard (unix ns)
     values: np.ndarray  # (samples, columns): the schema's columns as of the step's last line
-    batch: Batch | None  # the above as the judge ingests them, its rounds worked out (None: no frame with samples)
+    #: The above as the judge ingests them, its rounds worked out, where they are an evaluation's batch whole (None:
+    #: no frame with samples, or one of several steps with samples before an evaluation, whose batch the judge makes
+    #: from their parts).
+    batch: Batch | None
     frames: int  # frames decoded (those without samples too)
     lines: int
     errors: tuple[DecodeError, ...]
@@ -141,6 +145,7 @@ class _Steps:
         self._size = 0
         self._now = 0
         self._most = 1  # lines the next step holds at most: 1, 2, 4 ... BATCH_LINES
+        self._alone = True  # no step with samples taken since the last one the judge evaluates after
         # A number for each device (node, hw.id) seen, and each table's devices' numbers: the batch's rounds are
         # worked out on them as the judge's side would on its rows (one row a device).
         self._device_numbers: dict[tuple[str, str], int] = {}
@@ -193,17 +198,21 @@ class _Steps:
         sizes = [len(m) for m in matrices]
         width = len(self.schema)
         values = stacked(matrices, width)
-        if len(self._device_numbers) >= MAX_DEVICES:  # (between steps: a batch's numbers are compared with each other)
-            self._device_numbers.clear()
-            self._table_numbers.clear()
-        devices = np.concatenate([self._numbers_of(t) for t in tables]) if tables else None
+        batch = None
+        if evaluate and self._alone and tables:  # (the evaluation's samples are this step's alone: its batch whole)
+            if len(self._device_numbers) >= MAX_DEVICES:  # (between steps: a batch's numbers are compared together)
+                self._device_numbers.clear()
+                self._table_numbers.clear()
+            devices = np.concatenate([self._numbers_of(t) for t in tables])
+            batch = Batch.of_parts(tables, stamps, sizes, self._heard, [values], width, devices)
+        self._alone = evaluate or (self._alone and not tables)
         step = Step(
             tables,
             stamps,
             sizes,
             self._heard,
             values,
-            Batch.of_parts(tables, stamps, sizes, self._heard, [values], width, devices),
+            batch,
             self._count,
             self.lines,
             tuple(self._errors),

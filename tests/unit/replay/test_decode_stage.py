@@ -119,21 +119,29 @@ def test_a_child_decodes_what_one_process_does_in_order_with_its_errors_counts_a
 
 
 def test_each_steps_batch_is_that_of_its_frames_made_beside_the_decoding(recordings, start):
-    """A step carries its frames as the batch the judge ingests (made by the decode stage, in its process), the
-    batch of its parts with the judge's side's tables, its rounds worked out."""
+    """A step that is an evaluation's samples alone carries them as the batch the judge ingests (made by the decode
+    stage, in its process), the batch of its parts with the judge's side's tables, its rounds worked out; a step
+    with samples before an evaluation's step carries none (the judge makes the batch of them all from their parts),
+    nor does that evaluation's step."""
     for process in (False, True):
         steps, _, _ = decoded(recordings, process=process)
+        alone, carried, several = True, 0, 0
         for step in steps:
             made = Batch.of_parts(step.tables, step.stamps, step.sizes, step.heard, [step.values], step.values.shape[1])
-            if made is None:
+            whole = step.evaluate and alone
+            alone = step.evaluate or (alone and made is None)
+            if made is None or not whole:
                 assert step.batch is None
+                several += made is not None
                 continue
+            carried += 1
             ours = step.batch
             assert ours is not None and ours.rounds is not None
             assert all(a is b for a, b in zip(ours.tables, step.tables, strict=True))
             assert ours.sizes == made.sizes and ours.everyone == made.everyone
             for name in ("offsets", "values", "read", "times", "arrivals"):
                 np.testing.assert_array_equal(getattr(ours, name), getattr(made, name))
+        assert carried and several  # (both kinds of step in these recordings)
 
 
 def test_device_numbers_start_over_between_steps_and_each_batch_keeps_its_rounds(recordings, monkeypatch):
