@@ -47,9 +47,10 @@ class CapPeers:
     duty span, the rate span) each device's share of time capped and its peers' reference share (NaN: no
     peers)."""
 
-    shares: tuple[np.ndarray, np.ndarray, np.ndarray]  # over the window, the duty span, the rate span
-    references: list[np.ndarray]  # the peer_quantile of its peers' shares, itself left out (NaN: too few)
-    node_medians: list[np.ndarray]  # the median share of its node's devices of its cohort (NaN: too few)
+    # (spans, rows) each, the spans in this order: the window, the duty span, the rate span.
+    shares: np.ndarray  # its share of the span's time at its power cap
+    references: np.ndarray  # the peer_quantile of its peers' shares, itself left out (NaN: too few)
+    node_medians: np.ndarray  # the median share of its node's devices of its cohort (NaN: too few)
     util: np.ndarray  # the window's mean utilization
     limit: np.ndarray  # its power limit over the window, W (reported, or seen: the power it drew while capped)
     limit_median: np.ndarray  # its cohort's median reported limit; a seen one's, its node's devices' of its cohort
@@ -192,8 +193,6 @@ def cap_peers(w: Window) -> CapPeers:
         at = kept.cumsum()[copies.cumsum() - 1] - 1  # each needy device's copy at its own bin's level
         up_ok = up_ok[up_others[at[up_ok]] + 1 >= peers[eligible[up_ok]]]
         reference[eligible[up_ok]] = up[at[up_ok]]
-    references = list(reference.reshape(n_spans, n))
-    node_medians = list(at_node.reshape(n_spans, n))
     # A reported limit against its cohort's; a seen one (no limit series: POWER_PINNED is judged only against one),
     # from enough capped samples, against its node's devices' of its cohort: the same job holds them at their caps.
     # Capped samples read low in a job's communication phases, so a seen limit under the bar by its mean is the
@@ -215,4 +214,6 @@ def cap_peers(w: Window) -> CapPeers:
         low = flatnonzero(seen & (limit < ratio * limit_median))
     if low.size:
         limit[low] = np.nanmax(w.store.samples(rows[low], F.POWER_LIMIT), axis=0)
-    return CapPeers(shares, references, node_medians, utils[0], limit, limit_median, seen)
+    spanned = (n_spans, n)  # (the spans side by side, as rows)
+    shared, referenced, node_medians = share.reshape(spanned), reference.reshape(spanned), at_node.reshape(spanned)
+    return CapPeers(shared, referenced, node_medians, utils[0], limit, limit_median, seen)

@@ -154,25 +154,25 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     t = w.params.power_throttling
     peers = w.cap_peers()
     duty = t.duty
-    bars = (t.throttle_share, duty, duty)
     held = w.on[:, R["power_throttling"]]
     stay = w.groups.policy.horizon.duty_hold_ratio
     margin = t.peer_margin
     margin = np.where(held, stay * margin, margin)
-    found = []
-    for share, reference, at_node, bar in zip(peers.shares, peers.references, peers.node_medians, bars, strict=True):
-        need = np.where(held, stay * bar, bar)
-        with np.errstate(invalid="ignore"):
-            # Peers at its load never capped leave no spread to clear: the bar alone then.
-            above = np.where(reference < QUIET_PEERS, 0.0, margin)
-            above_node = np.isnan(at_node) | (share - at_node >= margin)
-            found.append((share >= need) & (share - reference >= above) & above_node)
-    # It enters on the duty span, confirmed over the rate span, or by being capped while not busy, or by peers
-    # at its load that are never capped (15 and 30 minutes: a leaky GPU serving a traffic burst sits at its cap
-    # for minutes, and only while busy, where some of its peers do too); once on, the window or the duty span
-    # holds it.
-    idle_capped = peers.shares[1] - w.span_fraction(F.BUSY, DUTY_SPAN) >= margin
+    # The spans side by side (the window, the duty span, the rate span: rows of ``peers``' arrays), each against
+    # its own bar.
+    bars = np.stack((t.throttle_share, duty, duty))
+    need = np.where(held, stay * bars, bars)
+    # NaN is "no peers" or "no reference": comparisons with it are expected.
     with np.errstate(invalid="ignore"):
+        # Peers at its load never capped leave no spread to clear: the bar alone then.
+        above = np.where(peers.references < QUIET_PEERS, 0.0, margin)
+        above_node = np.isnan(peers.node_medians) | (peers.shares - peers.node_medians >= margin)
+        found = (peers.shares >= need) & (peers.shares - peers.references >= above) & above_node
+        # It enters on the duty span, confirmed over the rate span, or by being capped while not busy, or by peers
+        # at its load that are never capped (15 and 30 minutes: a leaky GPU serving a traffic burst sits at its cap
+        # for minutes, and only while busy, where some of its peers do too); once on, the window or the duty span
+        # holds it.
+        idle_capped = peers.shares[1] - w.span_fraction(F.BUSY, DUTY_SPAN) >= margin
         # Peers never capped over the duty span: capped for ``duty`` of the rate span too while its peers were never
         # capped over that span either (peers capped over the half hour, if not the last quarter, make its half
         # hour no outlier: the load moved), or in more than one run of minutes (one traffic burst that a leaky GPU
@@ -180,16 +180,14 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
         # asks, and a limit that comes and goes does so again).
         quiet = found[1] & (peers.references[1] < QUIET_PEERS)
         confirmed = (peers.shares[2] >= duty) & ~(peers.references[2] >= QUIET_PEERS)
-    # A cap reached only in its busiest minutes follows its load (a leaky GPU at each burst of traffic): its capped
-    # minutes' mean utilization more than `load_coupling` above its other minutes'.
-    shape = w.span_runs(F.THROTTLE_POWER, DUTY_SPAN, quiet & ~confirmed)
-    with np.errstate(invalid="ignore"):
+        # A cap reached only in its busiest minutes follows its load (a leaky GPU at each burst of traffic): its
+        # capped minutes' mean utilization more than `load_coupling` above its other minutes'.
+        shape = w.span_runs(F.THROTTLE_POWER, DUTY_SPAN, quiet & ~confirmed)
         follows_load = shape.util_on - shape.util_off > t.load_coupling
-    quiet_peers = quiet & (confirmed | ((shape.runs >= 2) & ~follows_load))
-    out = (found[1] & (found[2] | idle_capped | quiet_peers)) | (held & (found[0] | found[1]))
-    # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
-    # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.
-    with np.errstate(invalid="ignore"):
+        quiet_peers = quiet & (confirmed | ((shape.runs >= 2) & ~follows_load))
+        out = (found[1] & (found[2] | idle_capped | quiet_peers)) | (held & (found[0] | found[1]))
+        # A power limit well under its cohort's: lowered by firmware, a misconfiguration or the board (the
+        # remediation's "check firmware power limits"), it holds the device down whenever its job asks for more.
         out |= peers.limit < t.limit_ratio * peers.limit_median
     return out, t.state
 
