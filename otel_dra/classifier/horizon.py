@@ -25,7 +25,7 @@ import numpy as np
 
 from otel_dra.classifier.numeric import all_of, any_of
 from otel_dra.classifier.registry import grown_rows
-from otel_dra.classifier.rows import RowIndex
+from otel_dra.classifier.rows import RowIndex, ring_offsets
 
 _NONE = np.iinfo(np.int64).min  # "no bucket yet"
 
@@ -51,6 +51,7 @@ class HorizonStore:
         self.total_sums = np.zeros((len(self.spans), features, capacity))
         # int32: a span's count is at most its buckets' (uint16 each), far below 2**31.
         self.total_counts = np.zeros((len(self.spans), features, capacity), dtype=np.int32)
+        self._span_lengths = np.array(self.spans, dtype=np.int64)[:, None]  # (a column: one span a row)
 
     @property
     def capacity(self) -> int:
@@ -103,17 +104,26 @@ class HorizonStore:
         moving = gap > 0
         if not all_of(moving):
             ix, head, gap = RowIndex(ix.rows[moving]), head[moving], gap[moving]
-        for span, s, c in zip(self.spans, self.total_sums, self.total_counts, strict=True):  # (views: written through)
-            # Buckets head-span+1 .. head+gap-span leave the span (at most ``span`` of them).
-            for k in range(int(min(gap.max(), span))):
-                sub, leaving = _subset(ix, gap > k, head - span + 1 + k)
-                slot = leaving % self.buckets
-                held = sub.take_slots(self.ids, slot) == leaving
-                if any_of(held):
-                    sub, slot = _subset(sub, held, slot)
-                    sums, counts = sub.take_slots_of((self.sums, self.counts), slot)
-                    sub.subtract(s, sums, axis=1)
-                    sub.subtract(c, counts, axis=1)
+        # Buckets head-span+1 .. head+gap-span leave each span (at most ``span`` of them), the spans side by side:
+        # (spans, rows) arrays, each span's totals less its own leaving bucket, where a slot still holds it.
+        spans = self._span_lengths
+        capacity = self.capacity
+        sub, at, far = ix, head, gap
+        for k in range(int(min(gap.max(), self.buckets))):
+            if k:  # past the first bucket, only the rows that move further (a device back from a gap)
+                further = far > k
+                sub, at = _subset(sub, further, at)
+                far = far[further]
+            leaving = at - spans + 1 + k
+            slot = leaving % self.buckets
+            held = (self.ids.reshape(-1).take(slot * capacity + sub.rows) == leaving) & (k < spans)
+            if any_of(held):
+                cells = ring_offsets(self.sums.shape)[None] + (slot * (self.features * capacity) + sub.rows)[:, None, :]
+                mask = held[:, None, :]
+                for totals, ring in ((self.total_sums, self.sums), (self.total_counts, self.counts)):
+                    taken = sub.take(totals, axis=2)
+                    np.subtract(taken, ring.reshape(-1).take(cells), out=taken, where=mask)
+                    sub.written_back(totals, taken, axis=2)
         # Buckets head+1 .. head+gap enter: the newest ``buckets`` of them get a slot each.
         for k in range(int(min(gap.max(), self.buckets))):
             sub, entering = _subset(ix, gap > k, head + gap - k)

@@ -153,11 +153,11 @@ class RowIndex:
 
     def _flat(self, a: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Flat positions in the C-contiguous ring ``a`` of each (slot, ..., row): ``(..., len(rows))``."""
-        return _inner(a.shape) + (slots.astype(np.int64) * math.prod(a.shape[1:]) + self.rows)
+        return ring_offsets(a.shape) + (slots.astype(np.int64) * math.prod(a.shape[1:]) + self.rows)
 
 
 @functools.lru_cache(maxsize=64)
-def _inner(shape: tuple[int, ...]) -> np.ndarray:
+def ring_offsets(shape: tuple[int, ...]) -> np.ndarray:
     """The flat offset of each inner position (the ``...`` of ``(slot, ..., row)``) of a ring of ``shape``, as a
     column: the same for every batch while the ring keeps its shape (read-only, shared)."""
     cap = shape[-1]
