@@ -117,6 +117,8 @@ class Window:
         self._rates: dict[F, RateVerdict] = {}
         self._thermal: ThermalPeers | None = None
         self._capped: CapPeers | None = None
+        #: Per reason, whether it is on for any row (most evaluations: none, or a few reasons).
+        self._reasons_on = np.any(self.on, axis=0)
         #: The rules' thresholds for these rows (``w.params.thermal.min_fraction``: one per row).
         self.params = self.groups.at(self.rows)
 
@@ -235,8 +237,10 @@ class Window:
         (15 minutes by default), or, once ``reason`` is on, in ``duty x duty_hold_ratio`` of the duty span or
         of the longer rate span, so a fault that recurs is one episode, not one per burst."""
         read = self.span_share if share else self.span_fraction
-        stay = duty * self.groups.policy.horizon.duty_hold_ratio
         recent = read(f, DUTY_SPAN)
+        if not self._reasons_on[R[reason]]:  # (on for no row, the usual: nothing is held)
+            return recent >= duty
+        stay = duty * self.groups.policy.horizon.duty_hold_ratio
         held = self.on[:, R[reason]] & (np.maximum(recent, read(f, RATE_SPAN)) >= stay)
         return (recent >= duty) | held
 
