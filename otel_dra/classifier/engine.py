@@ -230,11 +230,8 @@ class VerdictEngine:
         neither is Healthy and ok, and its per-reason state does not change.
         """
         n = rows.shape[0]
+        worst, bits, remediation, scope = np.zeros((4, n), dtype=np.int64)  # (one allocation, a row each)
         health = np.full(n, HEALTHY, dtype=np.int64)
-        worst = np.zeros(n, dtype=np.int64)
-        bits = np.zeros(n, dtype=np.int64)
-        remediation = np.zeros(n, dtype=np.int64)
-        scope = np.zeros(n, dtype=np.int64)
         busy = flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
         was_group = self.verdict_group[rows]  # (a verdict whose group changed, say pcie to fabric, is a change)
         links = np.zeros(0, dtype=np.int32)  # the group codes of the link findings on (every row is evaluated)
@@ -281,10 +278,11 @@ class VerdictEngine:
             self.episodes[r], self.first_episode_at[r] = episodes, first
             rank = np.where(on, state.astype(np.int64) * len(SCOPES) + _SCOPE_RANK[scopes] + 1, 0)
             pick = rank.argmax(axis=1)
-            picked = rank[np.arange(busy.size), pick] > 0
-            scope[busy] = np.where(picked, scopes[np.arange(busy.size), pick], 0)
+            each = np.arange(busy.size)
+            picked = rank[each, pick] > 0
+            scope[busy] = np.where(picked, scopes[each, pick], 0)
             verdict_group = np.zeros(rows.shape[0], dtype=np.int32)
-            verdict_group[busy] = np.where(picked, group_codes[np.arange(busy.size), pick], 0)
+            verdict_group[busy] = np.where(picked, group_codes[each, pick], 0)
             self.verdict_group[rows] = verdict_group
 
             worst[busy] = np.where(on, state, 0).max(axis=1)

@@ -208,7 +208,8 @@ def thermal_residuals(
     """
     n = temp.shape[0]
     fields = ("residual", "sigma", "peers", "base", "slope", "node_temp", "node_util", "offset")
-    out = ThermalResiduals(**{k: nans(n) for k in fields}, slot_known=np.zeros(n, dtype=bool))
+    block = nans((len(fields), n))  # (one array, each field a row of it: one allocation, not eight)
+    out = ThermalResiduals(**dict(zip(fields, block, strict=True)), slot_known=np.zeros(n, dtype=bool))
     out.peers[:] = 0.0
     rows = flatnonzero(judged & ~np.isnan(temp))
     # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, and a
