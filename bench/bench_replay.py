@@ -1,8 +1,8 @@
 """Benchmark of the replay on a messy fleet: time and memory against a per-sample script, and the score table.
 
-Run ``.venv/bin/python bench/bench_replay.py [--seeds 1,2,3] [--runs 2] [--workdir DIR] [--quick]``;
+Run ``.venv/bin/python bench/bench_replay.py [--seeds 1,2,3] [--runs 2] [--small-runs 5] [--workdir DIR] [--quick]``;
 the figures go to the terminal and to ``BENCHMARKS.md`` (only the section between the
-``bench_replay`` markers is replaced). The full run takes 18 to 26 minutes on 2 cores.
+``bench_replay`` markers is replaced). The full run takes 20 to 28 minutes on 2 cores.
 
 A benchmark, not a timed test. The input is the scenario generator's long form
 (``otel_dra.scenario.form("long", seed=N)``: 64 nodes x 8 GPUs, 2 hours, per-node sampling
@@ -14,8 +14,10 @@ whatever the fleet's size weighs most.
 
 1. **Time.** Both sides do the whole job from the same gzip file: read, gunzip, parse, judge,
    write verdict lines to a file. Each runs in its own fresh child process (so neither inherits
-   the other's heap or warm caches), alternating, best of ``--runs``; the clock is a
-   ``perf_counter`` around the work alone (no interpreter start or imports).
+   the other's heap or warm caches), alternating, best of ``--runs`` (the small fleet's, of
+   ``--small-runs``: its runs take seconds, and its ratio is read at the percent where this machine's
+   speed drifts by more within an hour); the clock is a ``perf_counter`` around the work alone (no
+   interpreter start or imports).
 
    Both fleets (the form's, and the small one) are timed so, each its own row and target; and again as a
    Collector writes them (:func:`batched_like_collector`: its batch processor as ``collector-config.yaml``
@@ -773,6 +775,8 @@ def markdown(
         cmd += " --seeds " + ",".join(map(str, args.seeds))
     if args.runs != (1 if args.quick else 2):
         cmd += f" --runs {args.runs}"
+    if args.small_runs != max(args.runs, args.runs if args.quick else 5):
+        cmd += f" --small-runs {args.small_runs}"
     lines = [
         START,
         "## Replay of a messy fleet: time, memory and scores (`bench/bench_replay.py`)",
@@ -789,7 +793,9 @@ def markdown(
         ),
         f"Input: the scenario's {form_name} form, seed {first_seed} (`{recording.name}`), {best['lines']:,} lines, "
         f"{best['points']:,} points, {best['devices']:,} devices, {size / 1e6:.0f} MB gzip. Each side ran in its own "
-        f"fresh child process, alternating, best of {args.runs}. The small fleet: the same form, seed {first_seed}, "
+        f"fresh child process, alternating, best of {args.runs}. The small fleet (best of {args.small_runs}: its runs "
+        f"take seconds, and this machine's speed drifts more than its margin within an hour): the same form, seed "
+        f"{first_seed}, "
         f"with {SMALL_FLEET['nodes']} nodes x {SMALL_FLEET['devices_per_node']} GPU (`{small_recording.name}`), "
         f"{small_best['lines']:,} lines, {small_best['points']:,} points, {small_best['devices']:,} devices, "
         f"{small_recording.stat().st_size / 1e6:.0f} MB gzip: every fault and trap still placed (the fewest devices "
@@ -954,6 +960,9 @@ def main() -> int:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--runs", type=int, default=None, help="timed runs per side, the best counts (2; quick 1)")
     parser.add_argument(
+        "--small-runs", type=int, default=None, help="timed runs per side of the small fleet's (5; quick: --runs)"
+    )
+    parser.add_argument(
         "--workdir", type=Path, default=None, help="keep and reuse recordings here (default: a temp dir)"
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
@@ -966,6 +975,7 @@ def main() -> int:
     if args.child:
         return child_main(args)
     args.runs = args.runs or (1 if args.quick else 2)
+    args.small_runs = max(args.runs, args.small_runs or (args.runs if args.quick else 5))
     os.environ[T0_ENV] = str(T0_WALL)
     label, before = code_label(), code_fingerprint()
     form_name = "short" if args.quick else "long"
@@ -1005,11 +1015,14 @@ def main() -> int:
         }
         all_kinds = ("ours", "ours_one", "baseline")
         runs: dict[tuple[str, str], list[dict[str, Any]]] = {(f, k): [] for f in fleets for k in all_kinds}
-        for r in range(args.runs):
+        for r in range(args.small_runs):
             for fleet, (path, ours_out, base_out) in fleets.items():
+                planned = args.small_runs if fleet.startswith("small fleet") else args.runs
+                if r >= planned:
+                    continue
                 kinds = ("ours", "baseline") if "batched" in fleet else all_kinds  # (one mode: as the CLI runs)
                 for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                    log(f"run {r + 1}/{args.runs}: {fleet}{kind} …")
+                    log(f"run {r + 1}/{planned}: {fleet}{kind} …")
                     out = {"ours": ours_out, "ours_one": ours_out.with_suffix(".one.jsonl")}.get(kind, base_out)
                     got = run_child(kind, path, out)
                     runs[(fleet, kind)].append(got)
