@@ -98,6 +98,7 @@ class Classifier:
         spans = (policy.horizon.duty_buckets, policy.horizon.rate_buckets)
         self.horizon = HorizonStore(len(HORIZON_FEATURES), policy.horizon.bucket_s, spans, cap)
         self._horizon_cols = np.asarray(HORIZON_FEATURES, dtype=np.intp)
+        self._event_cols = np.asarray(EVENT_FEATURES, dtype=np.intp)
         self.extractor = FeatureExtractor(self.schema, cap)
         self.groups = PolicyGroups(policy, cap)
         self.topology = Topology(cap)
@@ -236,8 +237,10 @@ class Classifier:
         self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)
         self.store.append(ix, t, feats)
         self.horizon.append(ix, t, feats[self._horizon_cols])
-        for f, log in self.events.items():
-            log.record(rows, t, feats[f])
+        logged = feats[self._event_cols] > 0  # (NaN: none read) most samples log no event: the logs that do, alone
+        for i in flatnonzero(np.any(logged, axis=1)).tolist():
+            f = EVENT_FEATURES[i]
+            self.events[f].record(rows, t, feats[f])
         ix.put(reg.last_seen, np.fmax(ix.take(reg.last_seen), t))
         ix.put(reg.last_heard, np.fmax(ix.take(reg.last_heard), heard))
         first = ix.take(reg.first_seen)
