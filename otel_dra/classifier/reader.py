@@ -105,11 +105,13 @@ class Window:
         self.span = [self.horizon.span_sums(i, at) for i in range(len(self.horizon.spans))]
         self.span_s = [self.horizon.spans[i] * self.horizon.bucket_s for i in range(len(self.horizon.spans))]
         dt = H[F.DT]
-        # Whether each span holds at least half its length of samples (younger devices: the window only).
-        self._covered = [
-            (counts[dt] >= self.min_samples) & (sums[dt] >= 0.5 * span_s)
-            for (sums, counts), span_s in zip(self.span, self.span_s, strict=True)
-        ]
+        # Whether each span holds at least half its length of samples (younger devices: the window only); the spans
+        # side by side, a row each.
+        half = 0.5 * np.asarray(self.span_s)[:, None]
+        covered = (self.horizon.total_counts[:, dt, at] >= self.min_samples) & (
+            self.horizon.total_sums[:, dt, at] >= half
+        )
+        self._covered = list(covered)
         # Window quantities read this evaluation (_read): by (quantity, span) and feature, and for a small fleet,
         # every feature's at once by (quantity, span).
         self._reads: dict[tuple[tuple[str, int], int], np.ndarray] = {}
