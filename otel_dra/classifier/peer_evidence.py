@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 #: Reasons whose evidence is the device's own heat or its cause (slowed, throttled, braked, a fan out): while one
 #: is on, the device runs hot or cool for itself and does not stand for its slot (:func:`thermal_residuals`).
 HEAT_REASONS: Final = np.array([R[r] for r in ("thermal", "cooling", "power_delivery", "power_throttling")])
+#: Devices judged (over the three spans) up to which :func:`cap_peers` pools every level beside the own bins in one
+#: pass (a few dozen devices: each numpy call's fixed cost is most of the work); past it only the levels some
+#: device needs are pooled, after its own bin's pass (a large fleet's full bins need none: no copies made).
+POOLS_AT_ONCE: Final = 256
 
 
 @dataclass
@@ -177,20 +181,33 @@ def cap_peers(w: Window) -> CapPeers:
     # them; the copies' indexes alone 4 ms of 30).
     n_keys = n_spans * len(g.cohort_names) * n_bins
     own_key = group * n_bins + b[eligible]
-    own, own_others = quantile_of_others(share[eligible], own_key, n_keys, q)
+    values = share[eligible]
+    if eligible.size <= POOLS_AT_ONCE:
+        # A small fleet: every level's pool beside the own bins, in one pass (disjoint keys: a level's members are
+        # every device at or above it, whichever levels turn out needed), one call's fixed cost, not two.
+        copies = b[eligible] + 1
+        member, level_key = _levels(group, copies, n_bins)
+        m = eligible.size
+        both, both_others = quantile_of_others(
+            np.concatenate((values, values[member])), np.concatenate((own_key, n_keys + level_key)), 2 * n_keys, q
+        )
+        own, own_others, up, up_others = both[:m], both_others[:m], both[m:], both_others[m:]
+        at = copies.cumsum() - 1  # each device's copy at its own bin's level
+    else:
+        own, own_others = quantile_of_others(values, own_key, n_keys, q)
     needy = own_others + 1 < peers[eligible]
     reference = nans(n_spans * n)
     reference[eligible[~needy]] = own[~needy]
     up_ok = flatnonzero(needy)
     if up_ok.size:  # (none where every bin is full, as a large fleet's are: no copies made for nothing)
-        needed = np.zeros(n_keys, dtype=bool)
-        needed[own_key[needy]] = True
-        copies = b[eligible] + 1
-        member = np.arange(eligible.size).repeat(copies)  # (ndarray methods: numpy's wrappers cost a small fleet)
-        level_key = group[member] * n_bins + np.arange(member.size) - (copies.cumsum() - copies).repeat(copies)
-        kept = needed[level_key]
-        up, up_others = quantile_of_others(share[eligible[member[kept]]], level_key[kept], n_keys, q)
-        at = kept.cumsum()[copies.cumsum() - 1] - 1  # each needy device's copy at its own bin's level
+        if eligible.size > POOLS_AT_ONCE:  # the pools of the levels some device needs, alone
+            needed = np.zeros(n_keys, dtype=bool)
+            needed[own_key[needy]] = True
+            copies = b[eligible] + 1
+            member, level_key = _levels(group, copies, n_bins)
+            kept = needed[level_key]
+            up, up_others = quantile_of_others(values[member[kept]], level_key[kept], n_keys, q)
+            at = kept.cumsum()[copies.cumsum() - 1] - 1  # each needy device's copy at its own bin's level
         up_ok = up_ok[up_others[at[up_ok]] + 1 >= peers[eligible[up_ok]]]
         reference[eligible[up_ok]] = up[at[up_ok]]
     # A reported limit against its cohort's; a seen one (no limit series: POWER_PINNED is judged only against one),
@@ -217,3 +234,10 @@ def cap_peers(w: Window) -> CapPeers:
     spanned = (n_spans, n)  # (the spans side by side, as rows)
     shared, referenced, node_medians = share.reshape(spanned), reference.reshape(spanned), at_node.reshape(spanned)
     return CapPeers(shared, referenced, node_medians, utils[0], limit, limit_median, seen)
+
+
+def _levels(group: np.ndarray, copies: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each device's copies, one a level from 0 up to its own bin (``copies``: its bin + 1): which device each copy
+    is (an index into ``group``), and its key (group, level)."""
+    member = np.arange(copies.size).repeat(copies)  # (ndarray methods: numpy's wrappers cost a small fleet)
+    return member, group[member] * n_bins + np.arange(member.size) - (copies.cumsum() - copies).repeat(copies)

@@ -507,3 +507,34 @@ def test_a_one_gpu_job_that_keeps_crashing_is_the_workloads():
     assert fleet.episodes(None) == []
     seen = [v for seq in fleet.verdicts.values() for v in seq if v.scope != "device"]
     assert {(v.node, v.hw_id, v.scope) for v in seen} == {("train-001", "gpu-2", "workload")}
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_the_peers_power_cap_references_are_the_same_pooled_at_once_or_as_needed(seed: int, monkeypatch):
+    # Loads spread over the utilization bins, so that some bins hold too few peers and their devices read the
+    # pools of the levels above: a small fleet pools every level beside its own bins in one pass, a large one
+    # only the levels some device needs. Each evaluation's references and node medians must not depend on which.
+    from otel_dra.classifier import peer_evidence, reader
+
+    seen: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for pools in (0, 10**9):
+        monkeypatch.setattr(peer_evidence, "POOLS_AT_ONCE", pools)
+        got = seen[pools] = []
+
+        def kept(w, got=got):
+            capped = peer_evidence.cap_peers(w)
+            got.append((capped.references.copy(), capped.node_medians.copy()))
+            return capped
+
+        monkeypatch.setattr(reader, "cap_peers", kept)
+        fleet = Busy(nodes=2, seed=seed)
+        spread = np.random.default_rng(seed)
+        fleet.util[:] = spread.choice([0.2, 0.5, 0.7, 0.9, 0.97], fleet.util.shape)
+        fleet.cap_share[:] = spread.uniform(0.0, 0.8, fleet.cap_share.shape)
+        fleet.run(1800)
+    at_once, as_needed = seen[10**9], seen[0]
+    assert len(at_once) == len(as_needed) > 100
+    assert any(np.isfinite(ref).any() for ref, _ in at_once)  # (peers were found: the references were read)
+    for (ref_a, med_a), (ref_b, med_b) in zip(at_once, as_needed, strict=True):
+        np.testing.assert_array_equal(ref_a, ref_b)
+        np.testing.assert_array_equal(med_a, med_b)
