@@ -960,7 +960,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--runs", type=int, default=None, help="timed runs per side, the best counts (2; quick 1)")
     parser.add_argument(
-        "--small-runs", type=int, default=None, help="timed runs per side of the small fleet's (5; quick: --runs)"
+        "--small-runs", type=int, default=None, help="timed runs per side for the small fleet (5; quick: as --runs)"
     )
     parser.add_argument(
         "--workdir", type=Path, default=None, help="keep and reuse recordings here (default: a temp dir)"
