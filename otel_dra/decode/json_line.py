@@ -47,6 +47,11 @@ class LineLog:
         else:
             self.hidden += 1
 
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is logged (:meth:`errors` would be empty)."""
+        return not (self.limit_errors or self.metric_errors or self.point_errors or self.hidden)
+
     def errors(self) -> list[DecodeError]:
         out = self.limit_errors + self.metric_errors + self.point_errors
         if self.hidden:
@@ -131,7 +136,7 @@ class Line:
         """The line's result: its unknown metrics and its caps' refusals (one line each, first: one line says
         what many points share) join its log; the first few of it quoted."""
         log = self.log
-        if not (self.unknown or self.tally.counts or log.metric_errors or log.point_errors or log.hidden):
+        if not (self.unknown or self.tally.counts) and log.empty:
             # Nothing to say (a line read off its template, as most are): the result without the log's assembly.
             return DecodeResult(
                 frames, self.points, self.skipped, ignored=self.ignored, clock_jumps=clock_jumps, stray=self.stray
