@@ -99,6 +99,8 @@ class Classifier:
         self.horizon = HorizonStore(len(HORIZON_FEATURES), policy.horizon.bucket_s, spans, cap)
         self._horizon_cols = np.asarray(HORIZON_FEATURES, dtype=np.intp)
         self._event_cols = np.asarray(EVENT_FEATURES, dtype=np.intp)
+        # What a sample's checks look for (_quiet): an event, a counter restart or a reset (the repairs).
+        self._eventful_cols = np.asarray([*EVENT_FEATURES, F.RESTARTS], dtype=np.intp)
         self.extractor = FeatureExtractor(self.schema, cap)
         self.groups = PolicyGroups(policy, cap)
         self.topology = Topology(cap)
@@ -208,8 +210,11 @@ class Classifier:
         t, heard = _seconds(rows, samples.times, samples.arrivals)
         parts = [(RowIndex(rows[at]), at) for at in rounds]  # how each round's rows are read and written
         feats = self.extractor.extract(rows, samples.new, t, samples.values, self.groups.device_params(rows), parts)
+        quiet = self._quiet(feats)  # (one look for events, restarts and resets, not one a round)
         for ix, at in parts:
-            self._store(ix, t[at], heard[at], feats[:, at])
+            self._store(ix, t[at], heard[at], feats[:, at], quiet)
+        first, at = parts[0]  # (every device's first sample is in the first round)
+        self._stamp(rows, t, heard, first, t[at])
 
     def ingest_rows(
         self,
@@ -226,26 +231,47 @@ class Classifier:
         if self.memory.waiting and any_of(new):
             self.memory.recall_rows(rows[new], heard[new])
         ix = RowIndex(rows)  # how the stores read and write this batch's rows, worked out once
-        self._store(ix, t, heard, self.extractor.extract(ix, new, t, values, self.groups.device_params(rows)))
+        feats = self.extractor.extract(ix, new, t, values, self.groups.device_params(rows))
+        self._store(ix, t, heard, feats, self._quiet(feats))
+        self._stamp(rows, t, heard, ix, t)
 
-    def _store(self, ix: RowIndex, t: np.ndarray, heard: np.ndarray, feats: np.ndarray) -> None:
+    def _quiet(self, feats: np.ndarray) -> bool:
+        """Whether no sample of ``feats`` holds an event, a counter restart or a reset (most batches): then the
+        stores take them without a look for repairs, a job's crash or the event logs' samples (a few numpy calls
+        each, a round: most of a small fleet's store), and the workload's event features are zero, as
+        :meth:`WorkloadSplit.split` leaves them where it moved nothing."""
+        if any_of(feats[self._eventful_cols] > 0):  # (NaN: none read)
+            return False
+        self.workload.none_moved(feats)
+        return True
+
+    def _store(self, ix: RowIndex, t: np.ndarray, heard: np.ndarray, feats: np.ndarray, quiet: bool) -> None:
         """One sample's features for each of ``ix``'s rows (unique), taken at ``t`` and heard at ``heard`` (unix s,
-        one a row): the repairs it shows, the window, the long horizon, the event logs and the registry's times."""
+        one a row): the repairs it shows, the window, the long horizon and the event logs (``quiet``: the batch
+        holds no event, restart or reset, :meth:`_quiet`)."""
         rows = ix.rows
         reg = self.registry
-        self._note_repairs(rows, feats, heard)
-        self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)
+        if not quiet:
+            self._note_repairs(rows, feats, heard)
+            self.workload.split(rows, reg.node_of, reg.active, t, feats, self.events)
         self.store.append(ix, t, feats)
         self.horizon.append(ix, t, feats[self._horizon_cols])
-        logged = feats[self._event_cols] > 0  # (NaN: none read) most samples log no event: the logs that do, alone
-        for i in flatnonzero(np.any(logged, axis=1)).tolist():
-            f = EVENT_FEATURES[i]
-            self.events[f].record(rows, t, feats[f])
-        ix.put(reg.last_seen, np.fmax(ix.take(reg.last_seen), t))
-        ix.put(reg.last_heard, np.fmax(ix.take(reg.last_heard), heard))
-        first = ix.take(reg.first_seen)
-        ix.put(reg.first_seen, np.where(np.isnan(first), t, first))
+        if not quiet:
+            logged = feats[self._event_cols] > 0  # (NaN: none read) the logs that have an event, alone
+            for i in flatnonzero(np.any(logged, axis=1)).tolist():
+                f = EVENT_FEATURES[i]
+                self.events[f].record(rows, t, feats[f])
         self.ingested_samples += int(rows.size)
+
+    def _stamp(self, rows: np.ndarray, t: np.ndarray, heard: np.ndarray, firsts: RowIndex, first_t: np.ndarray) -> None:
+        """The registry's times of a batch's samples, once they are stored (``rows`` repeat where a device was sampled
+        more than once): each device's newest time and arrival, and its first time where it had none (``firsts``:
+        the rows of each device's first sample of the batch, taken at ``first_t``)."""
+        reg = self.registry
+        np.fmax.at(reg.last_seen, rows, t)  # (a device's samples in any order: the newest)
+        np.fmax.at(reg.last_heard, rows, heard)
+        first = firsts.take(reg.first_seen)
+        firsts.put(reg.first_seen, np.where(np.isnan(first), first_t, first))
 
     def _note_repairs(self, rows: np.ndarray, feats: np.ndarray, heard_s: np.ndarray) -> None:
         """The repairs this sample shows (the policy's ``clears``): a reset event or the device's counters

@@ -30,6 +30,8 @@ SPLIT: tuple[tuple[F, F], ...] = (
     (F.OUT_OF_MEMORY, F.WORKLOAD_OOM),
 )
 
+_WORKLOAD_FEATURES = np.asarray([workload_f for _, workload_f in SPLIT], dtype=np.intp)
+
 
 class WorkloadSplit:
     """Per row, when its node last had a job crash (its node's clock); splits each batch's events."""
@@ -45,6 +47,11 @@ class WorkloadSplit:
     def clear(self, rows: np.ndarray) -> None:
         self.crash_at[rows] = -np.inf
 
+    def none_moved(self, feats: np.ndarray) -> None:
+        """The workload's event features of samples none of whose events is moved (``feats``, ``(features, rows)``,
+        in place): zero, what :meth:`split` starts from."""
+        feats[_WORKLOAD_FEATURES] = 0.0
+
     def split(
         self,
         rows: np.ndarray,
@@ -57,8 +64,7 @@ class WorkloadSplit:
         """Move this batch's crash events (``feats``, ``(features, rows)``, in place) to the workload's
         features, and events ``logs`` holds of a crashed node's devices from just before it to the
         workload's logs. ``node_of``/``active``: the registry's, for every row."""
-        for _, workload_f in SPLIT:
-            feats[workload_f] = 0.0
+        self.none_moved(feats)
         kinds = [feats[device_f] > 0 for device_f, _ in SPLIT]  # (NaN: no event)
         hit = kinds[0] | kinds[1]
         if not any_of(hit):

@@ -187,3 +187,26 @@ def test_rounds_worked_out_on_numbers_for_the_devices_are_those_of_their_rows(sp
     without.ingest_batch(theirs)
     now = T0 + 20 * S
     assert state(with_rounds, now) == state(without, now)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(frame_spec, min_size=0, max_size=6), min_size=1, max_size=8))
+def test_a_batch_without_events_is_stored_as_with_the_look_for_them_each_round(batches):
+    """A batch none of whose samples holds an event, a restart or a reset (``Classifier._quiet``) goes into the
+    stores without the per-round look for repairs, a job's crash or the logs' samples: the same windows, horizon,
+    registry times and verdicts as with it (a node twice in a batch: two rounds)."""
+    schema = Schema([TEMP, UNCORRECTED])
+    quiet = Classifier(policy_mod.load(), schema, interval_s=10)
+    looked = Classifier(policy_mod.load(), schema, interval_s=10)
+    looked._quiet = lambda feats: False  # type: ignore[method-assign]
+    counters_a: dict[str, int] = {}
+    counters_b: dict[str, int] = {}
+    for tick, specs in enumerate(batches):
+        quiet.ingest_many(*frames_of(specs, tick, counters_a))
+        looked.ingest_many(*frames_of(specs, tick, counters_b))
+        now = T0 + (tick * 10 + 9) * S
+        assert state(quiet, now) == state(looked, now)
+        for name in ("last_seen", "last_heard", "first_seen"):
+            assert np.array_equal(getattr(quiet.registry, name), getattr(looked.registry, name), equal_nan=True), name
+        assert np.array_equal(quiet.horizon.total_sums, looked.horizon.total_sums, equal_nan=True)
+        assert np.array_equal(quiet.store.ring, looked.store.ring, equal_nan=True)  # (the workload's features too)
