@@ -7,6 +7,8 @@ from typing import Final
 
 import numpy as np
 
+from otel_dra.classifier.numeric import all_of
+
 #: A node not decoded for this long (by the decoder's clock) loses its time floor: with node names that churn,
 #: the per-node floors would otherwise grow without end on a long-running receiver.
 NODE_IDLE_NS: Final = 60 * 60 * 10**9
@@ -84,7 +86,7 @@ class SeriesFloors:
         self.newest = max(self.newest, newest)
         # Places found at the present version stand until what waits is applied (keys only change in advance,
         # which applies it first): such points wait by their places, not with a copy of their keys.
-        placed = at is not None and version == self.version and len(at) > 0 and bool((at >= 0).all())
+        placed = at is not None and version == self.version and len(at) > 0 and all_of(at >= 0)
         waiting: np.ndarray | int = int(times[0]) if times.strides == (0,) and len(times) else times
         pending = self._pending
         if pending and isinstance(waiting, int):
