@@ -71,27 +71,40 @@ def grouped_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tup
     """(median, size) of ``values`` per group id in ``0..n_groups-1`` (median NaN for an empty group); the
     values must not be NaN."""
     size = np.bincount(groups, minlength=n_groups)
-    median = nans(n_groups)
     if values.size == 0:
-        return median, size
-    ordered = values[_order(values, groups)]
-    start = size.cumsum() - size
-    some = flatnonzero(size)
-    lo = start[some] + (size[some] - 1) // 2
-    hi = start[some] + size[some] // 2
-    median[some] = 0.5 * (ordered[lo] + ordered[hi])
-    return median, size
+        return nans(n_groups), size
+    return _Middles(size).median(values, groups), size
+
+
+class _Middles:
+    """Where each non-empty group's middle values sit once its members are in order (by group, then value): the
+    same for every set of values over one grouping, so a MAD reads its deviations' medians off the medians' work."""
+
+    def __init__(self, size: np.ndarray) -> None:
+        self.n_groups = size.size
+        start = size.cumsum() - size
+        self.some = flatnonzero(size)
+        self.lo = start[self.some] + (size[self.some] - 1) // 2
+        self.hi = start[self.some] + size[self.some] // 2
+
+    def median(self, values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        """Each group's median of ``values`` (NaN for an empty group)."""
+        ordered = values[_order(values, groups)]
+        median = nans(self.n_groups)
+        median[self.some] = 0.5 * (ordered[self.lo] + ordered[self.hi])
+        return median
 
 
 def grouped_median_mad(
     values: np.ndarray, groups: np.ndarray, n_groups: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(median, MAD, size) of ``values`` per group (NaN for an empty group)."""
-    median, size = grouped_median(values, groups, n_groups)
+    size = np.bincount(groups, minlength=n_groups)
     if values.size == 0:
-        return median, np.full(n_groups, np.nan), size
-    mad, _ = grouped_median(np.abs(values - median[groups]), groups, n_groups)
-    return median, mad, size
+        return nans(n_groups), nans(n_groups), size
+    middles = _Middles(size)
+    median = middles.median(values, groups)
+    return median, middles.median(np.abs(values - median[groups]), groups), size
 
 
 def quantile_of_others(
