@@ -94,7 +94,18 @@ def centre(
     counter = at // n
     row = at - counter * n
     values = rate.reshape(-1)[at]
-    med, mad, size = group_medians(values, counter * n_cohorts + cohort[row], k * n_cohorts)
+    keys, n_keys = counter * n_cohorts + cohort[row], k * n_cohorts
+    fleet: tuple[np.ndarray, np.ndarray] | None = None
+    if 2 * values.size <= SMALL_SORT:
+        # A small fleet's few rates: each counter's whole fleet's centre beside its cohorts', in the one grouping (its
+        # rates again, keyed by the counter alone), not a loop over the counters that fall back to it.
+        med, mad, size = group_medians(
+            np.concatenate((values, values)), np.concatenate((keys, n_keys + counter)), n_keys + k
+        )
+        fleet = (med[n_keys:], mad[n_keys:])
+        med, mad, size = med[:n_keys], mad[:n_keys], size[:n_keys]
+    else:
+        med, mad, size = group_medians(values, keys, n_keys)
     med, mad, size = med.reshape(k, n_cohorts), mad.reshape(k, n_cohorts), size.reshape(k, n_cohorts)
     count = size.sum(axis=1)  # rates a counter
     known = np.bincount(cohort[members], minlength=n_cohorts)
@@ -102,10 +113,10 @@ def centre(
     cohort_size = size.take(cohort, axis=1)
     own = (known[cohort] >= min_devices) & (cohort_size > 0)
     fleet_ok = ((int(np.count_nonzero(members)) >= min_devices) & (count > 0))[:, None]
-    fleet_med, fleet_mad = np.zeros(k), np.zeros(k)
+    fleet_med, fleet_mad = fleet or (np.zeros(k), np.zeros(k))  # (read only where a row falls back and there are rates)
     end = count.cumsum()
-    # The fleet's centre, of the counters some row falls back to (a loop over the few counters, never over devices).
-    for c in flatnonzero(fleet_ok[:, 0] & ~own.all(axis=1)).tolist():
+    # Else the fleet's centre, of the counters some row falls back to (a loop over the few counters, never devices).
+    for c in [] if fleet else flatnonzero(fleet_ok[:, 0] & ~own.all(axis=1)).tolist():
         held = flatnonzero(size[c])
         if held.size == 1:  # one cohort holds every rate (a fleet of one model): the fleet's centre is its own
             fleet_med[c], fleet_mad[c] = med[c, held[0]], mad[c, held[0]]

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_dra import policy
+from otel_dra.classifier import rates
 from otel_dra.classifier.params import PolicyGroups
 from otel_dra.classifier.rates import FROM_COHORT, FROM_FLEET, FROM_NONE, SMALL_SORT, centre, group_medians
 
@@ -90,15 +91,21 @@ rates_strategy = st.floats(0, 1e4, allow_nan=False, allow_subnormal=False) | st.
         )
     ),
     st.integers(1, 4),
+    st.sampled_from([SMALL_SORT, 0]),
 )
-def test_counters_side_by_side_get_each_its_own_centre(case, least: int) -> None:
+def test_counters_side_by_side_get_each_its_own_centre(case, least: int, small_sort: int) -> None:
     # Counters judged side by side (Window.rates) share no values: each row's centre is what that counter's rates
-    # alone give, device by device, bit for bit.
+    # alone give, device by device, bit for bit; the fleet's centre grouped beside the cohorts' (a small fleet's
+    # rates) or counter by counter (``small_sort`` 0: every fleet so).
     rows, cohorts, eligible_list, members_list = case
     rate = np.asarray(rows, dtype=np.float64)
     cohort = np.asarray(cohorts, dtype=np.intp)
     eligible, members = np.asarray(eligible_list), np.asarray(members_list)
-    c = centre(rate, eligible, members, cohort, 4, least)
+    kept, rates.SMALL_SORT = rates.SMALL_SORT, small_sort
+    try:
+        c = centre(rate, eligible, members, cohort, 4, least)
+    finally:
+        rates.SMALL_SORT = kept
     for i in range(rate.shape[0]):
         got = list(zip(c.median[i], c.mad[i], c.source[i], c.size[i], strict=True))
         assert got == _centre_by_hand(rate[i], eligible, members, cohort, least)
