@@ -23,7 +23,6 @@ from enum import IntEnum
 from typing import Final
 
 import numpy as np
-import numpy.typing as npt
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.numeric import all_of, any_of, flatnonzero, nan_to_num, nans, shaped
@@ -344,6 +343,10 @@ _REDUCED: Final = (
 )
 
 
+#: The driver's error classes' features, as rows of the feature-major array (:meth:`FeatureExtractor._counters`).
+_DRIVER_ROWS: Final = np.asarray([f for f in _DRIVER_FEATURES.values() if f is not None], dtype=np.intp)
+
+
 def _reduce(values: np.ndarray, cols: np.ndarray, op: np.ufunc) -> np.ndarray:
     """``op`` (fmax/fmin) across ``cols`` per row, ignoring NaN; NaN where all are NaN."""
     if cols.size == 0:
@@ -351,9 +354,20 @@ def _reduce(values: np.ndarray, cols: np.ndarray, op: np.ufunc) -> np.ndarray:
     return op.reduce(values[:, cols], axis=1)
 
 
-def _indicator(condition: npt.NDArray[np.bool_] | np.bool_, known: np.ndarray) -> np.ndarray:
-    """1.0 / 0.0 where the inputs were known, NaN where they were not (absent from the window)."""
-    return np.where(known, condition, np.nan)
+def _sum_known(block: np.ndarray) -> np.ndarray:
+    """Per row of ``block``, the sum of its known (not NaN) values; NaN where none is known (ufuncs' own
+    reductions: ndarray.all and .sum add a Python-level call each)."""
+    absent = np.isnan(block)
+    return np.where(np.logical_and.reduce(absent, axis=1), np.nan, np.add.reduce(np.where(absent, 0.0, block), axis=1))
+
+
+def _indicators(out: np.ndarray, marks: list[tuple[F, np.ndarray, np.ndarray]]) -> None:
+    """Indicator features into ``out`` (``(samples, features)``, a view of the feature-major array): each
+    (feature, condition, known) 1.0 / 0.0 where its inputs were known, NaN where they were not (absent from the
+    window); all of them in one pass (a small batch pays each numpy call's fixed cost, not its work)."""
+    if marks:
+        features, conditions, known = zip(*marks, strict=True)
+        out.T[list(features)] = np.where(np.array(known), np.array(conditions), np.nan)
 
 
 class FeatureExtractor:
@@ -472,32 +486,30 @@ class FeatureExtractor:
             out[:, plan.single_features] = inc[:, plan.single_positions]
             for f, positions in plan.summed:
                 block = inc[:, positions]
-                absent = np.isnan(block)
-                out[:, f] = np.where(absent.all(axis=1), np.nan, np.where(absent, 0.0, block).sum(axis=1))
+                out[:, f] = _sum_known(block)
             if plan.driver_cols:
-                for f in (F.DRIVER_APPLICATION, F.DRIVER_RESET, F.DRIVER_REBOOT, F.DRIVER_MECHANICAL):
-                    out[:, f] = 0.0
+                out.T[_DRIVER_ROWS] = 0.0  # (the feature-major rows: one assignment for the four)
                 driver = nan_to_num(inc[:, plan.driver_positions])  # (one call: its fixed cost is many a column's)
                 for j, (_, code) in enumerate(plan.driver_cols):
                     d = driver[:, j]
                     for feat, mine in params.driver_features(code):
                         out[:, feat] += d if mine is None else np.where(mine, d, 0.0)
         if plan.retired_cols.size:
-            retired = values[:, plan.retired_cols]
-            absent = np.isnan(retired)
-            out[:, F.RETIRED_TOTAL] = np.where(absent.all(axis=1), np.nan, np.where(absent, 0.0, retired).sum(axis=1))
+            out[:, F.RETIRED_TOTAL] = _sum_known(values[:, plan.retired_cols])
 
     # -- gauges --------------------------------------------------------------------------------
     def _gauges(self, plan: _Plan, values: np.ndarray, out: np.ndarray, p: DeviceParams) -> None:
         n = values.shape[0]
+        # The indicator features' (feature, condition, known), written at once at the end (_indicators).
+        marks: list[tuple[F, np.ndarray, np.ndarray]] = []
         if plan.temp:
             temps = values[:, plan.temp_cols]
             deg = self._limits(values, plan.temp_limits[0], p.temp_degraded)
             crit = self._limits(values, plan.temp_limits[1], p.temp_critical)
-            known = ~np.isnan(temps).all(axis=1)
+            known = ~np.logical_and.reduce(np.isnan(temps), axis=1)
             out[:, F.TEMP_MAX] = np.fmax.reduce(temps, axis=1)
-            out[:, F.TEMP_HOT] = _indicator((temps > deg).any(axis=1), known)
-            out[:, F.TEMP_CRIT] = _indicator((temps > crit).any(axis=1), known)
+            marks.append((F.TEMP_HOT, np.logical_or.reduce(temps > deg, axis=1), known))
+            marks.append((F.TEMP_CRIT, np.logical_or.reduce(temps > crit, axis=1), known))
         if plan.fans:
             low = np.zeros(n, dtype=bool)
             known = np.zeros(n, dtype=bool)
@@ -512,7 +524,7 @@ class FeatureExtractor:
                     low |= values[:, ratio] < p.fan_min_ratio
                     known |= ~np.isnan(values[:, ratio])
             warm = out[:, F.TEMP_MAX] >= p.warm
-            out[:, F.COOLING_BAD] = _indicator(low & warm, known & ~np.isnan(out[:, F.TEMP_MAX]))
+            marks.append((F.COOLING_BAD, low & warm, known & ~np.isnan(out[:, F.TEMP_MAX])))
         if plan.volts:
             bad = np.zeros(n, dtype=bool)
             known = np.zeros(n, dtype=bool)
@@ -523,7 +535,7 @@ class FeatureExtractor:
                 if hi >= 0:
                     bad |= v > values[:, hi]
                 known |= ~np.isnan(v) & ((lo >= 0) | (hi >= 0))
-            out[:, F.VOLT_BAD] = _indicator(bad, known)
+            marks.append((F.VOLT_BAD, bad, known))
         single = plan.single_gauge
 
         def reduced(name: str, op: np.ufunc) -> np.ndarray:
@@ -532,7 +544,7 @@ class FeatureExtractor:
 
         power = reduced("power", np.fmax)
         cap = reduced("power_limit", np.fmin)
-        out[:, F.POWER_PINNED] = _indicator(power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap))
+        marks.append((F.POWER_PINNED, power >= p.pinned_ratio * cap, ~np.isnan(power) & ~np.isnan(cap)))
         # No limit reported: a sample at the power cap for capped_share of its interval or more reached the limit
         # it is held to, and its power (read at one moment) is at most that limit.
         dt = out[:, F.DT]
@@ -541,15 +553,15 @@ class FeatureExtractor:
         mem = reduced("mem_util", np.fmax)
         usage = reduced("mem_usage", np.fmax) / reduced("mem_limit", np.fmax)
         mem = np.where(np.isnan(mem), usage, mem)
-        out[:, F.MEM_FULL] = _indicator(mem >= p.mem_full, ~np.isnan(mem))
+        marks.append((F.MEM_FULL, mem >= p.mem_full, ~np.isnan(mem)))
         width, width_max = reduced("width_cols", np.fmin), reduced("width_max", np.fmax)
         gen, gen_max = reduced("gen_cols", np.fmin), reduced("gen_max", np.fmax)
         util = reduced("util", np.fmax)
         out[:, F.UTIL] = util
-        out[:, F.BUSY] = _indicator(util >= p.busy_util, ~np.isnan(util))
-        out[:, F.WIDTH_DOWN] = _indicator(width < width_max, ~np.isnan(width) & ~np.isnan(width_max))
+        marks.append((F.BUSY, util >= p.busy_util, ~np.isnan(util)))
+        marks.append((F.WIDTH_DOWN, width < width_max, ~np.isnan(width) & ~np.isnan(width_max)))
         loaded = np.where(np.isnan(util), True, util >= p.gen_min_util)
-        out[:, F.GEN_DOWN] = _indicator((gen < gen_max) & loaded, ~np.isnan(gen) & ~np.isnan(gen_max))
+        marks.append((F.GEN_DOWN, (gen < gen_max) & loaded, ~np.isnan(gen) & ~np.isnan(gen_max)))
         lanes = np.where(np.isnan(width), p.default_width, width)
         generation = np.minimum(np.maximum(np.where(np.isnan(gen), p.default_gen, gen), 1), 16).astype(int)
         out[:, F.LINK_EXPECTED] = p.rate_of_gen[generation] * lanes
@@ -557,8 +569,9 @@ class FeatureExtractor:
             # The worst state any status series reports on (1), NaN where none does.
             status = values[:, plan.status_cols]
             reported = np.fmax.reduce(np.where(status >= 1, plan.status_codes, np.nan), axis=1)
-            any_known = ~np.isnan(status).all(axis=1)
+            any_known = ~np.logical_and.reduce(np.isnan(status), axis=1)
             out[:, F.VENDOR_STATE] = np.where(any_known & np.isnan(reported), 0.0, reported)
+        _indicators(out, marks)
 
     @staticmethod
     def _limits(values: np.ndarray, cols: np.ndarray, fallback: np.ndarray) -> np.ndarray:
