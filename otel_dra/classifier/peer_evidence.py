@@ -154,6 +154,7 @@ def cap_peers(w: Window) -> CapPeers:
     ready = w.fresh & (w.samples >= w.min_samples)
     spans = (ready, ready & w.covered(DUTY_SPAN), ready & w.covered(RATE_SPAN))
     cohort = g.cohort[rows]
+    n_cohorts = len(g.cohort_names)
     n = rows.shape[0]
     least = w.params.power_throttling.min_peers
     q = float(g.base.power_throttling.peer_quantile[0])
@@ -165,12 +166,22 @@ def cap_peers(w: Window) -> CapPeers:
     eligible = flatnonzero(np.concatenate(spans) & (b >= 0))
     span = eligible // n
     row = eligible - span * n
-    group = span * len(g.cohort_names) + cohort[row]  # (span, cohort)
+    group = span * n_cohorts + cohort[row]  # (span, cohort)
     peers = np.concatenate((least,) * n_spans)
     # Its node's devices of its cohort (the same job, usually): a training node at its cap beside a fleet of
     # inference replicas at the same utilization is not four devices capped far more than their peers.
     host, n_hosts = dense(group, w.nodes[row])
-    host_median, host_size = grouped_median(share[eligible], host, n_hosts)
+    # A reported limit against its cohort's (below): its medians grouped beside these, in one grouping.
+    limit = w.mean(F.POWER_LIMIT)
+    seen = w.counts[F.POWER_PINNED] == 0
+    known = w.fresh & ~np.isnan(limit) & (~seen | (w.counts[F.POWER_LIMIT] >= w.min_samples))
+    reported = flatnonzero(known & ~seen)
+    medians, sizes = grouped_median(
+        np.concatenate((share[eligible], limit[reported])),
+        np.concatenate((host, n_hosts + cohort[reported])),
+        n_hosts + n_cohorts,
+    )
+    host_median, host_size, by_cohort, size = medians[:n_hosts], sizes[:n_hosts], medians[n_hosts:], sizes[n_hosts:]
     at_node = nans(n_spans * n)
     at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
     # Its peers: its own bin's, or where those are too few, every bin from its own up ("bin >= level"), keyed (kind,
@@ -179,7 +190,7 @@ def cap_peers(w: Window) -> CapPeers:
     # (their last copy). A large fleet's bins are full: no level pooled, none of the copies made (one a device and
     # level, 3.7 times its rows at 100,000 devices: 68 ms of cap_peers an evaluation sorted them, 23 ms without
     # them; the copies' indexes alone 4 ms of 30).
-    n_keys = n_spans * len(g.cohort_names) * n_bins
+    n_keys = n_spans * n_cohorts * n_bins
     own_key = group * n_bins + b[eligible]
     values = share[eligible]
     if eligible.size <= POOLS_AT_ONCE:
@@ -214,11 +225,6 @@ def cap_peers(w: Window) -> CapPeers:
     # from enough capped samples, against its node's devices' of its cohort: the same job holds them at their caps.
     # Capped samples read low in a job's communication phases, so a seen limit under the bar by its mean is the
     # highest power it drew while capped: a lowered limit bounds every sample, a healthy GPU reaches its cap.
-    limit = w.mean(F.POWER_LIMIT)
-    seen = w.counts[F.POWER_PINNED] == 0
-    known = w.fresh & ~np.isnan(limit) & (~seen | (w.counts[F.POWER_LIMIT] >= w.min_samples))
-    reported = flatnonzero(known & ~seen)
-    by_cohort, size = grouped_median(limit[reported], cohort[reported], len(g.cohort_names))
     limit_median = np.where(size[cohort] >= least, by_cohort[cohort], np.nan)
     observed = flatnonzero(known & seen)
     if observed.size:  # (none where every device reports its limit: no grouping an evaluation for nothing)
