@@ -44,10 +44,13 @@ if TYPE_CHECKING:
 #: key's ``UnixNano`` (its ``"time`` stays in the piece before): a regex's scan for where a match may start stops at
 #: each byte that is the pattern's first, and a line has a ``"`` every few bytes but a ``U`` twice a point (a split
 #: of a node's export ~20% faster). A start time's key ends in ``UnixNano`` too: :func:`make_template` takes only
-#: lines whose every match follows ``"time`` (:func:`_at_times`).
+#: lines whose every match follows ``"time`` (:func:`_at_times`). Its repeats are possessive (Python 3.11's ``+``):
+#: each run of digits is followed by what no digit is, so giving digits back never makes a match, and a start
+#: time's failed attempt (at its own ``UnixNano``, two a point) stops at once instead of trying each shorter run
+#: (the same matches; the split ~13% faster).
 _POINT: Final = re.compile(
-    rb'UnixNano":"([0-9]{1,20})",(?:"startTimeUnixNano":"[0-9]{1,20}",)?'
-    rb'"as(?:Int":"(-?[0-9]{1,20})"|Double":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))'
+    rb'UnixNano":"([0-9]{1,20}+)",(?:"startTimeUnixNano":"[0-9]{1,20}+",)?'
+    rb'"as(?:Int":"(-?[0-9]{1,20}+)"|Double":(-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?(?:[eE][-+]?[0-9]++)?))'
 )
 #: Templates kept per node (a node's counters restarting changes its lines' start times: a new template), and in all.
 MAX_TEMPLATES_PER_NODE: Final = 2
