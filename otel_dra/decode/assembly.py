@@ -11,6 +11,7 @@ import numpy as np
 import xxhash
 
 from otel_dra import conventions as cv
+from otel_dra.classifier.numeric import nans
 from otel_dra.decode.series import SeriesIndex
 from otel_dra.frame import NO_ATTRS, DeviceTable, FrozenAttrs, attrs_of
 
@@ -111,7 +112,7 @@ def last_wins(cells: np.ndarray) -> np.ndarray | None:
 
 def scatter(rows: int, ncols: int, flat: np.ndarray, values: np.ndarray) -> np.ndarray:
     """A frame's matrix: NaN (absent) but at the flat cell indices given."""
-    matrix = np.full(rows * ncols, np.nan)
+    matrix = nans(rows * ncols)  # (not np.full: its Python-level checks are most of a node's frame)
     matrix[flat] = values
     return matrix.reshape(rows, ncols)
 
