@@ -112,7 +112,7 @@ class Batch:
         if not tables:
             return None
         values = stacked(matrices, ncols)
-        read = ~np.isnan(values).all(axis=1)
+        read = ~np.logical_and.reduce(np.isnan(values), axis=1)
         counts = np.asarray(sizes, dtype=np.intp)
         offsets = np.zeros(len(sizes), dtype=np.intp)
         np.cumsum(counts[:-1], out=offsets[1:])

@@ -46,6 +46,8 @@ for _name, _level in (("reset_device", 1), ("update_firmware", 1), ("reboot_node
 REPAIRS: tuple[str, ...] = ("reset", "reboot", "replace")
 RESET, REBOOT, REPLACE = 1, 2, 4  # their bits
 _REASON_BITS = np.int64(1) << np.arange(len(REASONS), dtype=np.int64)
+#: Each reason's column, as a row (``(1, reasons)``): indexes a per-(row, reason) table beside a column of rows.
+_REASON_COLUMNS = np.arange(len(REASONS))[None, :]
 
 
 class VerdictEngine:
@@ -169,7 +171,7 @@ class VerdictEngine:
         """Each (row, reason)'s remediation code: its ladder's step for its episodes, at least its floor, and
         for a reason beyond the device what that thing is remediated with (a link: its group's ladder step)."""
         step = self._step(episodes, ladders.shape[2])
-        codes = ladders[groups[:, None], np.arange(len(REASONS))[None, :], step]
+        codes = ladders[groups[:, None], _REASON_COLUMNS, step]
         codes = np.maximum(codes, floor)
         beyond = self.scope_remediation[scopes]
         link = scopes == _LINK
@@ -198,7 +200,7 @@ class VerdictEngine:
         on[codes] = True
         on[0] = False
         entered = on & ~self.group_on
-        if entered.any():
+        if any_of(entered):
             restart = entered & (now_s - self.group_first_at > self.escalation_window_s)
             self.group_first_at[restart] = now_s
             self.group_episodes[restart] = 0
@@ -232,7 +234,7 @@ class VerdictEngine:
         n = rows.shape[0]
         worst, bits, remediation, scope = np.zeros((4, n), dtype=np.int64)  # (one allocation, a row each)
         health = np.full(n, HEALTHY, dtype=np.int64)
-        busy = flatnonzero(evidence.present.any(axis=1) | self.on[rows].any(axis=1))
+        busy = flatnonzero(np.logical_or.reduce(evidence.present, axis=1) | np.logical_or.reduce(self.on[rows], axis=1))
         was_group = self.verdict_group[rows]  # (a verdict whose group changed, say pcie to fabric, is a change)
         links = np.zeros(0, dtype=np.int32)  # the group codes of the link findings on (every row is evaluated)
         if busy.size:
@@ -246,7 +248,7 @@ class VerdictEngine:
             # its last evidence, and the device stayed clean for ``clean_after_repair_s`` since.
             held, held_at = self.state[r], self.state_at[r]
             bound = was_on & self.repair_bound[None, :] & (held == _FAILED)
-            if bound.any():  # (the usual evaluation holds no such failure: no ladder lookup for it)
+            if any_of(bound):  # (the usual evaluation holds no such failure: no ladder lookup for it)
                 need = REPAIR_LEVEL[
                     self._codes(groups[busy], ladders, self.episodes[r], self.floor[r], self.scope[r], self.group[r])
                 ]
@@ -285,16 +287,16 @@ class VerdictEngine:
             verdict_group[busy] = np.where(picked, group_codes[each, pick], 0)
             self.verdict_group[rows] = verdict_group
 
-            worst[busy] = np.where(on, state, 0).max(axis=1)
+            worst[busy] = np.maximum.reduce(np.where(on, state, 0), axis=1)
             health[busy] = np.where(unhealthy[worst[busy]], UNHEALTHY, HEALTHY)
             bits[busy] = on.astype(np.int64) @ _REASON_BITS
             self._link_groups(now_s, links)
             codes = self._codes(groups[busy], ladders, episodes, floor, scopes, group_codes)
-            remediation[busy] = np.where(on, codes, 0).max(axis=1)
+            remediation[busy] = np.maximum.reduce(np.where(on, codes, 0), axis=1)
             self.need[r] = np.where(on & self.repair_bound[None, :] & (state == _FAILED), REPAIR_LEVEL[codes], 0)
         else:
             self.verdict_group[rows] = 0
-            if self.group_on.any():
+            if any_of(self.group_on):
                 self._link_groups(now_s, links)
         # Unknown: its held reasons, their remediation and scope stay, with ``stale`` beside them.
         health = np.where(unknown, UNKNOWN, health)

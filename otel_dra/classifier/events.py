@@ -122,7 +122,7 @@ class EventLog:
             cutoff = np.asarray(cutoff_s, dtype=np.float64)
             cutoff = cutoff[some, None] if cutoff.ndim else cutoff
             p = self.slot[rows[some]]
-            out[some] = (self._amounts[p] * (self._times[p] >= cutoff)).sum(axis=1)
+            out[some] = np.add.reduce(self._amounts[p] * (self._times[p] >= cutoff), axis=1)
         return out
 
     def history(self, row: int) -> tuple[tuple[float, float], ...]:

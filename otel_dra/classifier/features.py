@@ -470,10 +470,10 @@ class FeatureExtractor:
                 inc[first] = np.where(fresh[:, None], 0.0, v)[first]
             ix.put(baselines, np.where(have, v, prev))
             if at is None:
-                out[:, F.RESTARTS] = down.sum(axis=1)
+                out[:, F.RESTARTS] = np.add.reduce(down, axis=1)
                 return inc
             assert increases is not None
-            out[at, F.RESTARTS] = down.sum(axis=1)
+            out[at, F.RESTARTS] = np.add.reduce(down, axis=1)
             increases[at] = inc
         return increases
 

@@ -159,11 +159,13 @@ class FirmwareRates:
         self.last_s = now_s
         col = FATAL_REASONS
         held = on[:, col] & ((state[:, col] == FAILED) | _ALWAYS)
-        fatal = held.any(axis=1)
+        fatal = np.logical_or.reduce(held, axis=1)
         began = fatal & ~self.was_fatal[rows]
         self.was_fatal[rows] = fatal
         since = np.where(began, now_s, self.settling_since[rows])
-        shared = np.where(began, False, self.shared[rows]) | (held & (scope[:, col] != DEVICE)).any(axis=1)
+        shared = np.where(began, False, self.shared[rows]) | np.logical_or.reduce(
+            held & (scope[:, col] != DEVICE), axis=1
+        )
         settled = np.isfinite(since) & ((now_s - since >= self.settle_s) | ~fatal)
         counted = settled & ~shared
         self.settling_since[rows] = np.where(settled, np.inf, since)

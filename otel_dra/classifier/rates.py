@@ -107,7 +107,7 @@ def centre(
     else:
         med, mad, size = group_medians(values, keys, n_keys)
     med, mad, size = med.reshape(k, n_cohorts), mad.reshape(k, n_cohorts), size.reshape(k, n_cohorts)
-    count = size.sum(axis=1)  # rates a counter
+    count = np.add.reduce(size, axis=1)  # rates a counter
     known = np.bincount(cohort[members], minlength=n_cohorts)
     # (each row's cohort's, a counter a row: ``take`` along the cohorts, several times faster than ``[:, cohort]``)
     cohort_size = size.take(cohort, axis=1)

@@ -46,7 +46,7 @@ class RowIndex:
         breaks = flatnonzero(step != 1)
         if breaks.size == 0:
             self.at = slice(first, first + n)
-        elif breaks.size < n // ROWS_PER_RUN and bool((step[breaks] > 0).all()):
+        elif breaks.size < n // ROWS_PER_RUN and all_of(step[breaks] > 0):
             ends = (breaks + 1).tolist()
             starts = [0, *ends]
             self.runs = [(int(rows[s]), s, e) for s, e in zip(starts, [*ends, n], strict=True)]
