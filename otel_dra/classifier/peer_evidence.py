@@ -11,7 +11,7 @@ import numpy as np
 
 from otel_dra.classifier.features import F
 from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, R
-from otel_dra.classifier.numeric import flatnonzero, nan_to_num, nans
+from otel_dra.classifier.numeric import all_of, flatnonzero, nan_to_num, nans
 from otel_dra.classifier.peers import (
     ThermalResiduals,
     dense,
@@ -94,6 +94,9 @@ def thermal_peers(w: Window) -> ThermalPeers:
     # several Cel over its node's front row at full load, so the bar is wider there.
     margin = np.where(res.slot_known, p.margin, p.unknown_slot_margin)
     bar = hold * np.fmax(margin, p.mad_k * res.sigma)
+    if all_of(np.isnan(res.residual)):  # nobody judged (a fleet of one-GPU nodes has no peers): what is on stays on
+        nobody = np.zeros((2, rows.shape[0]), dtype=bool)
+        return ThermalPeers(on & ~np.isnan(w.hot_since), nobody[0], nobody[1], res, bar, nans(rows.shape[0]))
     # Or hotter than it usually runs against the same peers (`change_margin` over its baseline, and at least
     # `change_floor` over them), once it has `history` of being judged: a device that always ran 3 Cel over
     # its peers is that device; one that now runs 6 Cel over them where it ran 1 Cel has changed. The baseline

@@ -10,6 +10,7 @@ peers, a GPU capped far more than its peers, a hardware slowdown.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -538,3 +539,32 @@ def test_the_peers_power_cap_references_are_the_same_pooled_at_once_or_as_needed
     for (ref_a, med_a), (ref_b, med_b) in zip(at_once, as_needed, strict=True):
         np.testing.assert_array_equal(ref_a, ref_b)
         np.testing.assert_array_equal(med_a, med_b)
+
+
+def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_way_says_what_the_long_one_does(monkeypatch):
+    # One GPU a node: no node holds a peer group, nobody is judged against peers, and thermal_peers says so without
+    # the work for the judged (held where on, its bar, no baseline): the same arrays as that work gives.
+    from otel_dra.classifier import peer_evidence, reader
+
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "GPUS", 1)
+    monkeypatch.setattr(here, "SLOT_OFFSET", SLOT_OFFSET[:1])
+    seen: dict[bool, list[tuple[np.ndarray, ...]]] = {}
+    for short in (True, False):
+        if not short:  # (the long way: the all-NaN residuals are not taken for nobody judged)
+            monkeypatch.setattr(peer_evidence, "all_of", lambda a: False)
+        got = seen[short] = []
+
+        def kept(w, got=got):
+            p = peer_evidence.thermal_peers(w)
+            got.append((p.flagged, p.hot, p.judged, p.bar, p.baseline))
+            return p
+
+        monkeypatch.setattr(reader, "thermal_peers", kept)
+        fleet = Busy(nodes=6, seed=3)
+        fleet.extra_heat[2] = 12.0  # (hot for itself: its own limits may hold thermal on)
+        fleet.run(1200)
+    assert len(seen[True]) == len(seen[False]) > 50
+    for short, long in zip(seen[True], seen[False], strict=True):
+        for a, b in zip(short, long, strict=True):
+            np.testing.assert_array_equal(a, b)
