@@ -197,6 +197,8 @@ def memory_pressure(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.n
     see :mod:`otel_dra.classifier.workload`); memory held full only with ``full_is_evidence``."""
     m = w.params.memory_pressure
     ooms = w.events_since(F.OUT_OF_MEMORY, m.events_window) >= m.out_of_memory
+    if not any_of(m.full_is_evidence):  # (the default: a full memory is how a busy GPU runs, no fault)
+        return ooms, m.state
     full = (w.fraction(F.MEM_FULL) >= m.min_fraction) | w.duty(F.MEM_FULL, "memory_pressure", m.duty)
     full &= m.full_is_evidence
     return ooms | full, m.state
