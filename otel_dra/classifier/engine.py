@@ -22,7 +22,7 @@ from otel_dra.classifier.features import STATE_OF_CODE
 from otel_dra.classifier.group_memory import LinkEpisodes
 from otel_dra.classifier.layout import SCOPE, R
 from otel_dra.classifier.memory import ReasonMemory, VerdictMemory, pack_key
-from otel_dra.classifier.numeric import any_of, flatnonzero
+from otel_dra.classifier.numeric import any_of, filled, flatnonzero
 from otel_dra.classifier.registry import grown_rows
 from otel_dra.classifier.rules import Evidence
 from otel_dra.classifier.topology import GroupNames
@@ -233,7 +233,7 @@ class VerdictEngine:
         """
         n = rows.shape[0]
         worst, bits, remediation, scope = np.zeros((4, n), dtype=np.int64)  # (one allocation, a row each)
-        health = np.full(n, HEALTHY, dtype=np.int64)
+        health = filled(n, HEALTHY, np.int64)
         busy = flatnonzero(np.logical_or.reduce(evidence.present, axis=1) | np.logical_or.reduce(self.on[rows], axis=1))
         was_group = self.verdict_group[rows]  # (a verdict whose group changed, say pcie to fabric, is a change)
         links = np.zeros(0, dtype=np.int32)  # the group codes of the link findings on (every row is evaluated)

@@ -516,7 +516,7 @@ class FeatureExtractor:
             for speed, ratio, limit in plan.fans:
                 if speed >= 0:
                     rpm = values[:, speed]
-                    floor = values[:, limit] if limit >= 0 else np.full(n, np.nan)
+                    floor = values[:, limit] if limit >= 0 else nans(n)
                     floor = np.where(np.isnan(floor), p.fan_min_rpm, np.maximum(floor, p.fan_min_rpm))
                     low |= rpm < floor
                     known |= ~np.isnan(rpm)

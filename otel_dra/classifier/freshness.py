@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from otel_dra.classifier.features import F
-from otel_dra.classifier.numeric import flatnonzero
+from otel_dra.classifier.numeric import filled, flatnonzero
 from otel_dra.classifier.registry import DeviceRegistry
 from otel_dra.classifier.window import WindowStore
 from otel_dra.policy import Policy
@@ -100,10 +100,10 @@ class Freshness:
         base = self.policy.stale_timeout_s
         measured = self.intervals(active)
         interval = np.where(np.isnan(measured), base, measured)
-        timeout = np.full(reg.capacity, base)
+        timeout = filled(reg.capacity, base)
         timeout[active] = np.maximum(base, self.policy.stale_intervals * interval)
         nodes = len(reg.nodes)
-        node_last = np.full(nodes, -np.inf)
+        node_last = filled(nodes, -np.inf)
         node_timeout = np.zeros(nodes)
         node_of = reg.node_of[active]
         starts = _runs(node_of)

@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from otel_dra import conventions as cv
 from otel_dra.classifier.features import STATE_CODE, DeviceParams, DriverClasses, F, FeatureExtractor
-from otel_dra.classifier.numeric import all_of, any_of, flatnonzero, nan_to_num, nans, shaped
+from otel_dra.classifier.numeric import all_of, any_of, filled, flatnonzero, nan_to_num, nans, shaped
 from otel_dra.classifier.rows import RowIndex
 from otel_dra.frame import Column, Schema
 
@@ -64,6 +64,13 @@ def test_nans_is_np_full_of_nan() -> None:
     for shape in (0, 5, (3, 4), (0, 2)):
         ours, theirs = nans(shape), np.full(shape, np.nan)
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape and np.isnan(ours).all()
+
+
+def test_filled_is_np_full() -> None:
+    for shape, value, dtype in ((5, -np.inf, np.float64), ((3, 4), 2.5, np.float64), (4, 0, np.int64), (0, 7, np.int8)):
+        ours, theirs = filled(shape, value, dtype), np.full(shape, value, dtype)
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        np.testing.assert_array_equal(ours, theirs)
 
 
 def _params(groups: list[int], driver: DriverClasses) -> DeviceParams:
