@@ -30,6 +30,7 @@ SPLIT: tuple[tuple[F, F], ...] = (
     (F.OUT_OF_MEMORY, F.WORKLOAD_OOM),
 )
 
+#: The workload's event features, as rows of the feature-major array (what :meth:`WorkloadSplit.none_moved` zeroes).
 _WORKLOAD_FEATURES = np.asarray([workload_f for _, workload_f in SPLIT], dtype=np.intp)
 
 

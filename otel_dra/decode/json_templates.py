@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 #: each byte that is the pattern's first, and a line has a ``"`` every few bytes but a ``U`` twice a point (a split
 #: of a node's export ~20% faster). A start time's key ends in ``UnixNano`` too: :func:`make_template` takes only
 #: lines whose every match follows ``"time`` (:func:`_at_times`). Its repeats are possessive (Python 3.11's ``+``):
-#: each run of digits is followed by what no digit is, so giving digits back never makes a match, and a start
-#: time's failed attempt (at its own ``UnixNano``, two a point) stops at once instead of trying each shorter run
-#: (the same matches; the split ~13% faster).
+#: what follows a run of digits in the pattern is a non-digit or optional, so giving digits back never makes a match
+#: that taking them all did not, and a start time's failed attempt (at its own ``UnixNano``, one a point) stops at
+#: once instead of trying each shorter run of its digits (the same matches; the split ~13% faster).
 _POINT: Final = re.compile(
     rb'UnixNano":"([0-9]{1,20}+)",(?:"startTimeUnixNano":"[0-9]{1,20}+",)?'
     rb'"as(?:Int":"(-?[0-9]{1,20}+)"|Double":(-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?(?:[eE][-+]?[0-9]++)?))'
