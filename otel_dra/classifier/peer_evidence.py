@@ -13,6 +13,7 @@ from otel_dra.classifier.features import F
 from otel_dra.classifier.layout import DUTY_SPAN, RATE_SPAN, R
 from otel_dra.classifier.numeric import all_of, flatnonzero, nan_to_num, nans
 from otel_dra.classifier.peers import (
+    LEXSORT_MAX,
     ThermalResiduals,
     dense,
     grouped_median,
@@ -174,17 +175,22 @@ def cap_peers(w: Window) -> CapPeers:
     # Its node's devices of its cohort (the same job, usually): a training node at its cap beside a fleet of
     # inference replicas at the same utilization is not four devices capped far more than their peers.
     host, n_hosts = dense(group, w.nodes[row])
-    # A reported limit against its cohort's (below): its medians grouped beside these, in one grouping.
+    # A reported limit against its cohort's (below): a small fleet's medians of both in one grouping (one call's fixed
+    # cost); past a lexsort's size apart (the one sort's scaled key would order shares and watts together coarsely).
     limit = w.mean(F.POWER_LIMIT)
     seen = w.counts[F.POWER_PINNED] == 0
     known = w.fresh & ~np.isnan(limit) & (~seen | (w.counts[F.POWER_LIMIT] >= w.min_samples))
     reported = flatnonzero(known & ~seen)
-    medians, sizes = grouped_median(
-        np.concatenate((share[eligible], limit[reported])),
-        np.concatenate((host, n_hosts + cohort[reported])),
-        n_hosts + n_cohorts,
-    )
-    host_median, host_size, by_cohort, size = medians[:n_hosts], sizes[:n_hosts], medians[n_hosts:], sizes[n_hosts:]
+    if eligible.size + reported.size <= LEXSORT_MAX:
+        medians, sizes = grouped_median(
+            np.concatenate((share[eligible], limit[reported])),
+            np.concatenate((host, n_hosts + cohort[reported])),
+            n_hosts + n_cohorts,
+        )
+        host_median, host_size, by_cohort, size = medians[:n_hosts], sizes[:n_hosts], medians[n_hosts:], sizes[n_hosts:]
+    else:
+        host_median, host_size = grouped_median(share[eligible], host, n_hosts)
+        by_cohort, size = grouped_median(limit[reported], cohort[reported], n_cohorts)
     at_node = nans(n_spans * n)
     at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
     # Its peers: its own bin's, or where those are too few, every bin from its own up ("bin >= level"), keyed (kind,

@@ -565,6 +565,7 @@ def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_way_says_wh
         fleet.extra_heat[2] = 12.0  # (hot for itself: its own limits may hold thermal on)
         fleet.run(1200)
     assert len(seen[True]) == len(seen[False]) > 50
+    assert not any(judged.any() for _, _, judged, _, _ in seen[False])  # (nobody judged: the short way was taken)
     for short, long in zip(seen[True], seen[False], strict=True):
         for a, b in zip(short, long, strict=True):
             np.testing.assert_array_equal(a, b)
