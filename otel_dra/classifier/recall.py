@@ -145,7 +145,8 @@ class RestartMemory:
         k = int(plan.counter_cols.size)
         rows = flatnonzero(reg.active & ~np.isnan(reg.last_heard))
         values = ex.prev[rows, :k]
-        rows, values = rows[~np.isnan(values).all(axis=1)], values[~np.isnan(values).all(axis=1)]
+        held = ~np.isnan(values).all(axis=1)  # (a device with some baseline)
+        rows, values = rows[held], values[held]
         keys = [reg.keys[row] or ("", "") for row in rows.tolist()]
         return CounterBaselines(
             columns=tuple(self.schema.columns[c] for c in plan.counter_cols.tolist()),
