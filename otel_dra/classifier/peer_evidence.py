@@ -70,6 +70,14 @@ def thermal_peers(w: Window) -> ThermalPeers:
     ``min_utilization``."""
     g, rows = w.groups, w.rows
     p = w.params.thermal.peers
+    n = rows.shape[0]
+    on = w.on[:, R["thermal"]]
+    hold = np.where(on, p.hold_ratio, 1.0)
+    # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, said before
+    # any of the work below (thermal_residuals says the same of the judged rows, a subset of these). What is on
+    # stays on; the bar is the one with no slot known and no spread.
+    if n == 0 or int(np.bincount(w.nodes).max()) < int(np.fmin.reduce(p.min_node_devices)):
+        return _nobody(w, on, ThermalResiduals.none(n), hold * p.unknown_slot_margin)
     # Judged only with its utilization known: without it, a GPU running a heavier job than its neighbours (each GPU
     # its own job, no utilization series) is hotter than them for its load, and nothing says which.
     judged = p.enabled & w.fresh & (w.counts[F.TEMP_MAX] >= w.min_samples) & (w.counts[F.UTIL] >= w.min_samples)
@@ -87,17 +95,14 @@ def thermal_peers(w: Window) -> ThermalPeers:
         p.min_node_devices,
         p.min_slot_nodes,
         p.min_utilization,
-        ~np.any(w.on[:, HEAT_REASONS], axis=1),
+        ~np.logical_or.reduce(w.on[:, HEAT_REASONS], axis=1),
     )
-    on = w.on[:, R["thermal"]]
-    hold = np.where(on, p.hold_ratio, 1.0)
     # Where its slot's effect is not known (too few loaded nodes of its model), its residual holds it: a rear slot runs
     # several Cel over its node's front row at full load, so the bar is wider there.
     margin = np.where(res.slot_known, p.margin, p.unknown_slot_margin)
     bar = hold * np.fmax(margin, p.mad_k * res.sigma)
-    if all_of(np.isnan(res.residual)):  # nobody judged (a fleet of one-GPU nodes has no peers): what is on stays on
-        nobody = np.zeros((2, rows.shape[0]), dtype=bool)
-        return ThermalPeers(on & ~np.isnan(w.hot_since), nobody[0], nobody[1], res, bar, nans(rows.shape[0]))
+    if all_of(np.isnan(res.residual)):  # nobody judged (too few loaded peers): what is on stays on
+        return _nobody(w, on, res, bar)
     # Or hotter than it usually runs against the same peers (`change_margin` over its baseline, and at least
     # `change_floor` over them), once it has `history` of being judged: a device that always ran 3 Cel over
     # its peers is that device; one that now runs 6 Cel over them where it ran 1 Cel has changed. The baseline
@@ -134,6 +139,13 @@ def thermal_peers(w: Window) -> ThermalPeers:
     sustained = w.now_s - since >= p.sustain
     held = (flagged & (sustained | on)) | (on & ~judged & ~np.isnan(w.hot_since))
     return ThermalPeers(held, hot, judged, res, bar, np.where(changed, usual, np.nan))
+
+
+def _nobody(w: Window, on: np.ndarray, res: ThermalResiduals, bar: np.ndarray) -> ThermalPeers:
+    """:func:`thermal_peers` where nobody was judged: what is on stays on (no news is not a repair)."""
+    n = w.rows.shape[0]
+    nobody = np.zeros((2, n), dtype=bool)
+    return ThermalPeers(on & ~np.isnan(w.hot_since), nobody[0], nobody[1], res, bar, nans(n))
 
 
 def cap_peers(w: Window) -> CapPeers:

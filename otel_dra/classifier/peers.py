@@ -157,6 +157,15 @@ class ThermalResiduals:
     # its residual still holds it, and the bar is the wider ``unknown_slot_margin``.
     slot_known: np.ndarray
 
+    @classmethod
+    def none(cls, n: int) -> ThermalResiduals:
+        """``n`` rows, none judged: NaN throughout, no peers, no slot known."""
+        fields = ("residual", "sigma", "peers", "base", "slope", "node_temp", "node_util", "offset")
+        block = nans((len(fields), n))  # (one array, each field a row of it: one allocation, not eight)
+        out = cls(**dict(zip(fields, block, strict=True)), slot_known=np.zeros(n, dtype=bool))
+        out.peers[:] = 0.0
+        return out
+
 
 def dense(*keys: np.ndarray) -> tuple[np.ndarray, int]:
     """Group ids 0..n-1 for the distinct combinations of the integer arrays ``keys`` (row-wise), numbered in the
@@ -222,10 +231,7 @@ def thermal_residuals(
        whole cohort while that bin holds fewer than ``SPREAD_MIN_DEVICES``).
     """
     n = temp.shape[0]
-    fields = ("residual", "sigma", "peers", "base", "slope", "node_temp", "node_util", "offset")
-    block = nans((len(fields), n))  # (one array, each field a row of it: one allocation, not eight)
-    out = ThermalResiduals(**dict(zip(fields, block, strict=True)), slot_known=np.zeros(n, dtype=bool))
-    out.peers[:] = 0.0
+    out = ThermalResiduals.none(n)
     rows = flatnonzero(judged & ~np.isnan(temp))
     # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, and a
     # group is one node's, so this says so before any of the work below.

@@ -120,7 +120,7 @@ class Window:
         self._thermal: ThermalPeers | None = None
         self._capped: CapPeers | None = None
         #: Per reason, whether it is on for any row (most evaluations: none, or a few reasons).
-        self._reasons_on = np.any(self.on, axis=0)
+        self._reasons_on = np.logical_or.reduce(self.on, axis=0)  # (the ufunc's own: np.any adds its wrapper)
         #: The rules' thresholds for these rows (``w.params.thermal.min_fraction``: one per row).
         self.params = self.groups.at(self.rows)
 

@@ -160,7 +160,7 @@ def power_throttling(w: Window, g: PolicyGroups, fresh: np.ndarray) -> tuple[np.
     margin = np.where(held, stay * margin, margin)
     # The spans side by side (the window, the duty span, the rate span: rows of ``peers``' arrays), each against
     # its own bar.
-    bars = np.stack((t.throttle_share, duty, duty))
+    bars = np.array((t.throttle_share, duty, duty))  # (np.array of them: a fifth of np.stack's fixed cost)
     need = np.where(held, stay * bars, bars)
     # NaN is "no peers" or "no reference": comparisons with it are expected.
     with np.errstate(invalid="ignore"):
