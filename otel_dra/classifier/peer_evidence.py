@@ -76,7 +76,7 @@ def thermal_peers(w: Window) -> ThermalPeers:
     # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, said before
     # any of the work below (thermal_residuals says the same of the judged rows, a subset of these). What is on
     # stays on; the bar is the one with no slot known and no spread.
-    if n == 0 or int(np.bincount(w.nodes).max()) < int(np.fmin.reduce(p.min_node_devices)):
+    if n == 0 or w.most_on_a_node() < np.fmin.reduce(p.min_node_devices):
         return _nobody(w, on, ThermalResiduals.none(n), hold * p.unknown_slot_margin)
     # Judged only with its utilization known: without it, a GPU running a heavier job than its neighbours (each GPU
     # its own job, no utilization series) is hotter than them for its load, and nothing says which.
@@ -185,26 +185,32 @@ def cap_peers(w: Window) -> CapPeers:
     group = span * n_cohorts + cohort[row]  # (span, cohort)
     peers = np.concatenate((least,) * n_spans)
     # Its node's devices of its cohort (the same job, usually): a training node at its cap beside a fleet of
-    # inference replicas at the same utilization is not four devices capped far more than their peers.
-    host, n_hosts = dense(group, w.nodes[row])
-    # A reported limit against its cohort's (below): a small fleet's medians of both in one grouping (one call's fixed
-    # cost); past a lexsort's size apart (the one sort's scaled key would order shares and watts together coarsely).
+    # inference replicas at the same utilization is not four devices capped far more than their peers. With a
+    # reported limit against its cohort's (below): a small fleet's medians of both in one grouping (one call's fixed
+    # cost); past a lexsort's size apart (the one sort's scaled key would order shares and watts together coarsely);
+    # where no node holds ``least`` devices (a fleet of one-GPU nodes), no node's group is large enough: the limits'
+    # alone.
     limit = w.mean(F.POWER_LIMIT)
     seen = w.counts[F.POWER_PINNED] == 0
     known = w.fresh & ~np.isnan(limit) & (~seen | (w.counts[F.POWER_LIMIT] >= w.min_samples))
     reported = flatnonzero(known & ~seen)
-    if eligible.size + reported.size <= LEXSORT_MAX:
+    at_node = nans(n_spans * n)
+    if n == 0 or w.most_on_a_node() < np.fmin.reduce(least):
+        by_cohort, size = grouped_median(limit[reported], cohort[reported], n_cohorts)
+    elif eligible.size + reported.size <= LEXSORT_MAX:
+        host, n_hosts = dense(group, w.nodes[row])
         medians, sizes = grouped_median(
             np.concatenate((share[eligible], limit[reported])),
             np.concatenate((host, n_hosts + cohort[reported])),
             n_hosts + n_cohorts,
         )
         host_median, host_size, by_cohort, size = medians[:n_hosts], sizes[:n_hosts], medians[n_hosts:], sizes[n_hosts:]
+        at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
     else:
+        host, n_hosts = dense(group, w.nodes[row])
         host_median, host_size = grouped_median(share[eligible], host, n_hosts)
         by_cohort, size = grouped_median(limit[reported], cohort[reported], n_cohorts)
-    at_node = nans(n_spans * n)
-    at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
+        at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
     # Its peers: its own bin's, or where those are too few, every bin from its own up ("bin >= level"), keyed (kind,
     # span, cohort, bin or level). Own bins first; then the pools of the levels some device has too few peers in
     # its own bin at: each device joins every such level up to its bin's, and the needy read their bin's level's

@@ -119,10 +119,18 @@ class Window:
         self._rates: dict[F, RateVerdict] = {}
         self._thermal: ThermalPeers | None = None
         self._capped: CapPeers | None = None
+        self._most_on_a_node: int | None = None
         #: Per reason, whether it is on for any row (most evaluations: none, or a few reasons).
         self._reasons_on = np.logical_or.reduce(self.on, axis=0)  # (the ufunc's own: np.any adds its wrapper)
         #: The rules' thresholds for these rows (``w.params.thermal.min_fraction``: one per row).
         self.params = self.groups.at(self.rows)
+
+    def most_on_a_node(self) -> int:
+        """The most rows one node holds (0: none): a group of a node's own devices is never larger, so where a rule
+        needs more than this many of them, no node has such a group (a fleet of one-GPU nodes)."""
+        if self._most_on_a_node is None:
+            self._most_on_a_node = int(np.bincount(self.nodes).max()) if self.nodes.size else 0
+        return self._most_on_a_node
 
     def _read(self, name: tuple[str, int], f: int, read: Callable[[int | slice], np.ndarray]) -> np.ndarray:
         """``read(f)``: one feature's values of a window quantity (``name``: which, and over which span), read once

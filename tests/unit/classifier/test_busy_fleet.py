@@ -551,7 +551,8 @@ def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_way_says_wh
     monkeypatch.setattr(here, "SLOT_OFFSET", SLOT_OFFSET[:1])
     seen: dict[bool, list[tuple[np.ndarray, ...]]] = {}
     for short in (True, False):
-        if not short:  # (the long way: the all-NaN residuals are not taken for nobody judged)
+        if not short:  # (the long way: no node counted too small, and the all-NaN residuals not taken for nobody)
+            monkeypatch.setattr(reader.Window, "most_on_a_node", lambda self: 1 << 30)
             monkeypatch.setattr(peer_evidence, "all_of", lambda a: False)
         got = seen[short] = []
 
@@ -566,6 +567,51 @@ def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_way_says_wh
         fleet.run(1200)
     assert len(seen[True]) == len(seen[False]) > 50
     assert not any(judged.any() for _, _, judged, _, _ in seen[False])  # (nobody judged: the short way was taken)
+    for short, long in zip(seen[True], seen[False], strict=True):
+        for a, b in zip(short, long, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("seed", [23, 24])
+def test_a_fleet_of_one_gpu_nodes_has_no_power_cap_node_medians_and_the_short_way_says_what_the_long_one_does(
+    seed: int, monkeypatch
+):
+    # One GPU a node: no node holds ``min_peers`` devices, so cap_peers groups the limits alone, not the node medians
+    # beside them: every array it gives is the same as the grouping of both gives (node medians all NaN).
+    from otel_dra.classifier import peer_evidence, reader
+
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "GPUS", 1)
+    monkeypatch.setattr(here, "SLOT_OFFSET", SLOT_OFFSET[:1])
+    seen: dict[bool, list[tuple[np.ndarray, ...]]] = {}
+    grouped = dict.fromkeys((True, False), 0)  # node groupings made (the long way's node medians)
+    dense = peer_evidence.dense
+    for short in (True, False):
+        if not short:  # (the long way: no node counted too small)
+            monkeypatch.setattr(reader.Window, "most_on_a_node", lambda self: 1 << 30)
+        got = seen[short] = []
+
+        def counted(*args, short=short):
+            grouped[short] += 1
+            return dense(*args)
+
+        monkeypatch.setattr(peer_evidence, "dense", counted)
+
+        def kept(w, got=got):
+            c = peer_evidence.cap_peers(w)
+            got.append((c.shares, c.references, c.node_medians, c.limit, c.limit_median, c.limit_seen))
+            return c
+
+        monkeypatch.setattr(reader, "cap_peers", kept)
+        fleet = Busy(nodes=12, seed=seed)
+        spread = np.random.default_rng(seed)
+        fleet.util[:] = spread.choice([0.5, 0.9, 0.97], fleet.util.shape)
+        fleet.cap_share[:] = spread.uniform(0.0, 0.8, fleet.cap_share.shape)
+        fleet.run(1800)
+    assert len(seen[True]) == len(seen[False]) > 100
+    assert grouped[True] < grouped[False]  # (the short way was taken)
+    assert any(np.isfinite(c[1]).any() for c in seen[True])  # (peers were found: the references were read)
+    assert any(np.isfinite(c[4]).any() for c in seen[True])  # (and the limits' medians)
     for short, long in zip(seen[True], seen[False], strict=True):
         for a, b in zip(short, long, strict=True):
             np.testing.assert_array_equal(a, b)
