@@ -541,20 +541,30 @@ def test_the_peers_power_cap_references_are_the_same_pooled_at_once_or_as_needed
         np.testing.assert_array_equal(med_a, med_b)
 
 
-def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_way_says_what_the_long_one_does(monkeypatch):
+def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_ways_say_what_the_long_one_does(monkeypatch):
     # One GPU a node: no node holds a peer group, nobody is judged against peers, and thermal_peers says so without
-    # the work for the judged (held where on, its bar, no baseline): the same arrays as that work gives.
+    # the work for the judged (held where on, its bar, no baseline): the same arrays as that work gives. Two short
+    # ways: before the residuals (no node holds min_node_devices), and after them (every residual NaN).
     from otel_dra.classifier import peer_evidence, reader
 
     here = sys.modules[__name__]
     monkeypatch.setattr(here, "GPUS", 1)
     monkeypatch.setattr(here, "SLOT_OFFSET", SLOT_OFFSET[:1])
-    seen: dict[bool, list[tuple[np.ndarray, ...]]] = {}
-    for short in (True, False):
-        if not short:  # (the long way: no node counted too small, and the all-NaN residuals not taken for nobody)
+    seen: dict[str, list[tuple[np.ndarray, ...]]] = {}
+    residuals = dict.fromkeys(("before", "after", "long"), 0)  # thermal_residuals' calls each way
+    thermal_residuals = peer_evidence.thermal_residuals
+    for way in ("before", "after", "long"):
+        if way != "before":  # (no node counted too small)
             monkeypatch.setattr(reader.Window, "most_on_a_node", lambda self: 1 << 30)
+        if way == "long":  # (and the all-NaN residuals not taken for nobody judged)
             monkeypatch.setattr(peer_evidence, "all_of", lambda a: False)
-        got = seen[short] = []
+        got = seen[way] = []
+
+        def counted(*args, way=way):
+            residuals[way] += 1
+            return thermal_residuals(*args)
+
+        monkeypatch.setattr(peer_evidence, "thermal_residuals", counted)
 
         def kept(w, got=got):
             p = peer_evidence.thermal_peers(w)
@@ -565,11 +575,13 @@ def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_way_says_wh
         fleet = Busy(nodes=6, seed=3)
         fleet.extra_heat[2] = 12.0  # (hot for itself: its own limits may hold thermal on)
         fleet.run(1200)
-    assert len(seen[True]) == len(seen[False]) > 50
-    assert not any(judged.any() for _, _, judged, _, _ in seen[False])  # (nobody judged: the short way was taken)
-    for short, long in zip(seen[True], seen[False], strict=True):
-        for a, b in zip(short, long, strict=True):
-            np.testing.assert_array_equal(a, b)
+    assert len(seen["before"]) == len(seen["after"]) == len(seen["long"]) > 50
+    assert residuals["before"] == 0 < residuals["after"] == residuals["long"]  # (the first short way was taken)
+    assert not any(judged.any() for _, _, judged, _, _ in seen["long"])  # (nobody judged: the second was there to take)
+    for short in ("before", "after"):
+        for got, long in zip(seen[short], seen["long"], strict=True):
+            for a, b in zip(got, long, strict=True):
+                np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("seed", [23, 24])
