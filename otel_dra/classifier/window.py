@@ -74,64 +74,82 @@ class WindowStore:
         self.counts[:, rows] = 0
         self.last[:, rows] = np.nan
 
-    def _drop_oldest(
-        self, rows: np.ndarray | RowIndex, add: np.ndarray | None = None, added: np.ndarray | None = None
-    ) -> None:
-        """Take each row's oldest sample out of its window sums (rows unique, each with one); with ``add`` (the
-        new sample's values, NaN as 0) and ``added`` (which are valid), add the new sample in the same pass."""
+    def _drop_oldest(self, rows: np.ndarray | RowIndex) -> None:
+        """Take each row's oldest sample out of its window sums (rows unique, each with one)."""
         ix = RowIndex.of(rows)
         tail = ix.take(self.tail)
-        old = ix.take_slots(self.ring, tail % self.window)
-        valid = ~np.isnan(old)
         # In place: the rows' own sums and counts when they are a slice, else their copies, written back.
         counts = ix.take(self.counts, axis=1)
-        counts -= valid
         sums = ix.take(self.sums, axis=1)
-        np.subtract(sums, old, out=sums, where=valid)
-        # A window with no valid value of a feature sums to exactly zero (no float residue).
-        np.copyto(sums, 0.0, where=counts == 0)
-        if add is not None and added is not None:
-            sums += add
-            counts += added
+        _leave(sums, counts, ix.take_slots(self.ring, tail % self.window))
         ix.written_back(self.counts, counts, axis=1)
         ix.written_back(self.sums, sums, axis=1)
         ix.put(self.tail, tail + 1)
 
     def append(self, rows: np.ndarray | RowIndex, time_s: np.ndarray | float, values: np.ndarray) -> None:
-        """One sample per row (rows unique): ``values`` is ``(features, len(rows))``, NaN = absent."""
+        """One sample per row (rows unique): ``values`` is ``(features, len(rows))``, NaN = absent.
+
+        Each row's window sums change in the order a sample at a time would change them: its oldest out where its
+        ring is full (the slot the new one takes), the new one in, then each oldest that the new one's time leaves
+        behind out. The first two steps and the first sample left behind go in one pass over the rows (a small
+        fleet's batch pays each numpy call's fixed cost, not its work); only a row that leaves more than one behind
+        (back from a gap) takes more passes."""
         ix = RowIndex.of(rows)
         t = shaped(np.asarray(time_s, dtype=np.float64), ix.rows.shape)
         written = ix.take(self.written).copy()
-        full = written - ix.take(self.tail) >= self.window  # the slot about to be written still holds a sample
+        tail = ix.take(self.tail)
+        full = written - tail >= self.window  # the slot about to be written still holds a sample
         slot = written % self.window
         new = values.astype(np.float32, copy=False)
         new_valid = ~np.isnan(new)
         add = np.where(new_valid, new, np.float32(0.0))  # (float32: the sums add it exactly as its float64)
-        if all_of(full):  # every row's ring full (a fleet that has run a while): the oldest leaves as the new comes
-            self._drop_oldest(ix, add, new_valid)
-        else:
-            if any_of(full):
-                self._drop_oldest(ix.rows[full])
+        # The oldest once a full ring's has left: it leaves too where the new sample's time leaves it behind
+        # (read before the new one is written, whose slot is never that one's while it is not the newest).
+        first = tail + full
+        aged = None
+        if self.window_s != float("inf"):
+            cutoff = t - self.window_s
+            aged = self._left_behind(ix, first, written + 1, cutoff, t)
+        if aged is None and not any_of(full):
             ix.add(self.sums, add, axis=1)
             ix.add(self.counts, new_valid, axis=1)
+        else:
+            counts = ix.take(self.counts, axis=1)
+            sums = ix.take(self.sums, axis=1)
+            # (Rows that lose nothing are masked: a window with no valid value of a feature sums to exactly zero
+            # already, so the zeroing leaves theirs as it is.)
+            if any_of(full):
+                _leave(sums, counts, ix.take_slots(self.ring, tail % self.window), None if all_of(full) else full)
+            sums += add
+            counts += new_valid
+            if aged is not None:
+                _leave(sums, counts, ix.take_slots(self.ring, first % self.window), aged)
+                first = first + aged
+            ix.written_back(self.counts, counts, axis=1)
+            ix.written_back(self.sums, sums, axis=1)
+            ix.put(self.tail, first)
         ix.put_slots(self.ring, slot, new)
         ix.put_slots(self.times, slot, t)
         written += 1
         ix.put(self.written, written)
         ix.put(self.last, new, axis=1)
-        if self.window_s != float("inf"):
-            cutoff = t - self.window_s
-            while True:  # as many rounds as samples leave one row's window: one, usually
-                tail = ix.take(self.tail)
-                live = tail < written - 1  # the newest sample always stays
-                oldest = ix.take_slots(self.times, tail % self.window)
-                # A sample stamped after the one just written leaves too, once it is the oldest written: the
-                # row's clock jumped back (the decoders take a point far behind its series as such a jump),
-                # and the window is judged by the row's present, not by a time it has gone back from.
-                old = live & ((oldest <= cutoff) | (oldest > t))
-                if not any_of(old):
-                    break
-                self._drop_oldest(ix.rows[old])
+        while aged is not None:  # as many more passes as samples leave one row's window: none, usually
+            aged = self._left_behind(ix, ix.take(self.tail), written, cutoff, t)
+            if aged is not None:
+                self._drop_oldest(ix.rows[aged])
+
+    def _left_behind(
+        self, ix: RowIndex, tail: np.ndarray, written: np.ndarray, cutoff: np.ndarray, t: np.ndarray
+    ) -> np.ndarray | None:
+        """Which rows' oldest (at ``tail``, of ``written`` samples with the newest) leaves the window: stamped at or
+        before ``cutoff``, or after the newest's time ``t`` (None: none). The newest always stays. A sample stamped
+        after the one just written leaves once it is the oldest written: the row's clock jumped back (the decoders
+        take a point far behind its series as such a jump), and the window is judged by the row's present, not by a
+        time it has gone back from."""
+        live = tail < written - 1
+        oldest = ix.take_slots(self.times, tail % self.window)
+        old = live & ((oldest <= cutoff) | (oldest > t))
+        return old if any_of(old) else None
 
     def holds_first(self, rows: np.ndarray | slice) -> np.ndarray:
         """Whether each row's window still holds its first sample (whose time step is 0)."""
@@ -154,3 +172,15 @@ class WindowStore:
         """Window mean of every feature (NaN where the window has no valid value)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.counts > 0, self.sums / self.counts, np.nan)
+
+
+def _leave(sums: np.ndarray, counts: np.ndarray, old: np.ndarray, leaving: np.ndarray | None = None) -> None:
+    """Take the samples ``old`` (``(features, rows)``, NaN absent) out of windows' ``sums`` and ``counts``, in place
+    (``leaving``: the rows that lose theirs; None: all). A window with no valid value of a feature sums to exactly
+    zero (no float residue)."""
+    valid = ~np.isnan(old)
+    if leaving is not None:
+        valid &= leaving
+    counts -= valid
+    np.subtract(sums, old, out=sums, where=valid)
+    np.copyto(sums, 0.0, where=counts == 0)
