@@ -70,14 +70,13 @@ def thermal_peers(w: Window) -> ThermalPeers:
     ``min_utilization``."""
     g, rows = w.groups, w.rows
     p = w.params.thermal.peers
-    n = rows.shape[0]
     on = w.on[:, R["thermal"]]
     hold = np.where(on, p.hold_ratio, 1.0)
     # No node with as many devices as a peer group needs (a fleet of one-GPU nodes): nobody is judged, said before
     # any of the work below (thermal_residuals says the same of the judged rows, a subset of these). What is on
     # stays on; the bar is the one with no slot known and no spread.
-    if n == 0 or w.most_on_a_node() < np.fmin.reduce(p.min_node_devices):
-        return _nobody(w, on, ThermalResiduals.none(n), hold * p.unknown_slot_margin)
+    if w.no_node_holds(p.min_node_devices):
+        return _nobody(w, on, ThermalResiduals.none(rows.shape[0]), hold * p.unknown_slot_margin)
     # Judged only with its utilization known: without it, a GPU running a heavier job than its neighbours (each GPU
     # its own job, no utilization series) is hotter than them for its load, and nothing says which.
     judged = p.enabled & w.fresh & (w.counts[F.TEMP_MAX] >= w.min_samples) & (w.counts[F.UTIL] >= w.min_samples)
@@ -195,21 +194,21 @@ def cap_peers(w: Window) -> CapPeers:
     known = w.fresh & ~np.isnan(limit) & (~seen | (w.counts[F.POWER_LIMIT] >= w.min_samples))
     reported = flatnonzero(known & ~seen)
     at_node = nans(n_spans * n)
-    if n == 0 or w.most_on_a_node() < np.fmin.reduce(least):
+    if w.no_node_holds(least):
         by_cohort, size = grouped_median(limit[reported], cohort[reported], n_cohorts)
-    elif eligible.size + reported.size <= LEXSORT_MAX:
-        host, n_hosts = dense(group, w.nodes[row])
-        medians, sizes = grouped_median(
-            np.concatenate((share[eligible], limit[reported])),
-            np.concatenate((host, n_hosts + cohort[reported])),
-            n_hosts + n_cohorts,
-        )
-        host_median, host_size, by_cohort, size = medians[:n_hosts], sizes[:n_hosts], medians[n_hosts:], sizes[n_hosts:]
-        at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
     else:
         host, n_hosts = dense(group, w.nodes[row])
-        host_median, host_size = grouped_median(share[eligible], host, n_hosts)
-        by_cohort, size = grouped_median(limit[reported], cohort[reported], n_cohorts)
+        if eligible.size + reported.size <= LEXSORT_MAX:
+            medians, sizes = grouped_median(
+                np.concatenate((share[eligible], limit[reported])),
+                np.concatenate((host, n_hosts + cohort[reported])),
+                n_hosts + n_cohorts,
+            )
+            host_median, host_size = medians[:n_hosts], sizes[:n_hosts]
+            by_cohort, size = medians[n_hosts:], sizes[n_hosts:]
+        else:
+            host_median, host_size = grouped_median(share[eligible], host, n_hosts)
+            by_cohort, size = grouped_median(limit[reported], cohort[reported], n_cohorts)
         at_node[eligible] = np.where(host_size[host] >= peers[eligible], host_median[host], np.nan)
     # Its peers: its own bin's, or where those are too few, every bin from its own up ("bin >= level"), keyed (kind,
     # span, cohort, bin or level). Own bins first; then the pools of the levels some device has too few peers in

@@ -126,11 +126,15 @@ class Window:
         self.params = self.groups.at(self.rows)
 
     def most_on_a_node(self) -> int:
-        """The most rows one node holds (0: none): a group of a node's own devices is never larger, so where a rule
-        needs more than this many of them, no node has such a group (a fleet of one-GPU nodes)."""
+        """The most rows one node holds (0: none)."""
         if self._most_on_a_node is None:
             self._most_on_a_node = int(np.bincount(self.nodes).max()) if self.nodes.size else 0
         return self._most_on_a_node
+
+    def no_node_holds(self, least: np.ndarray) -> bool:
+        """Whether no node holds as many rows as the fewest of ``least`` (per row: the devices a group of a node's own
+        needs): then no such group can stand anywhere (a fleet of one-GPU nodes), nor for no rows."""
+        return self.rows.shape[0] == 0 or self.most_on_a_node() < np.fmin.reduce(least)
 
     def _read(self, name: tuple[str, int], f: int, read: Callable[[int | slice], np.ndarray]) -> np.ndarray:
         """``read(f)``: one feature's values of a window quantity (``name``: which, and over which span), read once
