@@ -11,8 +11,10 @@ peers, a GPU capped far more than its peers, a hardware slowdown.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -551,7 +553,7 @@ def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_ways_say_wh
     monkeypatch.setattr(here, "GPUS", 1)
     monkeypatch.setattr(here, "SLOT_OFFSET", SLOT_OFFSET[:1])
     seen: dict[str, list[tuple[np.ndarray, ...]]] = {}
-    residuals = dict.fromkeys(("before", "after", "long"), 0)  # thermal_residuals' calls each way
+    residuals: Counter[str] = Counter()  # thermal_residuals' calls each way
     thermal_residuals = peer_evidence.thermal_residuals
     for way in ("before", "after", "long"):
         if way != "before":  # (no node counted too small)
@@ -559,19 +561,16 @@ def test_a_fleet_of_one_gpu_nodes_has_no_thermal_peers_and_the_short_ways_say_wh
         if way == "long":  # (and the all-NaN residuals not taken for nobody judged)
             monkeypatch.setattr(peer_evidence, "all_of", lambda a: False)
         got = seen[way] = []
-
-        def counted(*args, way=way):
-            residuals[way] += 1
-            return thermal_residuals(*args)
-
-        monkeypatch.setattr(peer_evidence, "thermal_residuals", counted)
-
-        def kept(w, got=got):
-            p = peer_evidence.thermal_peers(w)
-            got.append((p.flagged, p.hot, p.judged, p.bar, p.baseline))
-            return p
-
-        monkeypatch.setattr(reader, "thermal_peers", kept)
+        _calls_through(
+            monkeypatch, peer_evidence, "thermal_residuals", thermal_residuals, lambda _, w=way: residuals.update([w])
+        )
+        _calls_through(
+            monkeypatch,
+            reader,
+            "thermal_peers",
+            peer_evidence.thermal_peers,
+            lambda p, got=got: got.append((p.flagged, p.hot, p.judged, p.bar, p.baseline)),
+        )
         fleet = Busy(nodes=6, seed=3)
         fleet.extra_heat[2] = 12.0  # (hot for itself: its own limits may hold thermal on)
         fleet.run(1200)
@@ -596,25 +595,22 @@ def test_a_fleet_of_one_gpu_nodes_has_no_power_cap_node_medians_and_the_short_wa
     monkeypatch.setattr(here, "GPUS", 1)
     monkeypatch.setattr(here, "SLOT_OFFSET", SLOT_OFFSET[:1])
     seen: dict[bool, list[tuple[np.ndarray, ...]]] = {}
-    grouped = dict.fromkeys((True, False), 0)  # node groupings made (the long way's node medians)
+    grouped: Counter[bool] = Counter()  # node groupings made (the long way's node medians)
     dense = peer_evidence.dense
     for short in (True, False):
         if not short:  # (the long way: no node counted too small)
             monkeypatch.setattr(reader.Window, "most_on_a_node", lambda self: 1 << 30)
         got = seen[short] = []
-
-        def counted(*args, short=short):
-            grouped[short] += 1
-            return dense(*args)
-
-        monkeypatch.setattr(peer_evidence, "dense", counted)
-
-        def kept(w, got=got):
-            c = peer_evidence.cap_peers(w)
-            got.append((c.shares, c.references, c.node_medians, c.limit, c.limit_median, c.limit_seen))
-            return c
-
-        monkeypatch.setattr(reader, "cap_peers", kept)
+        _calls_through(monkeypatch, peer_evidence, "dense", dense, lambda _, s=short: grouped.update([s]))
+        _calls_through(
+            monkeypatch,
+            reader,
+            "cap_peers",
+            peer_evidence.cap_peers,
+            lambda c, got=got: got.append(
+                (c.shares, c.references, c.node_medians, c.limit, c.limit_median, c.limit_seen)
+            ),
+        )
         fleet = Busy(nodes=12, seed=seed)
         spread = np.random.default_rng(seed)
         fleet.util[:] = spread.choice([0.5, 0.9, 0.97], fleet.util.shape)
@@ -627,3 +623,21 @@ def test_a_fleet_of_one_gpu_nodes_has_no_power_cap_node_medians_and_the_short_wa
     for short, long in zip(seen[True], seen[False], strict=True):
         for a, b in zip(short, long, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def _calls_through(
+    monkeypatch: pytest.MonkeyPatch,
+    module: object,
+    name: str,
+    original: Callable[..., Any],
+    each: Callable[[Any], object],
+) -> None:
+    """``module.name`` patched to call ``original`` (the function before any patch: the loops above patch it again
+    each way) and hand each result to ``each`` (a count, a record)."""
+
+    def call(*args: Any) -> Any:
+        result = original(*args)
+        each(result)
+        return result
+
+    monkeypatch.setattr(module, name, call)
