@@ -6,6 +6,7 @@ before anything runs.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Mapping
 from importlib import resources
@@ -28,10 +29,19 @@ def default_text() -> str:
     return resources.files("otel_dra.policy").joinpath(DEFAULT_POLICY).read_text()
 
 
-def parse(text: str, source: str, sections: Mapping[str, Section] | None = None) -> dict[str, Any]:
-    """Validate one policy document; returns the keys it sets (not merged). ``sections``: as :func:`load`."""
+#: What reads the shipped default: libyaml's parser where PyYAML has it (a twentieth of the pure-Python one's time,
+#: ~50 ms of each command's start). A user's file is read by the pure-Python one: its errors' wording is the one
+#: the messages quote, and nesting too deep for a policy is a RecursionError there, not the C parser's stack.
+_SHIPPED_LOADER: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def parse(
+    text: str, source: str, sections: Mapping[str, Section] | None = None, *, loader: type[Any] = yaml.SafeLoader
+) -> dict[str, Any]:
+    """Validate one policy document; returns the keys it sets (not merged). ``sections``: as :func:`load`.
+    ``loader``: the safe loader that composes it (the shipped default's: :data:`_SHIPPED_LOADER`)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=loader)
     except RecursionError:
         raise PolicyError(
             f"{source}: nested too deeply to be a policy (a policy is a few levels of mappings)"
@@ -46,6 +56,25 @@ def parse(text: str, source: str, sections: Mapping[str, Section] | None = None)
     return schema_for(in_effect(sections))(node, "", where_in(source))
 
 
+#: The default policy's keys as validated, by the sections in effect: the shipped text does not change while a process
+#: runs, so it is parsed once (most of a load's time: a test suite or a tool that loads many policies pays it once),
+#: and each load gets its own copy. The last few sets of sections are kept (most processes use one).
+_DEFAULT_DATA: dict[tuple[tuple[str, Section], ...], dict[str, Any]] = {}
+_DEFAULTS_KEPT = 4
+
+
+def _default_data(owners: Mapping[str, Section]) -> dict[str, Any]:
+    """The default policy's keys as :func:`parse` gives them under ``owners``: a copy of the kept ones."""
+    key = tuple(sorted(owners.items()))  # (names are unique: the sections themselves are never compared)
+    data = _DEFAULT_DATA.get(key)
+    if data is None:
+        data = parse(default_text(), f"<default policy {DEFAULT_POLICY}>", owners, loader=_SHIPPED_LOADER)
+        while len(_DEFAULT_DATA) >= _DEFAULTS_KEPT:
+            del _DEFAULT_DATA[next(iter(_DEFAULT_DATA))]
+        _DEFAULT_DATA[key] = data
+    return copy.deepcopy(data)
+
+
 def load(path: Path | str | None = None, sections: Mapping[str, Section] | None = None) -> Policy:
     """The default policy, with ``path`` (if given) merged over it.
 
@@ -53,7 +82,7 @@ def load(path: Path | str | None = None, sections: Mapping[str, Section] | None 
     passes its own); None takes those registered so far. A section with no rules given is kept as read.
     """
     owners = in_effect(sections)
-    data = parse(default_text(), f"<default policy {DEFAULT_POLICY}>", owners)
+    data = _default_data(owners)
     source = "<default>"
     if path is not None:
         path = Path(path)

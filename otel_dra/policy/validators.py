@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
+from yaml.constructor import SafeConstructor
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -46,7 +47,14 @@ def scalar(node: yaml.Node, key: str, where: Where) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         got = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
         raise where(node, f"{key}: expected a single value, got a {got}")
-    return yaml.safe_load(yaml.serialize(node))
+    try:
+        # The safe loader's own construction of the node as composed (its tag resolved then): what
+        # ``safe_load`` of the node's text gives, without emitting and parsing that text again (a policy's
+        # few hundred scalars took most of its load that way).
+        return SafeConstructor().construct_object(node, deep=True)
+    except yaml.YAMLError as exc:  # a tag the safe loader does not construct (``!!python/object``, ``!foo``)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise where(node, f"{key}: {problem}; write a plain value") from None
 
 
 def number(lo: float | None = None, hi: float | None = None, integer: bool = False) -> Validator:

@@ -61,6 +61,11 @@ def test_overrides_apply_per_vendor_and_model(tmp_path):
         ("rules: [1, 2]\n", "rules: expected a mapping"),
         ("window: [1\n", "not valid YAML"),
         ("rules: {memory_ecc: {retired_pages_predicted: 100}}\n", "must not exceed retired_pages_failed"),
+        (
+            "rules: {thermal: {min_fraction: !foo 0.5}}\n",
+            "p.yaml:1:33: rules.thermal.min_fraction: could not determine a constructor for the tag '!foo'",
+        ),
+        ("window: !!python/name:os.system 5m\n", "p.yaml:1:9: window: could not determine a constructor"),
     ],
 )
 def test_every_mistake_is_one_line_naming_the_key_and_position(tmp_path, text, expected):
@@ -69,6 +74,14 @@ def test_every_mistake_is_one_line_naming_the_key_and_position(tmp_path, text, e
     message = str(err.value)
     assert "\n" not in message
     assert expected in message
+
+
+def test_each_load_is_its_own_though_the_default_is_parsed_once(tmp_path):
+    """The shipped default is parsed once a process; a user's file merged over it changes no later load."""
+    check(tmp_path, "window: 10m\nrules:\n  thermal:\n    min_fraction: 0.8\n")
+    p = policy.load()
+    assert p.window_s == 300 and p.rules["thermal"]["min_fraction"] == 0.5
+    assert policy.load().rules is not p.rules
 
 
 def test_yaml_is_never_evaluated(tmp_path):
