@@ -156,10 +156,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """One worker a core, and one more for LONG_WAITS (asleep most of the time)."""
+    """One worker a core for the modules that keep a core busy, and two more: one for the realtime unit and one for
+    LONG_WAITS, which wait on real clocks most of the time (with one worker a core in all, the realtime unit's
+    waits left a two-core machine's second core idle a third of the run)."""
     from xdist.plugin import pytest_xdist_auto_num_workers as cores
 
-    return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 1
+    return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 2
 
 
 @pytest.hookimpl(optionalhook=True)

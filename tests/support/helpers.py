@@ -68,3 +68,15 @@ def resident_bytes() -> int:
     """This process's resident set (``/proc/self/statm``), in bytes."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def freed_inside_the_heap(total: int = 192 << 20, piece: int = 96 << 10) -> list[bytearray]:
+    """``total`` bytes in pieces under glibc's mmap threshold (so in its heap), written, then freed; a small
+    piece kept after each (over Python's 512-byte small-object limit: from glibc's heap too), so the freed
+    pages are in the middle of the heap (glibc gives back only its top by itself). Returns what is kept."""
+    pieces, kept = [], []
+    for _ in range(total // piece):
+        pieces.append(bytearray(b"\x01") * piece)
+        kept.append(bytearray(b"\x02") * 1024)
+    del pieces
+    return kept
