@@ -32,9 +32,10 @@ from tests.support.helpers import freed_inside_the_heap, resident_bytes
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="the C library has no mallinfo2/malloc_trim (not glibc)")
 
 
-#: A fresh interpreter's heap (glibc's own mmap threshold: a fleet or trimmer another test started in this process
-#: set it for its ticks, and the 96 kB pieces would be mapped apart and gone before the trim): the 192 MiB freed
-#: inside the heap, and what the trim after a tick gives back.
+#: A fresh interpreter's heap, not a worker's that earlier tests left (free room, a fleet's threads that may still be
+#: in a tick, with glibc's mmap threshold lowered for it): there it gave back 66 MiB of the 192 once, under a new
+#: placement of the modules on the workers (cause not pinned down). The 192 MiB freed inside the heap, and what the
+#: trim after a tick gives back.
 _FREED_AND_TRIMMED = """
 from otel_dra.heap import HeapTrimConfig, HeapTrimmer
 from tests.support.helpers import freed_inside_the_heap, resident_bytes
