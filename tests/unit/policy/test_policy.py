@@ -76,12 +76,25 @@ def test_every_mistake_is_one_line_naming_the_key_and_position(tmp_path, text, e
     assert expected in message
 
 
-def test_each_load_is_its_own_though_the_default_is_parsed_once(tmp_path):
-    """The shipped default is parsed once a process; a user's file merged over it changes no later load."""
+def test_each_load_is_its_own_though_the_default_is_parsed_once(tmp_path, monkeypatch):
+    """The shipped default is parsed once a process; each load gets a copy of it: what one load (or a user's file
+    merged over it) changes, no later load sees."""
+    from otel_dra.policy import loading
+    from otel_dra.policy.sections import in_effect
+
+    policy.load()
+    parsed: list[str] = []
+    real_parse = loading.parse
+    monkeypatch.setattr(
+        loading, "parse", lambda text, source, *a, **k: parsed.append(source) or real_parse(text, source, *a, **k)
+    )
+    mine = loading._default_data(in_effect(None))
+    mine["window"] = 1.0
+    mine["rules"]["thermal"]["min_fraction"] = 0.99
     check(tmp_path, "window: 10m\nrules:\n  thermal:\n    min_fraction: 0.8\n")
     p = policy.load()
     assert p.window_s == 300 and p.rules["thermal"]["min_fraction"] == 0.5
-    assert policy.load().rules is not p.rules
+    assert parsed == [str(tmp_path / "p.yaml")]  # the user's file alone: the default was parsed before
 
 
 def test_yaml_is_never_evaluated(tmp_path):
