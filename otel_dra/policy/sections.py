@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from otel_dra.policy.validators import Validator, Where
+from otel_dra.policy.validators import Validator, Where, constructed
 
 #: Checks across a merged section's keys; raises PolicyError naming the source.
 Check = Callable[[Mapping[str, Any], str], None]
@@ -65,5 +65,5 @@ def as_read(node: yaml.Node, key: str, where: Where) -> dict[str, Any]:
     pipeline that does not use it. Every pipeline that does passes its owner in."""
     if not isinstance(node, yaml.MappingNode):
         raise where(node, f"{key}: expected a mapping")
-    value: dict[str, Any] = yaml.safe_load(yaml.serialize(node)) or {}
+    value: dict[str, Any] = constructed(node, key, where)
     return value

@@ -47,12 +47,17 @@ def scalar(node: yaml.Node, key: str, where: Where) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         got = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
         raise where(node, f"{key}: expected a single value, got a {got}")
+    return constructed(node, key, where)
+
+
+def constructed(node: yaml.Node, key: str, where: Where) -> Any:
+    """The Python value of a node, as ``safe_load`` of its text gives it: the safe loader's own construction of the
+    node as composed (its tags resolved then), without emitting and parsing its text again (a policy's few hundred
+    scalars took most of its load that way). A tag the safe loader does not construct (``!!python/object``,
+    ``!foo``) is the user's mistake, named at its node."""
     try:
-        # The safe loader's own construction of the node as composed (its tag resolved then): what
-        # ``safe_load`` of the node's text gives, without emitting and parsing that text again (a policy's
-        # few hundred scalars took most of its load that way).
         return SafeConstructor().construct_object(node, deep=True)
-    except yaml.YAMLError as exc:  # a tag the safe loader does not construct (``!!python/object``, ``!foo``)
+    except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise where(node, f"{key}: {problem}; write a plain value") from None
 

@@ -97,6 +97,19 @@ def test_each_load_is_its_own_though_the_default_is_parsed_once(tmp_path, monkey
     assert parsed == [str(tmp_path / "p.yaml")]  # the user's file alone: the default was parsed before
 
 
+def test_a_section_kept_as_read_names_a_tag_it_cannot_build_too(tmp_path):
+    """An owned section loaded without its owner is read as plain YAML: a tag there is one line, as a checked
+    key's is."""
+    path = tmp_path / "p.yaml"
+    path.write_text("kubernetes:\n  taints: !foo 1\n")
+    with pytest.raises(policy.PolicyError) as err:
+        policy.load(path, sections={})
+    assert (
+        str(err.value)
+        == f"{path}:2:3: kubernetes: could not determine a constructor for the tag '!foo'; write a plain value"
+    )
+
+
 def test_yaml_is_never_evaluated(tmp_path):
     with pytest.raises(policy.PolicyError):
         check(tmp_path, "window: !!python/object/apply:os.system ['echo pwned']\n")
