@@ -156,20 +156,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """One worker a core, and one more for LONG_WAITS (asleep most of the time). Not one more beside them for the
-    realtime unit's waits (the second core of two sits idle for a third of the run): two CPU-bound modules beside
-    it left the real processes it times too little CPU (a fleet took over 10 s to answer the 200,000-device
-    attack's request; tried, 2026-12-08)."""
+    """One worker a core for the CPU-bound modules, one for the realtime unit (waiting most of its time: the second
+    core of two sat idle for a third of the run without a worker beside it), and one for LONG_WAITS (asleep most of
+    the time). The CPU-bound workers run at a lower priority (:func:`pytest_runtest_setup`): a fourth worker at
+    the realtime unit's priority left the real processes it times too little CPU (a fleet took over 10 s to answer
+    the 200,000-device attack's request; tried, 2026-12-08)."""
     from xdist.plugin import pytest_xdist_auto_num_workers as cores
 
-    return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 1
+    return cores(config) if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores(config) + 2
+
+
+#: How much lower a worker that runs neither the realtime unit nor LONG_WAITS runs (``nice``): under CFS a process at
+#: nice 10 gets about a tenth of a core's time where one at 0 wants it, so the realtime unit's processes and clocks
+#: see a quiet machine, and the CPU-bound modules take whatever they leave.
+CPU_BOUND_NICE = 10
+_worker_placed: list[bool] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A worker's first test says what it runs: the scheduler (:func:`pytest_xdist_make_scheduler`) hands out the
+    realtime unit and LONG_WAITS first, each to a worker of its own, so a worker whose first test is neither never
+    gets them, and lowers its priority for good (an unprivileged process cannot raise it again)."""
+    if _worker_placed or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _worker_placed.append(True)
+    if item.path.name not in REALTIME_MODULES and not _long_wait(item.nodeid):
+        os.nice(CPU_BOUND_NICE)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """``--dist loadscope`` with REALTIME_MODULES as one scope (xdist's ``loadgroup`` would do it by
-    marker, but pytest 9.2 ignores the test ids xdist 3.8 rewrites for it), and LONG_WAITS as another, given first
-    to a worker that takes nothing else (three workers or more: with fewer they stay with the realtime scope)."""
+    marker, but pytest 9.2 ignores the test ids xdist 3.8 rewrites for it), given first to the first worker, and
+    LONG_WAITS as another, given first to the next, which takes nothing else (three workers or more: with fewer they
+    stay with the realtime scope). Every other worker's first test is of a CPU-bound module (its priority:
+    :func:`pytest_runtest_setup`)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -184,8 +205,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return "realtime" if Path(module).name in REALTIME_MODULES else module
 
         def _assign_work_unit(self, node: object) -> None:
-            if "long waits" in self.workqueue and not self.assigned_work[node] and "realtime" not in self.workqueue:
-                self.workqueue.move_to_end("long waits", last=False)  # the realtime worker has its unit: this one next
+            if not self.assigned_work[node]:  # a worker's first unit: the realtime unit, then the long waits
+                if "realtime" in self.workqueue:
+                    self.workqueue.move_to_end("realtime", last=False)  # (however many tests other modules hold)
+                elif "long waits" in self.workqueue:
+                    self.workqueue.move_to_end("long waits", last=False)  # the realtime worker has its unit
             super()._assign_work_unit(node)
 
         def _reschedule(self, node: object) -> None:
